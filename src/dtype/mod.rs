@@ -1,0 +1,280 @@
+//! `DType`: every tensor type of ggml (`enum ggml_type`, ids 0..=42), with ggml's names, block sizes,
+//! bytes per block and the type each one is dotted against on the CPU (`vec_dot_type`).
+//!
+//! The table mirrors ggml's `type_traits` (src/ggml.c) and `type_traits_cpu` (src/ggml-cpu/ggml-cpu.c).
+//! Ids that ggml removed (4, 5, 31-33, 36-38) have no `DType`.
+
+use crate::error::{Error, Result};
+
+/// The super-block size of the K-quants and most IQ formats (ggml's `QK_K`).
+pub const QK_K: usize = 256;
+
+/// A tensor element type, with the same id, name and byte layout as ggml's `ggml_type`.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum DType {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    Q8_K = 15,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ1_S = 19,
+    IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
+    IQ4_XS = 23,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    IQ1_M = 29,
+    BF16 = 30,
+    TQ1_0 = 34,
+    TQ2_0 = 35,
+    MXFP4 = 39,
+    NVFP4 = 40,
+    Q1_0 = 41,
+    Q2_0 = 42,
+}
+
+/// Static facts about one type: ggml's `type_traits` plus the CPU's `vec_dot_type`.
+struct Traits {
+    name: &'static str,
+    block_size: usize,
+    type_size: usize,
+    quantized: bool,
+    vec_dot: DType,
+}
+
+const fn t(name: &'static str, bs: usize, ts: usize, q: bool, vd: DType) -> Traits {
+    Traits { name, block_size: bs, type_size: ts, quantized: q, vec_dot: vd }
+}
+
+impl DType {
+    /// Every type, in ggml id order.
+    pub const ALL: [DType; 35] = [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q8_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ3_XXS,
+        DType::IQ1_S,
+        DType::IQ4_NL,
+        DType::IQ3_S,
+        DType::IQ2_S,
+        DType::IQ4_XS,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::F64,
+        DType::IQ1_M,
+        DType::BF16,
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::MXFP4,
+        DType::NVFP4,
+        DType::Q1_0,
+        DType::Q2_0,
+    ];
+
+    fn traits(self) -> Traits {
+        use DType::*;
+        match self {
+            F32 => t("f32", 1, 4, false, F32),
+            F16 => t("f16", 1, 2, false, F16),
+            Q4_0 => t("q4_0", 32, 18, true, Q8_0),
+            Q4_1 => t("q4_1", 32, 20, true, Q8_1),
+            Q5_0 => t("q5_0", 32, 22, true, Q8_0),
+            Q5_1 => t("q5_1", 32, 24, true, Q8_1),
+            Q8_0 => t("q8_0", 32, 34, true, Q8_0),
+            Q8_1 => t("q8_1", 32, 36, true, Q8_1),
+            Q2_K => t("q2_K", QK_K, 84, true, Q8_K),
+            Q3_K => t("q3_K", QK_K, 110, true, Q8_K),
+            Q4_K => t("q4_K", QK_K, 144, true, Q8_K),
+            Q5_K => t("q5_K", QK_K, 176, true, Q8_K),
+            Q6_K => t("q6_K", QK_K, 210, true, Q8_K),
+            Q8_K => t("q8_K", QK_K, 292, true, Q8_K),
+            IQ2_XXS => t("iq2_xxs", QK_K, 66, true, Q8_K),
+            IQ2_XS => t("iq2_xs", QK_K, 74, true, Q8_K),
+            IQ3_XXS => t("iq3_xxs", QK_K, 98, true, Q8_K),
+            IQ1_S => t("iq1_s", QK_K, 50, true, Q8_K),
+            IQ4_NL => t("iq4_nl", 32, 18, true, Q8_0),
+            IQ3_S => t("iq3_s", QK_K, 110, true, Q8_K),
+            IQ2_S => t("iq2_s", QK_K, 82, true, Q8_K),
+            IQ4_XS => t("iq4_xs", QK_K, 136, true, Q8_K),
+            I8 => t("i8", 1, 1, false, I8),
+            I16 => t("i16", 1, 2, false, I16),
+            I32 => t("i32", 1, 4, false, I32),
+            I64 => t("i64", 1, 8, false, I64),
+            F64 => t("f64", 1, 8, false, F64),
+            IQ1_M => t("iq1_m", QK_K, 56, true, Q8_K),
+            BF16 => t("bf16", 1, 2, false, BF16),
+            TQ1_0 => t("tq1_0", QK_K, 54, true, Q8_K),
+            TQ2_0 => t("tq2_0", QK_K, 66, true, Q8_K),
+            MXFP4 => t("mxfp4", 32, 17, true, Q8_0),
+            NVFP4 => t("nvfp4", 64, 36, true, Q8_0),
+            Q1_0 => t("q1_0", 128, 18, true, Q8_0),
+            Q2_0 => t("q2_0", 64, 18, true, Q8_0),
+        }
+    }
+
+    /// The type for a ggml type id, or `None` for ids ggml removed or never had.
+    ///
+    /// ```
+    /// use quantgraph::DType;
+    /// assert_eq!(DType::from_ggml_id(2), Some(DType::Q4_0));
+    /// assert_eq!(DType::from_ggml_id(4), None); // Q4_2 was removed from ggml
+    /// ```
+    pub fn from_ggml_id(id: u32) -> Option<DType> {
+        DType::ALL.iter().copied().find(|d| d.ggml_id() == id)
+    }
+
+    /// ggml's numeric id (`enum ggml_type`), as stored in GGUF files.
+    pub fn ggml_id(self) -> u32 {
+        self as u32
+    }
+
+    /// ggml's name (`ggml_type_name`): `"f32"`, `"q4_0"`, `"q4_K"`, `"iq4_nl"`, ...
+    pub fn name(self) -> &'static str {
+        self.traits().name
+    }
+
+    /// The type with ggml's name `name` (case-sensitive, as ggml prints it).
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.iter().copied().find(|d| d.name() == name)
+    }
+
+    /// Elements per block (1 for plain types, 32 for Q4_0, 256 for the K-quants).
+    pub fn block_size(self) -> usize {
+        self.traits().block_size
+    }
+
+    /// Bytes per block (ggml's `type_size`).
+    pub fn type_size(self) -> usize {
+        self.traits().type_size
+    }
+
+    /// True for the block-quantized types (ggml's `is_quantized`).
+    pub fn is_quantized(self) -> bool {
+        self.traits().quantized
+    }
+
+    /// True for F32, F16, BF16 and F64.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+
+    /// True for I8, I16, I32 and I64.
+    pub fn is_integer(self) -> bool {
+        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    }
+
+    /// The type the CPU converts activations into before a dot product with a row of `self`
+    /// (ggml's `type_traits_cpu[self].vec_dot_type`).
+    pub fn vec_dot_type(self) -> DType {
+        self.traits().vec_dot
+    }
+
+    /// Bytes of a row of `n` elements; an error when `n` is not a multiple of the block size.
+    ///
+    /// ```
+    /// use quantgraph::DType;
+    /// assert_eq!(DType::Q4_0.row_size(64).unwrap(), 36);
+    /// assert!(DType::Q4_0.row_size(33).is_err());
+    /// ```
+    pub fn row_size(self, n: usize) -> Result<usize> {
+        let bs = self.block_size();
+        if n % bs != 0 {
+            return Err(Error::BlockSize { dtype: self, n, block: bs });
+        }
+        (n / bs).checked_mul(self.type_size()).ok_or(Error::Overflow { what: "row size" })
+    }
+
+    /// Bytes of a row of `n` elements, for a caller that already knows `n` is a whole number of
+    /// blocks (rounds down otherwise).
+    pub(crate) fn row_bytes(self, n: usize) -> usize {
+        n / self.block_size() * self.type_size()
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<DType> {
+        DType::from_name(s).ok_or_else(|| Error::UnknownType(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_names_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_ggml_id(d.ggml_id()), Some(d));
+            assert_eq!(DType::from_name(d.name()), Some(d));
+        }
+        assert_eq!(DType::ALL.len(), 35);
+    }
+
+    #[test]
+    fn removed_ids_are_rejected() {
+        for id in [4, 5, 31, 32, 33, 36, 37, 38, 43, 1000] {
+            assert_eq!(DType::from_ggml_id(id), None, "id {id}");
+        }
+    }
+
+    #[test]
+    fn block_and_type_sizes_match_ggml_common_h() {
+        // sizeof(block_*) from ggml-common.h's static_asserts.
+        assert_eq!(DType::Q4_K.type_size(), 2 * 2 + 12 + QK_K / 2);
+        assert_eq!(DType::Q5_K.type_size(), 2 * 2 + 12 + QK_K / 2 + QK_K / 8);
+        assert_eq!(DType::Q6_K.type_size(), 2 + QK_K / 16 + 3 * QK_K / 4);
+        assert_eq!(DType::Q8_K.type_size(), 4 + QK_K + QK_K / 16 * 2);
+        assert_eq!(DType::IQ3_S.type_size(), 2 + 13 * (QK_K / 32) + 4);
+        assert_eq!(DType::IQ1_M.type_size(), QK_K / 8 + QK_K / 16 + QK_K / 32);
+        assert_eq!(DType::TQ1_0.type_size(), 2 + QK_K / 64 + (QK_K - 4 * QK_K / 64) / 5);
+        assert_eq!(DType::NVFP4.type_size(), 4 + 32);
+    }
+
+    #[test]
+    fn row_size_rejects_partial_blocks() {
+        assert_eq!(DType::F32.row_size(7).unwrap(), 28);
+        assert_eq!(DType::Q4_K.row_size(512).unwrap(), 288);
+        let e = DType::Q4_K.row_size(100).unwrap_err().to_string();
+        assert!(e.contains("q4_K") && e.contains("100") && e.contains("256"), "{e}");
+    }
+}

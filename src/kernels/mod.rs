@@ -1,0 +1,310 @@
+//! Compute kernels and their run-time dispatch.
+//!
+//! Every ISA tier is compiled into every binary: `scalar.rs` (portable, always present) and one file
+//! per (arch, tier) under `x86/` with the same function names. [`CpuFeatures::detect`] runs once;
+//! a [`KernelTable`] of function pointers is filled from the scalar tier and then overwritten tier by
+//! tier up to the selected one. No feature check happens inside a loop.
+//!
+//! The tier can be forced lower with the environment variable `QUANTGRAPH_ISA=scalar|avx2` (read
+//! once) or with [`set_isa`], so tests can run every tier the machine has in one binary.
+
+pub(crate) mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::quant::{FromFloatFn, VecDotFn};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// A SIMD tier. Higher tiers include the lower ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust, no `std::arch`.
+    Scalar = 0,
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2 = 1,
+}
+
+impl Isa {
+    /// Every tier this crate knows, lowest first.
+    pub const ALL: [Isa; 2] = [Isa::Scalar, Isa::Avx2];
+
+    /// Lower-case name as accepted by `QUANTGRAPH_ISA`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    /// Parses a tier name (`scalar`, `avx2`).
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// True when this CPU can run the tier.
+    pub fn is_supported(self) -> bool {
+        let f = CpuFeatures::detect();
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => f.avx2 && f.fma && f.f16c,
+        }
+    }
+
+    /// The highest tier this CPU supports.
+    pub fn best() -> Isa {
+        Isa::ALL.into_iter().rev().find(|i| i.is_supported()).unwrap_or(Isa::Scalar)
+    }
+}
+
+/// CPU features found at run time, named as ggml's CPU backend reports them.
+#[derive(Clone, Debug, Default)]
+pub struct CpuFeatures {
+    pub sse3: bool,
+    pub ssse3: bool,
+    pub avx: bool,
+    pub avx_vnni: bool,
+    pub avx2: bool,
+    pub f16c: bool,
+    pub fma: bool,
+    pub bmi2: bool,
+    pub avx512: bool,
+    pub avx512_vbmi: bool,
+    pub avx512_vnni: bool,
+    pub avx512_bf16: bool,
+    pub amx_int8: bool,
+    pub neon: bool,
+    pub dotprod: bool,
+    pub matmul_int8: bool,
+    pub sve: bool,
+    /// The CPU's brand string ("AMD EPYC ...", "Intel(R) Xeon(R) ..."), or "CPU" when unknown.
+    pub brand: String,
+}
+
+impl CpuFeatures {
+    /// Detects the features of this CPU once; later calls return the cached result.
+    pub fn detect() -> &'static CpuFeatures {
+        static F: OnceLock<CpuFeatures> = OnceLock::new();
+        F.get_or_init(detect_features)
+    }
+
+    /// ggml's feature list: `(name, value)` pairs, "1" for a present flag.
+    pub fn list(&self) -> Vec<(&'static str, String)> {
+        let flags = [
+            ("SSE3", self.sse3),
+            ("SSSE3", self.ssse3),
+            ("AVX", self.avx),
+            ("AVX_VNNI", self.avx_vnni),
+            ("AVX2", self.avx2),
+            ("F16C", self.f16c),
+            ("FMA", self.fma),
+            ("BMI2", self.bmi2),
+            ("AVX512", self.avx512),
+            ("AVX512_VBMI", self.avx512_vbmi),
+            ("AVX512_VNNI", self.avx512_vnni),
+            ("AVX512_BF16", self.avx512_bf16),
+            ("AMX_INT8", self.amx_int8),
+            ("NEON", self.neon),
+            ("DOTPROD", self.dotprod),
+            ("MATMUL_INT8", self.matmul_int8),
+            ("SVE", self.sve),
+        ];
+        flags.into_iter().filter(|(_, on)| *on).map(|(n, _)| (n, "1".to_string())).collect()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_features() -> CpuFeatures {
+    use std::arch::is_x86_feature_detected as has;
+    CpuFeatures {
+        sse3: has!("sse3"),
+        ssse3: has!("ssse3"),
+        avx: has!("avx"),
+        avx_vnni: has!("avxvnni"),
+        avx2: has!("avx2"),
+        f16c: has!("f16c"),
+        fma: has!("fma"),
+        bmi2: has!("bmi2"),
+        avx512: has!("avx512f"),
+        avx512_vbmi: has!("avx512vbmi"),
+        avx512_vnni: has!("avx512vnni"),
+        avx512_bf16: has!("avx512bf16"),
+        amx_int8: false,
+        brand: brand_string(),
+        ..Default::default()
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn brand_string() -> String {
+    use std::arch::x86_64::__cpuid;
+    // SAFETY: cpuid exists on every x86_64 CPU; leaf 0x8000_0000 reports the highest extended leaf,
+    // and leaves 0x8000_0002..=4 are read only when that maximum includes them.
+    let max = unsafe { __cpuid(0x8000_0000) }.eax;
+    if max < 0x8000_0004 {
+        return "CPU".into();
+    }
+    let mut bytes = Vec::with_capacity(48);
+    for leaf in 0x8000_0002u32..=0x8000_0004 {
+        // SAFETY: the leaf is at most the maximum reported above.
+        let r = unsafe { __cpuid(leaf) };
+        for v in [r.eax, r.ebx, r.ecx, r.edx] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let s = String::from_utf8_lossy(&bytes).trim_matches(char::from(0)).trim().to_string();
+    if s.is_empty() { "CPU".into() } else { s }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn detect_features() -> CpuFeatures {
+    use std::arch::is_aarch64_feature_detected as has;
+    CpuFeatures {
+        neon: has!("neon"),
+        dotprod: has!("dotprod"),
+        matmul_int8: has!("i8mm"),
+        sve: has!("sve"),
+        f16c: has!("fp16"),
+        brand: "CPU".into(),
+        ..Default::default()
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn detect_features() -> CpuFeatures {
+    CpuFeatures { brand: "CPU".into(), ..Default::default() }
+}
+
+/// `n` f32 elementwise binary kernel: `dst[i] = a[i] op b[i]`; pointers may alias exactly (in place).
+pub(crate) type BinaryF32 = unsafe fn(n: usize, dst: *mut f32, a: *const f32, b: *const f32);
+/// `n` f32 elementwise unary kernel: `dst[i] = f(a[i])`; pointers may alias exactly (in place).
+pub(crate) type UnaryF32 = unsafe fn(n: usize, dst: *mut f32, a: *const f32);
+/// f32 dot product of two equal-length slices.
+pub(crate) type DotF32 = fn(a: &[f32], b: &[f32]) -> f32;
+
+const N_TYPES: usize = 43;
+
+/// Function pointers for one ISA tier. Filled once; read through [`table`].
+pub struct KernelTable {
+    isa: Isa,
+    vec_dot: [Option<VecDotFn>; N_TYPES],
+    from_float: [Option<FromFloatFn>; N_TYPES],
+    pub(crate) dot_f32: DotF32,
+    pub(crate) add_f32: BinaryF32,
+    pub(crate) sub_f32: BinaryF32,
+    pub(crate) mul_f32: BinaryF32,
+    pub(crate) div_f32: BinaryF32,
+    pub(crate) silu_f32: UnaryF32,
+    pub(crate) gelu_f32: UnaryF32,
+    pub(crate) relu_f32: UnaryF32,
+}
+
+impl KernelTable {
+    fn build(isa: Isa) -> KernelTable {
+        let mut t = KernelTable {
+            isa: Isa::Scalar,
+            vec_dot: [None; N_TYPES],
+            from_float: [None; N_TYPES],
+            dot_f32: scalar::dot_f32,
+            add_f32: scalar::add_f32,
+            sub_f32: scalar::sub_f32,
+            mul_f32: scalar::mul_f32,
+            div_f32: scalar::div_f32,
+            silu_f32: scalar::silu_f32,
+            gelu_f32: scalar::gelu_f32,
+            relu_f32: scalar::relu_f32,
+        };
+        for d in DType::ALL {
+            let f = crate::quant::format(d);
+            t.vec_dot[d.ggml_id() as usize] = f.vec_dot;
+            t.from_float[d.ggml_id() as usize] = f.from_float;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2 {
+            x86::plug_avx2(&mut t);
+        }
+        t.isa = isa;
+        t
+    }
+
+    /// The tier this table was built for.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The dot-product kernel for weights of type `d` against `d.vec_dot_type()`.
+    pub(crate) fn vec_dot(&self, d: DType) -> Option<VecDotFn> {
+        self.vec_dot[d.ggml_id() as usize]
+    }
+
+    /// The activation converter into vec-dot type `d`.
+    pub(crate) fn from_float(&self, d: DType) -> Option<FromFloatFn> {
+        self.from_float[d.ggml_id() as usize]
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn set_vec_dot(&mut self, d: DType, f: VecDotFn) {
+        self.vec_dot[d.ggml_id() as usize] = Some(f);
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn set_from_float(&mut self, d: DType, f: FromFloatFn) {
+        self.from_float[d.ggml_id() as usize] = Some(f);
+    }
+}
+
+/// 255 = not chosen yet (read the environment on first use).
+static SELECTED: AtomicU8 = AtomicU8::new(u8::MAX);
+
+fn slot(isa: Isa) -> &'static OnceLock<KernelTable> {
+    static TABLES: [OnceLock<KernelTable>; 2] = [OnceLock::new(), OnceLock::new()];
+    &TABLES[isa as usize]
+}
+
+/// The table for `isa`, or `None` when this CPU cannot run it. Tests use this to compare tiers.
+pub fn table_for(isa: Isa) -> Option<&'static KernelTable> {
+    isa.is_supported().then(|| slot(isa).get_or_init(|| KernelTable::build(isa)))
+}
+
+fn initial_isa() -> Isa {
+    let best = Isa::best();
+    match std::env::var("QUANTGRAPH_ISA") {
+        Ok(v) => match Isa::from_name(&v) {
+            Some(i) if i <= best => i,
+            _ => best,
+        },
+        Err(_) => best,
+    }
+}
+
+/// The selected tier: the best this CPU has, lowered by `QUANTGRAPH_ISA` or [`set_isa`].
+pub fn selected_isa() -> Isa {
+    match SELECTED.load(Ordering::Relaxed) {
+        0 => Isa::Scalar,
+        1 => Isa::Avx2,
+        _ => {
+            let i = initial_isa();
+            SELECTED.store(i as u8, Ordering::Relaxed);
+            i
+        }
+    }
+}
+
+/// Forces a tier for every later computation in this process (for tests and comparisons).
+/// Fails when the CPU does not support `isa`.
+pub fn set_isa(isa: Isa) -> Result<()> {
+    if !isa.is_supported() {
+        return Err(Error::arg(format!("ISA {} is not supported by this CPU", isa.name())));
+    }
+    SELECTED.store(isa as u8, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The kernel table of the selected tier.
+pub fn table() -> &'static KernelTable {
+    let isa = selected_isa();
+    // The selected tier is always supported: `initial_isa` and `set_isa` only pick supported ones.
+    table_for(isa).unwrap_or_else(|| slot(Isa::Scalar).get_or_init(|| KernelTable::build(Isa::Scalar)))
+}

@@ -1,0 +1,116 @@
+//! Portable kernels: the reference tier, always present. Needs no CPU feature.
+//!
+//! The bodies are `#[inline(always)]` so that the x86 tiers can compile the same loops under
+//! `#[target_feature]` and get them vectorised for that tier.
+
+/// Eight-lane accumulation: a fixed reduction order the compiler can vectorise.
+#[inline(always)]
+pub(crate) fn dot_f32_body(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 16];
+    let mut ca = a.chunks_exact(16);
+    let mut cb = b.chunks_exact(16);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..16 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[l] = x.mul_add(*y, acc[l]);
+    }
+    let mut s8 = [0f32; 8];
+    for l in 0..8 {
+        s8[l] = acc[l] + acc[l + 8];
+    }
+    let s4 = [s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]];
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// Dot product of two f32 slices.
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_body(a, b)
+}
+
+macro_rules! binary_kernels {
+    ($($name:ident => |$x:ident, $y:ident| $e:expr;)*) => {$(
+        /// Elementwise kernel over `n` f32 values.
+        ///
+        /// # Safety
+        /// `a` and `b` must be valid for `n` reads and `dst` for `n` writes; `dst` may equal `a`
+        /// or `b` (in place) but must not partially overlap them.
+        pub(crate) unsafe fn $name(n: usize, dst: *mut f32, a: *const f32, b: *const f32) {
+            for i in 0..n {
+                // SAFETY: i < n and the caller guarantees n valid elements behind each pointer;
+                // reading before writing the same index keeps exact aliasing correct.
+                unsafe {
+                    let $x = *a.add(i);
+                    let $y = *b.add(i);
+                    *dst.add(i) = $e;
+                }
+            }
+        }
+    )*};
+}
+binary_kernels! {
+    add_f32 => |x, y| x + y;
+    sub_f32 => |x, y| x - y;
+    mul_f32 => |x, y| x * y;
+    div_f32 => |x, y| x / y;
+}
+
+pub(crate) const GELU_COEF_A: f32 = 0.044715;
+pub(crate) const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+#[inline(always)]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline(always)]
+pub(crate) fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+#[inline(always)]
+pub(crate) fn relu(x: f32) -> f32 {
+    if x > 0.0 { x } else { 0.0 }
+}
+
+macro_rules! unary_kernels {
+    ($($name:ident => $f:path;)*) => {$(
+        /// Elementwise kernel over `n` f32 values.
+        ///
+        /// # Safety
+        /// `a` must be valid for `n` reads and `dst` for `n` writes; `dst` may equal `a` (in place)
+        /// but must not partially overlap it.
+        pub(crate) unsafe fn $name(n: usize, dst: *mut f32, a: *const f32) {
+            for i in 0..n {
+                // SAFETY: i < n and the caller guarantees n valid elements behind both pointers.
+                unsafe { *dst.add(i) = $f(*a.add(i)) };
+            }
+        }
+    )*};
+}
+unary_kernels! {
+    silu_f32 => silu;
+    gelu_f32 => gelu;
+    relu_f32 => relu;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_f32_odd_lengths() {
+        for n in [0usize, 1, 7, 15, 16, 17, 33, 100] {
+            let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.25).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let got = dot_f32(&a, &b) as f64;
+            assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "n={n} {got} {want}");
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! x86-64 tiers. Each file is one tier with the same function names as `../scalar.rs`.
+
+pub(crate) mod avx2;
+
+use super::KernelTable;
+
+/// Overwrites the table entries that the AVX2 (+FMA, F16C) tier implements.
+pub(crate) fn plug_avx2(t: &mut KernelTable) {
+    t.dot_f32 = avx2::dot_f32;
+    t.add_f32 = avx2::add_f32;
+    t.sub_f32 = avx2::sub_f32;
+    t.mul_f32 = avx2::mul_f32;
+    t.div_f32 = avx2::div_f32;
+    t.silu_f32 = avx2::silu_f32;
+    t.gelu_f32 = avx2::gelu_f32;
+    t.relu_f32 = avx2::relu_f32;
+}

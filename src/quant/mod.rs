@@ -1,0 +1,149 @@
+//! Block formats of every ggml type: reference quantize, dequantize, the CPU's activation conversion
+//! (`from_float`) and a scalar `vec_dot`, byte-for-byte as ggml (src/ggml-quants.c, src/ggml-cpu/).
+//!
+//! Each format module fills one [`FormatFns`] entry; [`format`] is the table the rest of the crate
+//! (kernels, ops, GGUF) talks to, like ggml's `type_traits` / `type_traits_cpu`. SIMD versions of
+//! `vec_dot` live in `crate::kernels` and are chosen at run time.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Reference quantizer for whole rows (`ggml_quantize_chunk`): `src` holds `src.len() / n_per_row`
+/// rows, `dst` exactly that many rows of the type's row size. `imatrix`, when given, has
+/// `n_per_row` entries. Lengths are checked by the caller.
+pub(crate) type QuantizeFn =
+    fn(src: &[f32], dst: &mut [u8], n_per_row: usize, imatrix: Option<&[f32]>) -> Result<()>;
+/// Dequantize whole blocks: `src.len()` is a multiple of the type size and `dst.len()` the matching
+/// number of elements. Lengths are checked by the caller.
+pub(crate) type DequantizeFn = fn(src: &[u8], dst: &mut [f32]);
+/// The CPU's conversion of activations into a vec-dot type (ggml's `from_float`). Same length
+/// contract as [`DequantizeFn`], reversed.
+pub(crate) type FromFloatFn = fn(src: &[f32], dst: &mut [u8]);
+/// Dot product of `n` elements: `x` in the weight type, `y` in its `vec_dot_type`. `n` is a multiple
+/// of both block sizes and the slices hold exactly `n` elements. Checked by the caller.
+pub(crate) type VecDotFn = fn(n: usize, x: &[u8], y: &[u8]) -> f32;
+
+/// What one type can do, as plain function pointers (scalar versions).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct FormatFns {
+    pub quantize: Option<QuantizeFn>,
+    /// ggml refuses to quantize these types without an importance matrix.
+    pub requires_imatrix: bool,
+    pub dequantize: Option<DequantizeFn>,
+    pub from_float: Option<FromFloatFn>,
+    pub vec_dot: Option<VecDotFn>,
+}
+
+/// The format table entry for `dtype`; every field is `None` for what the type cannot do.
+pub(crate) fn format(dtype: DType) -> FormatFns {
+    #[allow(clippy::match_single_binding)]
+    match dtype {
+        _ => FormatFns::default(),
+    }
+}
+
+fn rows_of(dtype: DType, n_elems: usize, n_bytes: usize, what: &str) -> Result<()> {
+    let need = dtype.row_size(n_elems)?;
+    if need != n_bytes {
+        return Err(Error::arg(format!(
+            "{what} {dtype}: {n_elems} elements need {need} bytes, the buffer has {n_bytes}"
+        )));
+    }
+    Ok(())
+}
+
+/// Quantizes `src` into `dst` with ggml's reference quantizer (no importance matrix), giving the
+/// same bytes as `ggml_quantize_chunk`. `src.len()` must be a multiple of the block size and `dst`
+/// exactly `dtype.row_size(src.len())` bytes.
+pub fn quantize(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    let f = format(dtype);
+    let q = f.quantize.ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "this type has no quantizer (it is a vec-dot-only or integer type)".into(),
+    })?;
+    if f.requires_imatrix {
+        return Err(Error::Quant {
+            dtype,
+            msg: "ggml can only quantize this type with an importance matrix; use quantize_with_imatrix"
+                .into(),
+        });
+    }
+    rows_of(dtype, src.len(), dst.len(), "quantize")?;
+    if src.is_empty() {
+        return Ok(());
+    }
+    q(src, dst, src.len(), None)
+}
+
+/// Quantizes rows of `n_per_row` elements with an importance matrix (`imatrix.len() == n_per_row`),
+/// the same bytes as `ggml_quantize_chunk` given the same `quant_weights`.
+pub fn quantize_with_imatrix(
+    dtype: DType,
+    src: &[f32],
+    n_per_row: usize,
+    imatrix: &[f32],
+    dst: &mut [u8],
+) -> Result<()> {
+    let f = format(dtype);
+    let q = f.quantize.ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "this type has no quantizer (it is a vec-dot-only or integer type)".into(),
+    })?;
+    if n_per_row == 0 || src.len() % n_per_row != 0 {
+        return Err(Error::arg(format!(
+            "quantize_with_imatrix {dtype}: {} values are not whole rows of {n_per_row}",
+            src.len()
+        )));
+    }
+    if imatrix.len() != n_per_row {
+        return Err(Error::arg(format!(
+            "quantize_with_imatrix {dtype}: imatrix has {} entries, rows have {n_per_row}",
+            imatrix.len()
+        )));
+    }
+    let rows = src.len() / n_per_row;
+    let row = dtype.row_size(n_per_row)?;
+    let need = row.checked_mul(rows).ok_or(Error::Overflow { what: "quantized size" })?;
+    if dst.len() != need {
+        return Err(Error::arg(format!(
+            "quantize_with_imatrix {dtype}: {rows} rows need {need} bytes, the buffer has {}",
+            dst.len()
+        )));
+    }
+    q(src, dst, n_per_row, Some(imatrix))
+}
+
+/// Dequantizes `src` (whole blocks of `dtype`) into `dst`, the same floats as ggml's `to_float`.
+pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let d = format(dtype)
+        .dequantize
+        .ok_or_else(|| Error::Quant { dtype, msg: "this type cannot be converted to f32".into() })?;
+    rows_of(dtype, dst.len(), src.len(), "dequantize")?;
+    d(src, dst);
+    Ok(())
+}
+
+/// Converts activations into a vec-dot type (`DType::Q8_0`, `Q8_1`, `Q8_K`, `F16`, `BF16`, `F32`)
+/// exactly as ggml's CPU backend does before a dot product (`type_traits_cpu[..].from_float`).
+pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    let ff = format(dtype).from_float.ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "not a vec-dot type (use Q8_0, Q8_1, Q8_K, F16, BF16 or F32)".into(),
+    })?;
+    rows_of(dtype, src.len(), dst.len(), "quantize_for_dot")?;
+    ff(src, dst);
+    Ok(())
+}
+
+/// Dot product of `n` elements: `x` in `dtype`, `y` in `dtype.vec_dot_type()` (as made by
+/// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
+pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
+    let vd = dtype.vec_dot_type();
+    let k = crate::kernels::table().vec_dot(dtype).ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "no dot product for this type".into(),
+    })?;
+    rows_of(dtype, n, x.len(), "vec_dot x")?;
+    rows_of(vd, n, y.len(), "vec_dot y")?;
+    Ok(k(n, x, y))
+}

@@ -1,0 +1,149 @@
+//! Shared test helpers: the ggml golden vectors in tests/data/golden (copied from ../shared/golden,
+//! produced by ggml itself; see tests/data/golden/README.md) and comparison metrics.
+#![allow(dead_code)]
+
+use quantgraph::DType;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+pub fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden")
+}
+
+pub fn manifest() -> &'static Value {
+    static M: OnceLock<Value> = OnceLock::new();
+    M.get_or_init(|| {
+        let s = std::fs::read_to_string(data_dir().join("manifest.json")).expect("manifest.json");
+        serde_json::from_str(&s).expect("manifest parses")
+    })
+}
+
+pub fn read_bytes(desc: &Value) -> Vec<u8> {
+    let file = desc["file"].as_str().expect("file");
+    let b = std::fs::read(data_dir().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    assert_eq!(b.len() as u64, desc["nbytes"].as_u64().unwrap(), "{file} size");
+    b
+}
+
+pub fn read_f32(desc: &Value) -> Vec<f32> {
+    read_bytes(desc).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// One type's quantization golden data.
+pub struct QuantCase {
+    pub dtype: DType,
+    /// Bytes of ggml_quantize_chunk(x).
+    pub q: Vec<u8>,
+    /// Those bytes dequantized by ggml.
+    pub deq: Vec<f32>,
+    /// The CPU from_float bytes when they differ from the reference quantizer (iq4_nl).
+    pub q_cpu: Option<Vec<u8>>,
+    pub vec_dot_type: DType,
+    /// y converted to the vec-dot type by ggml's CPU from_float.
+    pub y_q: Vec<u8>,
+    /// Per row: ggml's vec_dot(q row, y_q row) value as exact f32 bits.
+    pub vec_dot: Vec<f32>,
+}
+
+pub fn quant_rows() -> (usize, usize) {
+    let q = &manifest()["quant"];
+    (q["rows"].as_u64().unwrap() as usize, q["n_per_row"].as_u64().unwrap() as usize)
+}
+
+pub fn quant_x() -> Vec<f32> {
+    read_f32(&manifest()["quant"]["x"])
+}
+
+pub fn quant_y() -> Vec<f32> {
+    read_f32(&manifest()["quant"]["y"])
+}
+
+/// Type names present in the golden quant set.
+pub fn quant_types() -> Vec<String> {
+    manifest()["quant"]["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["type"].as_str().unwrap().to_string())
+        .collect()
+}
+
+pub fn quant_case(name: &str) -> QuantCase {
+    let t = manifest()["quant"]["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["type"] == name)
+        .unwrap_or_else(|| panic!("no golden quant case for {name}"));
+    let dtype = DType::from_name(name).unwrap();
+    let vdt = DType::from_name(t["vec_dot_type"].as_str().unwrap()).unwrap();
+    QuantCase {
+        dtype,
+        q: read_bytes(&t["q"]),
+        deq: read_f32(&t["deq"]),
+        q_cpu: t.get("q_cpu").map(read_bytes),
+        vec_dot_type: vdt,
+        y_q: read_bytes(&t["y_q"]),
+        vec_dot: t["vec_dot"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| f32::from_bits(v["bits"].as_u64().unwrap() as u32))
+            .collect(),
+    }
+}
+
+/// One golden matmul: C = mul_mat(A [K, M] of `dtype`, B [K, N] f32) -> [M, N].
+pub struct MatmulCase {
+    pub dtype: DType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Vec<u8>,
+    pub b: Vec<f32>,
+    pub c: Vec<f32>,
+}
+
+pub fn matmul_cases() -> Vec<MatmulCase> {
+    manifest()["matmul"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| MatmulCase {
+            dtype: DType::from_name(c["type"].as_str().unwrap()).unwrap(),
+            m: c["M"].as_u64().unwrap() as usize,
+            n: c["N"].as_u64().unwrap() as usize,
+            k: c["K"].as_u64().unwrap() as usize,
+            a: read_bytes(&c["A"]),
+            b: read_f32(&c["B"]),
+            c: read_f32(&c["C"]),
+        })
+        .collect()
+}
+
+/// test-backend-ops' normalised mean squared error: sum((a-b)^2) / sum(b^2).
+pub fn nmse(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for (g, w) in got.iter().zip(want) {
+        let d = *g as f64 - w;
+        num += d * d;
+        den += w * w;
+    }
+    if den == 0.0 { num } else { num / den }
+}
+
+/// Deterministic pseudo-random f32s in [-1, 1) (xorshift), so tests need no RNG crate.
+pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
