@@ -5,6 +5,8 @@
 //! (kernels, ops, GGUF) talks to, like ggml's `type_traits` / `type_traits_cpu`. SIMD versions of
 //! `vec_dot` live in `crate::kernels` and are chosen at run time.
 
+pub(crate) mod util;
+
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
