@@ -140,16 +140,15 @@ fn detect_features() -> CpuFeatures {
 #[cfg(target_arch = "x86_64")]
 fn brand_string() -> String {
     use std::arch::x86_64::__cpuid;
-    // SAFETY: cpuid exists on every x86_64 CPU; leaf 0x8000_0000 reports the highest extended leaf,
-    // and leaves 0x8000_0002..=4 are read only when that maximum includes them.
-    let max = unsafe { __cpuid(0x8000_0000) }.eax;
+    // cpuid exists on every x86_64 CPU; leaf 0x8000_0000 reports the highest extended leaf, and
+    // leaves 0x8000_0002..=4 are read only when that maximum includes them.
+    let max = __cpuid(0x8000_0000).eax;
     if max < 0x8000_0004 {
         return "CPU".into();
     }
     let mut bytes = Vec::with_capacity(48);
     for leaf in 0x8000_0002u32..=0x8000_0004 {
-        // SAFETY: the leaf is at most the maximum reported above.
-        let r = unsafe { __cpuid(leaf) };
+        let r = __cpuid(leaf);
         for v in [r.eax, r.ebx, r.ecx, r.edx] {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
@@ -216,10 +215,21 @@ impl KernelTable {
             gelu_f32: scalar::gelu_f32,
             relu_f32: scalar::relu_f32,
         };
+        // Plain float types: portable kernels here unless the format table has its own.
+        t.set_vec_dot(DType::F32, scalar::vec_dot_f32);
+        t.set_vec_dot(DType::F16, scalar::vec_dot_f16);
+        t.set_vec_dot(DType::BF16, scalar::vec_dot_bf16);
+        t.set_from_float(DType::F32, scalar::from_float_f32);
+        t.set_from_float(DType::F16, scalar::from_float_f16);
+        t.set_from_float(DType::BF16, scalar::from_float_bf16);
         for d in DType::ALL {
             let f = crate::quant::format(d);
-            t.vec_dot[d.ggml_id() as usize] = f.vec_dot;
-            t.from_float[d.ggml_id() as usize] = f.from_float;
+            if let Some(v) = f.vec_dot {
+                t.set_vec_dot(d, v);
+            }
+            if let Some(v) = f.from_float {
+                t.set_from_float(d, v);
+            }
         }
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx2 {
@@ -240,16 +250,14 @@ impl KernelTable {
     }
 
     /// The activation converter into vec-dot type `d`.
-    pub(crate) fn from_float(&self, d: DType) -> Option<FromFloatFn> {
+    pub(crate) fn activation_converter(&self, d: DType) -> Option<FromFloatFn> {
         self.from_float[d.ggml_id() as usize]
     }
 
-    #[allow(dead_code)]
     pub(crate) fn set_vec_dot(&mut self, d: DType, f: VecDotFn) {
         self.vec_dot[d.ggml_id() as usize] = Some(f);
     }
 
-    #[allow(dead_code)]
     pub(crate) fn set_from_float(&mut self, d: DType, f: FromFloatFn) {
         self.from_float[d.ggml_id() as usize] = Some(f);
     }
@@ -306,5 +314,6 @@ pub fn set_isa(isa: Isa) -> Result<()> {
 pub fn table() -> &'static KernelTable {
     let isa = selected_isa();
     // The selected tier is always supported: `initial_isa` and `set_isa` only pick supported ones.
-    table_for(isa).unwrap_or_else(|| slot(Isa::Scalar).get_or_init(|| KernelTable::build(Isa::Scalar)))
+    table_for(isa)
+        .unwrap_or_else(|| slot(Isa::Scalar).get_or_init(|| KernelTable::build(Isa::Scalar)))
 }

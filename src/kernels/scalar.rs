@@ -99,6 +99,85 @@ unary_kernels! {
     relu_f32 => relu;
 }
 
+/// Reads `n` little-endian f32 from possibly unaligned bytes, as a slice when aligned.
+#[inline(always)]
+pub(crate) fn as_f32s<'a>(b: &'a [u8], tmp: &'a mut Vec<f32>) -> &'a [f32] {
+    match bytemuck::try_cast_slice::<u8, f32>(b) {
+        Ok(s) => s,
+        Err(_) => {
+            tmp.clear();
+            tmp.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+            tmp
+        }
+    }
+}
+
+/// F32 x F32 dot over bytes (the `VecDotFn` for F32 weights).
+pub(crate) fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (mut tx, mut ty) = (Vec::new(), Vec::new());
+    let xs = as_f32s(&x[..n * 4], &mut tx);
+    let ys = as_f32s(&y[..n * 4], &mut ty);
+    dot_f32(xs, ys)
+}
+
+#[inline(always)]
+pub(crate) fn vec_dot_f16_body(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let h = |b: &[u8], i: usize| {
+        crate::quant::util::fp16_to_fp32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+    };
+    let mut acc = [0f32; 8];
+    let full = n / 8 * 8;
+    let mut i = 0;
+    while i < full {
+        for l in 0..8 {
+            acc[l] = h(x, i + l).mul_add(h(y, i + l), acc[l]);
+        }
+        i += 8;
+    }
+    for (l, j) in (full..n).enumerate() {
+        acc[l] = h(x, j).mul_add(h(y, j), acc[l]);
+    }
+    let s4 = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// F16 x F16 dot with f32 accumulation.
+pub(crate) fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    vec_dot_f16_body(n, x, y)
+}
+
+/// BF16 x BF16 dot with f32 accumulation.
+pub(crate) fn vec_dot_bf16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let h = |b: &[u8], i: usize| {
+        crate::quant::util::bf16_to_fp32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+    };
+    let mut acc = [0f32; 8];
+    for i in 0..n {
+        acc[i % 8] = h(x, i).mul_add(h(y, i), acc[i % 8]);
+    }
+    let s4 = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// f32 -> F32 "conversion" (a copy).
+pub(crate) fn from_float_f32(src: &[f32], dst: &mut [u8]) {
+    dst[..src.len() * 4].copy_from_slice(bytemuck::cast_slice(src));
+}
+
+/// f32 -> F16, round to nearest even.
+pub(crate) fn from_float_f16(src: &[f32], dst: &mut [u8]) {
+    for (d, &s) in dst.chunks_exact_mut(2).zip(src) {
+        d.copy_from_slice(&crate::quant::util::fp32_to_fp16(s).to_le_bytes());
+    }
+}
+
+/// f32 -> BF16, round to nearest even.
+pub(crate) fn from_float_bf16(src: &[f32], dst: &mut [u8]) {
+    for (d, &s) in dst.chunks_exact_mut(2).zip(src) {
+        d.copy_from_slice(&crate::quant::util::fp32_to_bf16(s).to_le_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

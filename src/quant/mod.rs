@@ -117,9 +117,10 @@ pub fn quantize_with_imatrix(
 
 /// Dequantizes `src` (whole blocks of `dtype`) into `dst`, the same floats as ggml's `to_float`.
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
-    let d = format(dtype)
-        .dequantize
-        .ok_or_else(|| Error::Quant { dtype, msg: "this type cannot be converted to f32".into() })?;
+    let d = format(dtype).dequantize.ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "this type cannot be converted to f32".into(),
+    })?;
     rows_of(dtype, dst.len(), src.len(), "dequantize")?;
     d(src, dst);
     Ok(())
@@ -141,10 +142,9 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     let vd = dtype.vec_dot_type();
-    let k = crate::kernels::table().vec_dot(dtype).ok_or_else(|| Error::Quant {
-        dtype,
-        msg: "no dot product for this type".into(),
-    })?;
+    let k = crate::kernels::table()
+        .vec_dot(dtype)
+        .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
     rows_of(dtype, n, x.len(), "vec_dot x")?;
     rows_of(vd, n, y.len(), "vec_dot y")?;
     Ok(k(n, x, y))

@@ -73,3 +73,60 @@ unary_kernels! {
     gelu_f32 => scalar::gelu;
     relu_f32 => scalar::relu;
 }
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn vec_dot_f32_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (mut tx, mut ty) = (Vec::new(), Vec::new());
+    let xs = scalar::as_f32s(&x[..n * 4], &mut tx);
+    let ys = scalar::as_f32s(&y[..n * 4], &mut ty);
+    scalar::dot_f32_body(xs, ys)
+}
+
+/// F32 x F32 dot over bytes.
+pub(crate) fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { vec_dot_f32_avx2(n, x, y) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn vec_dot_f16_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    use std::arch::x86_64::*;
+    assert!(x.len() >= 2 * n && y.len() >= 2 * n);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (l, a) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 8 * l + 8 <= n and both slices hold at least 2n bytes (asserted).
+            unsafe {
+                let vx = _mm256_cvtph_ps(_mm_loadu_si128(
+                    x.as_ptr().add(2 * (i + 8 * l)) as *const __m128i
+                ));
+                let vy = _mm256_cvtph_ps(_mm_loadu_si128(
+                    y.as_ptr().add(2 * (i + 8 * l)) as *const __m128i
+                ));
+                *a = _mm256_fmadd_ps(vx, vy, *a);
+            }
+        }
+        i += 32;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut lanes = [0f32; 8];
+    // SAFETY: lanes has room for 8 f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), s) };
+    let mut sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    while i < n {
+        let h = |b: &[u8]| {
+            crate::quant::util::fp16_to_fp32(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
+        };
+        sum += h(x) * h(y);
+        i += 1;
+    }
+    sum
+}
+
+/// F16 x F16 dot (F16C conversion, FMA).
+pub(crate) fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { vec_dot_f16_avx2(n, x, y) }
+}

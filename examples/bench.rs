@@ -1,0 +1,200 @@
+//! Benchmarks with one line of output per run, compared against ggml's runs of the same shapes.
+//!
+//! ```text
+//! cargo run --release --example bench -- node-overhead NODES THREADS
+//! cargo run --release --example bench -- plan-overhead NODES
+//! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS
+//! cargo run --release --example bench -- vec-dot TYPE N REPS
+//! ```
+//! Times are medians over repetitions; the machine is noisy, so compare ratios measured together.
+
+use quantgraph::{Backend, Buffer, CpuBackend, DType, Graph, Plan};
+use std::time::Instant;
+
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v[v.len() / 2]
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
+    args.get(i).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        eprintln!("missing or bad argument {i}: {what}");
+        std::process::exit(2)
+    })
+}
+
+/// A chain of `nodes` adds of 64-element F32 tensors (the graph ggml's overhead was measured on).
+fn chain(nodes: usize) -> quantgraph::Result<(Graph, quantgraph::TensorId, quantgraph::TensorId)> {
+    let mut g = Graph::with_capacity(nodes + 2);
+    let x = g.input(DType::F32, &[64])?;
+    let mut t = x;
+    for _ in 0..nodes {
+        t = g.add(t, x)?;
+    }
+    g.set_output(t);
+    Ok((g, x, t))
+}
+
+fn node_overhead(nodes: usize, threads: usize) -> quantgraph::Result<()> {
+    let be = CpuBackend::with_threads(threads)?;
+    let (g, x, _) = chain(nodes)?;
+    let mut plan = Plan::new(g, &be)?;
+    plan.set_input(x, &rand_vec(64, 1))?;
+    for _ in 0..20 {
+        plan.compute()?;
+    }
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        let t0 = Instant::now();
+        plan.compute()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let us = median(times) * 1e6 / nodes as f64;
+    println!("quantgraph node_overhead nodes={nodes} threads={threads} median_us_per_node={us:.3}");
+    Ok(())
+}
+
+fn plan_overhead(nodes: usize) -> quantgraph::Result<()> {
+    let be = CpuBackend::with_threads(1)?;
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        let t0 = Instant::now();
+        let (g, _, _) = chain(nodes)?;
+        let plan = Plan::new(g, &be)?;
+        std::hint::black_box(&plan);
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    println!("quantgraph plan_overhead nodes={nodes} median_us={:.1}", median(times) * 1e6);
+    Ok(())
+}
+
+fn matmul(
+    ty: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    reps: usize,
+) -> quantgraph::Result<()> {
+    let be = CpuBackend::with_threads(threads)?;
+    let a = rand_vec(m * k, 1);
+    let row = ty.row_size(k)?;
+    let mut bytes = vec![0u8; row * m];
+    match ty {
+        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
+        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
+        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
+    }
+    let wbuf = Buffer::from_host(bytes);
+    let mut g = Graph::new();
+    let w = g.weight(ty, &[k, m], &wbuf, 0)?;
+    let x = g.input(DType::F32, &[k, n])?;
+    let y = g.mul_mat(w, x)?;
+    g.set_output(y);
+    let mut plan = Plan::new(g, &be)?;
+    plan.set_input(x, &rand_vec(k * n, 2))?;
+    plan.compute()?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        plan.compute()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let t = median(times);
+    let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
+    println!(
+        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}",
+        ty.name(),
+        be.n_threads(),
+        t * 1e3
+    );
+    Ok(())
+}
+
+fn vec_dot(ty: DType, n: usize, reps: usize) -> quantgraph::Result<()> {
+    let x = rand_vec(n, 1);
+    let y = rand_vec(n, 2);
+    let mut xq = vec![0u8; ty.row_size(n)?];
+    match ty {
+        DType::F32 | DType::F16 | DType::BF16 => {
+            quantgraph::quant::quantize_for_dot(ty, &x, &mut xq)?
+        }
+        _ => quantgraph::quant::quantize(ty, &x, &mut xq)?,
+    }
+    let vd = ty.vec_dot_type();
+    let mut yq = vec![0u8; vd.row_size(n)?];
+    quantgraph::quant::quantize_for_dot(vd, &y, &mut yq)?;
+    let inner = 1000;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        for _ in 0..inner {
+            std::hint::black_box(quantgraph::quant::vec_dot(
+                ty,
+                n,
+                std::hint::black_box(&xq),
+                &yq,
+            )?);
+        }
+        times.push(t0.elapsed().as_secs_f64() / inner as f64);
+    }
+    println!(
+        "quantgraph vec_dot {} n={n} isa={} median_ns={:.1}",
+        ty.name(),
+        quantgraph::kernels::selected_isa().name(),
+        median(times) * 1e9
+    );
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("node-overhead") => node_overhead(arg(&args, 1, "NODES"), arg(&args, 2, "THREADS")),
+        Some("plan-overhead") => plan_overhead(arg(&args, 1, "NODES")),
+        Some("matmul") => {
+            let ty: String = arg(&args, 1, "TYPE");
+            match DType::from_name(&ty) {
+                Some(t) => matmul(
+                    t,
+                    arg(&args, 2, "M"),
+                    arg(&args, 3, "N"),
+                    arg(&args, 4, "K"),
+                    arg(&args, 5, "THREADS"),
+                    arg(&args, 6, "REPS"),
+                ),
+                None => Err(quantgraph::Error::UnknownType(ty)),
+            }
+        }
+        Some("vec-dot") => {
+            let ty: String = arg(&args, 1, "TYPE");
+            match DType::from_name(&ty) {
+                Some(t) => vec_dot(t, arg(&args, 2, "N"), arg(&args, 3, "REPS")),
+                None => Err(quantgraph::Error::UnknownType(ty)),
+            }
+        }
+        _ => {
+            eprintln!(
+                "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
+                 matmul TYPE M N K THREADS REPS | vec-dot TYPE N REPS"
+            );
+            std::process::exit(2)
+        }
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,300 @@
+//! `Buffer`: host memory that tensors live in. Either a 64-byte-aligned allocation owned by the
+//! buffer, or memory the caller owns (a `Vec`, a memory map) kept alive by the buffer.
+//!
+//! A buffer is a cheap handle (`Clone` shares it). Its bytes are guarded by a small reader/writer
+//! state so that a compute reading weights and a caller writing them, or two computes writing the
+//! same KV cache, cannot overlap: the loser gets `Error::Buffer`, never a data race.
+
+use crate::error::{Error, Result};
+use std::alloc::Layout;
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+/// Alignment of buffers allocated by the CPU buffer type.
+pub const BUFFER_ALIGNMENT: usize = 64;
+
+enum Storage {
+    Owned { layout: Layout },
+    Borrowed { _owner: Box<dyn Any + Send + Sync> },
+}
+
+struct Inner {
+    ptr: *mut u8,
+    len: usize,
+    writable: bool,
+    storage: Storage,
+    name: String,
+    /// > 0: that many readers; -1: one writer; 0: free.
+    state: AtomicIsize,
+}
+
+// SAFETY: the memory behind `ptr` is owned by `Inner` (or by `_owner`, which is Send + Sync) and
+// every access to it goes through the reader/writer `state`, so sharing across threads is sound.
+unsafe impl Send for Inner {}
+// SAFETY: as above; `&Inner` only hands out the pointer under the `state` protocol.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Storage::Owned { layout } = self.storage {
+            if layout.size() != 0 {
+                // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `Buffer::alloc` and is freed once.
+                unsafe { std::alloc::dealloc(self.ptr, layout) };
+            }
+        }
+    }
+}
+
+/// Host memory holding tensor data; cloning shares it.
+#[derive(Clone)]
+pub struct Buffer {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("name", &self.inner.name)
+            .field("len", &self.inner.len)
+            .field("writable", &self.inner.writable)
+            .finish()
+    }
+}
+
+impl Buffer {
+    /// A zeroed, 64-byte-aligned, writable buffer of `len` bytes.
+    pub fn alloc(len: usize) -> Result<Buffer> {
+        Buffer::alloc_named(len, "CPU")
+    }
+
+    pub(crate) fn alloc_named(len: usize, name: &str) -> Result<Buffer> {
+        let layout = Layout::from_size_align(len.max(1), BUFFER_ALIGNMENT)
+            .map_err(|_| Error::Buffer(format!("cannot allocate {len} bytes")))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::Buffer(format!("out of memory allocating {len} bytes")));
+        }
+        Ok(Buffer {
+            inner: Arc::new(Inner {
+                ptr,
+                len,
+                writable: true,
+                storage: Storage::Owned { layout },
+                name: name.into(),
+                state: AtomicIsize::new(0),
+            }),
+        })
+    }
+
+    /// A read-only buffer over memory the caller owns (a `Vec<u8>`, a memory map, ...), without
+    /// copying. The owner is kept alive as long as any clone of the buffer or any plan using it.
+    pub fn from_host<T>(owner: T) -> Buffer
+    where
+        T: AsRef<[u8]> + Send + Sync + 'static,
+    {
+        let boxed: Box<T> = Box::new(owner);
+        let slice = (*boxed).as_ref();
+        let (ptr, len) = (slice.as_ptr() as *mut u8, slice.len());
+        Buffer {
+            inner: Arc::new(Inner {
+                ptr,
+                len,
+                writable: false,
+                storage: Storage::Borrowed { _owner: boxed },
+                name: "CPU_Host".into(),
+                state: AtomicIsize::new(0),
+            }),
+        }
+    }
+
+    /// A writable buffer over a caller-provided `Vec<u8>` (taken by value, not copied).
+    pub fn from_vec(mut v: Vec<u8>) -> Buffer {
+        let (ptr, len) = (v.as_mut_ptr(), v.len());
+        Buffer {
+            inner: Arc::new(Inner {
+                ptr,
+                len,
+                writable: true,
+                storage: Storage::Borrowed { _owner: Box::new(v) },
+                name: "CPU_Host".into(),
+                state: AtomicIsize::new(0),
+            }),
+        }
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// False for buffers over read-only caller memory (`from_host`).
+    pub fn is_writable(&self) -> bool {
+        self.inner.writable
+    }
+
+    /// The buffer type's name ("CPU", "CPU_Host").
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// True when both handles share the same memory.
+    pub fn same(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    fn check_range(&self, offset: usize, n: usize) -> Result<()> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.inner.len => Ok(()),
+            _ => Err(Error::Buffer(format!(
+                "range {offset}..{} is outside buffer '{}' of {} bytes",
+                offset.saturating_add(n),
+                self.inner.name,
+                self.inner.len
+            ))),
+        }
+    }
+
+    /// Copies `data` into the buffer at `offset`. Fails when read-only or in use by a compute.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if !self.inner.writable {
+            return Err(Error::Buffer(format!("buffer '{}' is read-only", self.inner.name)));
+        }
+        self.check_range(offset, data.len())?;
+        let _g = self.lock_write()?;
+        // SAFETY: the range is inside the allocation (checked above) and the write lock excludes
+        // every other reader and writer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.inner.ptr.add(offset), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies f32 values into the buffer at byte `offset`.
+    pub fn write_f32(&self, offset: usize, data: &[f32]) -> Result<()> {
+        self.write(offset, bytemuck::cast_slice(data))
+    }
+
+    /// Copies bytes out of the buffer at `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
+        let _g = self.lock_read()?;
+        // SAFETY: in range (checked above); the read lock excludes writers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.inner.ptr.add(offset), out.as_mut_ptr(), out.len())
+        };
+        Ok(())
+    }
+
+    /// Runs `f` on the whole contents (read lock held).
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        let _g = self.lock_read()?;
+        // SAFETY: ptr/len describe the live allocation; the read lock excludes writers while the
+        // slice exists (it does not escape `f`).
+        let s = unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) };
+        Ok(f(s))
+    }
+
+    /// Fills the whole buffer with `byte`.
+    pub fn fill(&self, byte: u8) -> Result<()> {
+        if !self.inner.writable {
+            return Err(Error::Buffer(format!("buffer '{}' is read-only", self.inner.name)));
+        }
+        let _g = self.lock_write()?;
+        // SAFETY: whole allocation, write lock held.
+        unsafe { std::ptr::write_bytes(self.inner.ptr, byte, self.inner.len) };
+        Ok(())
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.inner.ptr
+    }
+
+    pub(crate) fn lock_read(&self) -> Result<BufferGuard> {
+        let s = &self.inner.state;
+        let mut cur = s.load(Ordering::Relaxed);
+        loop {
+            if cur < 0 {
+                return Err(Error::Buffer(format!(
+                    "buffer '{}' is being written by another compute or call",
+                    self.inner.name
+                )));
+            }
+            match s.compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return Ok(BufferGuard { buf: self.clone(), write: false }),
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    pub(crate) fn lock_write(&self) -> Result<BufferGuard> {
+        match self.inner.state.compare_exchange(0, -1, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => Ok(BufferGuard { buf: self.clone(), write: true }),
+            Err(_) => Err(Error::Buffer(format!(
+                "buffer '{}' is in use by another compute or call",
+                self.inner.name
+            ))),
+        }
+    }
+}
+
+/// Held while a buffer is read or written; releases on drop.
+pub(crate) struct BufferGuard {
+    buf: Buffer,
+    write: bool,
+}
+
+impl Drop for BufferGuard {
+    fn drop(&mut self) {
+        let s = &self.buf.inner.state;
+        if self.write {
+            s.store(0, Ordering::Release);
+        } else {
+            s.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_is_aligned_and_zeroed() {
+        let b = Buffer::alloc(100).unwrap();
+        assert_eq!(b.ptr() as usize % BUFFER_ALIGNMENT, 0);
+        let mut out = [1u8; 100];
+        b.read(0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn out_of_range_and_read_only_are_errors() {
+        let b = Buffer::alloc(8).unwrap();
+        assert!(b.write(4, &[0; 5]).is_err());
+        assert!(b.write(usize::MAX, &[0; 1]).is_err());
+        let h = Buffer::from_host(vec![1u8, 2, 3]);
+        assert!(h.write(0, &[0]).is_err());
+        let mut o = [0u8; 3];
+        h.read(0, &mut o).unwrap();
+        assert_eq!(o, [1, 2, 3]);
+    }
+
+    #[test]
+    fn writer_excludes_readers() {
+        let b = Buffer::alloc(8).unwrap();
+        let g = b.lock_read().unwrap();
+        assert!(b.lock_write().is_err());
+        drop(g);
+        let w = b.lock_write().unwrap();
+        assert!(b.lock_read().is_err());
+        drop(w);
+        assert!(b.lock_read().is_ok());
+    }
+}

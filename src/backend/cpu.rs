@@ -1,0 +1,226 @@
+//! The CPU registry, device, buffer type and backend. The backend owns a dedicated rayon thread
+//! pool; a [`crate::Plan`] built on it runs its nodes there.
+
+use super::{
+    AbortHook, BUFFER_ALIGNMENT, Backend, Buffer, BufferType, Device, DeviceCaps, DeviceType,
+    Registry,
+};
+use crate::error::{Error, Result};
+use crate::graph::{Graph, TensorId};
+use crate::kernels::{CpuFeatures, selected_isa};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// The CPU registry: one device.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuRegistry;
+
+impl Registry for CpuRegistry {
+    fn name(&self) -> &str {
+        "CPU"
+    }
+    fn devices(&self) -> Vec<Arc<dyn Device>> {
+        vec![Arc::new(CpuDevice::new())]
+    }
+}
+
+/// The host CPU as a device.
+#[derive(Clone, Debug)]
+pub struct CpuDevice {
+    description: String,
+}
+
+impl Default for CpuDevice {
+    fn default() -> Self {
+        CpuDevice::new()
+    }
+}
+
+impl CpuDevice {
+    /// The CPU device (description = the CPU brand string).
+    pub fn new() -> CpuDevice {
+        CpuDevice { description: CpuFeatures::detect().brand.clone() }
+    }
+}
+
+fn meminfo() -> (usize, usize) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<usize>().ok())
+            .map(|kb| kb * 1024)
+    };
+    let total = field("MemTotal:").unwrap_or(0);
+    let free = field("MemAvailable:").unwrap_or(total);
+    (free, total)
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> &str {
+        "CPU"
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn memory(&self) -> (usize, usize) {
+        meminfo()
+    }
+    fn device_type(&self) -> DeviceType {
+        DeviceType::Cpu
+    }
+    fn caps(&self) -> DeviceCaps {
+        DeviceCaps {
+            async_compute: false,
+            host_buffer: false,
+            buffer_from_host_ptr: true,
+            events: false,
+        }
+    }
+    fn supports_op(&self, graph: &Graph, node: TensorId) -> bool {
+        crate::ops::supports(graph, node).is_ok()
+    }
+    fn supports_buft(&self, buft: &dyn BufferType) -> bool {
+        buft.is_host()
+    }
+    fn default_buffer_type(&self) -> Arc<dyn BufferType> {
+        Arc::new(CpuBufferType)
+    }
+    fn extra_buffer_types(&self) -> Vec<Arc<dyn BufferType>> {
+        Vec::new()
+    }
+    fn init_backend(&self) -> Result<CpuBackend> {
+        CpuBackend::new()
+    }
+}
+
+/// Plain host memory, 64-byte aligned.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBufferType;
+
+impl BufferType for CpuBufferType {
+    fn name(&self) -> &str {
+        "CPU"
+    }
+    fn alignment(&self) -> usize {
+        BUFFER_ALIGNMENT
+    }
+    fn max_size(&self) -> usize {
+        isize::MAX as usize
+    }
+    fn is_host(&self) -> bool {
+        true
+    }
+    fn alloc(&self, size: usize) -> Result<Buffer> {
+        Buffer::alloc_named(size, "CPU")
+    }
+}
+
+/// State shared by a backend and the plans built on it.
+pub(crate) struct CpuShared {
+    pub pool: RwLock<Arc<rayon::ThreadPool>>,
+    pub n_threads: AtomicUsize,
+    pub abort: Mutex<Option<AbortHook>>,
+}
+
+impl CpuShared {
+    pub(crate) fn pool(&self) -> Arc<rayon::ThreadPool> {
+        match self.pool.read() {
+            Ok(p) => p.clone(),
+            Err(e) => e.into_inner().clone(),
+        }
+    }
+    pub(crate) fn abort_hook(&self) -> Option<AbortHook> {
+        match self.abort.lock() {
+            Ok(h) => h.clone(),
+            Err(e) => e.into_inner().clone(),
+        }
+    }
+}
+
+fn build_pool(n: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("quantgraph-{i}"))
+        .build()
+        .map_err(|e| Error::arg(format!("cannot start {n} worker threads: {e}")))
+}
+
+/// The CPU backend: a dedicated thread pool, a thread count and an abort hook.
+///
+/// ```
+/// use quantgraph::{Backend, CpuBackend};
+/// let be = CpuBackend::with_threads(2)?;
+/// assert_eq!(be.n_threads(), 2);
+/// # Ok::<(), quantgraph::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct CpuBackend {
+    pub(crate) shared: Arc<CpuShared>,
+}
+
+impl CpuBackend {
+    /// A backend with one worker per physical core.
+    pub fn new() -> Result<CpuBackend> {
+        CpuBackend::with_threads(num_cpus::get_physical().max(1))
+    }
+
+    /// A backend with `n` worker threads.
+    pub fn with_threads(n: usize) -> Result<CpuBackend> {
+        if n == 0 {
+            return Err(Error::arg("CpuBackend: thread count must be at least 1"));
+        }
+        let pool = build_pool(n)?;
+        Ok(CpuBackend {
+            shared: Arc::new(CpuShared {
+                pool: RwLock::new(Arc::new(pool)),
+                n_threads: AtomicUsize::new(n),
+                abort: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The SIMD tier kernels run with (see `kernels::set_isa`).
+    pub fn isa(&self) -> crate::kernels::Isa {
+        selected_isa()
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "CPU"
+    }
+    fn device(&self) -> Arc<dyn Device> {
+        Arc::new(CpuDevice::new())
+    }
+    fn features(&self) -> Vec<(&'static str, String)> {
+        let mut f = CpuFeatures::detect().list();
+        f.push(("ISA", selected_isa().name().to_string()));
+        f
+    }
+    fn n_threads(&self) -> usize {
+        self.shared.n_threads.load(Ordering::Relaxed)
+    }
+    fn set_n_threads(&self, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(Error::arg("set_n_threads: thread count must be at least 1"));
+        }
+        if n == self.n_threads() {
+            return Ok(());
+        }
+        let pool = Arc::new(build_pool(n)?);
+        match self.shared.pool.write() {
+            Ok(mut p) => *p = pool,
+            Err(e) => *e.into_inner() = pool,
+        }
+        self.shared.n_threads.store(n, Ordering::Relaxed);
+        Ok(())
+    }
+    fn set_abort_hook(&self, hook: Option<AbortHook>) {
+        match self.shared.abort.lock() {
+            Ok(mut h) => *h = hook,
+            Err(e) => *e.into_inner() = hook,
+        }
+    }
+}

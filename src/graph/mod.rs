@@ -1,0 +1,568 @@
+//! The graph builder: tensors held by id in ggml's shape order (`ne[0]` innermost, up to 4 dims, byte
+//! strides `nb`), leaf tensors (inputs, weights, state), views, and op nodes. Every op method checks
+//! shapes, types and parameters and returns `Result<TensorId>`, so that a [`crate::Plan`] only ever
+//! sees valid layouts.
+
+mod ops;
+
+pub use ops::{Op, UnaryOp};
+
+use crate::backend::Buffer;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Maximum number of dimensions (ggml's `GGML_MAX_DIMS`).
+pub const MAX_DIMS: usize = 4;
+/// Maximum number of source tensors of one node.
+pub const MAX_SRC: usize = 4;
+
+/// A handle to a tensor inside one [`Graph`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub(crate) u32);
+
+impl TensorId {
+    /// Position of the tensor in its graph (creation order).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Where a leaf tensor's data lives.
+#[derive(Clone)]
+pub(crate) enum Leaf {
+    /// Not a leaf: the result of an op (or a view of another tensor).
+    None,
+    /// Data copied in by the caller before each compute (`Plan::set_input`).
+    Input,
+    /// Read-only data in a caller-owned buffer (model weights).
+    Weight { buffer: Buffer, offset: usize },
+    /// Mutable data in a caller-owned buffer that persists across computes (a KV cache).
+    State { buffer: Buffer, offset: usize },
+}
+
+/// One tensor of a graph.
+#[derive(Clone)]
+pub(crate) struct Tensor {
+    pub dtype: DType,
+    pub ne: [usize; MAX_DIMS],
+    pub nb: [usize; MAX_DIMS],
+    pub op: Op,
+    pub src: [Option<TensorId>; MAX_SRC],
+    /// For views: the tensor whose memory this one uses (always a non-view root) and the offset.
+    pub view_src: Option<TensorId>,
+    pub view_offs: usize,
+    pub leaf: Leaf,
+    pub name: Option<Box<str>>,
+    pub output: bool,
+}
+
+impl Tensor {
+    pub(crate) fn nelements(&self) -> usize {
+        self.ne.iter().product()
+    }
+
+    /// Bytes spanned by the tensor (ggml's `ggml_nbytes`), 0 for an empty tensor.
+    pub(crate) fn nbytes(&self) -> usize {
+        nbytes_of(self.dtype, &self.ne, &self.nb)
+    }
+
+    /// Rows are contiguous blocks of `ne[0]` elements (`nb[0]` is the type size).
+    pub(crate) fn rows_contiguous(&self) -> bool {
+        self.nb[0] == self.dtype.type_size()
+    }
+
+    /// ggml's `ggml_is_contiguous`: the elements are packed in order with no gaps.
+    pub(crate) fn is_contiguous(&self) -> bool {
+        is_contiguous(self.dtype, &self.ne, &self.nb)
+    }
+
+    pub(crate) fn srcs(&self) -> impl Iterator<Item = TensorId> + '_ {
+        self.src.iter().flatten().copied()
+    }
+
+    pub(crate) fn label(&self, id: TensorId) -> String {
+        match &self.name {
+            Some(n) => format!("'{n}'"),
+            None => format!("#{}", id.0),
+        }
+    }
+
+    pub(crate) fn describe(&self, id: TensorId) -> String {
+        format!("{} {} {}", self.label(id), self.dtype, shape_str(&self.ne))
+    }
+}
+
+pub(crate) fn shape_str(ne: &[usize; MAX_DIMS]) -> String {
+    format!("[{}, {}, {}, {}]", ne[0], ne[1], ne[2], ne[3])
+}
+
+pub(crate) fn contiguous_strides(dtype: DType, ne: &[usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
+    let mut nb = [0; MAX_DIMS];
+    nb[0] = dtype.type_size();
+    nb[1] = dtype.row_bytes(ne[0]);
+    for i in 2..MAX_DIMS {
+        nb[i] = nb[i - 1] * ne[i - 1];
+    }
+    nb
+}
+
+pub(crate) fn nbytes_of(dtype: DType, ne: &[usize; MAX_DIMS], nb: &[usize; MAX_DIMS]) -> usize {
+    checked_nbytes(dtype, ne, nb).unwrap_or(usize::MAX)
+}
+
+/// ggml's `ggml_nbytes` with overflow checks: the bytes spanned from the first element to the end
+/// of the last one.
+pub(crate) fn checked_nbytes(
+    dtype: DType,
+    ne: &[usize; MAX_DIMS],
+    nb: &[usize; MAX_DIMS],
+) -> Option<usize> {
+    if ne.contains(&0) {
+        return Some(0);
+    }
+    let bs = dtype.block_size();
+    let (mut bytes, first) =
+        if bs == 1 { (dtype.type_size(), 0) } else { ((ne[0] / bs).checked_mul(nb[0])?, 1) };
+    for i in first..MAX_DIMS {
+        bytes = (ne[i] - 1).checked_mul(nb[i])?.checked_add(bytes)?;
+    }
+    Some(bytes)
+}
+
+pub(crate) fn is_contiguous(dtype: DType, ne: &[usize; MAX_DIMS], nb: &[usize; MAX_DIMS]) -> bool {
+    let mut next = dtype.type_size();
+    for i in 0..MAX_DIMS {
+        if ne[i] != 1 {
+            if nb[i] != next {
+                return false;
+            }
+            next = if i == 0 { dtype.row_bytes(ne[0]) } else { next * ne[i] };
+        }
+    }
+    true
+}
+
+/// Checked element count and byte size of a new contiguous tensor.
+fn checked_shape(op: &'static str, dtype: DType, ne: &[usize]) -> Result<[usize; MAX_DIMS]> {
+    if ne.is_empty() || ne.len() > MAX_DIMS {
+        return Err(Error::shape(op, format!("{} dims given, 1 to {MAX_DIMS} allowed", ne.len())));
+    }
+    let mut out = [1usize; MAX_DIMS];
+    out[..ne.len()].copy_from_slice(ne);
+    if out[0] % dtype.block_size() != 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "ne[0] = {} is not a multiple of {dtype}'s block size {}",
+                out[0],
+                dtype.block_size()
+            ),
+        ));
+    }
+    let mut bytes = dtype.row_bytes(out[0]);
+    for &n in &out[1..] {
+        bytes = bytes.checked_mul(n).ok_or(Error::Overflow { what: "tensor size" })?;
+    }
+    if bytes > isize::MAX as usize {
+        return Err(Error::Overflow { what: "tensor size" });
+    }
+    Ok(out)
+}
+
+/// A computation graph under construction. Tensors are created in topological order: an op can
+/// only refer to tensors that already exist, and a [`crate::Plan`] runs nodes in creation order.
+///
+/// ```
+/// use quantgraph::{DType, Graph};
+/// let mut g = Graph::new();
+/// let x = g.input(DType::F32, &[4, 2])?;
+/// let y = g.input(DType::F32, &[4, 1])?;
+/// let z = g.add(x, y)?; // y broadcast over rows
+/// let z = g.silu(z)?;
+/// g.set_output(z);
+/// # Ok::<(), quantgraph::Error>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct Graph {
+    pub(crate) tensors: Vec<Tensor>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new() -> Graph {
+        Graph { tensors: Vec::new() }
+    }
+
+    /// An empty graph with room for `n` tensors.
+    pub fn with_capacity(n: usize) -> Graph {
+        Graph { tensors: Vec::with_capacity(n) }
+    }
+
+    /// Number of tensors (leaves, views and nodes).
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when the graph has no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub(crate) fn t(&self, id: TensorId) -> &Tensor {
+        &self.tensors[id.index()]
+    }
+
+    pub(crate) fn get(&self, op: &'static str, id: TensorId) -> Result<&Tensor> {
+        self.tensors
+            .get(id.index())
+            .ok_or_else(|| Error::arg(format!("{op}: tensor id {} is not in this graph", id.0)))
+    }
+
+    /// Type of a tensor.
+    pub fn dtype(&self, id: TensorId) -> Result<DType> {
+        Ok(self.get("dtype", id)?.dtype)
+    }
+
+    /// Shape (`ne`) of a tensor, ggml order.
+    pub fn shape(&self, id: TensorId) -> Result<[usize; MAX_DIMS]> {
+        Ok(self.get("shape", id)?.ne)
+    }
+
+    /// Byte strides (`nb`) of a tensor.
+    pub fn strides(&self, id: TensorId) -> Result<[usize; MAX_DIMS]> {
+        Ok(self.get("strides", id)?.nb)
+    }
+
+    /// The op that produces a tensor (`Op::None` for leaves).
+    pub fn op(&self, id: TensorId) -> Result<&Op> {
+        Ok(&self.get("op", id)?.op)
+    }
+
+    /// Ids of a node's sources.
+    pub fn sources(&self, id: TensorId) -> Result<Vec<TensorId>> {
+        Ok(self.get("sources", id)?.srcs().collect())
+    }
+
+    /// Names a tensor (shown in error messages and findable with [`Graph::find`]).
+    pub fn set_name(&mut self, id: TensorId, name: &str) -> Result<TensorId> {
+        self.get("set_name", id)?;
+        self.tensors[id.index()].name = Some(name.into());
+        Ok(id)
+    }
+
+    /// A tensor's name, if it has one.
+    pub fn name(&self, id: TensorId) -> Option<&str> {
+        self.tensors.get(id.index()).and_then(|t| t.name.as_deref())
+    }
+
+    /// The first tensor with this name.
+    pub fn find(&self, name: &str) -> Option<TensorId> {
+        self.tensors
+            .iter()
+            .position(|t| t.name.as_deref() == Some(name))
+            .map(|i| TensorId(i as u32))
+    }
+
+    /// Marks a tensor as an output: it is computed, kept alive to the end of the graph and readable
+    /// with `Plan::output`. Every op feeding an output runs; others are skipped.
+    pub fn set_output(&mut self, id: TensorId) {
+        if let Some(t) = self.tensors.get_mut(id.index()) {
+            t.output = true;
+        }
+    }
+
+    /// True when `id` was marked with [`Graph::set_output`].
+    pub fn is_output(&self, id: TensorId) -> bool {
+        self.tensors.get(id.index()).is_some_and(|t| t.output)
+    }
+
+    fn push(&mut self, t: Tensor) -> Result<TensorId> {
+        let id = u32::try_from(self.tensors.len())
+            .map_err(|_| Error::arg("graph: more than 2^32 tensors"))?;
+        self.tensors.push(t);
+        Ok(TensorId(id))
+    }
+
+    fn leaf(
+        &mut self,
+        op: &'static str,
+        dtype: DType,
+        ne: &[usize],
+        leaf: Leaf,
+    ) -> Result<TensorId> {
+        let ne = checked_shape(op, dtype, ne)?;
+        let nb = contiguous_strides(dtype, &ne);
+        self.push(Tensor {
+            dtype,
+            ne,
+            nb,
+            op: Op::None,
+            src: [None; MAX_SRC],
+            view_src: None,
+            view_offs: 0,
+            leaf,
+            name: None,
+            output: false,
+        })
+    }
+
+    /// An input tensor whose data the caller copies in before each compute (`Plan::set_input`).
+    pub fn input(&mut self, dtype: DType, ne: &[usize]) -> Result<TensorId> {
+        self.leaf("input", dtype, ne, Leaf::Input)
+    }
+
+    fn bound(
+        &mut self,
+        op: &'static str,
+        dtype: DType,
+        ne: &[usize],
+        buffer: &Buffer,
+        offset: usize,
+        state: bool,
+    ) -> Result<TensorId> {
+        let ne4 = checked_shape(op, dtype, ne)?;
+        let nb = contiguous_strides(dtype, &ne4);
+        let bytes = nbytes_of(dtype, &ne4, &nb);
+        let end = offset.checked_add(bytes).ok_or(Error::Overflow { what: "tensor offset" })?;
+        if end > buffer.len() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "{dtype} {} needs bytes {offset}..{end} but the buffer has {} bytes",
+                    shape_str(&ne4),
+                    buffer.len()
+                ),
+            ));
+        }
+        if state && !buffer.is_writable() {
+            return Err(Error::Buffer(format!(
+                "{op}: buffer '{}' is read-only; state tensors need a writable buffer",
+                buffer.name()
+            )));
+        }
+        let leaf = if state {
+            Leaf::State { buffer: buffer.clone(), offset }
+        } else {
+            Leaf::Weight { buffer: buffer.clone(), offset }
+        };
+        self.leaf(op, dtype, ne, leaf)
+    }
+
+    /// A read-only tensor stored in `buffer` at byte `offset` (model weights). The buffer is shared,
+    /// not copied, and is kept alive by the graph and its plans.
+    pub fn weight(
+        &mut self,
+        dtype: DType,
+        ne: &[usize],
+        buffer: &Buffer,
+        offset: usize,
+    ) -> Result<TensorId> {
+        self.bound("weight", dtype, ne, buffer, offset, false)
+    }
+
+    /// A mutable tensor stored in `buffer` at byte `offset` whose contents persist across computes
+    /// (a KV cache). Ops write into it through views, e.g. `g.cpy(k_cur, g.view_1d(cache, ..)?)`.
+    pub fn state(
+        &mut self,
+        dtype: DType,
+        ne: &[usize],
+        buffer: &Buffer,
+        offset: usize,
+    ) -> Result<TensorId> {
+        self.bound("state", dtype, ne, buffer, offset, true)
+    }
+
+    /// The root tensor whose memory `id` uses (itself when it is not a view).
+    pub(crate) fn root(&self, id: TensorId) -> TensorId {
+        self.t(id).view_src.unwrap_or(id)
+    }
+
+    /// A new op node with a fresh contiguous result.
+    pub(crate) fn node(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        ne: [usize; MAX_DIMS],
+        srcs: &[TensorId],
+    ) -> Result<TensorId> {
+        let nb = contiguous_strides(dtype, &ne);
+        let mut src = [None; MAX_SRC];
+        for (s, &id) in src.iter_mut().zip(srcs) {
+            *s = Some(id);
+        }
+        self.push(Tensor {
+            dtype,
+            ne,
+            nb,
+            op,
+            src,
+            view_src: None,
+            view_offs: 0,
+            leaf: Leaf::None,
+            name: None,
+            output: false,
+        })
+    }
+
+    /// A view of `a` with the given shape, strides and byte offset; checked against `a`'s extent.
+    fn make_view(
+        &mut self,
+        op: &'static str,
+        a: TensorId,
+        ne: [usize; MAX_DIMS],
+        nb: [usize; MAX_DIMS],
+        offset: usize,
+        kind: Op,
+    ) -> Result<TensorId> {
+        let src = self.get(op, a)?;
+        let dtype = src.dtype;
+        let root = src.view_src.unwrap_or(a);
+        let base = if src.view_src.is_some() { src.view_offs } else { 0 };
+        let root_bytes = self.t(root).nbytes();
+        let offs = base.checked_add(offset).ok_or(Error::Overflow { what: "view offset" })?;
+        let span = checked_nbytes(dtype, &ne, &nb).ok_or(Error::Overflow { what: "view size" })?;
+        let end = offs.checked_add(span).ok_or(Error::Overflow { what: "view size" })?;
+        if end > root_bytes {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "view {} with strides {:?} at offset {offset} of {} reaches byte {end}, past its {root_bytes} bytes",
+                    shape_str(&ne),
+                    nb,
+                    self.t(a).describe(a)
+                ),
+            ));
+        }
+        if ne[0] % dtype.block_size() != 0 {
+            return Err(Error::shape(
+                op,
+                format!("ne[0] = {} is not a multiple of {dtype}'s block size", ne[0]),
+            ));
+        }
+        self.push(Tensor {
+            dtype,
+            ne,
+            nb,
+            op: kind,
+            src: [Some(a), None, None, None],
+            view_src: Some(root),
+            view_offs: offs,
+            leaf: Leaf::None,
+            name: None,
+            output: false,
+        })
+    }
+
+    /// ggml_view_1d: `ne0` elements of `a` starting at byte `offset`.
+    pub fn view_1d(&mut self, a: TensorId, ne0: usize, offset: usize) -> Result<TensorId> {
+        let dt = self.get("view_1d", a)?.dtype;
+        let ne = [ne0, 1, 1, 1];
+        self.make_view("view_1d", a, ne, contiguous_strides(dt, &ne), offset, Op::View)
+    }
+
+    /// ggml_view_2d: rows of `ne0` elements, `nb1` bytes apart.
+    pub fn view_2d(
+        &mut self,
+        a: TensorId,
+        ne: [usize; 2],
+        nb1: usize,
+        offset: usize,
+    ) -> Result<TensorId> {
+        let dt = self.get("view_2d", a)?.dtype;
+        let full = [ne[0], ne[1], 1, 1];
+        let mut nb = contiguous_strides(dt, &full);
+        nb[1] = nb1;
+        nb[2] = nb1 * ne[1];
+        nb[3] = nb[2];
+        self.make_view("view_2d", a, full, nb, offset, Op::View)
+    }
+
+    /// ggml_view_3d.
+    pub fn view_3d(
+        &mut self,
+        a: TensorId,
+        ne: [usize; 3],
+        nb: [usize; 2],
+        offset: usize,
+    ) -> Result<TensorId> {
+        let dt = self.get("view_3d", a)?.dtype;
+        let full = [ne[0], ne[1], ne[2], 1];
+        let mut st = contiguous_strides(dt, &full);
+        st[1] = nb[0];
+        st[2] = nb[1];
+        st[3] = nb[1] * ne[2];
+        self.make_view("view_3d", a, full, st, offset, Op::View)
+    }
+
+    /// ggml_view_4d: any shape with byte strides `nb1..nb3` at byte `offset`.
+    pub fn view_4d(
+        &mut self,
+        a: TensorId,
+        ne: [usize; 4],
+        nb: [usize; 3],
+        offset: usize,
+    ) -> Result<TensorId> {
+        let dt = self.get("view_4d", a)?.dtype;
+        let st = [dt.type_size(), nb[0], nb[1], nb[2]];
+        self.make_view("view_4d", a, ne, st, offset, Op::View)
+    }
+
+    /// ggml_reshape: same elements, new shape; `a` must be contiguous.
+    pub fn reshape(&mut self, a: TensorId, ne: &[usize]) -> Result<TensorId> {
+        let t = self.get("reshape", a)?;
+        let dt = t.dtype;
+        if !t.is_contiguous() {
+            return Err(Error::shape(
+                "reshape",
+                format!("{} is not contiguous; use cont first", t.describe(a)),
+            ));
+        }
+        let ne4 = checked_shape("reshape", dt, ne)?;
+        if ne4.iter().product::<usize>() != t.nelements() {
+            return Err(Error::shape(
+                "reshape",
+                format!(
+                    "{} has {} elements, {} has {}",
+                    t.describe(a),
+                    t.nelements(),
+                    shape_str(&ne4),
+                    ne4.iter().product::<usize>()
+                ),
+            ));
+        }
+        self.make_view("reshape", a, ne4, contiguous_strides(dt, &ne4), 0, Op::View)
+    }
+
+    /// ggml_permute: axis `i` of `a` becomes axis `axes[i]` of the result.
+    pub fn permute(&mut self, a: TensorId, axes: [usize; 4]) -> Result<TensorId> {
+        let t = self.get("permute", a)?;
+        let mut seen = [false; 4];
+        for &ax in &axes {
+            if ax >= 4 || seen[ax] {
+                return Err(Error::param(
+                    "permute",
+                    format!("axes {axes:?} are not a permutation of 0..4"),
+                ));
+            }
+            seen[ax] = true;
+        }
+        if t.dtype.block_size() != 1 && axes[0] != 0 {
+            return Err(Error::shape(
+                "permute",
+                format!("cannot move dim 0 of block-quantized {}", t.describe(a)),
+            ));
+        }
+        let mut ne = [0; 4];
+        let mut nb = [0; 4];
+        for i in 0..4 {
+            ne[axes[i]] = t.ne[i];
+            nb[axes[i]] = t.nb[i];
+        }
+        self.make_view("permute", a, ne, nb, 0, Op::View)
+    }
+
+    /// ggml_transpose: swaps dims 0 and 1.
+    pub fn transpose(&mut self, a: TensorId) -> Result<TensorId> {
+        self.permute(a, [1, 0, 2, 3])
+    }
+}

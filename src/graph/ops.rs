@@ -1,0 +1,430 @@
+//! Op nodes: the `Op` enum (ggml's GGML_OP_* with their parameters) and the `Graph` methods that
+//! create them after checking shapes and types with ggml's rules.
+
+use super::{Graph, MAX_DIMS, TensorId, shape_str};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Elementwise activation functions (ggml's `GGML_UNARY_OP_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UnaryOp {
+    /// max(x, 0)
+    Relu,
+    /// GELU, tanh approximation.
+    Gelu,
+    /// x * sigmoid(x)
+    Silu,
+}
+
+impl UnaryOp {
+    /// ggml's name for the op.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::Silu => "silu",
+        }
+    }
+}
+
+/// What a graph node computes, with its parameters (ggml's `op` + `op_params`).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Op {
+    /// A leaf: input, weight or state.
+    None,
+    /// A view (view_*, reshape, permute, transpose): no computation.
+    View,
+    /// Copies src0 into the memory of src1, converting the type; the node is a view of src1.
+    Cpy,
+    /// Copies src0 into a new contiguous tensor (dup, cont, cast).
+    Dup,
+    /// a + b, b broadcast over a.
+    Add,
+    /// a - b, b broadcast over a.
+    Sub,
+    /// a * b, b broadcast over a.
+    Mul,
+    /// a / b, b broadcast over a.
+    Div,
+    /// a * scale + bias.
+    Scale { scale: f32, bias: f32 },
+    /// Elementwise activation.
+    Unary(UnaryOp),
+    /// softmax(a * scale + slope * mask) along rows; ALiBi slopes from `max_bias`.
+    SoftMax { scale: f32, max_bias: f32 },
+    /// x / sqrt(mean(x^2) + eps) along rows.
+    RmsNorm { eps: f32 },
+    /// Rows of src0 picked by the I32 ids in src1.
+    GetRows,
+    /// src0 [k, m] x src1 [k, n] -> [m, n], broadcasting dims 2 and 3.
+    MulMat,
+}
+
+impl Op {
+    /// ggml's op name (`ggml_op_name` / `ggml_unary_op_name` for unary ops).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::None => "none",
+            Op::View => "view",
+            Op::Cpy => "cpy",
+            Op::Dup => "dup",
+            Op::Add => "add",
+            Op::Sub => "sub",
+            Op::Mul => "mul",
+            Op::Div => "div",
+            Op::Scale { .. } => "scale",
+            Op::Unary(u) => u.name(),
+            Op::SoftMax { .. } => "soft_max",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::GetRows => "get_rows",
+            Op::MulMat => "mul_mat",
+        }
+    }
+
+    /// True for ops whose result may take over the memory of their first source when that source
+    /// is not used afterwards (ggml-alloc's `ggml_op_can_inplace`).
+    pub(crate) fn can_inplace(&self) -> bool {
+        matches!(
+            self,
+            Op::Add
+                | Op::Sub
+                | Op::Mul
+                | Op::Div
+                | Op::Scale { .. }
+                | Op::Unary(_)
+                | Op::SoftMax { .. }
+                | Op::RmsNorm { .. }
+        )
+    }
+}
+
+fn can_repeat(b: &[usize; MAX_DIMS], a: &[usize; MAX_DIMS]) -> bool {
+    (0..MAX_DIMS).all(|i| b[i] != 0 && a[i] % b[i] == 0)
+}
+
+impl Graph {
+    fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let name = op.name();
+        let ta = self.get(name, a)?;
+        let tb = self.get(name, b)?;
+        if !can_repeat(&tb.ne, &ta.ne) {
+            return Err(Error::shape(
+                name,
+                format!("{} cannot be broadcast to {}", tb.describe(b), ta.describe(a)),
+            ));
+        }
+        if ta.dtype != DType::F32 || tb.dtype != DType::F32 {
+            return Err(Error::ty(
+                name,
+                format!("{} and {} (this op takes F32 tensors)", ta.describe(a), tb.describe(b)),
+            ));
+        }
+        let ne = ta.ne;
+        self.node(op, DType::F32, ne, &[a, b])
+    }
+
+    /// a + b with b broadcast over a (ggml_add).
+    pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Add, a, b)
+    }
+    /// a - b with b broadcast over a (ggml_sub).
+    pub fn sub(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Sub, a, b)
+    }
+    /// a * b with b broadcast over a (ggml_mul).
+    pub fn mul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Mul, a, b)
+    }
+    /// a / b with b broadcast over a (ggml_div).
+    pub fn div(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary(Op::Div, a, b)
+    }
+
+    fn unary_f32(&mut self, op: Op, a: TensorId) -> Result<TensorId> {
+        let name = op.name();
+        let ta = self.get(name, a)?;
+        if ta.dtype != DType::F32 {
+            return Err(Error::ty(name, format!("{} (this op takes F32)", ta.describe(a))));
+        }
+        let ne = ta.ne;
+        self.node(op, DType::F32, ne, &[a])
+    }
+
+    /// a * s (ggml_scale).
+    pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId> {
+        self.unary_f32(Op::Scale { scale: s, bias: 0.0 }, a)
+    }
+
+    /// a * s + b (ggml_scale_bias).
+    pub fn scale_bias(&mut self, a: TensorId, s: f32, b: f32) -> Result<TensorId> {
+        self.unary_f32(Op::Scale { scale: s, bias: b }, a)
+    }
+
+    /// An elementwise activation (ggml_unary).
+    pub fn unary(&mut self, a: TensorId, op: UnaryOp) -> Result<TensorId> {
+        self.unary_f32(Op::Unary(op), a)
+    }
+    /// ggml_silu.
+    pub fn silu(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(a, UnaryOp::Silu)
+    }
+    /// ggml_gelu (tanh approximation).
+    pub fn gelu(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(a, UnaryOp::Gelu)
+    }
+    /// ggml_relu.
+    pub fn relu(&mut self, a: TensorId) -> Result<TensorId> {
+        self.unary(a, UnaryOp::Relu)
+    }
+
+    /// RMS normalisation along rows (ggml_rms_norm); `eps` must be finite and >= 0.
+    pub fn rms_norm(&mut self, a: TensorId, eps: f32) -> Result<TensorId> {
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(Error::param("rms_norm", format!("eps = {eps} must be finite and >= 0")));
+        }
+        self.unary_f32(Op::RmsNorm { eps }, a)
+    }
+
+    /// Softmax along rows (ggml_soft_max).
+    pub fn soft_max(&mut self, a: TensorId) -> Result<TensorId> {
+        self.soft_max_ext(a, None, 1.0, 0.0)
+    }
+
+    /// softmax(a * scale + slope * mask) along rows (ggml_soft_max_ext). The mask (F16 or F32) has
+    /// `ne[0] == a.ne[0]`, at least `a.ne[1]` rows, and broadcasts over dims 2 and 3; `max_bias > 0`
+    /// turns on ALiBi slopes per head (dim 2).
+    pub fn soft_max_ext(
+        &mut self,
+        a: TensorId,
+        mask: Option<TensorId>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<TensorId> {
+        const OP: &str = "soft_max_ext";
+        let ta = self.get(OP, a)?;
+        if ta.dtype != DType::F32 {
+            return Err(Error::ty(OP, format!("{} (a must be F32)", ta.describe(a))));
+        }
+        if !ta.rows_contiguous() {
+            return Err(Error::shape(OP, format!("rows of {} are not contiguous", ta.describe(a))));
+        }
+        if !scale.is_finite() || !max_bias.is_finite() || max_bias < 0.0 {
+            return Err(Error::param(OP, format!("scale = {scale}, max_bias = {max_bias}")));
+        }
+        let ne = ta.ne;
+        if let Some(m) = mask {
+            let tm = self.get(OP, m)?;
+            if !matches!(tm.dtype, DType::F16 | DType::F32) {
+                return Err(Error::ty(OP, format!("mask {} must be F16 or F32", tm.describe(m))));
+            }
+            if !tm.rows_contiguous()
+                || tm.ne[0] != ne[0]
+                || tm.ne[1] < ne[1]
+                || ne[2] % tm.ne[2] != 0
+                || ne[3] % tm.ne[3] != 0
+            {
+                return Err(Error::shape(
+                    OP,
+                    format!(
+                        "mask {} does not fit {}: need contiguous rows, ne[0] == {}, ne[1] >= {}, and dims 2, 3 dividing {} and {}",
+                        tm.describe(m),
+                        ta.describe(a),
+                        ne[0],
+                        ne[1],
+                        ne[2],
+                        ne[3]
+                    ),
+                ));
+            }
+        } else if max_bias > 0.0 {
+            return Err(Error::param(OP, "max_bias > 0 (ALiBi) needs a mask"));
+        }
+        let srcs: Vec<TensorId> = std::iter::once(a).chain(mask).collect();
+        self.node(Op::SoftMax { scale, max_bias }, DType::F32, ne, &srcs)
+    }
+
+    /// Rows of `a` selected by the I32 `ids` (ggml_get_rows): `a` is [n, rows, b, c], `ids`
+    /// [k, b, c]; the result is F32 [n, k, b, c]. Out-of-range ids make compute return `Err`.
+    pub fn get_rows(&mut self, a: TensorId, ids: TensorId) -> Result<TensorId> {
+        const OP: &str = "get_rows";
+        let ta = self.get(OP, a)?;
+        let ti = self.get(OP, ids)?;
+        if ti.dtype != DType::I32 {
+            return Err(Error::ty(OP, format!("ids {} must be I32", ti.describe(ids))));
+        }
+        if !matches!(ta.dtype, DType::F32 | DType::F16)
+            && crate::quant::format(ta.dtype).dequantize.is_none()
+        {
+            return Err(Error::ty(OP, format!("{} cannot be converted to F32", ta.describe(a))));
+        }
+        if ti.ne[3] != 1 || ta.ne[2] != ti.ne[1] || ta.ne[3] != ti.ne[2] {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "ids {} do not fit {}: need ids.ne[1] == a.ne[2], ids.ne[2] == a.ne[3], ids.ne[3] == 1",
+                    ti.describe(ids),
+                    ta.describe(a)
+                ),
+            ));
+        }
+        if !ta.rows_contiguous() {
+            return Err(Error::shape(OP, format!("rows of {} are not contiguous", ta.describe(a))));
+        }
+        let ne = [ta.ne[0], ti.ne[0], ti.ne[1], ti.ne[2]];
+        self.node(Op::GetRows, DType::F32, ne, &[a, ids])
+    }
+
+    /// Matrix product (ggml_mul_mat): `a` [k, m, p, q] (weights, any type with a dot product),
+    /// `b` [k, n, p*r, q*s] F32; result F32 [m, n, p*r, q*s]. `a` is broadcast over dims 2 and 3.
+    pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        const OP: &str = "mul_mat";
+        let ta = self.get(OP, a)?;
+        let tb = self.get(OP, b)?;
+        if ta.ne[0] != tb.ne[0] || tb.ne[2] % ta.ne[2] != 0 || tb.ne[3] % ta.ne[3] != 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{} x {}: need equal ne[0] and a's dims 2, 3 dividing b's",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        if ta.nb[0] > ta.nb[1] && ta.ne[1] > 1 {
+            return Err(Error::shape(
+                OP,
+                format!("a {} is transposed; use cont first", ta.describe(a)),
+            ));
+        }
+        if !ta.rows_contiguous() {
+            return Err(Error::shape(
+                OP,
+                format!("rows of a {} are not contiguous", ta.describe(a)),
+            ));
+        }
+        let vd = ta.dtype.vec_dot_type();
+        let kt = crate::kernels::table();
+        let ok_b = tb.dtype == DType::F32 || tb.dtype == vd;
+        if kt.vec_dot(ta.dtype).is_none()
+            || (tb.dtype != vd && kt.activation_converter(vd).is_none())
+            || !ok_b
+        {
+            return Err(Error::ty(
+                OP,
+                format!(
+                    "{} x {}: a needs a dot product with {vd}, b must be F32 or {vd}",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        if tb.dtype != DType::F32 && !tb.rows_contiguous() {
+            return Err(Error::shape(
+                OP,
+                format!("rows of b {} are not contiguous", tb.describe(b)),
+            ));
+        }
+        let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
+        self.node(Op::MulMat, DType::F32, ne, &[a, b])
+    }
+
+    /// Copies `a` into the memory of `dst` (ggml_cpy), converting between F32 and F16; same number
+    /// of elements, any layouts. The result is a view of `dst`: use it (or `dst`) downstream.
+    pub fn cpy(&mut self, a: TensorId, dst: TensorId) -> Result<TensorId> {
+        const OP: &str = "cpy";
+        let ta = self.get(OP, a)?;
+        let td = self.get(OP, dst)?;
+        if ta.nelements() != td.nelements() {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{} and {} have different element counts",
+                    ta.describe(a),
+                    td.describe(dst)
+                ),
+            ));
+        }
+        check_copy_types(OP, ta.dtype, td.dtype)?;
+        if ta.dtype.block_size() > 1
+            && (ta.ne != td.ne || !ta.rows_contiguous() || !td.rows_contiguous())
+        {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "block-quantized copy needs equal shapes and contiguous rows: {} -> {}",
+                    ta.describe(a),
+                    td.describe(dst)
+                ),
+            ));
+        }
+        if matches!(self.t(self.root(dst)).leaf, super::Leaf::Weight { .. }) {
+            return Err(Error::Buffer(format!(
+                "cpy: destination {} is a read-only weight",
+                td.describe(dst)
+            )));
+        }
+        let (dt, ne, nb) = (td.dtype, td.ne, td.nb);
+        let root = self.root(dst);
+        let offs = if self.t(dst).view_src.is_some() { self.t(dst).view_offs } else { 0 };
+        let id = self.push(super::Tensor {
+            dtype: dt,
+            ne,
+            nb,
+            op: Op::Cpy,
+            src: [Some(a), Some(dst), None, None],
+            view_src: Some(root),
+            view_offs: offs,
+            leaf: super::Leaf::None,
+            name: None,
+            output: false,
+        })?;
+        Ok(id)
+    }
+
+    /// A contiguous copy of `a` (ggml_dup / ggml_cont).
+    pub fn cont(&mut self, a: TensorId) -> Result<TensorId> {
+        let ta = self.get("cont", a)?;
+        let (dt, ne) = (ta.dtype, ta.ne);
+        check_copy_types("cont", dt, dt)?;
+        self.node(Op::Dup, dt, ne, &[a])
+    }
+
+    /// A contiguous copy of `a` in type `dtype` (ggml_cast).
+    pub fn cast(&mut self, a: TensorId, dtype: DType) -> Result<TensorId> {
+        let ta = self.get("cast", a)?;
+        let ne = ta.ne;
+        check_copy_types("cast", ta.dtype, dtype)?;
+        self.node(Op::Dup, dtype, ne, &[a])
+    }
+
+    /// A contiguous copy of `a` with a new shape (ggml_cont_4d and friends).
+    pub fn cont_reshape(&mut self, a: TensorId, ne: &[usize]) -> Result<TensorId> {
+        let c = self.cont(a)?;
+        self.reshape(c, ne)
+    }
+
+    /// Describes a node for messages: "add 'x' f32 [4, 3, 1, 1]".
+    pub(crate) fn describe(&self, id: TensorId) -> String {
+        let t = self.t(id);
+        format!("{} {}", t.op.name(), t.describe(id))
+    }
+}
+
+pub(crate) fn check_copy_types(op: &'static str, from: DType, to: DType) -> Result<()> {
+    let ok = |d: DType| matches!(d, DType::F32 | DType::F16);
+    if from == to || (ok(from) && ok(to)) {
+        Ok(())
+    } else {
+        Err(Error::ty(
+            op,
+            format!("copy from {from} to {to} is not supported (F32 and F16, or same type)"),
+        ))
+    }
+}
+
+#[allow(dead_code)]
+pub(crate) fn fmt_shape(ne: &[usize; MAX_DIMS]) -> String {
+    shape_str(ne)
+}

@@ -1,0 +1,46 @@
+//! add, sub, mul, div on F32 with b broadcast over a (ggml's binary-ops.cpp).
+
+use super::{NodeCtx, split, unravel_row};
+use crate::error::Result;
+use crate::graph::Op;
+use crate::kernels::BinaryF32;
+
+pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let kt = crate::kernels::table();
+    let (kernel, scalar): (BinaryF32, fn(f32, f32) -> f32) = match ctx.node.op {
+        Op::Add => (kt.add_f32, |x, y| x + y),
+        Op::Sub => (kt.sub_f32, |x, y| x - y),
+        Op::Mul => (kt.mul_f32, |x, y| x * y),
+        _ => (kt.div_f32, |x, y| x / y),
+    };
+    let ne0 = d.ne[0];
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    let fast = a.nb[0] == 4 && b.nb[0] == 4 && d.nb[0] == 4;
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        // SAFETY: (i1, i2, i3) < dst's ne, a has dst's shape, and the b indices are reduced modulo
+        // b's ne; the plan validated all rows lie in their tensors' memory. Each worker writes only
+        // its own rows of dst; dst may equal a exactly (in place), which the kernels allow.
+        unsafe {
+            let pd = d.row(i1, i2, i3) as *mut f32;
+            let pa = a.row(i1, i2, i3) as *const f32;
+            let pb = b.row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]) as *const f32;
+            if fast {
+                let nb0 = b.ne[0];
+                let reps = ne0 / nb0;
+                for k in 0..reps {
+                    kernel(nb0, pd.add(k * nb0), pa.add(k * nb0), pb);
+                }
+            } else {
+                let (sa, sb, sd) = (a.nb[0], b.nb[0], d.nb[0]);
+                for i0 in 0..ne0 {
+                    let x = *((pa as *const u8).add(i0 * sa) as *const f32);
+                    let y = *((pb as *const u8).add((i0 % b.ne[0]) * sb) as *const f32);
+                    *((pd as *mut u8).add(i0 * sd) as *mut f32) = scalar(x, y);
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! get_rows: rows of src0 (any type convertible to f32) picked by I32 ids, into F32
+//! (ggml's ggml_compute_forward_get_rows). Ids are data, so they are checked here.
+
+use super::{NodeCtx, split};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::quant::util::{bf16_to_fp32, fp16_to_fp32};
+
+/// Converts one row of `n` elements to f32.
+pub(crate) type RowToF32 = fn(src: &[u8], dst: &mut [f32]);
+
+fn f32_row(src: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+}
+fn f16_row(src: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = fp16_to_fp32(u16::from_le_bytes([c[0], c[1]]));
+    }
+}
+fn bf16_row(src: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = bf16_to_fp32(u16::from_le_bytes([c[0], c[1]]));
+    }
+}
+
+/// The f32 converter for rows of `dtype`, if it has one.
+pub(crate) fn row_converter(dtype: DType) -> Option<RowToF32> {
+    match dtype {
+        DType::F32 => Some(f32_row),
+        DType::F16 => Some(f16_row),
+        DType::BF16 => Some(bf16_row),
+        d => crate::quant::format(d).dequantize,
+    }
+}
+
+pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, ids, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let conv = row_converter(a.dtype).ok_or_else(|| Error::Unsupported {
+        op: "get_rows",
+        backend: "CPU".into(),
+        msg: format!("no f32 conversion for {}", a.dtype),
+    })?;
+    let ne0 = a.ne[0];
+    let row_bytes = a.dtype.row_bytes(ne0);
+    let n = ids.nelements();
+    let (r0, r1) = split(n, ith, ctx.nth);
+    for r in r0..r1 {
+        let i10 = r % ids.ne[0];
+        let i11 = (r / ids.ne[0]) % ids.ne[1];
+        let i12 = r / (ids.ne[0] * ids.ne[1]);
+        // SAFETY: (i10, i11, i12) are below ids' shape, whose extent the plan validated.
+        let id = unsafe { *(ids.row(i11, i12, 0).add(i10 * ids.nb[0]) as *const i32) };
+        if id < 0 || id as usize >= a.ne[1] {
+            return Err(Error::IndexOutOfRange {
+                op: "get_rows",
+                tensor: ctx.node.label(),
+                index: id as i64,
+                limit: a.ne[1],
+            });
+        }
+        // SAFETY: id < a.ne[1] (checked), i11 < a.ne[2] and i12 < a.ne[3] (build-time shape
+        // check); a's rows are contiguous (build-time check); dst row (i10, i11, i12) is this
+        // worker's own and holds ne0 contiguous f32 (dst is a fresh contiguous tensor).
+        unsafe {
+            let src = std::slice::from_raw_parts(a.row(id as usize, i11, i12), row_bytes);
+            let dst = std::slice::from_raw_parts_mut(d.row(i10, i11, i12) as *mut f32, ne0);
+            conv(src, dst);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! Compute drivers, one file per op family. Each reads its node's parameters, splits the work by
+//! `(ith, nth)` and calls kernels from the selected `KernelTable`. Shapes and types were checked
+//! when the graph was built, so drivers only `debug_assert!`; what only the data can tell (an index
+//! out of range) returns `Err`.
+
+mod binary;
+mod cpy;
+mod get_rows;
+mod mul_mat;
+mod norm;
+mod softmax;
+mod unary;
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Op, TensorId};
+use crate::plan::{ExecNode, TView};
+use std::sync::atomic::AtomicUsize;
+
+/// What a worker gets for one node.
+pub(crate) struct NodeCtx<'a> {
+    pub node: &'a ExecNode,
+    /// The plan's work buffer (shared by all threads; ops carve it up).
+    pub work: *mut u8,
+    pub work_len: usize,
+    /// A chunk counter, zero at the start of every phase.
+    pub counter: &'a AtomicUsize,
+    pub nth: usize,
+}
+
+impl NodeCtx<'_> {
+    pub(crate) fn src(&self, i: usize) -> &TView {
+        // Builders guarantee the sources each op reads; a missing one is an internal bug that the
+        // executor turns into an error through catch_unwind.
+        self.node.src[i].as_ref().expect("op source present")
+    }
+    pub(crate) fn dst(&self) -> &TView {
+        &self.node.dst
+    }
+}
+
+/// Rows `[start, end)` of `n` for worker `ith` of `nth` (ggml's contiguous split).
+pub(crate) fn split(n: usize, ith: usize, nth: usize) -> (usize, usize) {
+    let per = n.div_ceil(nth);
+    let start = (per * ith).min(n);
+    (start, (start + per).min(n))
+}
+
+/// Decomposes a flat row index into (i1, i2, i3).
+#[inline(always)]
+pub(crate) fn unravel_row(r: usize, ne: &[usize; 4]) -> (usize, usize, usize) {
+    let i1 = r % ne[1];
+    let i2 = (r / ne[1]) % ne[2];
+    let i3 = r / (ne[1] * ne[2]);
+    (i1, i2, i3)
+}
+
+/// Checks that the CPU backend can run node `id` (its kernels exist for these types).
+pub(crate) fn supports(graph: &Graph, id: TensorId) -> Result<()> {
+    let t = graph.get("supports_op", id)?;
+    let unsupported =
+        |msg: String| Error::Unsupported { op: t.op.name(), backend: "CPU".into(), msg };
+    match &t.op {
+        Op::MulMat => {
+            let a = graph.t(t.src[0].expect("mul_mat a"));
+            let kt = crate::kernels::table();
+            let vd = a.dtype.vec_dot_type();
+            if kt.vec_dot(a.dtype).is_none() || kt.activation_converter(vd).is_none() {
+                return Err(unsupported(format!("no {} x {vd} dot product kernel", a.dtype)));
+            }
+            Ok(())
+        }
+        Op::GetRows => {
+            let a = graph.t(t.src[0].expect("get_rows a"));
+            if get_rows::row_converter(a.dtype).is_none() {
+                return Err(unsupported(format!("cannot convert {} rows to f32", a.dtype)));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Number of barrier-separated phases of a node.
+pub(crate) fn phases(node: &ExecNode) -> u8 {
+    match node.op {
+        Op::MulMat => mul_mat::phases(node),
+        _ => 1,
+    }
+}
+
+/// Work-buffer bytes a node needs with `nth` threads.
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    match node.op {
+        Op::MulMat => mul_mat::work_size(node, nth),
+        _ => 0,
+    }
+}
+
+/// Runs worker `ith`'s share of `phase` of the node.
+pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
+    match &ctx.node.op {
+        Op::None | Op::View => Ok(()),
+        Op::Add | Op::Sub | Op::Mul | Op::Div => binary::compute(ctx, ith),
+        Op::Scale { scale, bias } => unary::scale(ctx, ith, *scale, *bias),
+        Op::Unary(u) => unary::compute(ctx, ith, *u),
+        Op::RmsNorm { eps } => norm::rms_norm(ctx, ith, *eps),
+        Op::SoftMax { scale, max_bias } => softmax::compute(ctx, ith, *scale, *max_bias),
+        Op::GetRows => get_rows::compute(ctx, ith),
+        Op::Cpy | Op::Dup => cpy::compute(ctx, ith),
+        Op::MulMat => mul_mat::compute(ctx, phase, ith),
+    }
+}

@@ -1,0 +1,150 @@
+//! mul_mat: dst[i, j] = dot(a row i, b row j) with a broadcast over dims 2 and 3
+//! (ggml's ggml_compute_forward_mul_mat). Phase 0 converts b's rows into a's vec-dot type in the
+//! work buffer (all threads); phase 1 hands out 16x16 output tiles through an atomic counter.
+//! Each output is one dot product of the full row, so results do not depend on the thread count.
+
+use super::{NodeCtx, split, unravel_row};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::plan::{ExecNode, TView};
+use std::sync::atomic::Ordering;
+
+const TILE: usize = 16;
+
+fn needs_conversion(node: &ExecNode) -> bool {
+    let (a, b) = (node.src[0].as_ref(), node.src[1].as_ref());
+    match (a, b) {
+        (Some(a), Some(b)) => b.dtype != a.dtype.vec_dot_type() || b.nb[0] != b.dtype.type_size(),
+        _ => false,
+    }
+}
+
+pub(crate) fn phases(node: &ExecNode) -> u8 {
+    if needs_conversion(node) { 2 } else { 1 }
+}
+
+fn converted_row_bytes(node: &ExecNode) -> usize {
+    let (a, b) = (node.src[0].as_ref(), node.src[1].as_ref());
+    match (a, b) {
+        (Some(a), Some(b)) => crate::plan::align_up(a.dtype.vec_dot_type().row_bytes(b.ne[0]), 64),
+        _ => 0,
+    }
+}
+
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    if !needs_conversion(node) {
+        return 0;
+    }
+    let b = node.src[1].as_ref().map(|b| (b.nrows(), b.ne[0])).unwrap_or((0, 0));
+    b.0 * converted_row_bytes(node) + nth * crate::plan::align_up(b.1 * 4, 64)
+}
+
+fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, b) = (ctx.src(0), ctx.src(1));
+    let vd = a.dtype.vec_dot_type();
+    let from =
+        crate::kernels::table().activation_converter(vd).ok_or_else(|| Error::Unsupported {
+            op: "mul_mat",
+            backend: "CPU".into(),
+            msg: format!("no f32 -> {vd} conversion"),
+        })?;
+    let k = b.ne[0];
+    let rb = converted_row_bytes(ctx.node);
+    let nrows = b.nrows();
+    let scratch_off = nrows * rb + ith * crate::plan::align_up(k * 4, 64);
+    debug_assert!(scratch_off + k * 4 <= ctx.work_len);
+    let (r0, r1) = split(nrows, ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &b.ne);
+        // SAFETY: the work buffer holds nrows converted rows of `rb` bytes followed by one f32
+        // scratch row per thread (work_size); this worker writes only its rows and its scratch.
+        // b's indices are below its shape (extent validated at plan time).
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(ctx.work.add(r * rb), vd.row_bytes(k));
+            let scratch = std::slice::from_raw_parts_mut(ctx.work.add(scratch_off) as *mut f32, k);
+            let pb = b.row(i1, i2, i3);
+            if b.dtype == DType::F32 {
+                for (i, s) in scratch.iter_mut().enumerate() {
+                    *s = (pb.add(i * b.nb[0]) as *const f32).read_unaligned();
+                }
+                from(scratch, out);
+            } else {
+                // Same type as vd but strided elements: gather element by element.
+                let ts = b.dtype.type_size();
+                for i in 0..k {
+                    std::ptr::copy_nonoverlapping(
+                        pb.add(i * b.nb[0]),
+                        out.as_mut_ptr().add(i * ts),
+                        ts,
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
+    let conv = needs_conversion(ctx.node);
+    if conv && phase == 0 {
+        return convert(ctx, ith);
+    }
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let dot = crate::kernels::table().vec_dot(a.dtype).ok_or_else(|| Error::Unsupported {
+        op: "mul_mat",
+        backend: "CPU".into(),
+        msg: format!("no {} dot product", a.dtype),
+    })?;
+    let k = a.ne[0];
+    let vd = a.dtype.vec_dot_type();
+    let a_row_bytes = a.dtype.row_bytes(k);
+    let b_row_bytes = vd.row_bytes(k);
+    let rb = converted_row_bytes(ctx.node);
+    let (m, n) = (d.ne[0], d.ne[1]);
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let tiles_m = m.div_ceil(TILE);
+    let tiles_n = n.div_ceil(TILE);
+    let per_batch = tiles_m * tiles_n;
+    let total = per_batch * d.ne[2] * d.ne[3];
+    loop {
+        let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
+        if c >= total {
+            break;
+        }
+        let batch = c / per_batch;
+        let t = c % per_batch;
+        let (i2, i3) = (batch % d.ne[2], batch / d.ne[2]);
+        let (tm, tn) = (t % tiles_m, t / tiles_m);
+        let (i0s, i0e) = (tm * TILE, ((tm + 1) * TILE).min(m));
+        let (j0, j1) = (tn * TILE, ((tn + 1) * TILE).min(n));
+        for j in j0..j1 {
+            // SAFETY: j < n = b.ne[1], (i2, i3) < b's dims 2, 3; the converted row index is b's
+            // flat row index, below nrows; rows are `b_row_bytes` long (contiguous per check).
+            let yb = unsafe {
+                let p = if conv {
+                    ctx.work.add(((i3 * b.ne[2] + i2) * b.ne[1] + j) * rb)
+                } else {
+                    b.row(j, i2, i3)
+                };
+                std::slice::from_raw_parts(p, b_row_bytes)
+            };
+            for i in i0s..i0e {
+                // SAFETY: i < m = a.ne[1]; i2 / r2 < a.ne[2], i3 / r3 < a.ne[3] (broadcast checked
+                // at build); a's rows are contiguous `a_row_bytes` (build check). The dst element
+                // (i, j, i2, i3) belongs to this tile, which only this worker took.
+                unsafe {
+                    let xa = std::slice::from_raw_parts(a.row(i, i2 / r2, i3 / r3), a_row_bytes);
+                    let v = dot(k, xa, yb);
+                    *(dst_elem(d, i, j, i2, i3)) = v;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[inline(always)]
+unsafe fn dst_elem(d: &TView, i: usize, j: usize, i2: usize, i3: usize) -> *mut f32 {
+    // SAFETY: the caller passes indices below dst's shape.
+    unsafe { d.ptr.add(i * d.nb[0] + j * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]) as *mut f32 }
+}

@@ -1,0 +1,89 @@
+//! Arena allocator for intermediate tensors: best-fit over a free list, merging neighbours, in the
+//! spirit of ggml-alloc's dynamic allocator. It only computes offsets; the plan allocates the arena
+//! once with the peak size.
+
+use crate::backend::BUFFER_ALIGNMENT;
+
+pub(crate) fn align_up(n: usize, a: usize) -> usize {
+    n.div_ceil(a) * a
+}
+
+#[derive(Default)]
+pub(crate) struct ArenaAlloc {
+    /// Free blocks (offset, size), sorted by offset, never adjacent to each other.
+    free: Vec<(usize, usize)>,
+    /// End of the highest block handed out or freed.
+    top: usize,
+    /// Peak of `top`.
+    pub peak: usize,
+}
+
+impl ArenaAlloc {
+    /// Reserves `size` bytes (rounded up to the alignment); returns the offset.
+    pub fn alloc(&mut self, size: usize) -> usize {
+        let size = align_up(size.max(1), BUFFER_ALIGNMENT);
+        let mut best: Option<usize> = None;
+        for (i, &(_, s)) in self.free.iter().enumerate() {
+            if s >= size && best.is_none_or(|b| s < self.free[b].1) {
+                best = Some(i);
+            }
+        }
+        if let Some(i) = best {
+            let (off, s) = self.free[i];
+            if s == size {
+                self.free.remove(i);
+            } else {
+                self.free[i] = (off + size, s - size);
+            }
+            return off;
+        }
+        // Grow at the top, absorbing a free block that ends there.
+        let mut off = self.top;
+        if let Some(&(o, s)) = self.free.last() {
+            if o + s == self.top {
+                off = o;
+                self.free.pop();
+            }
+        }
+        self.top = off + size;
+        self.peak = self.peak.max(self.top);
+        off
+    }
+
+    /// Returns a block obtained from `alloc` with the same `size`.
+    pub fn free(&mut self, off: usize, size: usize) {
+        let size = align_up(size.max(1), BUFFER_ALIGNMENT);
+        let i = self.free.partition_point(|&(o, _)| o < off);
+        self.free.insert(i, (off, size));
+        // Merge with the next block, then the previous one.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reuses_freed_blocks_and_merges() {
+        let mut a = ArenaAlloc::default();
+        let x = a.alloc(100);
+        let y = a.alloc(100);
+        let z = a.alloc(100);
+        assert_eq!((x, y, z), (0, 128, 256));
+        a.free(x, 100);
+        a.free(y, 100);
+        // Merged 256-byte hole at 0 takes a 200-byte block.
+        assert_eq!(a.alloc(200), 0);
+        assert_eq!(a.peak, 384);
+        a.free(z, 100);
+        assert_eq!(a.alloc(64), 256);
+    }
+}

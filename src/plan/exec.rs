@@ -1,0 +1,169 @@
+//! The executor: every worker of the backend's pool walks the node list, does its share
+//! `(ith, nth)` of each node (phase by phase), and meets the others at a spinning barrier between
+//! phases. Errors, panics and the abort hook raise a flag before the barrier, so every worker sees
+//! it after the barrier and all stop at the same node.
+
+use super::ExecNode;
+use crate::error::{Error, Result};
+use crate::ops::NodeCtx;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A sense-reversing spin barrier with yield back-off (for more threads than cores).
+pub(crate) struct SpinBarrier {
+    n: usize,
+    count: AtomicUsize,
+    generation: AtomicUsize,
+}
+
+impl SpinBarrier {
+    pub(crate) fn new(n: usize) -> SpinBarrier {
+        SpinBarrier { n, count: AtomicUsize::new(0), generation: AtomicUsize::new(0) }
+    }
+
+    pub(crate) fn wait(&self) {
+        if self.n == 1 {
+            return;
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        if self.count.fetch_add(1, Ordering::AcqRel) + 1 == self.n {
+            self.count.store(0, Ordering::Relaxed);
+            self.generation.store(generation.wrapping_add(1), Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.generation.load(Ordering::Acquire) == generation {
+            if spins < 2000 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+struct Shared<'a> {
+    barrier: SpinBarrier,
+    /// The step (phase index across the whole graph) at which workers stop; `usize::MAX` = never.
+    /// A request made at step s is made before barrier s, and every worker compares with its own
+    /// step after that barrier, so all stop at the same barrier.
+    stop_at: AtomicUsize,
+    error: Mutex<Option<Error>>,
+    /// Chunk counters for ops that hand out work dynamically. Step s uses `counters[s % 2]`; worker
+    /// 0 zeroes the other one before barrier s, when no worker can still be using it.
+    counters: [AtomicUsize; 2],
+    hook: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
+}
+
+impl Shared<'_> {
+    fn fail(&self, step: usize, e: Error) {
+        if let Ok(mut slot) = self.error.lock() {
+            if slot.is_none() {
+                *slot = Some(e);
+            }
+        }
+        self.stop_at.fetch_min(step, Ordering::AcqRel);
+    }
+
+    fn stopped(&self, step: usize) -> bool {
+        self.stop_at.load(Ordering::Acquire) <= step
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+fn worker(
+    nodes: &[ExecNode],
+    sh: &Shared<'_>,
+    ith: usize,
+    nth: usize,
+    work: *mut u8,
+    work_len: usize,
+) {
+    let mut step = 0usize;
+    for node in nodes {
+        for phase in 0..node.phases {
+            if !sh.stopped(step) {
+                let ctx = NodeCtx { node, work, work_len, counter: &sh.counters[step % 2], nth };
+                let r = catch_unwind(AssertUnwindSafe(|| crate::ops::compute(&ctx, phase, ith)));
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => sh.fail(step, e),
+                    Err(p) => sh.fail(
+                        step,
+                        Error::Panicked { name: node.label(), msg: panic_message(p.as_ref()) },
+                    ),
+                }
+            }
+            if ith == 0 {
+                // Zero the next step's counter; the barrier publishes it.
+                sh.counters[(step + 1) % 2].store(0, Ordering::Relaxed);
+                if phase + 1 == node.phases {
+                    if let Some(h) = sh.hook {
+                        if h() {
+                            sh.fail(step, Error::Aborted);
+                        }
+                    }
+                }
+            }
+            sh.barrier.wait();
+            if sh.stopped(step) {
+                return;
+            }
+            step += 1;
+        }
+    }
+}
+
+pub(crate) fn run(
+    nodes: &[ExecNode],
+    pool: &rayon::ThreadPool,
+    nth: usize,
+    work: *mut u8,
+    work_len: usize,
+    hook: Option<&(dyn Fn() -> bool + Send + Sync)>,
+) -> Result<()> {
+    let sh = Shared {
+        barrier: SpinBarrier::new(nth),
+        stop_at: AtomicUsize::new(usize::MAX),
+        error: Mutex::new(None),
+        counters: [AtomicUsize::new(0), AtomicUsize::new(0)],
+        hook,
+    };
+    let work = WorkPtr(work);
+    if nth == 1 {
+        worker(nodes, &sh, 0, 1, work.get(), work_len);
+    } else {
+        pool.broadcast(|ctx| {
+            let w = &work;
+            worker(nodes, &sh, ctx.index(), nth, w.get(), work_len)
+        });
+    }
+    match sh.error.into_inner() {
+        Ok(Some(e)) => Err(e),
+        Ok(None) => Ok(()),
+        Err(p) => Err(p.into_inner().unwrap_or(Error::Aborted)),
+    }
+}
+
+struct WorkPtr(*mut u8);
+impl WorkPtr {
+    fn get(&self) -> *mut u8 {
+        self.0
+    }
+}
+// SAFETY: the work buffer is owned by the plan for the whole compute; each op gives every worker
+// its own disjoint slice of it (or a shared read-only part after a barrier).
+unsafe impl Sync for WorkPtr {}
+// SAFETY: as above.
+unsafe impl Send for WorkPtr {}

@@ -1,0 +1,534 @@
+//! `Plan`: a graph made ready to run on a backend. Building a plan checks every node with the
+//! device's `supports_op`, places every intermediate tensor in one arena by liveness (reusing the
+//! memory of a source that dies at the node for ops that can run in place, as ggml-alloc does),
+//! sizes the work buffer, and resolves every tensor's address. `compute` then runs any number of
+//! times with new inputs and allocates nothing.
+
+mod alloc;
+pub(crate) use alloc::align_up;
+mod exec;
+
+use crate::backend::{AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Leaf, MAX_SRC, Op, TensorId};
+use alloc::ArenaAlloc;
+use std::sync::Arc;
+
+/// A tensor's address and layout as the kernels see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TView {
+    pub ptr: *mut u8,
+    pub dtype: DType,
+    pub ne: [usize; 4],
+    pub nb: [usize; 4],
+}
+
+impl TView {
+    pub(crate) fn nrows(&self) -> usize {
+        self.ne[1] * self.ne[2] * self.ne[3]
+    }
+    pub(crate) fn nelements(&self) -> usize {
+        self.ne.iter().product()
+    }
+    /// Address of element row (i1, i2, i3).
+    ///
+    /// # Safety
+    /// The indices are below `ne[1..4]`; the plan validated that every such row lies inside the
+    /// tensor's memory.
+    #[inline(always)]
+    pub(crate) unsafe fn row(&self, i1: usize, i2: usize, i3: usize) -> *mut u8 {
+        // SAFETY: per the contract, the offset stays inside the tensor's allocation.
+        unsafe { self.ptr.add(i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3]) }
+    }
+}
+
+/// One node to run, with everything resolved at plan time.
+pub(crate) struct ExecNode {
+    pub id: TensorId,
+    pub op: Op,
+    pub dst: TView,
+    pub src: [Option<TView>; MAX_SRC],
+    pub phases: u8,
+}
+
+impl ExecNode {
+    /// A placeholder naming the node in compute-time errors; `Plan::compute` replaces it with the
+    /// full description (formatting it for every node at plan time would cost more than planning).
+    pub(crate) fn label(&self) -> String {
+        format!("#{}", self.id.0)
+    }
+}
+
+// SAFETY: the raw pointers inside point into the plan's arena and into buffers the plan keeps alive;
+// workers only write disjoint parts of a node's destination (see exec.rs).
+unsafe impl Send for ExecNode {}
+// SAFETY: as above.
+unsafe impl Sync for ExecNode {}
+
+/// Sizes found while planning (for tests, benchmarks and curious users).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanStats {
+    /// Nodes that compute something (views excluded).
+    pub n_nodes: usize,
+    /// Arena bytes holding inputs and intermediates.
+    pub arena_bytes: usize,
+    /// What the intermediates would take without any reuse.
+    pub intermediate_bytes: usize,
+    /// Nodes placed in the memory of their dying first source.
+    pub n_inplace: usize,
+    /// Work buffer bytes.
+    pub work_bytes: usize,
+}
+
+struct InputSlot {
+    id: TensorId,
+    offset: usize,
+    nbytes: usize,
+    set: bool,
+}
+
+/// A graph ready to compute on a [`CpuBackend`].
+///
+/// ```
+/// use quantgraph::{CpuBackend, DType, Graph, Plan};
+/// let mut g = Graph::new();
+/// let x = g.input(DType::F32, &[3])?;
+/// let y = g.scale(x, 2.0)?;
+/// g.set_output(y);
+/// let mut plan = Plan::new(g, &CpuBackend::with_threads(1)?)?;
+/// plan.set_input(x, &[1.0f32, 2.0, 3.0])?;
+/// plan.compute()?;
+/// assert_eq!(plan.output::<f32>(y)?, &[2.0, 4.0, 6.0]);
+/// # Ok::<(), quantgraph::Error>(())
+/// ```
+pub struct Plan {
+    graph: Graph,
+    nodes: Vec<ExecNode>,
+    /// Per tensor: its address, or null when the plan does not use it.
+    addrs: Vec<*mut u8>,
+    arena: Buffer,
+    work: Buffer,
+    /// Thread count the work buffer was sized for.
+    work_nth: usize,
+    inputs: Vec<InputSlot>,
+    /// External buffers to hold while computing: (buffer, needs write access).
+    buffers: Vec<(Buffer, bool)>,
+    guards: Vec<BufferGuard>,
+    shared: Arc<CpuShared>,
+    abort: Option<AbortHook>,
+    stats: PlanStats,
+}
+
+// SAFETY: the raw addresses point into the arena and buffers owned by this plan; a `Plan` is used
+// through `&mut self` for computing, so moving it across threads is sound.
+unsafe impl Send for Plan {}
+
+/// Rust types that can be read from or written to tensors.
+pub trait Element: bytemuck::Pod {
+    /// The tensor type holding this element type.
+    const DTYPE: DType;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+}
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+}
+impl Element for i16 {
+    const DTYPE: DType = DType::I16;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+
+impl Plan {
+    /// Plans `graph` for `backend`: checks every needed node, lays out memory and sizes the work
+    /// buffer. Nodes that no output depends on (and that write no state) are left out.
+    pub fn new(graph: Graph, backend: &CpuBackend) -> Result<Plan> {
+        let n = graph.tensors.len();
+        let nth = backend.n_threads();
+        // 1. What runs: outputs, writes into state buffers, and everything they depend on.
+        let mut needed = vec![false; n];
+        for (i, t) in graph.tensors.iter().enumerate() {
+            let writes_state = matches!(t.op, Op::Cpy)
+                && t.view_src
+                    .is_some_and(|r| matches!(graph.tensors[r.index()].leaf, Leaf::State { .. }));
+            if t.output || writes_state {
+                needed[i] = true;
+            }
+        }
+        for i in (0..n).rev() {
+            if needed[i] {
+                let t = &graph.tensors[i];
+                for s in t.srcs() {
+                    needed[s.index()] = true;
+                }
+                if let Some(r) = t.view_src {
+                    needed[r.index()] = true;
+                }
+            }
+        }
+        if !needed.iter().any(|&x| x) {
+            return Err(Error::arg("plan: the graph has no output (call Graph::set_output)"));
+        }
+
+        // 2. Check support and find each root's last use.
+        let root = |id: TensorId| graph.tensors[id.index()].view_src.unwrap_or(id);
+        let mut last_use = vec![0usize; n];
+        for i in 0..n {
+            if !needed[i] {
+                continue;
+            }
+            let t = &graph.tensors[i];
+            let id = TensorId(i as u32);
+            if !matches!(t.op, Op::None | Op::View) {
+                crate::ops::supports(&graph, id)?;
+            }
+            for s in t.srcs() {
+                let r = root(s);
+                last_use[r.index()] = last_use[r.index()].max(i);
+            }
+            if let Some(r) = t.view_src {
+                last_use[r.index()] = last_use[r.index()].max(i);
+            }
+            if t.output {
+                last_use[root(id).index()] = usize::MAX;
+            }
+        }
+
+        // 3. Place memory: inputs first (permanent), then intermediates by liveness.
+        let mut arena = ArenaAlloc::default();
+        let mut offset = vec![usize::MAX; n];
+        let mut inputs = Vec::new();
+        for (i, t) in graph.tensors.iter().enumerate() {
+            if needed[i] && matches!(t.leaf, Leaf::Input) {
+                let nbytes = t.nbytes();
+                offset[i] = arena.alloc(nbytes);
+                inputs.push(InputSlot {
+                    id: TensorId(i as u32),
+                    offset: offset[i],
+                    nbytes,
+                    set: false,
+                });
+            }
+        }
+        let mut stats = PlanStats::default();
+        // Roots whose memory was handed to an in-place successor.
+        let mut moved = vec![false; n];
+        let is_arena_node = |t: &crate::graph::Tensor| {
+            t.view_src.is_none() && matches!(t.leaf, Leaf::None) && !matches!(t.op, Op::None)
+        };
+        for i in 0..n {
+            if !needed[i] {
+                continue;
+            }
+            let t = &graph.tensors[i];
+            if is_arena_node(t) {
+                let nbytes = t.nbytes();
+                stats.intermediate_bytes += align_up(nbytes, crate::backend::BUFFER_ALIGNMENT);
+                let mut placed = false;
+                if t.op.can_inplace() {
+                    if let Some(s0) = t.src[0] {
+                        let p = &graph.tensors[s0.index()];
+                        if is_arena_node(p)
+                            && !p.output
+                            && last_use[s0.index()] == i
+                            && !moved[s0.index()]
+                            && p.dtype == t.dtype
+                            && p.ne == t.ne
+                            && p.nb == t.nb
+                            && t.srcs().skip(1).all(|s| root(s) != s0)
+                        {
+                            offset[i] = offset[s0.index()];
+                            moved[s0.index()] = true;
+                            stats.n_inplace += 1;
+                            placed = true;
+                        }
+                    }
+                }
+                if !placed {
+                    offset[i] = arena.alloc(nbytes);
+                }
+            }
+            // Free roots whose last use is this node.
+            let mut free_root = |r: TensorId| {
+                let rt = &graph.tensors[r.index()];
+                if last_use[r.index()] == i && is_arena_node(rt) && !moved[r.index()] && !rt.output
+                {
+                    moved[r.index()] = true; // freed: never free twice
+                    arena.free(offset[r.index()], rt.nbytes());
+                }
+            };
+            for s in t.srcs() {
+                free_root(root(s));
+            }
+            if let Some(r) = t.view_src {
+                free_root(r);
+            }
+        }
+        stats.arena_bytes = arena.peak;
+
+        let arena_buf = Buffer::alloc_named(arena.peak, "CPU_Arena")?;
+        let abase = arena_buf.ptr();
+
+        // 4. Addresses.
+        let mut addrs = vec![std::ptr::null_mut::<u8>(); n];
+        let mut buffers: Vec<(Buffer, bool)> = Vec::new();
+        for i in 0..n {
+            if !needed[i] {
+                continue;
+            }
+            let t = &graph.tensors[i];
+            let base = |j: usize| -> *mut u8 {
+                let r = &graph.tensors[j];
+                match &r.leaf {
+                    Leaf::Weight { buffer, offset } | Leaf::State { buffer, offset } => {
+                        // SAFETY: the graph checked offset + nbytes <= buffer.len() when binding.
+                        unsafe { buffer.ptr().add(*offset) }
+                    }
+                    // SAFETY: offsets come from the allocator, inside the arena's `peak` bytes.
+                    _ => unsafe { abase.add(offset[j]) },
+                }
+            };
+            addrs[i] = match t.view_src {
+                // SAFETY: the graph checked at view creation that view_offs + extent <= the root's
+                // nbytes, and the root's memory is at least that large.
+                Some(r) => unsafe { base(r.index()).add(t.view_offs) },
+                None => base(i),
+            };
+            if let Leaf::Weight { buffer, .. } | Leaf::State { buffer, .. } = &t.leaf {
+                let write = matches!(t.leaf, Leaf::State { .. });
+                match buffers.iter_mut().find(|(b, _)| b.same(buffer)) {
+                    Some(e) => e.1 |= write,
+                    None => buffers.push((buffer.clone(), write)),
+                }
+            }
+        }
+
+        // 5. Exec nodes and work sizes.
+        let mut nodes = Vec::new();
+        let view = |j: usize| {
+            let t = &graph.tensors[j];
+            TView { ptr: addrs[j], dtype: t.dtype, ne: t.ne, nb: t.nb }
+        };
+        for i in 0..n {
+            let t = &graph.tensors[i];
+            if !needed[i] || matches!(t.op, Op::None | Op::View) {
+                continue;
+            }
+            let id = TensorId(i as u32);
+            let mut src = [None; MAX_SRC];
+            for (k, s) in t.src.iter().enumerate() {
+                src[k] = s.map(|s| view(s.index()));
+            }
+            let node = ExecNode { id, op: t.op.clone(), dst: view(i), src, phases: 1 };
+            let phases = crate::ops::phases(&node);
+            let node = ExecNode { phases, ..node };
+            nodes.push(node);
+        }
+        stats.n_nodes = nodes.len();
+        let mut plan = Plan {
+            graph,
+            nodes,
+            addrs,
+            arena: arena_buf,
+            work: Buffer::alloc_named(0, "CPU_Work")?,
+            work_nth: 0,
+            inputs,
+            buffers,
+            guards: Vec::new(),
+            shared: backend.shared.clone(),
+            abort: None,
+            stats,
+        };
+        plan.guards.reserve(plan.buffers.len());
+        plan.size_work(nth)?;
+        Ok(plan)
+    }
+
+    fn size_work(&mut self, nth: usize) -> Result<()> {
+        let mut need = 0usize;
+        for node in &self.nodes {
+            need = need.max(crate::ops::work_size(node, nth));
+        }
+        if need > self.work.len() || self.work.is_empty() {
+            self.work = Buffer::alloc_named(need.max(64), "CPU_Work")?;
+        }
+        self.work_nth = nth;
+        self.stats.work_bytes = self.work.len();
+        Ok(())
+    }
+
+    /// Sizes found while planning.
+    pub fn stats(&self) -> PlanStats {
+        self.stats
+    }
+
+    /// The graph this plan runs.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Installs an abort hook for this plan only (overrides the backend's).
+    pub fn set_abort_hook(&mut self, hook: Option<AbortHook>) {
+        self.abort = hook;
+    }
+
+    fn input_slot(&mut self, id: TensorId) -> Result<&mut InputSlot> {
+        let label = self.graph.get("set_input", id)?.describe(id);
+        self.inputs.iter_mut().find(|s| s.id == id).ok_or_else(|| {
+            Error::arg(format!(
+                "set_input: {label} is not an input of this plan (or no output uses it)"
+            ))
+        })
+    }
+
+    /// Copies raw bytes into an input tensor (its type's bytes, contiguous).
+    pub fn set_input_bytes(&mut self, id: TensorId, data: &[u8]) -> Result<()> {
+        let arena = self.arena.clone();
+        let label = self.graph.get("set_input", id)?.describe(id);
+        let slot = self.input_slot(id)?;
+        if data.len() != slot.nbytes {
+            return Err(Error::arg(format!(
+                "set_input: {label} takes {} bytes, got {}",
+                slot.nbytes,
+                data.len()
+            )));
+        }
+        arena.write(slot.offset, data)?;
+        slot.set = true;
+        Ok(())
+    }
+
+    /// Copies values into an input tensor; the element type must match the tensor's type.
+    pub fn set_input<T: Element>(&mut self, id: TensorId, data: &[T]) -> Result<()> {
+        let t = self.graph.get("set_input", id)?;
+        if t.dtype != T::DTYPE {
+            return Err(Error::arg(format!(
+                "set_input: {} holds {}, got {} values",
+                t.describe(id),
+                t.dtype,
+                T::DTYPE
+            )));
+        }
+        if data.len() != t.nelements() {
+            return Err(Error::arg(format!(
+                "set_input: {} takes {} values, got {}",
+                t.describe(id),
+                t.nelements(),
+                data.len()
+            )));
+        }
+        self.set_input_bytes(id, bytemuck::cast_slice(data))
+    }
+
+    fn check_readable(&self, id: TensorId, want: DType) -> Result<(*const u8, usize)> {
+        let t = self.graph.get("output", id)?;
+        let p = self.addrs.get(id.index()).copied().unwrap_or(std::ptr::null_mut());
+        if p.is_null() {
+            return Err(Error::arg(format!(
+                "output: {} is not computed by this plan (mark it with set_output)",
+                t.describe(id)
+            )));
+        }
+        if t.dtype != want {
+            return Err(Error::arg(format!("output: {} is not {want}", t.describe(id))));
+        }
+        if !t.is_contiguous() {
+            return Err(Error::arg(format!(
+                "output: {} is not contiguous; add a cont node",
+                t.describe(id)
+            )));
+        }
+        let root = self.graph.root(id);
+        if !matches!(self.graph.t(root).leaf, Leaf::None | Leaf::Input) {
+            return Err(Error::arg(format!(
+                "output: {} lives in a caller buffer; read that buffer instead",
+                t.describe(id)
+            )));
+        }
+        if !self.graph.t(root).output && !matches!(self.graph.t(root).leaf, Leaf::Input) {
+            return Err(Error::arg(format!(
+                "output: {} was not marked as an output, so its memory may have been reused",
+                t.describe(id)
+            )));
+        }
+        Ok((p as *const u8, t.nbytes()))
+    }
+
+    /// The contents of an output (or input) tensor after `compute`, as a typed slice.
+    pub fn output<T: Element>(&self, id: TensorId) -> Result<&[T]> {
+        let (p, nbytes) = self.check_readable(id, T::DTYPE)?;
+        if (p as usize) % std::mem::align_of::<T>() != 0 {
+            return Err(Error::arg("output: tensor is not aligned for this element type"));
+        }
+        // SAFETY: p points at nbytes of the plan's arena (checked contiguous, live for &self, and
+        // not reused because the root is an output); alignment checked above; `compute` needs
+        // `&mut self`, so nothing writes while the slice is borrowed.
+        Ok(unsafe { std::slice::from_raw_parts(p as *const T, nbytes / std::mem::size_of::<T>()) })
+    }
+
+    /// Runs the graph on the backend's thread pool. On error (abort hook, an index out of range in
+    /// the data, a custom op failing) the plan and its buffers stay usable.
+    pub fn compute(&mut self) -> Result<()> {
+        if let Some(s) = self.inputs.iter().find(|s| !s.set) {
+            return Err(Error::arg(format!(
+                "compute: input {} was never set",
+                self.graph.t(s.id).describe(s.id)
+            )));
+        }
+        let pool = self.shared.pool();
+        let nth = pool.current_num_threads().max(1);
+        if nth != self.work_nth {
+            self.size_work(nth)?;
+        }
+        self.guards.clear();
+        for (b, write) in &self.buffers {
+            let g = if *write { b.lock_write() } else { b.lock_read() };
+            match g {
+                Ok(g) => self.guards.push(g),
+                Err(e) => {
+                    self.guards.clear();
+                    return Err(e);
+                }
+            }
+        }
+        let hook = self.abort.clone().or_else(|| self.shared.abort_hook());
+        let res =
+            exec::run(&self.nodes, &pool, nth, self.work.ptr(), self.work.len(), hook.as_deref());
+        self.guards.clear();
+        res.map_err(|e| self.relabel(e))
+    }
+
+    /// Replaces a node placeholder ("#17") in a compute error with the node's description.
+    fn relabel(&self, e: Error) -> Error {
+        let describe = |label: String| {
+            label
+                .strip_prefix('#')
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|&n| (n as usize) < self.graph.len())
+                .map(|n| self.graph.describe(TensorId(n)))
+                .unwrap_or(label)
+        };
+        match e {
+            Error::IndexOutOfRange { op, tensor, index, limit } => {
+                Error::IndexOutOfRange { op, tensor: describe(tensor), index, limit }
+            }
+            Error::Panicked { name, msg } => Error::Panicked { name: describe(name), msg },
+            e => e,
+        }
+    }
+}
