@@ -5,6 +5,11 @@
 //! (kernels, ops, GGUF) talks to, like ggml's `type_traits` / `type_traits_cpu`. SIMD versions of
 //! `vec_dot` live in `crate::kernels` and are chosen at run time.
 
+pub(crate) mod fp;
+pub(crate) mod fp4;
+pub(crate) mod legacy;
+pub(crate) mod lowbit;
+pub(crate) mod ternary;
 pub(crate) mod util;
 
 use crate::dtype::DType;
@@ -38,8 +43,23 @@ pub(crate) struct FormatFns {
 
 /// The format table entry for `dtype`; every field is `None` for what the type cannot do.
 pub(crate) fn format(dtype: DType) -> FormatFns {
-    #[allow(clippy::match_single_binding)]
     match dtype {
+        // Float, legacy, FP4, low-bit and ternary formats.
+        DType::F32 => fp::F32_FNS,
+        DType::F16 => fp::F16_FNS,
+        DType::BF16 => fp::BF16_FNS,
+        DType::Q4_0 => legacy::Q4_0_FNS,
+        DType::Q4_1 => legacy::Q4_1_FNS,
+        DType::Q5_0 => legacy::Q5_0_FNS,
+        DType::Q5_1 => legacy::Q5_1_FNS,
+        DType::Q8_0 => legacy::Q8_0_FNS,
+        DType::Q8_1 => legacy::Q8_1_FNS,
+        DType::MXFP4 => fp4::MXFP4_FNS,
+        DType::NVFP4 => fp4::NVFP4_FNS,
+        DType::Q1_0 => lowbit::Q1_0_FNS,
+        DType::Q2_0 => lowbit::Q2_0_FNS,
+        DType::TQ1_0 => ternary::TQ1_0_FNS,
+        DType::TQ2_0 => ternary::TQ2_0_FNS,
         _ => FormatFns::default(),
     }
 }
@@ -117,9 +137,10 @@ pub fn quantize_with_imatrix(
 
 /// Dequantizes `src` (whole blocks of `dtype`) into `dst`, the same floats as ggml's `to_float`.
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
-    let d = format(dtype)
-        .dequantize
-        .ok_or_else(|| Error::Quant { dtype, msg: "this type cannot be converted to f32".into() })?;
+    let d = format(dtype).dequantize.ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "this type cannot be converted to f32".into(),
+    })?;
     rows_of(dtype, dst.len(), src.len(), "dequantize")?;
     d(src, dst);
     Ok(())
@@ -141,10 +162,9 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     let vd = dtype.vec_dot_type();
-    let k = crate::kernels::table().vec_dot(dtype).ok_or_else(|| Error::Quant {
-        dtype,
-        msg: "no dot product for this type".into(),
-    })?;
+    let k = crate::kernels::table()
+        .vec_dot(dtype)
+        .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
     rows_of(dtype, n, x.len(), "vec_dot x")?;
     rows_of(vd, n, y.len(), "vec_dot y")?;
     Ok(k(n, x, y))
