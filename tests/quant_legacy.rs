@@ -249,8 +249,6 @@ fn ggml_test_quantize_fns_limits() {
         };
         assert!(err < max_dot, "{dtype} dot product error {err}");
     }
-    // MXFP4 is held to the default limits in ggml; checked above via `_`.
-    let _ = MAX_DOT_PRODUCT_ERROR_FP4;
 }
 
 /// Q8_0's CPU converter (AVX2 rounding) stays within ggml's reference-error limit of the reference
@@ -589,4 +587,55 @@ fn empty_input_is_fine() {
         dequantize(dtype, &[], &mut []).unwrap();
         assert_eq!(vec_dot(dtype, 0, &[], &[]).unwrap(), 0.0);
     }
+}
+
+/// Known bytes for a constant row, worked out from ggml's reference code.
+#[test]
+fn constant_rows_known_bytes() {
+    let c = 0.3125f32; // f16 0x3500, exact
+    let d = 0x3500u16.to_le_bytes();
+    let block = |dtype: DType| quantized(dtype, &vec![c; dtype.block_size()]);
+    // Q2_0: round(1) + 1 = 2 in every 2-bit field.
+    assert_eq!(block(DType::Q2_0), [&d[..], &[0xAA; 16]].concat());
+    // Q1_0: d = mean |x| = c, every sign bit set.
+    assert_eq!(block(DType::Q1_0), [&d[..], &[0xFF; 16]].concat());
+    // TQ2_0: trit +1 stored as 2 in each of four fields.
+    assert_eq!(block(DType::TQ2_0), [&[0xAA; 64][..], &d[..]].concat());
+    // TQ1_0: five trits of 2 = 242 -> ceil(242 * 256 / 243) = 255; four trits then a zero digit:
+    // 80 * 3 = 240 -> ceil(240 * 256 / 243) = 253.
+    assert_eq!(block(DType::TQ1_0), [&[255u8; 48][..], &[253; 4], &d[..]].concat());
+    // Negative constants land on trit -1, code 0.
+    assert_eq!(quantized(DType::TQ2_0, &[-c; 256])[..64], [0u8; 64]);
+    assert_eq!(quantized(DType::Q2_0, &[-c; 64])[2..], [0u8; 16]);
+    // Dequantizing gives the constant back for all of them.
+    for dtype in [DType::Q2_0, DType::Q1_0, DType::TQ2_0, DType::TQ1_0] {
+        let n = dtype.block_size();
+        assert!(dequantized(dtype, &block(dtype), n).iter().all(|&v| v == c), "{dtype}");
+    }
+}
+
+/// MXFP4's shared exponent and NVFP4's UE4M3 scale at extreme magnitudes.
+#[test]
+fn fp4_extreme_magnitudes_known_bytes() {
+    // 1e-30: floor(log2) = -100 -> e = 25, d = 2^-103; 1e-30 / d = 10.1 is nearest to 12 (code 7).
+    let q = quantized(DType::MXFP4, &[1e-30; 32]);
+    assert_eq!(q[0], 25);
+    assert!(q[1..].iter().all(|&b| b == 0x77));
+    assert_eq!(dequantized(DType::MXFP4, &q, 32)[0], 12.0 * 2f32.powi(-103));
+    // 1e30: floor(log2) = 99 -> e = 224, d = 2^96; 1e30 / d = 12.6 -> code 7.
+    let q = quantized(DType::MXFP4, &[1e30; 32]);
+    assert_eq!(q[0], 224);
+    assert!(q[1..].iter().all(|&b| b == 0x77));
+    // A subnormal maximum makes `floor(log2) - 2 + 127` negative (-8); ggml converts it straight to
+    // uint8_t, which x86 wraps to 248. The values then sit nearest to code 0.
+    let q = quantized(DType::MXFP4, &[1e-40; 32]);
+    assert_eq!(q[0], 248);
+    assert!(q[1..].iter().all(|&b| b == 0));
+    // NVFP4 at 1e30: the scale saturates to 0x7E (224 after halving); every candidate's error rounds
+    // to 1e30 in f32, so the first code (0) wins.
+    let q = quantized(DType::NVFP4, &[1e30; 64]);
+    assert_eq!(q[..4], [0x7E; 4]);
+    assert!(q[4..].iter().all(|&b| b == 0));
+    // A zero maximum gives scale byte 0.
+    assert_eq!(quantized(DType::NVFP4, &[0.0; 64])[..4], [0; 4]);
 }
