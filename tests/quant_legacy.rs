@@ -639,3 +639,64 @@ fn fp4_extreme_magnitudes_known_bytes() {
     // A zero maximum gives scale byte 0.
     assert_eq!(quantized(DType::NVFP4, &[0.0; 64])[..4], [0; 4]);
 }
+
+// ------------------------------------------------------------------------------------------------
+// Known answers from ggml's reference code on edge inputs and with importance matrices
+// (tests/data/legacy, made by gen_legacy.c there from ggml's own ggml-quants.c).
+
+const LEGACY_N: usize = 256;
+
+fn legacy_file(name: &str) -> Vec<u8> {
+    let p = common::data_dir().join("../legacy").join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn legacy_f32(name: &str) -> Vec<f32> {
+    legacy_file(name).chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+const EDGE_TYPES: [&str; 11] =
+    ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "nvfp4", "q1_0", "q2_0", "tq1_0", "tq2_0"];
+
+#[test]
+fn edge_inputs_match_ggml_reference_bytes() {
+    let x = legacy_f32("edge_x.f32");
+    for name in EDGE_TYPES {
+        let dtype = DType::from_name(name).unwrap();
+        let want = legacy_file(&format!("edge.{name}.bin"));
+        let got = quantized(dtype, &x);
+        let rs = dtype.row_size(LEGACY_N).unwrap();
+        for (r, (g, w)) in got.chunks(rs).zip(want.chunks(rs)).enumerate() {
+            assert!(g == w, "{name} edge row {r}: first differing byte {:?}", first_diff(g, w));
+        }
+        let deq = dequantized(dtype, &want, x.len());
+        let want_deq = legacy_f32(&format!("edge.{name}.deq.f32"));
+        for (i, (g, w)) in deq.iter().zip(&want_deq).enumerate() {
+            assert!(g.to_bits() == w.to_bits(), "{name} dequantized element {i}: {g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn imatrix_matches_ggml_reference_bytes() {
+    let x = legacy_f32("imat_x.f32");
+    let w = legacy_f32("imat_w.f32");
+    let edge = legacy_f32("edge_x.f32");
+    for name in ["q4_0", "q4_1", "q5_0", "q5_1"] {
+        let dtype = DType::from_name(name).unwrap();
+        let got = with_imatrix(dtype, &x, LEGACY_N, &w);
+        let want = legacy_file(&format!("imat.{name}.bin"));
+        assert!(got == want, "{name}: first differing byte {:?}", first_diff(&got, &want));
+        assert_ne!(got, quantized(dtype, &x), "{name}: the imatrix must matter here");
+        let got = with_imatrix(dtype, &edge, LEGACY_N, &w);
+        let want = legacy_file(&format!("imat_edge.{name}.bin"));
+        let rs = dtype.row_size(LEGACY_N).unwrap();
+        for (r, (g, w)) in got.chunks(rs).zip(want.chunks(rs)).enumerate() {
+            assert!(
+                g == w,
+                "{name} imatrix edge row {r}: first differing byte {:?}",
+                first_diff(g, w)
+            );
+        }
+    }
+}
