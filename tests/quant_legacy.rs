@@ -700,3 +700,24 @@ fn imatrix_matches_ggml_reference_bytes() {
         }
     }
 }
+
+#[test]
+fn edge_inputs_match_ggml_cpu_converters() {
+    let x = legacy_f32("edge_x.f32");
+    for (dtype, file) in [
+        (DType::Q8_0, "edge.cpu.q8_0.bin"),
+        (DType::Q8_1, "edge.cpu.q8_1.bin"),
+        (DType::F16, "edge.cpu.f16.bin"),
+        (DType::BF16, "edge.cpu.bf16.bin"),
+    ] {
+        let want = legacy_file(file);
+        let got = for_dot(dtype, &x);
+        let rs = dtype.row_size(LEGACY_N).unwrap();
+        for (r, (g, w)) in got.chunks(rs).zip(want.chunks(rs)).enumerate() {
+            assert!(g == w, "{dtype} edge row {r}: first differing byte {:?}", first_diff(g, w));
+        }
+    }
+    // The reference conversions ggml_quantize_chunk uses.
+    assert_eq!(quantized(DType::F16, &x), legacy_file("edge.f16.bin"));
+    assert_eq!(quantized(DType::BF16, &x), legacy_file("edge.cpu.bf16.bin"));
+}

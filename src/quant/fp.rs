@@ -198,3 +198,45 @@ pub(crate) const BF16_FNS: FormatFns = FormatFns {
     from_float: Some(from_float_bf16),
     vec_dot: Some(vec_dot_bf16),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16c_nan_conversion_keeps_payload() {
+        // Values printed by `_cvtss_sh(x, 0)` on an F16C machine.
+        for (w, h) in [
+            (0x7FEA_B000u32, 0x7F55u16),
+            (0xFF80_0001, 0xFE00),
+            (0x7FFF_E001, 0x7FFF),
+            (0xFFFF_FFFF, 0xFFFF),
+            (0x7FC0_0000, 0x7E00),
+        ] {
+            assert_eq!(fp32_to_fp16_f16c(f32::from_bits(w)), h, "{w:08x}");
+        }
+        for x in [0.0f32, -0.0, 1.0, 65504.0, 65520.0, 1e-8, 6.1e-5, f32::INFINITY, -1e9] {
+            assert_eq!(fp32_to_fp16_f16c(x), fp32_to_fp16(x), "{x}");
+        }
+    }
+
+    #[test]
+    fn float_dots_handle_tails() {
+        let x: Vec<f32> = (0..45).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let want: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+        let b: &[u8] = bytemuck::cast_slice(&x);
+        assert!((vec_dot_f32(45, b, b) as f64 - want).abs() < 1e-3);
+        let h: Vec<u16> = x.iter().map(|&v| fp32_to_fp16(v)).collect();
+        assert!(
+            (vec_dot_f16(45, bytemuck::cast_slice(&h), bytemuck::cast_slice(&h)) as f64 - want)
+                .abs()
+                < 1e-3
+        );
+        let h: Vec<u16> = x.iter().map(|&v| fp32_to_bf16(v)).collect();
+        assert!(
+            (vec_dot_bf16(45, bytemuck::cast_slice(&h), bytemuck::cast_slice(&h)) as f64 - want)
+                .abs()
+                < 1e-3
+        );
+    }
+}
