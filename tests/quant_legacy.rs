@@ -721,3 +721,39 @@ fn edge_inputs_match_ggml_cpu_converters() {
     assert_eq!(quantized(DType::F16, &x), legacy_file("edge.f16.bin"));
     assert_eq!(quantized(DType::BF16, &x), legacy_file("edge.cpu.bf16.bin"));
 }
+
+/// ggml's portable dot products on the edge rows (NaN and infinities included), through the public
+/// API (whatever kernel tier is selected).
+#[test]
+fn edge_vec_dot_matches_ggml_generic() {
+    let q8_0 = legacy_file("edge.cpu.q8_0.bin");
+    let q8_1 = legacy_file("edge.cpu.q8_1.bin");
+    let q8_k = legacy_file("edge.q8_K.bin");
+    let mut finite = 0;
+    for name in EDGE_TYPES {
+        let dtype = DType::from_name(name).unwrap();
+        let w = legacy_file(&format!("edge.{name}.bin"));
+        let want = legacy_f32(&format!("edge.dot.{name}.f32"));
+        let vdt = dtype.vec_dot_type();
+        let act = match vdt {
+            DType::Q8_0 => &q8_0,
+            DType::Q8_1 => &q8_1,
+            _ => &q8_k,
+        };
+        let xr = dtype.row_size(LEGACY_N).unwrap();
+        let yr = vdt.row_size(LEGACY_N).unwrap();
+        for (r, &want) in want.iter().enumerate() {
+            let got =
+                vec_dot(dtype, LEGACY_N, &w[r * xr..(r + 1) * xr], &act[r * yr..(r + 1) * yr])
+                    .unwrap();
+            let ok = if want.is_finite() {
+                finite += 1;
+                (got - want).abs() <= (want.abs() * 1e-4).max(1e-6)
+            } else {
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
+            };
+            assert!(ok, "{name} edge row {r}: {got} vs ggml {want}");
+        }
+    }
+    assert!(finite > 60, "only {finite} finite reference results");
+}

@@ -890,3 +890,52 @@ mod tests {
         assert_eq!(l, [0; 32]);
     }
 }
+
+/// The scalar dot products of every format in this family against ggml's portable
+/// `ggml_vec_dot_*_generic` kernels on the edge rows of tests/data/legacy (see gen_dot.c there).
+#[cfg(test)]
+mod generic_dot_tests {
+    use crate::dtype::DType;
+
+    fn read(name: &str) -> Vec<u8> {
+        let p =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/legacy").join(name);
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    #[test]
+    fn scalar_vec_dot_matches_ggml_generic_bit_for_bit() {
+        const N: usize = 256;
+        const ROWS: usize = 12;
+        let q8_0 = read("edge.cpu.q8_0.bin");
+        let q8_1 = read("edge.cpu.q8_1.bin");
+        let q8_k = read("edge.q8_K.bin");
+        for name in [
+            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "nvfp4", "q1_0", "q2_0", "tq1_0",
+            "tq2_0",
+        ] {
+            let dtype = DType::from_name(name).unwrap();
+            let w = read(&format!("edge.{name}.bin"));
+            let want: Vec<f32> = read(&format!("edge.dot.{name}.f32"))
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let act = match dtype.vec_dot_type() {
+                DType::Q8_0 => &q8_0,
+                DType::Q8_1 => &q8_1,
+                _ => &q8_k,
+            };
+            let vd = crate::quant::format(dtype).vec_dot.unwrap();
+            let xr = dtype.row_size(N).unwrap();
+            let yr = dtype.vec_dot_type().row_size(N).unwrap();
+            for r in 0..ROWS {
+                let got = vd(N, &w[r * xr..(r + 1) * xr], &act[r * yr..(r + 1) * yr]);
+                assert!(
+                    got.to_bits() == want[r].to_bits() || (got.is_nan() && want[r].is_nan()),
+                    "{name} row {r}: {got} vs ggml {}",
+                    want[r]
+                );
+            }
+        }
+    }
+}
