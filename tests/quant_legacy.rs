@@ -647,7 +647,7 @@ fn fp4_extreme_magnitudes_known_bytes() {
 const LEGACY_N: usize = 256;
 
 fn legacy_file(name: &str) -> Vec<u8> {
-    let p = common::data_dir().join("../legacy").join(name);
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/legacy").join(name);
     std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -756,4 +756,25 @@ fn edge_vec_dot_matches_ggml_generic() {
         }
     }
     assert!(finite > 60, "only {finite} finite reference results");
+}
+
+/// Q8_K blocks hold an f32, so their bytes need 4-byte alignment to be borrowed in place; an odd
+/// address must still work.
+#[test]
+fn ternary_dot_with_misaligned_q8_k() {
+    let q8_k = legacy_file("edge.q8_K.bin");
+    for name in ["tq1_0", "tq2_0"] {
+        let dtype = DType::from_name(name).unwrap();
+        let w = legacy_file(&format!("edge.{name}.bin"));
+        let xr = dtype.row_size(LEGACY_N).unwrap();
+        for r in 5..12 {
+            let x = &w[r * xr..(r + 1) * xr];
+            let y = &q8_k[r * 292..(r + 1) * 292];
+            let mut odd = vec![0u8; 293];
+            odd[1..].copy_from_slice(y);
+            let a = vec_dot(dtype, LEGACY_N, x, y).unwrap();
+            let b = vec_dot(dtype, LEGACY_N, x, &odd[1..]).unwrap();
+            assert_eq!(a.to_bits(), b.to_bits(), "{name} row {r}");
+        }
+    }
 }
