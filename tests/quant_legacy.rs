@@ -688,6 +688,17 @@ fn imatrix_matches_ggml_reference_bytes() {
         let want = legacy_file(&format!("imat.{name}.bin"));
         assert!(got == want, "{name}: first differing byte {:?}", first_diff(&got, &want));
         assert_ne!(got, quantized(dtype, &x), "{name}: the imatrix must matter here");
+        // A uniform imatrix still selects ggml's weighted search (weights sqrt(sigma2 + x^2)), not
+        // the reference rounding; any power-of-two level gives the same bytes.
+        let ones = with_imatrix(dtype, &x, LEGACY_N, &[1.0; LEGACY_N]);
+        let want = legacy_file(&format!("imat_ones.{name}.bin"));
+        assert!(
+            ones == want,
+            "{name} uniform: first differing byte {:?}",
+            first_diff(&ones, &want)
+        );
+        assert_ne!(ones, quantized(dtype, &x), "{name}: uniform imatrix vs reference");
+        assert_eq!(ones, with_imatrix(dtype, &x, LEGACY_N, &[0.5; LEGACY_N]), "{name}");
         let got = with_imatrix(dtype, &edge, LEGACY_N, &w);
         let want = legacy_file(&format!("imat_edge.{name}.bin"));
         let rs = dtype.row_size(LEGACY_N).unwrap();

@@ -17,6 +17,7 @@
 //   imat_x.f32, imat_w.f32     IMAT_ROWS rows of 256 floats and a 256-entry importance matrix
 //   imat.<type>.bin            quantize_<type>(x, imat_w) for q4_0 q4_1 q5_0 q5_1
 //   imat_edge.<type>.bin       quantize_<type>(edge_x, imat_w)
+//   imat_ones.<type>.bin       quantize_<type>(imat_x, all-ones imatrix)
 #include "ggml.h"
 #include "ggml-quants.h"
 #include <math.h>
@@ -96,6 +97,8 @@ int main(void) {
     for (int j = 0; j < N; j++) w[j] = 0.05f + fabsf(urand()) * (j % 4 == 0 ? 10.0f : 1.0f);
     static float xi[IMAT_ROWS * N];
     for (int i = 0; i < IMAT_ROWS * N; i++) { float u = urand(); xi[i] = u * u * u * 3.0f + 0.1f * urand(); }
+    static float ones[N];
+    for (int j = 0; j < N; j++) ones[j] = 1.0f;
     put("imat_w.f32", w, sizeof w);
     put("imat_x.f32", xi, sizeof xi);
 
@@ -126,6 +129,8 @@ int main(void) {
             snprintf(name, sizeof name, "imat.%s.bin", t->name); put(name, q, nb);
             nb = t->q(x, q, EDGE_ROWS, N, w);
             snprintf(name, sizeof name, "imat_edge.%s.bin", t->name); put(name, q, nb);
+            nb = t->q(xi, q, IMAT_ROWS, N, ones);
+            snprintf(name, sizeof name, "imat_ones.%s.bin", t->name); put(name, q, nb);
         }
     }
     return 0;
