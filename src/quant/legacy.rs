@@ -121,8 +121,8 @@ pub(crate) fn cvtt_i32(f: f32) -> i32 {
     if (-2147483648.0..2147483648.0).contains(&f) { f as i32 } else { i32::MIN }
 }
 
-/// C's `MAX(a, b)` / `MIN(a, b)` macros and SSE's `maxps`/`minps` pick by a plain comparison, so
-/// a NaN operand chooses the second argument. These keep that rule.
+/// C's `MAX(a, b)` macro and SSE's `maxps` (`a > b ? a : b`): when either operand is NaN the
+/// second one is returned, which decides where a NaN input survives a block maximum.
 #[inline(always)]
 pub(crate) fn c_max(a: f32, b: f32) -> f32 {
     if a > b { a } else { b }
