@@ -5,6 +5,11 @@
 //! (kernels, ops, GGUF) talks to, like ggml's `type_traits` / `type_traits_cpu`. SIMD versions of
 //! `vec_dot` live in `crate::kernels` and are chosen at run time.
 
+pub(crate) mod fp;
+pub(crate) mod fp4;
+pub(crate) mod legacy;
+pub(crate) mod lowbit;
+pub(crate) mod ternary;
 pub(crate) mod util;
 
 use crate::dtype::DType;
@@ -38,8 +43,23 @@ pub(crate) struct FormatFns {
 
 /// The format table entry for `dtype`; every field is `None` for what the type cannot do.
 pub(crate) fn format(dtype: DType) -> FormatFns {
-    #[allow(clippy::match_single_binding)]
     match dtype {
+        // Float, legacy, FP4, low-bit and ternary formats.
+        DType::F32 => fp::F32_FNS,
+        DType::F16 => fp::F16_FNS,
+        DType::BF16 => fp::BF16_FNS,
+        DType::Q4_0 => legacy::Q4_0_FNS,
+        DType::Q4_1 => legacy::Q4_1_FNS,
+        DType::Q5_0 => legacy::Q5_0_FNS,
+        DType::Q5_1 => legacy::Q5_1_FNS,
+        DType::Q8_0 => legacy::Q8_0_FNS,
+        DType::Q8_1 => legacy::Q8_1_FNS,
+        DType::MXFP4 => fp4::MXFP4_FNS,
+        DType::NVFP4 => fp4::NVFP4_FNS,
+        DType::Q1_0 => lowbit::Q1_0_FNS,
+        DType::Q2_0 => lowbit::Q2_0_FNS,
+        DType::TQ1_0 => ternary::TQ1_0_FNS,
+        DType::TQ2_0 => ternary::TQ2_0_FNS,
         _ => FormatFns::default(),
     }
 }

@@ -1,0 +1,941 @@
+//! ggml's original block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the activation format Q8_1
+//! (src/ggml-common.h, src/ggml-quants.c, src/ggml-cpu/quants.c, src/ggml-cpu/arch/x86/quants.c).
+//!
+//! Quantizers replicate ggml's float operations one for one (no fused multiply-add, the same
+//! evaluation order, x86's float-to-int conversion for out-of-range values), so every input,
+//! including NaN and infinities, gives ggml's bytes. The Q8_0/Q8_1 activation converters emulate
+//! ggml's AVX2 `quantize_row_q8_0` / `quantize_row_q8_1`, the code that produced ggml's matmul inputs
+//! on x86, in portable Rust.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::FormatFns;
+use super::fp::fp32_to_fp16_f16c;
+use super::util::{fp16_to_fp32, fp32_to_fp16, nearest_int};
+use crate::dtype::DType;
+use crate::error::Result;
+
+pub(crate) const QK4_0: usize = 32;
+pub(crate) const QK4_1: usize = 32;
+pub(crate) const QK5_0: usize = 32;
+pub(crate) const QK5_1: usize = 32;
+pub(crate) const QK8_0: usize = 32;
+pub(crate) const QK8_1: usize = 32;
+
+/// `block_q4_0`: 32 weights as 4-bit offsets from -8, one f16 scale.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ4_0 {
+    pub d: u16,
+    pub qs: [u8; QK4_0 / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+
+/// `block_q4_1`: 32 weights as 4-bit steps above a minimum.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ4_1 {
+    pub d: u16,
+    pub m: u16,
+    pub qs: [u8; QK4_1 / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 20);
+
+/// `block_q5_0`: like Q4_0 with a fifth bit per weight in `qh`, offsets from -16.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ5_0 {
+    pub d: u16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_0 / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 22);
+
+/// `block_q5_1`: like Q4_1 with a fifth bit per weight in `qh`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ5_1 {
+    pub d: u16,
+    pub m: u16,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK5_1 / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 24);
+
+/// `block_q8_0`: 32 signed bytes and an f16 scale; also the activation type of Q4_0, Q5_0, Q8_0,
+/// MXFP4, NVFP4, Q1_0, Q2_0 and IQ4_NL.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ8_0 {
+    pub d: u16,
+    pub qs: [i8; QK8_0],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+
+/// `block_q8_1`: Q8_0 plus `s = d * sum(qs)`; the activation type of Q4_1 and Q5_1.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ8_1 {
+    pub d: u16,
+    pub s: u16,
+    pub qs: [i8; QK8_1],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
+
+// ------------------------------------------------------------------------------------------------
+// Helpers shared by the format modules of this family.
+
+/// Runs `f` on `bytes` viewed as blocks. Borrowed in place when the bytes are aligned for `B`,
+/// otherwise copied, so misaligned user buffers work. `bytes.len()` is a multiple of the block
+/// size (checked by the caller).
+pub(crate) fn with_blocks<B: Pod, R>(bytes: &[u8], f: impl FnOnce(&[B]) -> R) -> R {
+    debug_assert_eq!(bytes.len() % std::mem::size_of::<B>(), 0);
+    match bytemuck::try_cast_slice::<u8, B>(bytes) {
+        Ok(blocks) => f(blocks),
+        Err(_) => {
+            let mut owned = vec![B::zeroed(); bytes.len() / std::mem::size_of::<B>()];
+            bytemuck::cast_slice_mut::<B, u8>(&mut owned).copy_from_slice(bytes);
+            f(&owned)
+        }
+    }
+}
+
+/// Runs `f` on `bytes` viewed as mutable blocks, through a copy when they are misaligned.
+pub(crate) fn with_blocks_mut<B: Pod>(bytes: &mut [u8], f: impl FnOnce(&mut [B])) {
+    debug_assert_eq!(bytes.len() % std::mem::size_of::<B>(), 0);
+    match bytemuck::try_cast_slice_mut::<u8, B>(bytes) {
+        Ok(blocks) => f(blocks),
+        Err(_) => {
+            let mut owned = vec![B::zeroed(); bytes.len() / std::mem::size_of::<B>()];
+            f(&mut owned);
+            bytes.copy_from_slice(bytemuck::cast_slice(&owned));
+        }
+    }
+}
+
+/// C's float-to-int conversion as x86 executes it (`cvttss2si`): truncation toward zero, and
+/// `INT_MIN` for NaN and out-of-range values. ggml stores such conversions into `int8_t` /
+/// `uint8_t`, which keeps the low byte (`as i8` / `as u8` on the result).
+#[inline(always)]
+pub(crate) fn cvtt_i32(f: f32) -> i32 {
+    if (-2147483648.0..2147483648.0).contains(&f) { f as i32 } else { i32::MIN }
+}
+
+/// C's `MAX(a, b)` macro and SSE's `maxps` (`a > b ? a : b`): when either operand is NaN the
+/// second one is returned, which decides where a NaN input survives a block maximum.
+#[inline(always)]
+pub(crate) fn c_max(a: f32, b: f32) -> f32 {
+    if a > b { a } else { b }
+}
+
+/// Blocks of `qk` values of a row of floats as fixed-size arrays.
+#[inline(always)]
+fn float_blocks<const N: usize>(src: &[f32]) -> impl Iterator<Item = &[f32; N]> {
+    src.chunks_exact(N).map(|c| c.try_into().expect("chunks_exact gives N elements"))
+}
+
+/// ggml's per-row importance weights: `qw[j] * sqrt(sigma2 + x[j]^2)` with `sigma2` the row's
+/// mean square.
+fn row_sigma2(row: &[f32]) -> f32 {
+    let mut sum_x2 = 0.0f32;
+    for &v in row {
+        sum_x2 += v * v;
+    }
+    sum_x2 / row.len() as f32
+}
+
+fn block_weights(xb: &[f32; 32], qw: &[f32], sigma2: f32) -> [f32; 32] {
+    let mut w = [0.0f32; 32];
+    for j in 0..32 {
+        w[j] = qw[j] * (sigma2 + xb[j] * xb[j]).sqrt();
+    }
+    w
+}
+
+/// ggml's `make_qx_quants` (src/ggml-quants.c) for the importance-weighted symmetric formats:
+/// `rmse_type == 1` with explicit weights, which is how `quantize_q4_0`/`quantize_q5_0` call it.
+/// Fills `l` with `q + nmax` and returns the scale.
+fn make_qx_quants(nmax: i32, x: &[f32; 32], l: &mut [i8; 32], qw: &[f32; 32]) -> f32 {
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        let ax = v.abs();
+        if ax > amax {
+            amax = ax;
+            max = v;
+        }
+    }
+    if amax < 1e-15 {
+        *l = [0; 32];
+        return 0.0;
+    }
+    let clamp = |v: i32| v.clamp(-nmax, nmax - 1);
+    let mut iscale = -(nmax as f32) / max;
+    let mut sumlx = 0.0f32;
+    let mut suml2 = 0.0f32;
+    for i in 0..32 {
+        let q = clamp(nearest_int(iscale * x[i]));
+        l[i] = (q + nmax) as i8;
+        let lf = q as f32;
+        sumlx += qw[i] * x[i] * lf;
+        suml2 += qw[i] * lf * lf;
+    }
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9..=9 {
+        if is == 0 {
+            continue;
+        }
+        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        sumlx = 0.0;
+        suml2 = 0.0;
+        for i in 0..32 {
+            let lf = clamp(nearest_int(iscale * x[i])) as f32;
+            sumlx += qw[i] * x[i] * lf;
+            suml2 += qw[i] * lf * lf;
+        }
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            for i in 0..32 {
+                l[i] = (nmax + clamp(nearest_int(iscale * x[i]))) as i8;
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// ggml's `make_qkx3_quants` as `quantize_q4_1`/`quantize_q5_1` call it (weights given,
+/// `rmin = -0.9`, `rdelta = 0.05`, `nstep = 36`, squared error). Returns `(scale, -min)`.
+fn make_qkx3_quants(nmax: i32, x: &[f32; 32], w: &[f32; 32], l: &mut [u8; 32]) -> (f32, f32) {
+    const RMIN: f32 = -0.9;
+    const RDELTA: f32 = 0.05;
+    const NSTEP: i32 = 36;
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = w[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..32 {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max <= min {
+        *l = [0; 32];
+        return (0.0, -min);
+    }
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_mad = 0.0f32;
+    for i in 0..32 {
+        let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+        l[i] = q as u8;
+        let diff = scale * q as f32 + min - x[i];
+        best_mad += w[i] * (diff * diff);
+    }
+    let mut laux = [0u8; 32];
+    for is in 0..=NSTEP {
+        iscale = (RMIN + RDELTA * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..32 {
+            let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            laux[i] = q as u8;
+            let lf = q as f32;
+            sum_l += w[i] * lf;
+            sum_l2 += w[i] * lf * lf;
+            sum_xl += w[i] * lf * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut mad = 0.0f32;
+            for i in 0..32 {
+                let diff = this_scale * laux[i] as f32 + this_min - x[i];
+                mad += w[i] * (diff * diff);
+            }
+            if mad < best_mad {
+                *l = laux;
+                best_mad = mad;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// Packs the 5th bits of 32 quants the way ggml lays out `qh` (bit j for element j).
+fn pack_qh(l: &[u8; 32]) -> [u8; 4] {
+    let mut qh = 0u32;
+    for j in 0..16 {
+        qh |= u32::from((l[j] & 0x10) >> 4) << j;
+        qh |= u32::from((l[j + 16] & 0x10) >> 4) << (j + 16);
+    }
+    qh.to_le_bytes()
+}
+
+/// The 5th bit of element `j` (0..16) and `j + 16`, as ggml's dequantizers extract them.
+#[inline(always)]
+fn qh_bits(qh: u32, j: usize) -> (u8, u8) {
+    ((((qh >> j) << 4) & 0x10) as u8, ((qh >> (j + 12)) & 0x10) as u8)
+}
+
+/// Splits a flat source into rows of `n_per_row` paired with `rows` destination rows of
+/// `row_bytes`, for the importance-matrix quantizers.
+fn rows_mut<'a>(
+    src: &'a [f32],
+    dst: &'a mut [u8],
+    n_per_row: usize,
+    row_bytes: usize,
+) -> impl Iterator<Item = (&'a [f32], &'a mut [u8])> {
+    src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes))
+}
+
+// ------------------------------------------------------------------------------------------------
+// Q4_0
+
+/// `quantize_row_q4_0_ref`.
+pub(crate) fn quantize_row_q4_0_ref(src: &[f32], dst: &mut [BlockQ4_0]) {
+    for (x, y) in float_blocks::<QK4_0>(src).zip(dst) {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = fp32_to_fp16(d);
+        let q = |v: f32| (cvtt_i32(v * id + 8.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            y.qs[j] = q(x[j]) | q(x[j + 16]) << 4;
+        }
+    }
+}
+
+fn quantize_q4_0(
+    src: &[f32],
+    dst: &mut [u8],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+) -> Result<()> {
+    let Some(qw) = imatrix else {
+        with_blocks_mut(dst, |y| quantize_row_q4_0_ref(src, y));
+        return Ok(());
+    };
+    let row_bytes = DType::Q4_0.row_bytes(n_per_row);
+    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
+        let sigma2 = row_sigma2(row);
+        with_blocks_mut::<BlockQ4_0>(out, |y| {
+            for (ib, (xb, yb)) in float_blocks::<QK4_0>(row).zip(y).enumerate() {
+                let w = block_weights(xb, &qw[ib * QK4_0..], sigma2);
+                let mut l = [0i8; 32];
+                let d = make_qx_quants(8, xb, &mut l, &w);
+                yb.d = fp32_to_fp16(d);
+                for j in 0..16 {
+                    yb.qs[j] = (l[j] as u8) | ((l[j + 16] as u8) << 4);
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
+    with_blocks::<BlockQ4_0, _>(src, |x| {
+        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK4_0)) {
+            let d = fp16_to_fp32(b.d);
+            for j in 0..16 {
+                y[j] = ((b.qs[j] & 0x0F) as i32 - 8) as f32 * d;
+                y[j + 16] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+    })
+}
+
+/// `ggml_vec_dot_q4_0_q8_0`.
+pub(crate) fn vec_dot_q4_0_q8_0(_n: usize, x: &[u8], y: &[u8]) -> f32 {
+    with_blocks::<BlockQ4_0, _>(x, |x| {
+        with_blocks::<BlockQ8_0, _>(y, |y| {
+            let mut sumf = 0.0f32;
+            for (bx, by) in x.iter().zip(y) {
+                let (mut s0, mut s1) = (0i32, 0i32);
+                for j in 0..16 {
+                    s0 += ((bx.qs[j] & 0x0F) as i32 - 8) * by.qs[j] as i32;
+                    s1 += ((bx.qs[j] >> 4) as i32 - 8) * by.qs[j + 16] as i32;
+                }
+                sumf += (s0 + s1) as f32 * fp16_to_fp32(bx.d) * fp16_to_fp32(by.d);
+            }
+            sumf
+        })
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Q4_1
+
+/// `quantize_row_q4_1_ref`.
+pub(crate) fn quantize_row_q4_1_ref(src: &[f32], dst: &mut [BlockQ4_1]) {
+    for (x, y) in float_blocks::<QK4_1>(src).zip(dst) {
+        let mut min = f32::MAX;
+        let mut max = -f32::MAX;
+        for &v in x {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = fp32_to_fp16(d);
+        y.m = fp32_to_fp16(min);
+        let q = |v: f32| (cvtt_i32((v - min) * id + 0.5) as i8).min(15) as u8;
+        for j in 0..16 {
+            y.qs[j] = q(x[j]) | q(x[j + 16]) << 4;
+        }
+    }
+}
+
+fn quantize_q4_1(
+    src: &[f32],
+    dst: &mut [u8],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+) -> Result<()> {
+    let Some(qw) = imatrix else {
+        with_blocks_mut(dst, |y| quantize_row_q4_1_ref(src, y));
+        return Ok(());
+    };
+    let row_bytes = DType::Q4_1.row_bytes(n_per_row);
+    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
+        let sigma2 = row_sigma2(row);
+        with_blocks_mut::<BlockQ4_1>(out, |y| {
+            for (ib, (xb, yb)) in float_blocks::<QK4_1>(row).zip(y).enumerate() {
+                let w = block_weights(xb, &qw[ib * QK4_1..], sigma2);
+                let mut l = [0u8; 32];
+                let (d, m) = make_qkx3_quants(15, xb, &w, &mut l);
+                yb.d = fp32_to_fp16(d);
+                yb.m = fp32_to_fp16(-m);
+                for j in 0..16 {
+                    yb.qs[j] = l[j] | (l[j + 16] << 4);
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
+    with_blocks::<BlockQ4_1, _>(src, |x| {
+        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK4_1)) {
+            let d = fp16_to_fp32(b.d);
+            let m = fp16_to_fp32(b.m);
+            for j in 0..16 {
+                y[j] = (b.qs[j] & 0x0F) as f32 * d + m;
+                y[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
+            }
+        }
+    })
+}
+
+/// `ggml_vec_dot_q4_1_q8_1`.
+pub(crate) fn vec_dot_q4_1_q8_1(_n: usize, x: &[u8], y: &[u8]) -> f32 {
+    with_blocks::<BlockQ4_1, _>(x, |x| {
+        with_blocks::<BlockQ8_1, _>(y, |y| {
+            let mut sumf = 0.0f32;
+            for (bx, by) in x.iter().zip(y) {
+                let (mut s0, mut s1) = (0i32, 0i32);
+                for j in 0..16 {
+                    s0 += (bx.qs[j] & 0x0F) as i32 * by.qs[j] as i32;
+                    s1 += (bx.qs[j] >> 4) as i32 * by.qs[j + 16] as i32;
+                }
+                sumf += (fp16_to_fp32(bx.d) * fp16_to_fp32(by.d)) * (s0 + s1) as f32
+                    + fp16_to_fp32(bx.m) * fp16_to_fp32(by.s);
+            }
+            sumf
+        })
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Q5_0
+
+/// `quantize_row_q5_0_ref`.
+pub(crate) fn quantize_row_q5_0_ref(src: &[f32], dst: &mut [BlockQ5_0]) {
+    for (x, y) in float_blocks::<QK5_0>(src).zip(dst) {
+        let mut amax = 0.0f32;
+        let mut max = 0.0f32;
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = fp32_to_fp16(d);
+        let mut l = [0u8; 32];
+        for (lj, &v) in l.iter_mut().zip(x) {
+            *lj = (cvtt_i32(v * id + 16.5) as i8).min(31) as u8;
+        }
+        for j in 0..16 {
+            y.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
+        }
+        y.qh = pack_qh(&l);
+    }
+}
+
+fn quantize_q5_0(
+    src: &[f32],
+    dst: &mut [u8],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+) -> Result<()> {
+    let Some(qw) = imatrix else {
+        with_blocks_mut(dst, |y| quantize_row_q5_0_ref(src, y));
+        return Ok(());
+    };
+    let row_bytes = DType::Q5_0.row_bytes(n_per_row);
+    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
+        let sigma2 = row_sigma2(row);
+        with_blocks_mut::<BlockQ5_0>(out, |y| {
+            for (ib, (xb, yb)) in float_blocks::<QK5_0>(row).zip(y).enumerate() {
+                let w = block_weights(xb, &qw[ib * QK5_0..], sigma2);
+                let mut l = [0i8; 32];
+                let d = make_qx_quants(16, xb, &mut l, &w);
+                yb.d = fp32_to_fp16(d);
+                let l: [u8; 32] = l.map(|v| v as u8);
+                for j in 0..16 {
+                    yb.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
+                }
+                yb.qh = pack_qh(&l);
+            }
+        });
+    }
+    Ok(())
+}
+
+fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
+    with_blocks::<BlockQ5_0, _>(src, |x| {
+        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK5_0)) {
+            let d = fp16_to_fp32(b.d);
+            let qh = u32::from_le_bytes(b.qh);
+            for j in 0..16 {
+                let (h0, h1) = qh_bits(qh, j);
+                y[j] = (((b.qs[j] & 0x0F) | h0) as i32 - 16) as f32 * d;
+                y[j + 16] = (((b.qs[j] >> 4) | h1) as i32 - 16) as f32 * d;
+            }
+        }
+    })
+}
+
+/// `ggml_vec_dot_q5_0_q8_0`.
+pub(crate) fn vec_dot_q5_0_q8_0(_n: usize, x: &[u8], y: &[u8]) -> f32 {
+    with_blocks::<BlockQ5_0, _>(x, |x| {
+        with_blocks::<BlockQ8_0, _>(y, |y| {
+            let mut sumf = 0.0f32;
+            for (bx, by) in x.iter().zip(y) {
+                let qh = u32::from_le_bytes(bx.qh);
+                let (mut s0, mut s1) = (0i32, 0i32);
+                for j in 0..16 {
+                    let (h0, h1) = qh_bits(qh, j);
+                    s0 += (((bx.qs[j] & 0x0F) | h0) as i32 - 16) * by.qs[j] as i32;
+                    s1 += (((bx.qs[j] >> 4) | h1) as i32 - 16) * by.qs[j + 16] as i32;
+                }
+                sumf += (fp16_to_fp32(bx.d) * fp16_to_fp32(by.d)) * (s0 + s1) as f32;
+            }
+            sumf
+        })
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Q5_1
+
+/// `quantize_row_q5_1_ref`.
+pub(crate) fn quantize_row_q5_1_ref(src: &[f32], dst: &mut [BlockQ5_1]) {
+    for (x, y) in float_blocks::<QK5_1>(src).zip(dst) {
+        let mut min = f32::MAX;
+        let mut max = -f32::MAX;
+        for &v in x {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = fp32_to_fp16(d);
+        y.m = fp32_to_fp16(min);
+        let mut l = [0u8; 32];
+        for (lj, &v) in l.iter_mut().zip(x) {
+            *lj = cvtt_i32((v - min) * id + 0.5) as u8;
+        }
+        for j in 0..16 {
+            y.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
+        }
+        y.qh = pack_qh(&l);
+    }
+}
+
+fn quantize_q5_1(
+    src: &[f32],
+    dst: &mut [u8],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+) -> Result<()> {
+    let Some(qw) = imatrix else {
+        with_blocks_mut(dst, |y| quantize_row_q5_1_ref(src, y));
+        return Ok(());
+    };
+    let row_bytes = DType::Q5_1.row_bytes(n_per_row);
+    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
+        let sigma2 = row_sigma2(row);
+        with_blocks_mut::<BlockQ5_1>(out, |y| {
+            for (ib, (xb, yb)) in float_blocks::<QK5_1>(row).zip(y).enumerate() {
+                let w = block_weights(xb, &qw[ib * QK5_1..], sigma2);
+                let mut l = [0u8; 32];
+                let (d, m) = make_qkx3_quants(31, xb, &w, &mut l);
+                yb.d = fp32_to_fp16(d);
+                yb.m = fp32_to_fp16(-m);
+                for j in 0..16 {
+                    yb.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
+                }
+                yb.qh = pack_qh(&l);
+            }
+        });
+    }
+    Ok(())
+}
+
+fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
+    with_blocks::<BlockQ5_1, _>(src, |x| {
+        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK5_1)) {
+            let d = fp16_to_fp32(b.d);
+            let m = fp16_to_fp32(b.m);
+            let qh = u32::from_le_bytes(b.qh);
+            for j in 0..16 {
+                let (h0, h1) = qh_bits(qh, j);
+                y[j] = ((b.qs[j] & 0x0F) | h0) as f32 * d + m;
+                y[j + 16] = ((b.qs[j] >> 4) | h1) as f32 * d + m;
+            }
+        }
+    })
+}
+
+/// `ggml_vec_dot_q5_1_q8_1`.
+pub(crate) fn vec_dot_q5_1_q8_1(_n: usize, x: &[u8], y: &[u8]) -> f32 {
+    with_blocks::<BlockQ5_1, _>(x, |x| {
+        with_blocks::<BlockQ8_1, _>(y, |y| {
+            let mut sumf = 0.0f32;
+            for (bx, by) in x.iter().zip(y) {
+                let qh = u32::from_le_bytes(bx.qh);
+                let (mut s0, mut s1) = (0i32, 0i32);
+                for j in 0..16 {
+                    let (h0, h1) = qh_bits(qh, j);
+                    s0 += ((bx.qs[j] & 0x0F) | h0) as i32 * by.qs[j] as i32;
+                    s1 += ((bx.qs[j] >> 4) | h1) as i32 * by.qs[j + 16] as i32;
+                }
+                sumf += (fp16_to_fp32(bx.d) * fp16_to_fp32(by.d)) * (s0 + s1) as f32
+                    + fp16_to_fp32(bx.m) * fp16_to_fp32(by.s);
+            }
+            sumf
+        })
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Q8_0 and Q8_1
+
+/// `quantize_row_q8_0_ref`: `roundf` (half away from zero) of `x / d`.
+pub(crate) fn quantize_row_q8_0_ref(src: &[f32], dst: &mut [BlockQ8_0]) {
+    for (x, y) in float_blocks::<QK8_0>(src).zip(dst) {
+        let mut amax = 0.0f32;
+        for &v in x {
+            amax = c_max(amax, v.abs());
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = fp32_to_fp16(d);
+        for (q, &v) in y.qs.iter_mut().zip(x) {
+            *q = cvtt_i32((v * id).round()) as i8;
+        }
+    }
+}
+
+/// What ggml's AVX2 `quantize_row_q8_0`/`q8_1` compute for one block: the f32 scale, and the
+/// quants as 32-bit integers before the saturating packs (`cvtps_epi32` of the rounded values).
+///
+/// The block maximum goes through the same `maxps` tree (8 lanes, then halves), so NaN inputs pick
+/// the same operand; the multiplier is `127 / max` rather than `1 / d`, and rounding is to nearest
+/// even.
+fn q8_avx2_block(x: &[f32; 32]) -> (f32, [i32; 32]) {
+    let mut lanes = [0.0f32; 8];
+    for (l, m) in lanes.iter_mut().enumerate() {
+        *m = x[l].abs();
+        for k in 1..4 {
+            *m = c_max(*m, x[8 * k + l].abs());
+        }
+    }
+    let m4: [f32; 4] = std::array::from_fn(|j| c_max(lanes[4 + j], lanes[j]));
+    let max = c_max(c_max(m4[0], m4[2]), c_max(m4[1], m4[3]));
+    let d = max / 127.0;
+    let id = if max != 0.0 { 127.0 / max } else { 0.0 };
+    let q = x.map(|v| {
+        let r = (v * id).round_ties_even();
+        // cvtps_epi32: the "integer indefinite" value for NaN and out-of-range inputs.
+        if (-2147483648.0..2147483648.0).contains(&r) { r as i32 } else { i32::MIN }
+    });
+    (d, q)
+}
+
+/// ggml's x86 AVX2 `quantize_row_q8_0`, the CPU `from_float` of Q8_0.
+pub(crate) fn quantize_row_q8_0(src: &[f32], dst: &mut [BlockQ8_0]) {
+    for (x, y) in float_blocks::<QK8_0>(src).zip(dst) {
+        let (d, q) = q8_avx2_block(x);
+        y.d = fp32_to_fp16_f16c(d);
+        y.qs = q.map(|v| v.clamp(-128, 127) as i8);
+    }
+}
+
+/// ggml's x86 AVX2 `quantize_row_q8_1`, the CPU `from_float` of Q8_1.
+pub(crate) fn quantize_row_q8_1(src: &[f32], dst: &mut [BlockQ8_1]) {
+    for (x, y) in float_blocks::<QK8_1>(src).zip(dst) {
+        let (d, q) = q8_avx2_block(x);
+        y.d = fp32_to_fp16_f16c(d);
+        let sum = q.iter().fold(0i32, |a, &v| a.wrapping_add(v));
+        y.s = fp32_to_fp16_f16c(d * sum as f32);
+        y.qs = q.map(|v| v.clamp(-128, 127) as i8);
+    }
+}
+
+/// `quantize_row_q8_1_ref` (ggml's `from_float_ref` of Q8_1; the CPU uses the AVX2 converter).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn quantize_row_q8_1_ref(src: &[f32], dst: &mut [BlockQ8_1]) {
+    for (x, y) in float_blocks::<QK8_1>(src).zip(dst) {
+        let mut amax = 0.0f32;
+        for &v in x {
+            amax = c_max(amax, v.abs());
+        }
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y.d = fp32_to_fp16(d);
+        let mut sum = 0i32;
+        for (q, &v) in y.qs.iter_mut().zip(x) {
+            *q = cvtt_i32((v * id).round()) as i8;
+            sum += *q as i32;
+        }
+        y.s = fp32_to_fp16(sum as f32 * d);
+    }
+}
+
+fn quantize_q8_0(
+    src: &[f32],
+    dst: &mut [u8],
+    _n_per_row: usize,
+    _imatrix: Option<&[f32]>,
+) -> Result<()> {
+    // ggml's quantize_q8_0 ignores the importance matrix.
+    with_blocks_mut(dst, |y| quantize_row_q8_0_ref(src, y));
+    Ok(())
+}
+
+fn from_float_q8_0(src: &[f32], dst: &mut [u8]) {
+    with_blocks_mut(dst, |y| quantize_row_q8_0(src, y));
+}
+
+fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
+    with_blocks_mut(dst, |y| quantize_row_q8_1(src, y));
+}
+
+fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    with_blocks::<BlockQ8_0, _>(src, |x| {
+        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK8_0)) {
+            let d = fp16_to_fp32(b.d);
+            for (o, &q) in y.iter_mut().zip(&b.qs) {
+                *o = q as f32 * d;
+            }
+        }
+    })
+}
+
+/// `ggml_vec_dot_q8_0_q8_0`.
+pub(crate) fn vec_dot_q8_0_q8_0(_n: usize, x: &[u8], y: &[u8]) -> f32 {
+    with_blocks::<BlockQ8_0, _>(x, |x| {
+        with_blocks::<BlockQ8_0, _>(y, |y| {
+            let mut sumf = 0.0f32;
+            for (bx, by) in x.iter().zip(y) {
+                let sumi: i32 = bx.qs.iter().zip(&by.qs).map(|(&a, &b)| a as i32 * b as i32).sum();
+                sumf += sumi as f32 * (fp16_to_fp32(bx.d) * fp16_to_fp32(by.d));
+            }
+            sumf
+        })
+    })
+}
+
+// ------------------------------------------------------------------------------------------------
+// Format table entries.
+
+pub(crate) const Q4_0_FNS: FormatFns = FormatFns {
+    quantize: Some(quantize_q4_0),
+    requires_imatrix: false,
+    dequantize: Some(dequantize_q4_0),
+    from_float: None,
+    vec_dot: Some(vec_dot_q4_0_q8_0),
+};
+
+pub(crate) const Q4_1_FNS: FormatFns = FormatFns {
+    quantize: Some(quantize_q4_1),
+    requires_imatrix: false,
+    dequantize: Some(dequantize_q4_1),
+    from_float: None,
+    vec_dot: Some(vec_dot_q4_1_q8_1),
+};
+
+pub(crate) const Q5_0_FNS: FormatFns = FormatFns {
+    quantize: Some(quantize_q5_0),
+    requires_imatrix: false,
+    dequantize: Some(dequantize_q5_0),
+    from_float: None,
+    vec_dot: Some(vec_dot_q5_0_q8_0),
+};
+
+pub(crate) const Q5_1_FNS: FormatFns = FormatFns {
+    quantize: Some(quantize_q5_1),
+    requires_imatrix: false,
+    dequantize: Some(dequantize_q5_1),
+    from_float: None,
+    vec_dot: Some(vec_dot_q5_1_q8_1),
+};
+
+pub(crate) const Q8_0_FNS: FormatFns = FormatFns {
+    quantize: Some(quantize_q8_0),
+    requires_imatrix: false,
+    dequantize: Some(dequantize_q8_0),
+    from_float: Some(from_float_q8_0),
+    vec_dot: Some(vec_dot_q8_0_q8_0),
+};
+
+/// Q8_1 is an activation format only: ggml has no `to_float` and `ggml_quantize_chunk` refuses it.
+pub(crate) const Q8_1_FNS: FormatFns = FormatFns {
+    quantize: None,
+    requires_imatrix: false,
+    dequantize: None,
+    from_float: Some(from_float_q8_1),
+    vec_dot: None,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks<B: Pod>(n: usize) -> Vec<B> {
+        vec![B::zeroed(); n]
+    }
+
+    #[test]
+    fn q8_1_cpu_converter_matches_reference_on_plain_data() {
+        // Away from rounding ties the AVX2 converter and the reference agree on the quants; the sum
+        // field is d * sum(qs) in both.
+        let x: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.0173).collect();
+        let mut a = blocks::<BlockQ8_1>(8);
+        let mut b = blocks::<BlockQ8_1>(8);
+        quantize_row_q8_1(&x, &mut a);
+        quantize_row_q8_1_ref(&x, &mut b);
+        let mut same = 0;
+        for (p, q) in a.iter().zip(&b) {
+            assert_eq!(p.d, q.d);
+            if p.qs == q.qs {
+                assert_eq!(p.s, q.s);
+                same += 1;
+            }
+        }
+        assert!(same >= 6, "{same} of 8 blocks agree");
+    }
+
+    #[test]
+    fn cvtt_matches_x86_for_invalid_inputs() {
+        assert_eq!(cvtt_i32(f32::NAN), i32::MIN);
+        assert_eq!(cvtt_i32(f32::INFINITY), i32::MIN);
+        assert_eq!(cvtt_i32(-3e9), i32::MIN);
+        assert_eq!(cvtt_i32(-2147483648.0), i32::MIN);
+        assert_eq!(cvtt_i32(2147483520.0), 2147483520);
+        assert_eq!(cvtt_i32(-7.9), -7);
+        assert_eq!(cvtt_i32(200.0) as i8, -56);
+    }
+
+    #[test]
+    fn make_qx_quants_all_zero_block() {
+        let mut l = [5i8; 32];
+        assert_eq!(make_qx_quants(8, &[0.0; 32], &mut l, &[1.0; 32]), 0.0);
+        assert_eq!(l, [0; 32]);
+    }
+}
+
+/// The scalar dot products of every format in this family against ggml's portable
+/// `ggml_vec_dot_*_generic` kernels on the edge rows of tests/data/legacy (see gen_dot.c there).
+#[cfg(test)]
+mod generic_dot_tests {
+    use crate::dtype::DType;
+
+    fn read(name: &str) -> Vec<u8> {
+        let p =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/legacy").join(name);
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    #[test]
+    fn scalar_vec_dot_matches_ggml_generic_bit_for_bit() {
+        const N: usize = 256;
+        const ROWS: usize = 12;
+        let q8_0 = read("edge.cpu.q8_0.bin");
+        let q8_1 = read("edge.cpu.q8_1.bin");
+        let q8_k = read("edge.q8_K.bin");
+        for name in [
+            "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "nvfp4", "q1_0", "q2_0", "tq1_0",
+            "tq2_0",
+        ] {
+            let dtype = DType::from_name(name).unwrap();
+            let w = read(&format!("edge.{name}.bin"));
+            let want: Vec<f32> = read(&format!("edge.dot.{name}.f32"))
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let act = match dtype.vec_dot_type() {
+                DType::Q8_0 => &q8_0,
+                DType::Q8_1 => &q8_1,
+                _ => &q8_k,
+            };
+            let vd = crate::quant::format(dtype).vec_dot.unwrap();
+            let xr = dtype.row_size(N).unwrap();
+            let yr = dtype.vec_dot_type().row_size(N).unwrap();
+            for r in 0..ROWS {
+                let got = vd(N, &w[r * xr..(r + 1) * xr], &act[r * yr..(r + 1) * yr]);
+                assert!(
+                    got.to_bits() == want[r].to_bits() || (got.is_nan() && want[r].is_nan()),
+                    "{name} row {r}: {got} vs ggml {}",
+                    want[r]
+                );
+            }
+        }
+    }
+}
