@@ -5,6 +5,7 @@
 //! (kernels, ops, GGUF) talks to, like ggml's `type_traits` / `type_traits_cpu`. SIMD versions of
 //! `vec_dot` live in `crate::kernels` and are chosen at run time.
 
+pub(crate) mod kquants;
 pub(crate) mod util;
 
 use crate::dtype::DType;
@@ -40,6 +41,13 @@ pub(crate) struct FormatFns {
 pub(crate) fn format(dtype: DType) -> FormatFns {
     #[allow(clippy::match_single_binding)]
     match dtype {
+        // K-quants and their activation type (kquants.rs).
+        DType::Q2_K => kquants::Q2_K_FNS,
+        DType::Q3_K => kquants::Q3_K_FNS,
+        DType::Q4_K => kquants::Q4_K_FNS,
+        DType::Q5_K => kquants::Q5_K_FNS,
+        DType::Q6_K => kquants::Q6_K_FNS,
+        DType::Q8_K => kquants::Q8_K_FNS,
         _ => FormatFns::default(),
     }
 }
@@ -117,9 +125,10 @@ pub fn quantize_with_imatrix(
 
 /// Dequantizes `src` (whole blocks of `dtype`) into `dst`, the same floats as ggml's `to_float`.
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
-    let d = format(dtype)
-        .dequantize
-        .ok_or_else(|| Error::Quant { dtype, msg: "this type cannot be converted to f32".into() })?;
+    let d = format(dtype).dequantize.ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "this type cannot be converted to f32".into(),
+    })?;
     rows_of(dtype, dst.len(), src.len(), "dequantize")?;
     d(src, dst);
     Ok(())
@@ -141,10 +150,9 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     let vd = dtype.vec_dot_type();
-    let k = crate::kernels::table().vec_dot(dtype).ok_or_else(|| Error::Quant {
-        dtype,
-        msg: "no dot product for this type".into(),
-    })?;
+    let k = crate::kernels::table()
+        .vec_dot(dtype)
+        .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
     rows_of(dtype, n, x.len(), "vec_dot x")?;
     rows_of(vd, n, y.len(), "vec_dot y")?;
     Ok(k(n, x, y))
