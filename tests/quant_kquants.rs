@@ -282,6 +282,26 @@ fn edge_rows_match_ggml_bytes() {
 }
 
 #[test]
+fn edge_rows_dequantize_as_ggml() {
+    // FNV-1a of the f32 bytes of ggml's dequantize_row_* on its own bytes for edge_rows().
+    let want = [
+        (DType::Q2_K, 0x0079_844e_753f_fa4au64),
+        (DType::Q3_K, 0xb644_6e3c_af22_1a3e),
+        (DType::Q4_K, 0x4a85_3891_5ad7_1b7c),
+        (DType::Q5_K, 0xc07b_f1cb_6660_62e3),
+        (DType::Q6_K, 0x5e8e_c72d_0425_0021),
+        (DType::Q8_K, 0x9ae7_52b2_b2b1_234e),
+    ];
+    let e = edge_rows();
+    for (dtype, h) in want {
+        let b = if dtype == DType::Q8_K { q8k(&e) } else { q(dtype, &e) };
+        let back = deq(dtype, &b, e.len());
+        let bytes: Vec<u8> = back.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(fnv1a(&bytes), h, "{dtype}");
+    }
+}
+
+#[test]
 fn edge_rows_never_panic_anywhere() {
     let e = edge_rows();
     let y = q8k(&e);

@@ -182,3 +182,6 @@ pub(crate) const Q8_K_FNS: FormatFns = FormatFns {
     from_float: Some(|src, dst| quantize_blocks(src, dst, quantize_row_q8_K_ref)),
     vec_dot: None,
 };
+
+#[cfg(test)]
+mod tests;
