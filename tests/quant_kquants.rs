@@ -237,6 +237,39 @@ fn imatrix_rows_are_quantized_independently() {
     }
 }
 
+/// 64 rows of 512 spanning magnitudes 1e-4..1e4 with x8 outliers, and a random imatrix; the same
+/// construction in C made the known answers below.
+fn stress_rows() -> (Vec<f32>, Vec<f32>) {
+    let sc = [1e-4f32, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0, 1e4];
+    let mut x = rand_f32(64 * 512, 42);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= sc[(i / 512) % 9];
+        if i % 37 == 0 {
+            *v *= 8.0;
+        }
+    }
+    let im = rand_f32(512, 43).iter().map(|v| v.abs() * 4.0 + 0.01).collect();
+    (x, im)
+}
+
+#[test]
+fn stress_rows_match_ggml_bytes() {
+    // FNV-1a of ggml's bytes for stress_rows(): (type, without imatrix, with imatrix).
+    let want = [
+        (DType::Q2_K, 0xf0d7_3c16_3506_5fadu64, 0xf5ef_c1c8_c766_c8d4u64),
+        (DType::Q3_K, 0xee07_ad6a_3f84_1d8e, 0xae49_0d0c_0551_373e),
+        (DType::Q4_K, 0x1a6b_7de6_517d_1ec0, 0xd2c1_9efe_e4d8_af4f),
+        (DType::Q5_K, 0xd6d1_c3ee_5b2b_bb1e, 0x28c7_2038_29ed_1264),
+        (DType::Q6_K, 0xaf89_1c1a_9942_87e0, 0x857f_74a4_06e3_f752),
+    ];
+    let (x, im) = stress_rows();
+    for (dtype, h_plain, h_im) in want {
+        assert_eq!(fnv1a(&q(dtype, &x)), h_plain, "{dtype} without imatrix");
+        assert_eq!(fnv1a(&q_im(dtype, &x, 512, &im)), h_im, "{dtype} with imatrix");
+    }
+    assert_eq!(fnv1a(&q8k(&x)), 0xc4da_4326_2287_a8a0, "q8_K");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Edge rows: zero, constant, tiny, huge, NaN, infinities, subnormals.
 
