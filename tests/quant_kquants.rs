@@ -270,6 +270,72 @@ fn stress_rows_match_ggml_bytes() {
     assert_eq!(fnv1a(&q8k(&x)), 0xc4da_4326_2287_a8a0, "q8_K");
 }
 
+#[test]
+fn degenerate_imatrix_values_match_ggml_bytes() {
+    // The first 4 stress rows (512 each) with importance matrices of zeros, a NaN, negative
+    // values and an infinity; FNV-1a of ggml's bytes in that order.
+    let want = [
+        (
+            DType::Q2_K,
+            [
+                0x8a0e_82c7_fdfc_0d8au64,
+                0x9653_9adc_00b2_d3a3,
+                0x509c_ec40_8c9f_3a88,
+                0xbe23_d63e_b57b_f221,
+            ],
+        ),
+        (
+            DType::Q3_K,
+            [
+                0xbf7b_5391_9d08_2184,
+                0xa602_87e0_688d_1254,
+                0x6606_12d5_1319_0eac,
+                0x59ff_e515_adc1_3e54,
+            ],
+        ),
+        (
+            DType::Q4_K,
+            [
+                0x6ce0_feaf_2cf9_e80c,
+                0x01e6_2060_a7c4_9994,
+                0x9995_6168_7109_b11c,
+                0xd06b_7580_52f0_44cf,
+            ],
+        ),
+        (
+            DType::Q5_K,
+            [
+                0xb36f_0552_bad9_e363,
+                0x50ff_cf31_2930_5c92,
+                0x50c8_188f_28f2_0347,
+                0xa252_420e_6c4c_5bd4,
+            ],
+        ),
+        (
+            DType::Q6_K,
+            [
+                0x26df_caf1_ebf4_2665,
+                0x1709_2b55_9abd_974c,
+                0x0306_be3d_9c1b_d5b0,
+                0x1709_2b55_9abd_974c,
+            ],
+        ),
+    ];
+    let (x, _) = stress_rows();
+    let x = &x[..4 * 512];
+    let zero = vec![0f32; 512];
+    let mut nan = vec![1f32; 512];
+    nan[5] = f32::NAN;
+    let neg: Vec<f32> = (0..512).map(|i| if i % 3 == 0 { -1.0 } else { 2.0 }).collect();
+    let mut inf = vec![1f32; 512];
+    inf[7] = f32::INFINITY;
+    for (dtype, hashes) in want {
+        for (im, h) in [&zero, &nan, &neg, &inf].into_iter().zip(hashes) {
+            assert_eq!(fnv1a(&q_im(dtype, x, 512, im)), h, "{dtype} imatrix {:?}", &im[..8]);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Edge rows: zero, constant, tiny, huge, NaN, infinities, subnormals.
 
