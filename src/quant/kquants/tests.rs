@@ -156,3 +156,63 @@ fn quantize_rows_rejects_partial_rows() {
         (Q2_K_FNS.quantize.unwrap())(&x[..256], &mut out[..84], 256, Some(&[1.0; 10])).is_err()
     );
 }
+
+/// tests/common's `rand_f32` (xorshift), repeated here for the stress rows.
+fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// The helper variants the K-quants do not use themselves (other `rmse_type`s, `make_q3_quants`
+/// without refinement, `make_qkx3_quants` with `x^2` weights, `nstep == 0`) against ggml's
+/// static functions, compiled from ggml-quants.c at d99724f: FNV-1a of every `L` and result.
+#[test]
+fn helpers_match_ggml_on_every_variant() {
+    use helpers::*;
+    let sc = [1e-4f32, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0, 1e4];
+    let mut x = rand_f32(64 * 512, 42);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= sc[(i / 512) % 9];
+        if i % 37 == 0 {
+            *v *= 8.0;
+        }
+    }
+    let w: Vec<f32> = x.iter().map(|v| v.abs() + 0.5).collect();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut feed = |b: &[u8]| {
+        for &c in b {
+            h = (h ^ c as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for g in 0..18 * 16 {
+        let (xg, wg) = (&x[32 * g..32 * g + 32], &w[32 * g..32 * g + 32]);
+        let (mut l, mut u, mut a) = ([0i8; 32], [0u8; 32], [0u8; 32]);
+        for t in [0, 1, 2, 3, 4, -1, -2] {
+            let r = make_qx_quants(15, xg, &mut l, t, None);
+            feed(bytemuck::cast_slice(&l));
+            feed(&r.to_le_bytes());
+        }
+        let r = make_qx_quants(7, xg, &mut l, 1, Some(wg));
+        feed(bytemuck::cast_slice(&l));
+        feed(&r.to_le_bytes());
+        let r = make_q3_quants(4, xg, &mut l, false);
+        feed(bytemuck::cast_slice(&l));
+        feed(&r.to_le_bytes());
+        let sm = make_qkx3_quants(15, xg, None, &mut u, &mut a, -0.9, 0.05, 36, false);
+        feed(&u);
+        feed(&sm.scale.to_le_bytes());
+        feed(&sm.min.to_le_bytes());
+        let sm = make_qkx2_quants(7, xg, wg, &mut u, &mut a, -0.5, 0.1, 0, true);
+        feed(&u);
+        feed(&sm.scale.to_le_bytes());
+        feed(&sm.min.to_le_bytes());
+    }
+    assert_eq!(h, 0x03fa_370e_6c83_7e7e);
+}
