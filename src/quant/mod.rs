@@ -41,7 +41,7 @@ pub(crate) struct FormatFns {
 pub(crate) fn format(dtype: DType) -> FormatFns {
     #[allow(clippy::match_single_binding)]
     match dtype {
-        // K-quants and their activation type (kquants.rs).
+        // K-quants and their activation type (quant/kquants/).
         DType::Q2_K => kquants::Q2_K_FNS,
         DType::Q3_K => kquants::Q3_K_FNS,
         DType::Q4_K => kquants::Q4_K_FNS,

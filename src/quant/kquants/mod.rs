@@ -12,6 +12,11 @@
 //! start), every block is read with [`bytemuck::pod_read_unaligned`] into a stack copy and written
 //! back with [`bytemuck::bytes_of`]. A block is 84 to 292 bytes, small against the work done on it,
 //! and this needs no allocation and no `unsafe` and accepts any alignment.
+//!
+//! # For other formats
+//! The IQ and TQ dot products read their activations with `blocks::<BlockQ8K>(y)` (or make them
+//! with [`quantize_row_q8_K_ref`]); the scale searches in [`helpers`] (`make_qx_quants`,
+//! `make_qkx3_quants`, `make_qp_quants`, ...) are ggml's and may be called by any format.
 
 #![allow(non_snake_case)] // ggml's names (`quantize_row_q4_K_ref`) so the code reads next to ggml's.
 
