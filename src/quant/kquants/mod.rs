@@ -125,6 +125,8 @@ macro_rules! k_format {
             }),
             requires_imatrix: false,
             dequantize: Some(|src, dst| dequantize_blocks::<$block>(src, dst, $deq)),
+            // ggml's CPU `from_float` for these types is the reference quantizer (`quantize`
+            // gives its bytes); `quantize_for_dot` only takes vec-dot types.
             from_float: None,
             vec_dot: Some($dot),
         };
