@@ -10,6 +10,7 @@ pub(crate) mod fp4;
 pub(crate) mod legacy;
 pub(crate) mod lowbit;
 pub(crate) mod ternary;
+pub(crate) mod kquants;
 pub(crate) mod util;
 
 use crate::dtype::DType;
@@ -60,6 +61,13 @@ pub(crate) fn format(dtype: DType) -> FormatFns {
         DType::Q2_0 => lowbit::Q2_0_FNS,
         DType::TQ1_0 => ternary::TQ1_0_FNS,
         DType::TQ2_0 => ternary::TQ2_0_FNS,
+        // K-quants and their activation type (quant/kquants/).
+        DType::Q2_K => kquants::Q2_K_FNS,
+        DType::Q3_K => kquants::Q3_K_FNS,
+        DType::Q4_K => kquants::Q4_K_FNS,
+        DType::Q5_K => kquants::Q5_K_FNS,
+        DType::Q6_K => kquants::Q6_K_FNS,
+        DType::Q8_K => kquants::Q8_K_FNS,
         _ => FormatFns::default(),
     }
 }
