@@ -306,5 +306,6 @@ pub fn set_isa(isa: Isa) -> Result<()> {
 pub fn table() -> &'static KernelTable {
     let isa = selected_isa();
     // The selected tier is always supported: `initial_isa` and `set_isa` only pick supported ones.
-    table_for(isa).unwrap_or_else(|| slot(Isa::Scalar).get_or_init(|| KernelTable::build(Isa::Scalar)))
+    table_for(isa)
+        .unwrap_or_else(|| slot(Isa::Scalar).get_or_init(|| KernelTable::build(Isa::Scalar)))
 }

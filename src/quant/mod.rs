@@ -5,6 +5,7 @@
 //! (kernels, ops, GGUF) talks to, like ggml's `type_traits` / `type_traits_cpu`. SIMD versions of
 //! `vec_dot` live in `crate::kernels` and are chosen at run time.
 
+pub(crate) mod iq;
 pub(crate) mod util;
 
 use crate::dtype::DType;
@@ -40,6 +41,16 @@ pub(crate) struct FormatFns {
 pub(crate) fn format(dtype: DType) -> FormatFns {
     #[allow(clippy::match_single_binding)]
     match dtype {
+        // i-quants (src/quant/iq/)
+        DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S
+        | DType::IQ1_M
+        | DType::IQ4_NL
+        | DType::IQ4_XS => iq::format(dtype).unwrap_or_default(),
         _ => FormatFns::default(),
     }
 }
@@ -117,9 +128,10 @@ pub fn quantize_with_imatrix(
 
 /// Dequantizes `src` (whole blocks of `dtype`) into `dst`, the same floats as ggml's `to_float`.
 pub fn dequantize(dtype: DType, src: &[u8], dst: &mut [f32]) -> Result<()> {
-    let d = format(dtype)
-        .dequantize
-        .ok_or_else(|| Error::Quant { dtype, msg: "this type cannot be converted to f32".into() })?;
+    let d = format(dtype).dequantize.ok_or_else(|| Error::Quant {
+        dtype,
+        msg: "this type cannot be converted to f32".into(),
+    })?;
     rows_of(dtype, dst.len(), src.len(), "dequantize")?;
     d(src, dst);
     Ok(())
@@ -141,10 +153,9 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     let vd = dtype.vec_dot_type();
-    let k = crate::kernels::table().vec_dot(dtype).ok_or_else(|| Error::Quant {
-        dtype,
-        msg: "no dot product for this type".into(),
-    })?;
+    let k = crate::kernels::table()
+        .vec_dot(dtype)
+        .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
     rows_of(dtype, n, x.len(), "vec_dot x")?;
     rows_of(vd, n, y.len(), "vec_dot y")?;
     Ok(k(n, x, y))
