@@ -3,7 +3,10 @@
 
 use super::grids::IQ1S_GRID;
 use super::search::{self, Lookup, Search};
-use super::{BlockQ8K, aborts, blocks, fmax, imatrix_weights, pack_levels, quantize_rows, sum_sq};
+use super::{
+    BlockQ8K, aborts, blocks, check_scale, fmax, imatrix_weights, pack_levels, quantize_rows,
+    sum_sq,
+};
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::quant::util::{fp16_to_fp32, fp32_to_fp16, nearest_int};
@@ -244,9 +247,7 @@ fn iq1_s_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ1S> {
             h |= ((index[k] >> 8) << (3 * k)) as u16;
         }
         y.qh[ib] = h;
-        if !(scale >= 0.0) {
-            return Err(aborts(DT, "negative or NaN scale"));
-        }
+        check_scale(DT, scale)?;
         scales[ib] = scale;
         shifts[ib] = best_shift;
         max_scale = fmax(max_scale, scale);
@@ -258,7 +259,7 @@ fn iq1_s_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ1S> {
     y.d = fp32_to_fp16(d * 1.125);
     let id = 1.0 / d;
     for ib in 0..QK_K / BS {
-        let mut l = nearest_int(0.5 * (id * scales[ib] - 1.0)).min(7).max(0);
+        let mut l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 7);
         if shifts[ib] == -1 {
             l |= 8;
         }
@@ -439,9 +440,7 @@ fn iq1_m_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ1M> {
         y.qs[2 * ib] = index[0] as u8;
         y.qs[2 * ib + 1] = index[1] as u8;
         y.qh[ib] = ((index[0] >> 8) | ((index[1] >> 8) << 4)) as u8;
-        if !(scale >= 0.0) {
-            return Err(aborts(DT, "negative or NaN scale"));
-        }
+        check_scale(DT, scale)?;
         scales[ib] = scale;
         shifts[ib] = best_k;
         max_scale = fmax(max_scale, scale);
@@ -454,7 +453,7 @@ fn iq1_m_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ1M> {
     let id = 1.0 / d;
     let (mut sumqx_f, mut sumq2_f) = (0.0f32, 0.0f32);
     for ib in 0..QK_K / BS {
-        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).min(7).max(0);
+        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 7);
         sc[ib / 4] |= (l << (3 * (ib % 4))) as u16;
         y.qh[ib] |= MASKS[(shifts[ib] & 3) as usize];
         let xb = &xbl[BS * ib..BS * ib + BS];

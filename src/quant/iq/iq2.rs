@@ -4,7 +4,7 @@
 use super::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
-    BlockQ8K, aborts, all_signs, blocks, even_signs, fit_odd, fmax, imatrix_weights,
+    BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
     make_qp_quants, pack_levels, quantize_rows, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
@@ -120,7 +120,7 @@ fn on_grid<const N: usize>(dtype: DType, s: &Search<N>, l: &[i8], bits: u32) -> 
 /// `clamp(nearest_int(0.5 * (id * x - 1)), 0, kmax)`, the level of one magnitude.
 #[inline(always)]
 fn level(id: f32, x: f32, kmax: i32) -> i8 {
-    nearest_int(0.5 * (id * x - 1.0)).min(kmax).max(0) as i8
+    nearest_int(0.5 * (id * x - 1.0)).clamp(0, kmax) as i8
 }
 
 fn missing_imatrix(dtype: DType) -> Error {
@@ -211,9 +211,7 @@ fn iq2_xxs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XXS> {
             q2[2 * ib] |= (g as u32) << (8 * k);
             q2[2 * ib + 1] |= (block_signs[k] as u32) << (7 * k);
         }
-        if !(scale >= 0.0) {
-            return Err(aborts(DT, "negative or NaN scale"));
-        }
+        check_scale(DT, scale)?;
         scales[ib] = scale;
         max_scale = fmax(max_scale, scale);
     }
@@ -224,7 +222,7 @@ fn iq2_xxs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XXS> {
     y.d = fp32_to_fp16(d);
     let id = 1.0 / d;
     for ib in 0..QK_K / 32 {
-        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).min(15).max(0);
+        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15);
         q2[2 * ib + 1] |= (l as u32) << 28;
     }
     for (i, w) in q2.iter().enumerate() {
@@ -373,9 +371,7 @@ fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
             let g = on_grid(DT, s, &l[8 * k..8 * k + 8], 2)?;
             q2[2 * ib + k] = g as u16 | (block_signs[k] as u16) << 9;
         }
-        if !(scale >= 0.0) {
-            return Err(aborts(DT, "negative or NaN scale"));
-        }
+        check_scale(DT, scale)?;
         scales[ib] = scale;
         max_scale = fmax(max_scale, scale);
     }
@@ -386,7 +382,7 @@ fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
     y.d = fp32_to_fp16(d);
     let id = 1.0 / d;
     for ib in 0..QK_K / 16 {
-        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).min(15).max(0) as u8;
+        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15) as u8;
         if ib % 2 == 0 {
             y.scales[ib / 2] = l;
         } else {
@@ -552,9 +548,7 @@ fn iq2_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ2S> {
             y.qh[i8 / 4] |= ((g >> 8) << (2 * (i8 % 4))) as u8;
             y.qs[QK_K / 8 + i8] = block_signs[k];
         }
-        if !(scale >= 0.0) {
-            return Err(aborts(DT, "negative or NaN scale"));
-        }
+        check_scale(DT, scale)?;
         scales[ib] = scale;
         max_scale = fmax(max_scale, scale);
     }
@@ -565,7 +559,7 @@ fn iq2_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ2S> {
     y.d = fp32_to_fp16(d * 0.9875);
     let id = 1.0 / d;
     for ib in 0..QK_K / 16 {
-        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).min(15).max(0) as u8;
+        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15) as u8;
         if ib % 2 == 0 {
             y.scales[ib / 2] = l;
         } else {

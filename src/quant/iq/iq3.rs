@@ -5,8 +5,8 @@ use super::grids::{IQ3S_GRID, IQ3XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
 use super::iq2::find_best_neighbour;
 use super::search::{self, Lookup, Search};
 use super::{
-    BlockQ8K, aborts, all_signs, blocks, even_signs, fit_odd, fmax, imatrix_weights, pack_levels,
-    quantize_rows, sum_sq,
+    BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
+    pack_levels, quantize_rows, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -47,7 +47,7 @@ fn sign_i(signs: u8, j: usize) -> i32 {
 
 #[inline(always)]
 fn level(id: f32, x: f32) -> i8 {
-    nearest_int(0.5 * (id * x - 1.0)).min(7).max(0) as i8
+    nearest_int(0.5 * (id * x - 1.0)).clamp(0, 7) as i8
 }
 
 /// Moves an off-grid group of 4 levels to its best neighbour; returns whether it was on the grid.
@@ -202,9 +202,7 @@ fn iq3_xxs_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3XXS> {
             | (b.signs[1] as u32) << 7
             | (b.signs[2] as u32) << 14
             | (b.signs[3] as u32) << 21;
-        if !(b.scale >= 0.0) {
-            return Err(super::aborts(DT, "negative or NaN scale"));
-        }
+        check_scale(DT, b.scale)?;
         scales[ib] = b.scale;
         max_scale = fmax(max_scale, b.scale);
     }
@@ -215,7 +213,7 @@ fn iq3_xxs_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3XXS> {
     y.d = fp32_to_fp16(d * 1.0125);
     let id = 1.0 / d;
     for ib in 0..QK_K / 32 {
-        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).min(15).max(0);
+        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15);
         scales_and_signs[ib] |= (l as u32) << 28;
     }
     for (ib, w) in scales_and_signs.iter().enumerate() {
@@ -298,6 +296,10 @@ fn iq3_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3S> {
     let mut weight = [0f32; 32];
     let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
     let mut max_scale = 0.0f32;
+    // ggml advances its `qs` and `signs` write pointers only past blocks it quantizes, so after an
+    // all-zero block of 32 the following blocks' indices and signs land one slot early (while `qh`
+    // and the scales stay in place). Reproduced for identical bytes.
+    let (mut qs_at, mut signs_at) = (0usize, 0usize);
     for ib in 0..QK_K / 32 {
         let xb = &xbl[32 * ib..32 * ib + 32];
         match qw_bl {
@@ -313,13 +315,13 @@ fn iq3_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3S> {
             continue;
         };
         for k in 0..8 {
-            y.qs[8 * ib + k] = b.index[k] as u8;
+            y.qs[qs_at + k] = b.index[k] as u8;
             y.qh[ib] |= ((b.index[k] >> 8) << k) as u8;
         }
-        y.signs[4 * ib..4 * ib + 4].copy_from_slice(&b.signs);
-        if !(b.scale >= 0.0) {
-            return Err(aborts(DT, "negative or NaN scale"));
-        }
+        y.signs[signs_at..signs_at + 4].copy_from_slice(&b.signs);
+        qs_at += 8;
+        signs_at += 4;
+        check_scale(DT, b.scale)?;
         scales[ib] = b.scale;
         max_scale = fmax(max_scale, b.scale);
     }
@@ -330,8 +332,8 @@ fn iq3_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3S> {
     y.d = fp32_to_fp16(d * 1.033);
     let id = 1.0 / d;
     for ib in (0..QK_K / 32).step_by(2) {
-        let l1 = nearest_int(0.5 * (id * scales[ib] - 1.0)).min(15).max(0);
-        let l2 = nearest_int(0.5 * (id * scales[ib + 1] - 1.0)).min(15).max(0);
+        let l1 = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15);
+        let l2 = nearest_int(0.5 * (id * scales[ib + 1] - 1.0)).clamp(0, 15);
         y.scales[ib / 2] = (l1 | (l2 << 4)) as u8;
     }
     Ok(y)

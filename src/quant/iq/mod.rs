@@ -11,6 +11,8 @@
 
 // ggml's names (`vec_dot_iq2_xxs_q8_K`, `BlockQ8_0`) are kept so the code reads next to ggml's.
 #![allow(non_snake_case)]
+// Index loops mirror ggml's loops over parallel arrays; iterator chains would obscure the port.
+#![allow(clippy::needless_range_loop)]
 
 mod grids;
 mod iq1;
@@ -128,6 +130,12 @@ fn blocks<B: Pod>(bytes: &[u8]) -> impl Iterator<Item = B> + '_ {
 #[cold]
 fn aborts(dtype: DType, what: &str) -> Error {
     Error::Quant { dtype, msg: format!("ggml aborts on this data ({what})") }
+}
+
+/// ggml's `GGML_ASSERT(scale >= 0)` after a block's search (a NaN scale fails it too).
+#[inline]
+fn check_scale(dtype: DType, scale: f32) -> Result<()> {
+    if scale.is_nan() || scale < 0.0 { Err(aborts(dtype, "negative or NaN scale")) } else { Ok(()) }
 }
 
 /// Runs `quantize_block` on every `QK_K` super-block of every row, writing block structs `B`.
