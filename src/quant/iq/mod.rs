@@ -7,7 +7,8 @@
 //!
 //! Where ggml aborts the process on data it cannot quantize (`GGML_ASSERT(scale >= 0)`, "point not
 //! on grid", no grid neighbour found: reachable with NaN, infinite or overflowing inputs or a
-//! degenerate importance matrix) the quantizers return [`Error::Quant`] instead.
+//! degenerate importance matrix) the quantizers return [`Error::Quant`] instead, and so they do
+//! where ggml would index its grid map out of bounds (undefined behaviour in C).
 
 // ggml's names (`vec_dot_iq2_xxs_q8_K`, `BlockQ8_0`) are kept so the code reads next to ggml's.
 #![allow(non_snake_case)]
@@ -148,10 +149,16 @@ fn quantize_rows<B: Pod>(
     block_elems: usize,
     mut quantize_block: impl FnMut(&[f32], Option<&[f32]>) -> Result<B>,
 ) -> Result<()> {
-    debug_assert!(n_per_row > 0 && n_per_row % block_elems == 0);
     let bsz = size_of::<B>();
-    if n_per_row == 0 {
-        return Ok(());
+    if n_per_row == 0 || n_per_row % block_elems != 0 {
+        return Err(Error::arg(format!(
+            "rows of {n_per_row} values are not whole blocks of {block_elems}"
+        )));
+    }
+    if imatrix.is_some_and(|w| w.len() < n_per_row) {
+        return Err(Error::arg(format!(
+            "the importance matrix has fewer than {n_per_row} entries"
+        )));
     }
     for (row, qrow) in
         src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(n_per_row / block_elems * bsz))
@@ -365,4 +372,39 @@ fn make_qp_quants(nmax: i32, x: &[f32], l: &mut [i8], quant_weights: &[f32]) -> 
         }
     }
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grids::KVALUES_IQ4NL;
+    use super::*;
+
+    #[test]
+    fn best_index_int8_picks_nearest_and_handles_nan() {
+        let v = &KVALUES_IQ4NL;
+        assert_eq!(best_index_int8(v, -1000.0), 0);
+        assert_eq!(best_index_int8(v, 1000.0), 15);
+        assert_eq!(best_index_int8(v, 0.0), 8); // -10 and 1: 1 is nearer
+        assert_eq!(best_index_int8(v, 7.0), 9); // halfway between 1 and 13 goes up
+        assert_eq!(best_index_int8(v, f32::NAN), 15);
+    }
+
+    #[test]
+    fn pack_levels_truncates_like_a_u16() {
+        assert_eq!(pack_levels(&[1, 2, 0, 1], 3), 1 | 2 << 3 | 1 << 9);
+        assert_eq!(pack_levels(&[0, 0, 0, 0, 0, 0, 0, 4], 2), 0); // 4 << 14 leaves 16 bits
+        assert_eq!(pack_levels(&[-1, 0], 2), 0xffff);
+    }
+
+    #[test]
+    fn format_table_quantizers_reject_bad_shapes_without_panicking() {
+        for dtype in DType::ALL {
+            let Some(f) = format(dtype) else { continue };
+            let q = f.quantize.unwrap();
+            let mut dst = vec![0u8; 1024];
+            assert!(q(&[0.5; 16], &mut dst, 16, None).is_err(), "{dtype}");
+            assert!(q(&[0.5; 256], &mut dst, 0, None).is_err(), "{dtype}");
+            assert!(q(&[0.5; 256], &mut dst, 256, Some(&[1.0; 8])).is_err(), "{dtype}");
+        }
+    }
 }
