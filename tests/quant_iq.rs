@@ -558,3 +558,38 @@ fn edge_rows_match_ggml_bytes_or_abort() {
     }
     assert_eq!(checked, 9 * 16 * 2);
 }
+
+#[test]
+fn iq4_xs_cpu_from_float_matches_ggml_bytes() {
+    let c = quant_case("iq4_xs");
+    assert!(c.q_cpu.is_none(), "ggml's CPU converter for iq4_xs is the reference quantizer");
+    let mut q = vec![0u8; c.q.len()];
+    quant::quantize_for_dot(DType::IQ4_XS, &quant_x(), &mut q).unwrap();
+    assert_eq!(first_diff(&q, &c.q), None);
+}
+
+/// The search tables are built once, lazily; concurrent first users all see the same tables.
+#[test]
+fn concurrent_quantization_is_deterministic() {
+    let n = 256;
+    let x = rand_f32(n, 41);
+    let imatrix = vec![1.0f32; n];
+    let results: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    ALL_IQ
+                        .iter()
+                        .map(|&dtype| {
+                            let mut q = vec![0u8; dtype.row_size(n).unwrap()];
+                            quant::quantize_with_imatrix(dtype, &x, n, &imatrix, &mut q).unwrap();
+                            q
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(results.windows(2).all(|w| w[0] == w[1]));
+}
