@@ -4,11 +4,11 @@
 use super::grids::IQ1S_GRID;
 use super::search::{self, Lookup, Search};
 use super::{
-    BlockQ8K, aborts, blocks, check_scale, fmax, imatrix_weights, pack_levels, quantize_rows,
-    sum_sq,
+    BlockQ8K, aborts, blocks, check_scale, fmax, imatrix_weights, missing_imatrix, pack_levels,
+    quantize_rows, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::quant::util::{fp16_to_fp32, fp32_to_fp16, nearest_int};
 use bytemuck::{Pod, Zeroable};
 
@@ -275,10 +275,7 @@ pub(crate) fn quantize_iq1_s(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let imatrix = imatrix.ok_or_else(|| Error::Quant {
-        dtype: DType::IQ1_S,
-        msg: "ggml can only quantize this type with an importance matrix".into(),
-    })?;
+    let imatrix = imatrix.ok_or_else(|| missing_imatrix(DType::IQ1_S))?;
     quantize_rows::<BlockIQ1S>(src, dst, n_per_row, Some(imatrix), QK_K, |x, qw| {
         iq1_s_block(x, qw.unwrap_or(&[]))
     })

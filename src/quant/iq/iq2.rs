@@ -1,14 +1,14 @@
 //! IQ2_XXS (2.0625 bpw), IQ2_XS (2.3125 bpw) and IQ2_S (2.5625 bpw): groups of 8 magnitudes taken
 //! from the E8-lattice grids `iq2xxs_grid` / `iq2xs_grid` / `iq2s_grid`, with sign bits.
 
-use super::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
+use super::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
     BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
-    make_qp_quants, pack_levels, quantize_rows, sum_sq,
+    make_qp_quants, missing_imatrix, pack_levels, quantize_rows, sign_f, sign_i, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::quant::util::{fp16_to_fp32, fp32_to_fp16, nearest_int};
 use bytemuck::{Pod, Zeroable};
 
@@ -42,52 +42,10 @@ pub(crate) struct BlockIQ2S {
 }
 const _: () = assert!(size_of::<BlockIQ2S>() == 82);
 
-/// `±1` for bit `j` of a sign byte.
-#[inline(always)]
-fn sign_f(signs: u8, j: usize) -> f32 {
-    if signs & KMASK_IQ2XS[j] != 0 { -1.0 } else { 1.0 }
-}
-
-#[inline(always)]
-fn sign_i(signs: u8, j: usize) -> i32 {
-    if signs & KMASK_IQ2XS[j] != 0 { -1 } else { 1 }
-}
-
 /// The two little-endian u32 words ggml `memcpy`s out of four u16 `qs` entries.
 #[inline(always)]
 fn aux32(qs: &[u16]) -> [u32; 2] {
     [qs[0] as u32 | (qs[1] as u32) << 16, qs[2] as u32 | (qs[3] as u32) << 16]
-}
-
-/// ggml's `iq2_find_best_neighbour` for 8-element grids (also used by the 4-element IQ3 grids):
-/// the neighbour minimising the weighted distance to `xval / scale`, its levels written to `l`.
-/// `None` when no distance compares below `f32::MAX` (NaN or infinite data; ggml asserts).
-pub(super) fn find_best_neighbour<const N: usize>(
-    neighbours: &[u16],
-    s: &Search<N>,
-    xval: &[f32],
-    weight: &[f32],
-    scale: f32,
-    l: &mut [i8],
-) -> Option<usize> {
-    let mut best_d2 = f32::MAX;
-    let mut grid_index = None;
-    for &j in neighbours {
-        let pg = &s.grid[j as usize];
-        let mut d2 = 0.0f32;
-        for i in 0..N {
-            let q = pg[i] as f32;
-            let diff = scale * q - xval[i];
-            d2 += weight[i] * diff * diff;
-        }
-        if d2 < best_d2 {
-            best_d2 = d2;
-            grid_index = Some(j as usize);
-        }
-    }
-    let g = grid_index?;
-    s.levels(g, &mut l[..N]);
-    Some(g)
 }
 
 /// Snaps levels `l` (one group of 8) to the grid as the search loops do: on-grid keys stay,
@@ -102,7 +60,8 @@ fn snap8(
 ) -> Result<(bool, usize)> {
     match s.lookup(pack_levels(l, 2)) {
         Some(Lookup::OnGrid(g)) => Ok((true, g)),
-        Some(Lookup::Near(nb)) => find_best_neighbour(nb, s, xval, waux, scale, l)
+        Some(Lookup::Near(nb)) => s
+            .best_neighbour(nb, xval, waux, scale, l)
             .map(|g| (false, g))
             .ok_or_else(|| aborts(dtype, "no grid neighbour")),
         None => Err(aborts(dtype, "point outside the grid map")),
@@ -121,10 +80,6 @@ fn on_grid<const N: usize>(dtype: DType, s: &Search<N>, l: &[i8], bits: u32) -> 
 #[inline(always)]
 fn level(id: f32, x: f32, kmax: i32) -> i8 {
     nearest_int(0.5 * (id * x - 1.0)).clamp(0, kmax) as i8
-}
-
-fn missing_imatrix(dtype: DType) -> Error {
-    Error::Quant { dtype, msg: "ggml can only quantize this type with an importance matrix".into() }
 }
 
 // ---------------------------------------------------------------------------------------------

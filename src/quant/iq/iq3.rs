@@ -1,12 +1,11 @@
 //! IQ3_XXS (3.0625 bpw) and IQ3_S (3.4375 bpw): groups of 4 magnitudes taken from the D4-lattice
 //! grids `iq3xxs_grid` / `iq3s_grid`, with sign bits.
 
-use super::grids::{IQ3S_GRID, IQ3XXS_GRID, KMASK_IQ2XS, KSIGNS_IQ2XS};
-use super::iq2::find_best_neighbour;
+use super::grids::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
     BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
-    pack_levels, quantize_rows, sum_sq,
+    pack_levels, quantize_rows, sign_f, sign_i, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -36,16 +35,6 @@ pub(crate) struct BlockIQ3S {
 const _: () = assert!(size_of::<BlockIQ3S>() == 110);
 
 #[inline(always)]
-fn sign_f(signs: u8, j: usize) -> f32 {
-    if signs & KMASK_IQ2XS[j] != 0 { -1.0 } else { 1.0 }
-}
-
-#[inline(always)]
-fn sign_i(signs: u8, j: usize) -> i32 {
-    if signs & KMASK_IQ2XS[j] != 0 { -1 } else { 1 }
-}
-
-#[inline(always)]
 fn level(id: f32, x: f32) -> i8 {
     nearest_int(0.5 * (id * x - 1.0)).clamp(0, 7) as i8
 }
@@ -61,7 +50,8 @@ fn snap4(
 ) -> Result<(bool, usize)> {
     match s.lookup(pack_levels(l, 3)) {
         Some(Lookup::OnGrid(g)) => Ok((true, g)),
-        Some(Lookup::Near(nb)) => find_best_neighbour(nb, s, xval, waux, scale, l)
+        Some(Lookup::Near(nb)) => s
+            .best_neighbour(nb, xval, waux, scale, l)
             .map(|g| (false, g))
             .ok_or_else(|| aborts(dtype, "no grid neighbour")),
         None => Err(aborts(dtype, "point outside the grid map")),

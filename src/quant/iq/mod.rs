@@ -127,6 +127,23 @@ fn blocks<B: Pod>(bytes: &[u8]) -> impl Iterator<Item = B> + '_ {
     bytes.chunks_exact(size_of::<B>()).map(bytemuck::pod_read_unaligned::<B>)
 }
 
+/// `±1` for bit `j` of a sign byte.
+#[inline(always)]
+fn sign_f(signs: u8, j: usize) -> f32 {
+    if signs & grids::KMASK_IQ2XS[j] != 0 { -1.0 } else { 1.0 }
+}
+
+/// `±1` for bit `j` of a sign byte, as an integer.
+#[inline(always)]
+fn sign_i(signs: u8, j: usize) -> i32 {
+    if signs & grids::KMASK_IQ2XS[j] != 0 { -1 } else { 1 }
+}
+
+/// The error of the types ggml only quantizes with an importance matrix.
+fn missing_imatrix(dtype: DType) -> Error {
+    Error::Quant { dtype, msg: "ggml can only quantize this type with an importance matrix".into() }
+}
+
 /// The error for input on which ggml aborts the process.
 #[cold]
 fn aborts(dtype: DType, what: &str) -> Error {

@@ -52,6 +52,37 @@ impl<const N: usize> Search<N> {
         }
     }
 
+    /// ggml's `iq2_find_best_neighbour` / `iq3_find_best_neighbour`: the neighbour minimising the
+    /// weighted distance `sum w * (scale * pos - x)^2`, its levels written to `l`. `None` when no
+    /// distance compares below `f32::MAX` (NaN or overflowing data, where ggml asserts).
+    pub fn best_neighbour(
+        &self,
+        neighbours: &[u16],
+        xval: &[f32],
+        weight: &[f32],
+        scale: f32,
+        l: &mut [i8],
+    ) -> Option<usize> {
+        let mut best_d2 = f32::MAX;
+        let mut grid_index = None;
+        for &j in neighbours {
+            let pg = &self.grid[j as usize];
+            let mut d2 = 0.0f32;
+            for i in 0..N {
+                let q = pg[i] as f32;
+                let diff = scale * q - xval[i];
+                d2 += weight[i] * diff * diff;
+            }
+            if d2 < best_d2 {
+                best_d2 = d2;
+                grid_index = Some(j as usize);
+            }
+        }
+        let g = grid_index?;
+        self.levels(g, &mut l[..N]);
+        Some(g)
+    }
+
     fn build(levels: &[[u8; N]], bits: u32, map_size: usize, nwant: usize) -> Self {
         let grid: Vec<[i8; N]> =
             levels.iter().map(|lv| std::array::from_fn(|i| 2 * lv[i] as i8 + 1)).collect();
