@@ -15,11 +15,11 @@
 // Index loops mirror ggml's loops over parallel arrays; iterator chains would obscure the port.
 #![allow(clippy::needless_range_loop)]
 
-mod grids;
-mod iq1;
-mod iq2;
-mod iq3;
-mod iq4;
+pub(crate) mod grids;
+pub(crate) mod iq1;
+pub(crate) mod iq2;
+pub(crate) mod iq3;
+pub(crate) mod iq4;
 mod search;
 
 use super::FormatFns;
