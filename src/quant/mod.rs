@@ -11,6 +11,7 @@ pub(crate) mod legacy;
 pub(crate) mod lowbit;
 pub(crate) mod ternary;
 pub(crate) mod kquants;
+pub(crate) mod iq;
 pub(crate) mod util;
 
 use crate::dtype::DType;
@@ -68,6 +69,16 @@ pub(crate) fn format(dtype: DType) -> FormatFns {
         DType::Q5_K => kquants::Q5_K_FNS,
         DType::Q6_K => kquants::Q6_K_FNS,
         DType::Q8_K => kquants::Q8_K_FNS,
+        // i-quants (src/quant/iq/)
+        DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S
+        | DType::IQ1_M
+        | DType::IQ4_NL
+        | DType::IQ4_XS => iq::format(dtype).unwrap_or_default(),
         _ => FormatFns::default(),
     }
 }
