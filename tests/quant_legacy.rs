@@ -642,7 +642,7 @@ fn fp4_extreme_magnitudes_known_bytes() {
 
 // ------------------------------------------------------------------------------------------------
 // Known answers from ggml's reference code on edge inputs and with importance matrices
-// (tests/data/legacy, made by gen_legacy.c there from ggml's own ggml-quants.c).
+// (tests/data/legacy: outputs of ggml's own ggml-quants.c; see the README there).
 
 const LEGACY_N: usize = 256;
 

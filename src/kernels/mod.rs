@@ -215,13 +215,6 @@ impl KernelTable {
             gelu_f32: scalar::gelu_f32,
             relu_f32: scalar::relu_f32,
         };
-        // Plain float types: portable kernels here unless the format table has its own.
-        t.set_vec_dot(DType::F32, scalar::vec_dot_f32);
-        t.set_vec_dot(DType::F16, scalar::vec_dot_f16);
-        t.set_vec_dot(DType::BF16, scalar::vec_dot_bf16);
-        t.set_from_float(DType::F32, scalar::from_float_f32);
-        t.set_from_float(DType::F16, scalar::from_float_f16);
-        t.set_from_float(DType::BF16, scalar::from_float_bf16);
         for d in DType::ALL {
             let f = crate::quant::format(d);
             if let Some(v) = f.vec_dot {

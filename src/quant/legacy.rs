@@ -892,7 +892,7 @@ mod tests {
 }
 
 /// The scalar dot products of every format in this family against ggml's portable
-/// `ggml_vec_dot_*_generic` kernels on the edge rows of tests/data/legacy (see gen_dot.c there).
+/// `ggml_vec_dot_*_generic` kernels on the edge rows of tests/data/legacy (see the README there).
 #[cfg(test)]
 mod generic_dot_tests {
     use crate::dtype::DType;

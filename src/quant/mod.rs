@@ -7,11 +7,11 @@
 
 pub(crate) mod fp;
 pub(crate) mod fp4;
+pub(crate) mod iq;
+pub(crate) mod kquants;
 pub(crate) mod legacy;
 pub(crate) mod lowbit;
 pub(crate) mod ternary;
-pub(crate) mod kquants;
-pub(crate) mod iq;
 pub(crate) mod util;
 
 use crate::dtype::DType;

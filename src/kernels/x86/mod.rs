@@ -14,6 +14,4 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.silu_f32 = avx2::silu_f32;
     t.gelu_f32 = avx2::gelu_f32;
     t.relu_f32 = avx2::relu_f32;
-    t.set_vec_dot(crate::dtype::DType::F32, avx2::vec_dot_f32);
-    t.set_vec_dot(crate::dtype::DType::F16, avx2::vec_dot_f16);
 }
