@@ -4,8 +4,10 @@
 //! sees valid layouts.
 
 mod ops;
+mod rope;
 
 pub use ops::{Op, UnaryOp};
+pub use rope::{RopeMode, RopeParams};
 
 use crate::backend::Buffer;
 use crate::dtype::DType;

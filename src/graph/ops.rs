@@ -60,6 +60,8 @@ pub enum Op {
     GetRows,
     /// src0 [k, m] x src1 [k, n] -> [m, n], broadcasting dims 2 and 3.
     MulMat,
+    /// Rotary position embedding of src0 by the positions in src1 (src2: frequency factors).
+    Rope(Box<super::RopeParams>),
 }
 
 impl Op {
@@ -80,6 +82,7 @@ impl Op {
             Op::RmsNorm { .. } => "rms_norm",
             Op::GetRows => "get_rows",
             Op::MulMat => "mul_mat",
+            Op::Rope(_) => "rope",
         }
     }
 
@@ -96,6 +99,7 @@ impl Op {
                 | Op::Unary(_)
                 | Op::SoftMax { .. }
                 | Op::RmsNorm { .. }
+                | Op::Rope(_)
         )
     }
 }

@@ -8,6 +8,7 @@ mod cpy;
 mod get_rows;
 mod mul_mat;
 mod norm;
+mod rope;
 mod softmax;
 mod unary;
 
@@ -92,6 +93,7 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     match node.op {
         Op::MulMat => mul_mat::work_size(node, nth),
+        Op::Rope(_) => rope::work_size(node, nth),
         _ => 0,
     }
 }
@@ -108,5 +110,6 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::GetRows => get_rows::compute(ctx, ith),
         Op::Cpy | Op::Dup => cpy::compute(ctx, ith),
         Op::MulMat => mul_mat::compute(ctx, phase, ith),
+        Op::Rope(p) => rope::compute(ctx, ith, p),
     }
 }

@@ -1,0 +1,188 @@
+//! rope_ext / rope_multi (ggml's ggml_compute_forward_rope_flt): a per-token cache of cos/sin
+//! built with ggml's accumulated theta, YaRN ramp and magnitude scaling, then pair rotation.
+
+use super::{NodeCtx, split, unravel_row};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::graph::{RopeMode, RopeParams};
+use crate::plan::ExecNode;
+use crate::quant::util::{fp16_to_fp32, fp32_to_fp16};
+
+fn corr_dim(n_dims: usize, n_ctx_orig: i32, n_rot: f32, base: f32) -> f32 {
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
+}
+
+/// ggml_rope_yarn_corr_dims.
+fn corr_dims(p: &RopeParams) -> [f32; 2] {
+    let start = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_fast, p.freq_base).floor();
+    let end = corr_dim(p.n_dims, p.n_ctx_orig, p.beta_slow, p.freq_base).ceil();
+    [start.max(0.0), end.min(p.n_dims as f32 - 1.0)]
+}
+
+fn yarn_ramp(low: f32, high: f32, i0: usize) -> f32 {
+    let y = ((i0 / 2) as f32 - low) / (high - low).max(0.001);
+    1.0 - y.clamp(0.0, 1.0)
+}
+
+/// (cos, sin) for one pair, with YaRN.
+fn rope_yarn(theta_extrap: f32, p: &RopeParams, corr: [f32; 2], i0: usize) -> (f32, f32) {
+    let theta_interp = p.freq_scale * theta_extrap;
+    let mut theta = theta_interp;
+    let mut mscale = p.attn_factor;
+    if p.ext_factor != 0.0 {
+        let mix = yarn_ramp(corr[0], corr[1], i0) * p.ext_factor;
+        theta = theta_interp * (1.0 - mix) + theta_extrap * mix;
+        mscale *= 1.0 + 0.1 * (1.0 / p.freq_scale).ln();
+    }
+    (theta.cos() * mscale, theta.sin() * mscale)
+}
+
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    (node.dst.ne[0] + 16) * 4 * nth
+}
+
+/// Fills `cache[i0], cache[i0 + 1]` with (cos, sin) for pair i0 of a token at `pos`.
+fn fill_cache(
+    cache: &mut [f32],
+    pos: [i32; 4],
+    p: &RopeParams,
+    ff: Option<&[f32]>,
+    corr: [f32; 2],
+) {
+    let ne0 = cache.len();
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
+    // Pairs past the factors (unused unless vision mode) get factor 1: ggml would read past them.
+    let factor = |i0: usize| ff.and_then(|f| f.get(i0 / 2).copied()).unwrap_or(1.0);
+    if !p.mode.is_multi() {
+        let mut theta = pos[0] as f32;
+        for i0 in (0..ne0).step_by(2) {
+            let (c, s) = rope_yarn(theta / factor(i0), p, corr, i0);
+            cache[i0] = c;
+            cache[i0 + 1] = s;
+            theta *= theta_scale;
+        }
+        return;
+    }
+    let sec = p.sections;
+    let sect_dims = (sec[0] + sec[1] + sec[2] + sec[3]).max(1) as usize;
+    let sec_w = (sec[0] + sec[1]) as usize;
+    let sec_e = sec[2] as usize + sec_w;
+    let base = [pos[0] as f32, pos[1] as f32, pos[2] as f32, pos[3] as f32];
+    let (mut tt, mut th, mut tw, mut te) = (base[0], base[1], base[2], base[3]);
+    let imrope = p.mode == RopeMode::Imrope;
+    let indep = p.mode == RopeMode::Vision;
+    for i0 in (0..ne0).step_by(2) {
+        let sector = (i0 / 2) % sect_dims;
+        if indep {
+            if sector == 0 {
+                tt = base[0];
+            } else if sector == sec[0] as usize {
+                th = base[1];
+            } else if sector == sec_w {
+                tw = base[2];
+            } else if sector == sec_e {
+                te = base[3];
+            }
+        }
+        let theta = if imrope {
+            if sector % 3 == 1 && sector < 3 * sec[1] as usize {
+                th
+            } else if sector % 3 == 2 && sector < 3 * sec[2] as usize {
+                tw
+            } else if sector % 3 == 0 && sector < 3 * sec[0] as usize {
+                tt
+            } else {
+                te
+            }
+        } else if sector >= sec[0] as usize && sector < sec_w {
+            th
+        } else if sector >= sec_w && sector < sec_w + sec[2] as usize {
+            tw
+        } else if sector >= sec_w + sec[2] as usize {
+            te
+        } else {
+            tt
+        };
+        let (c, s) = rope_yarn(theta / factor(i0), p, corr, i0);
+        cache[i0] = c;
+        cache[i0 + 1] = s;
+        tt *= theta_scale;
+        th *= theta_scale;
+        tw *= theta_scale;
+        te *= theta_scale;
+    }
+}
+
+pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<()> {
+    let (a, posv, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let ff_view = ctx.node.src[2].as_ref();
+    let ne0 = d.ne[0];
+    let corr = corr_dims(p);
+    // SAFETY: positions are a contiguous I32 vector (build check) of ne[0] entries.
+    let pos = unsafe { std::slice::from_raw_parts(posv.ptr as *const i32, posv.ne[0]) };
+    // SAFETY: freq_factors is a contiguous F32 row of >= n_dims/2 values (build check).
+    let ff = ff_view.map(|f| unsafe { std::slice::from_raw_parts(f.ptr as *const f32, f.ne[0]) });
+    let stride = (ne0 + 16) * 4;
+    debug_assert!((ith + 1) * stride <= ctx.work_len);
+    // SAFETY: the work buffer holds nth caches of ne0 + 16 f32 (work_size); this worker uses its own.
+    let cache =
+        unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
+    let n2 = d.ne[2];
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    let mut last_i2 = usize::MAX;
+    let f16 = d.dtype == DType::F16;
+    let (n_dims, nh) = (p.n_dims, p.n_dims / 2);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        if i2 != last_i2 {
+            let pp = if p.mode.is_multi() {
+                [pos[i2], pos[i2 + n2], pos[i2 + 2 * n2], pos[i2 + 3 * n2]]
+            } else {
+                [pos[i2], 0, 0, 0]
+            };
+            fill_cache(cache, pp, p, ff, corr);
+            last_i2 = i2;
+        }
+        // SAFETY: row indices are below the shared shape; rows hold ne0 contiguous elements
+        // (build check); each worker writes its own rows; pairs are read before being written.
+        unsafe {
+            let sa = a.row(i1, i2, i3);
+            let sd = d.row(i1, i2, i3);
+            let get = |i: usize| -> f32 {
+                if f16 {
+                    fp16_to_fp32(*(sa as *const u16).add(i))
+                } else {
+                    *(sa as *const f32).add(i)
+                }
+            };
+            let put = |i: usize, v: f32| {
+                if f16 {
+                    *(sd as *mut u16).add(i) = fp32_to_fp16(v);
+                } else {
+                    *(sd as *mut f32).add(i) = v;
+                }
+            };
+            let rotate = |n: usize, off: usize, scale: usize| {
+                for i0 in (0..n).step_by(2) {
+                    let ic = i0 / scale;
+                    let (c, s) = (cache[i0], cache[i0 + 1]);
+                    let (x0, x1) = (get(ic), get(ic + off));
+                    put(ic, x0 * c - x1 * s);
+                    put(ic + off, x0 * s + x1 * c);
+                }
+            };
+            match p.mode {
+                RopeMode::Normal => rotate(n_dims, 1, 1),
+                RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope => rotate(n_dims, nh, 2),
+                RopeMode::Vision => rotate(ne0, n_dims, 2),
+            }
+            if p.mode != RopeMode::Vision {
+                for i0 in n_dims..ne0 {
+                    put(i0, get(i0));
+                }
+            }
+        }
+    }
+    Ok(())
+}
