@@ -193,3 +193,236 @@ fn rope_rejects_bad_parameters() {
     let e = g.rope_ext(a, pos, None, RopeParams::new(64, RopeMode::Neox, -1.0)).unwrap_err();
     assert!(e.to_string().contains("rope"), "{e}");
 }
+
+struct Attn {
+    dk: usize,
+    dv: usize,
+    n_q: usize,
+    n_kv: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    kv_type: DType,
+    mask: bool,
+    sinks: bool,
+    p: quantgraph::FlashAttnParams,
+}
+
+/// Builds and runs one flash attention; returns (ours, f64 reference).
+fn run_attn(c: &Attn, nth: usize) -> (Vec<f32>, Vec<f64>) {
+    use quantgraph::Buffer;
+    let q = rand_f32(c.dk * c.n_q * c.n_head, 31);
+    let k = rand_f32(c.dk * c.n_kv * c.n_head_kv, 32);
+    let v = rand_f32(c.dv * c.n_kv * c.n_head_kv, 33);
+    // K/V stored in their type; the reference uses what the type can represent.
+    let store = |x: &[f32]| -> (Vec<u8>, Vec<f32>) {
+        let mut bytes = vec![0u8; c.kv_type.row_size(x.len()).unwrap()];
+        match c.kv_type {
+            DType::F32 | DType::F16 | DType::BF16 => {
+                quantgraph::quant::quantize_for_dot(c.kv_type, x, &mut bytes).unwrap()
+            }
+            t => quantgraph::quant::quantize(t, x, &mut bytes).unwrap(),
+        }
+        let mut back = vec![0f32; x.len()];
+        quantgraph::quant::dequantize(c.kv_type, &bytes, &mut back).unwrap();
+        (bytes, back)
+    };
+    let (kb, kd) = store(&k);
+    let (vb, vd) = store(&v);
+    let kbuf = Buffer::from_host(kb);
+    let vbuf = Buffer::from_host(vb);
+    let n_q_pad = c.n_q.next_multiple_of(4);
+    let mut maskv = vec![0f32; c.n_kv * n_q_pad];
+    for i in 0..c.n_q {
+        for j in 0..c.n_kv {
+            // causal over the last n_q positions, plus a deterministic extra hole
+            if j > c.n_kv - c.n_q + i || (j * 7 + i) % 11 == 0 {
+                maskv[i * c.n_kv + j] = f32::NEG_INFINITY;
+            } else {
+                maskv[i * c.n_kv + j] = ((j % 5) as f32) * -0.25;
+            }
+        }
+    }
+    let maskh: Vec<f32> = maskv.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    let sinks: Vec<f32> = (0..c.n_head).map(|h| h as f32 * 0.5 - 0.7).collect();
+
+    let mut g = Graph::new();
+    let tq = g.input(DType::F32, &[c.dk, c.n_q, c.n_head]).unwrap();
+    let tk = g.weight(c.kv_type, &[c.dk, c.n_kv, c.n_head_kv], &kbuf, 0).unwrap();
+    let tv = g.weight(c.kv_type, &[c.dv, c.n_kv, c.n_head_kv], &vbuf, 0).unwrap();
+    let tm32 = g.input(DType::F32, &[c.n_kv, n_q_pad]).unwrap();
+    let tm = if c.mask { Some(g.cast(tm32, DType::F16).unwrap()) } else { None };
+    let ts = if c.sinks { Some(g.input(DType::F32, &[c.n_head]).unwrap()) } else { None };
+    let out = g.flash_attn_ext(tq, tk, tv, tm, ts, c.p).unwrap();
+    g.set_output(out);
+    let mut inputs = vec![(tq, q.clone())];
+    if c.mask {
+        inputs.push((tm32, maskv.clone()));
+    }
+    if let Some(s) = ts {
+        inputs.push((s, sinks.clone()));
+    }
+    let got = compute(g, &inputs, &[], out, nth);
+
+    let p = c.p;
+    let n_head_log2 = 1u32 << (c.n_head as u32).ilog2();
+    let mut want = vec![0f64; c.dv * c.n_head * c.n_q];
+    for h in 0..c.n_head {
+        let hk = h / (c.n_head / c.n_head_kv);
+        let slope = if p.max_bias > 0.0 {
+            let m0 = 2f64.powf(-(p.max_bias as f64) / n_head_log2 as f64);
+            let m1 = 2f64.powf(-(p.max_bias as f64 / 2.0) / n_head_log2 as f64);
+            let hh = h as u32;
+            if hh < n_head_log2 {
+                m0.powi(hh as i32 + 1)
+            } else {
+                m1.powi(2 * (hh - n_head_log2) as i32 + 1)
+            }
+        } else {
+            1.0
+        };
+        for i in 0..c.n_q {
+            let qrow = &q[(h * c.n_q + i) * c.dk..][..c.dk];
+            let mut logits = Vec::new();
+            for j in 0..c.n_kv {
+                let mv = if c.mask { slope * maskh[i * c.n_kv + j] as f64 } else { 0.0 };
+                if mv == f64::NEG_INFINITY {
+                    continue;
+                }
+                let krow = &kd[(hk * c.n_kv + j) * c.dk..][..c.dk];
+                let mut s: f64 =
+                    qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+                        * p.scale as f64;
+                if p.logit_softcap != 0.0 {
+                    s = p.logit_softcap as f64 * (s / p.logit_softcap as f64).tanh();
+                }
+                logits.push((j, s + mv));
+            }
+            let mut mx = logits.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+            if c.sinks {
+                mx = mx.max(sinks[h] as f64);
+            }
+            let mut den: f64 = logits.iter().map(|x| (x.1 - mx).exp()).sum();
+            if c.sinks {
+                den += (sinks[h] as f64 - mx).exp();
+            }
+            for dd in 0..c.dv {
+                let num: f64 = logits
+                    .iter()
+                    .map(|&(j, l)| (l - mx).exp() * vd[(hk * c.n_kv + j) * c.dv + dd] as f64)
+                    .sum();
+                want[(i * c.n_head + h) * c.dv + dd] = num / den;
+            }
+        }
+    }
+    (got, want)
+}
+
+#[test]
+fn flash_attn_ext_prefill_f16_gqa_causal_mask() {
+    let c = Attn {
+        dk: 64,
+        dv: 64,
+        n_q: 7,
+        n_kv: 37,
+        n_head: 4,
+        n_head_kv: 2,
+        kv_type: DType::F16,
+        mask: true,
+        sinks: false,
+        p: quantgraph::FlashAttnParams::new(0.125),
+    };
+    let (got, want) = run_attn(&c, 2);
+    let e = nmse(&got, &want);
+    assert!(e < 5e-4, "nmse {e}");
+}
+
+#[test]
+fn flash_attn_ext_every_kv_type() {
+    for kv_type in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q5_1,
+        DType::Q5_0,
+        DType::Q4_1,
+        DType::Q4_0,
+        DType::IQ4_NL,
+    ] {
+        let c = Attn {
+            dk: 64,
+            dv: 32,
+            n_q: 3,
+            n_kv: 20,
+            n_head: 2,
+            n_head_kv: 1,
+            kv_type,
+            mask: true,
+            sinks: false,
+            p: quantgraph::FlashAttnParams::new(0.2),
+        };
+        let (got, want) = run_attn(&c, 2);
+        let e = nmse(&got, &want);
+        assert!(e < 5e-4, "{kv_type}: nmse {e}");
+    }
+}
+
+#[test]
+fn flash_attn_ext_decode_split_kv_with_sinks_alibi_softcap_is_thread_invariant() {
+    let c = Attn {
+        dk: 128,
+        dv: 128,
+        n_q: 1,
+        n_kv: 700,
+        n_head: 4,
+        n_head_kv: 4,
+        kv_type: DType::F16,
+        mask: true,
+        sinks: true,
+        p: quantgraph::FlashAttnParams { scale: 0.09, max_bias: 8.0, logit_softcap: 20.0 },
+    };
+    let (g1, want) = run_attn(&c, 1);
+    let e = nmse(&g1, &want);
+    assert!(e < 5e-4, "nmse {e}");
+    for nth in [2, 3] {
+        assert_eq!(run_attn(&c, nth).0, g1, "{nth} threads");
+    }
+    // No mask, head size 40 (not a power of two).
+    let c2 = Attn {
+        dk: 40,
+        dv: 40,
+        n_q: 2,
+        n_kv: 300,
+        n_head: 2,
+        n_head_kv: 1,
+        kv_type: DType::F32,
+        mask: false,
+        sinks: false,
+        p: quantgraph::FlashAttnParams::new(0.3),
+    };
+    let (got, want) = run_attn(&c2, 2);
+    assert!(nmse(&got, &want) < 5e-4);
+}
+
+#[test]
+fn flash_attn_ext_rejects_bad_shapes() {
+    let mut g = Graph::new();
+    let q = g.input(DType::F32, &[64, 3, 4]).unwrap();
+    let k = g.input(DType::F16, &[64, 10, 2]).unwrap();
+    let v = g.input(DType::F16, &[64, 10, 2]).unwrap();
+    let k_bad = g.input(DType::F16, &[32, 10, 2]).unwrap();
+    let k_heads = g.input(DType::F16, &[64, 10, 3]).unwrap();
+    let m_small = g.input(DType::F16, &[8, 3]).unwrap();
+    let m_ok = g.input(DType::F16, &[10, 4]).unwrap();
+    let p = quantgraph::FlashAttnParams::new(0.1);
+    assert!(g.flash_attn_ext(q, k_bad, v, None, None, p).is_err(), "head sizes differ");
+    assert!(
+        g.flash_attn_ext(q, k_heads, v, None, None, p).is_err(),
+        "kv heads must divide q heads"
+    );
+    assert!(g.flash_attn_ext(q, k, v, Some(m_small), None, p).is_err(), "mask too small");
+    let alibi = quantgraph::FlashAttnParams { max_bias: 1.0, ..p };
+    assert!(g.flash_attn_ext(q, k, v, None, None, alibi).is_err(), "alibi needs a mask");
+    let r = g.flash_attn_ext(q, k, v, Some(m_ok), None, p).unwrap();
+    assert_eq!(g.shape(r).unwrap(), [64, 4, 3, 1]);
+}

@@ -3,9 +3,11 @@
 //! shapes, types and parameters and returns `Result<TensorId>`, so that a [`crate::Plan`] only ever
 //! sees valid layouts.
 
+mod attention;
 mod ops;
 mod rope;
 
+pub use attention::FlashAttnParams;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
 
@@ -16,7 +18,7 @@ use crate::error::{Error, Result};
 /// Maximum number of dimensions (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: usize = 4;
 /// Maximum number of source tensors of one node.
-pub const MAX_SRC: usize = 4;
+pub const MAX_SRC: usize = 6;
 
 /// A handle to a tensor inside one [`Graph`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -387,11 +389,24 @@ impl Graph {
         ne: [usize; MAX_DIMS],
         srcs: &[TensorId],
     ) -> Result<TensorId> {
-        let nb = contiguous_strides(dtype, &ne);
         let mut src = [None; MAX_SRC];
         for (s, &id) in src.iter_mut().zip(srcs) {
             *s = Some(id);
         }
+        self.node_opt(op, dtype, ne, &src)
+    }
+
+    /// A new op node whose sources sit at fixed positions, some of them absent.
+    pub(crate) fn node_opt(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        ne: [usize; MAX_DIMS],
+        srcs: &[Option<TensorId>],
+    ) -> Result<TensorId> {
+        let nb = contiguous_strides(dtype, &ne);
+        let mut src = [None; MAX_SRC];
+        src[..srcs.len()].copy_from_slice(srcs);
         self.push(Tensor {
             dtype,
             ne,
@@ -446,7 +461,7 @@ impl Graph {
             ne,
             nb,
             op: kind,
-            src: [Some(a), None, None, None],
+            src: [Some(a), None, None, None, None, None],
             view_src: Some(root),
             view_offs: offs,
             leaf: Leaf::None,

@@ -62,6 +62,8 @@ pub enum Op {
     MulMat,
     /// Rotary position embedding of src0 by the positions in src1 (src2: frequency factors).
     Rope(Box<super::RopeParams>),
+    /// Fused attention: src q, k, v, optional mask (src 3) and sinks (src 4).
+    FlashAttnExt(super::FlashAttnParams),
 }
 
 impl Op {
@@ -83,6 +85,7 @@ impl Op {
             Op::GetRows => "get_rows",
             Op::MulMat => "mul_mat",
             Op::Rope(_) => "rope",
+            Op::FlashAttnExt(_) => "flash_attn_ext",
         }
     }
 
@@ -377,7 +380,7 @@ impl Graph {
             ne,
             nb,
             op: Op::Cpy,
-            src: [Some(a), Some(dst), None, None],
+            src: [Some(a), Some(dst), None, None, None, None],
             view_src: Some(root),
             view_offs: offs,
             leaf: super::Leaf::None,

@@ -5,6 +5,7 @@
 
 mod binary;
 mod cpy;
+mod flash_attn;
 mod get_rows;
 mod mul_mat;
 mod norm;
@@ -85,6 +86,7 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> Result<()> {
 pub(crate) fn phases(node: &ExecNode) -> u8 {
     match node.op {
         Op::MulMat => mul_mat::phases(node),
+        Op::FlashAttnExt(_) => flash_attn::phases(node),
         _ => 1,
     }
 }
@@ -94,6 +96,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     match node.op {
         Op::MulMat => mul_mat::work_size(node, nth),
         Op::Rope(_) => rope::work_size(node, nth),
+        Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
         _ => 0,
     }
 }
@@ -111,5 +114,6 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::Cpy | Op::Dup => cpy::compute(ctx, ith),
         Op::MulMat => mul_mat::compute(ctx, phase, ith),
         Op::Rope(p) => rope::compute(ctx, ith, p),
+        Op::FlashAttnExt(p) => flash_attn::compute(ctx, phase, ith, p),
     }
 }

@@ -1,0 +1,279 @@
+//! flash_attn_ext: online-softmax attention (ggml's ggml_compute_forward_flash_attn_ext_f16).
+//! Q rows are converted once into K's vec-dot type; V rows are accumulated in f32 for every V type
+//! (ggml accumulates F16 V in f16; f32 is at least as accurate).
+//!
+//! Two paths, chosen from the shapes only (never the thread count), so results do not depend on
+//! the number of threads:
+//! - many query rows: one pass per row, rows handed out through the chunk counter;
+//! - few query rows over a long KV (decode): the KV is cut into fixed chunks of `KV_CHUNK`;
+//!   phase 0 computes a partial (max, sum, V accumulator) per (row, chunk), phase 1 combines the
+//!   partials of each row in chunk order.
+
+use super::{NodeCtx, split};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::FlashAttnParams;
+use crate::plan::{ExecNode, TView, align_up};
+use crate::quant::util::fp16_to_fp32;
+use std::sync::atomic::Ordering;
+
+const KV_CHUNK: usize = 256;
+/// Below this many query rows a long KV is split into chunks.
+const SPLIT_ROWS: usize = 64;
+
+struct Shape {
+    dk: usize,
+    dv: usize,
+    n_q: usize,
+    n_head: usize,
+    n_kv: usize,
+    rows: usize,
+    chunks: usize,
+}
+
+fn shape(node: &ExecNode) -> Shape {
+    let q = node.src[0].as_ref().map(|t| t.ne).unwrap_or([0; 4]);
+    let k = node.src[1].as_ref().map(|t| t.ne).unwrap_or([0; 4]);
+    let v = node.src[2].as_ref().map(|t| t.ne).unwrap_or([0; 4]);
+    let rows = q[1] * q[2] * q[3];
+    let n_kv = k[1];
+    let chunks = if rows < SPLIT_ROWS && n_kv > KV_CHUNK { n_kv.div_ceil(KV_CHUNK) } else { 1 };
+    Shape { dk: q[0], dv: v[0], n_q: q[1], n_head: q[2], n_kv, rows, chunks }
+}
+
+pub(crate) fn phases(node: &ExecNode) -> u8 {
+    if shape(node).chunks > 1 { 2 } else { 1 }
+}
+
+/// Per-thread scratch: Q in K's vec-dot type, one V row in f32, the V accumulator.
+fn scratch_bytes(node: &ExecNode) -> usize {
+    let s = shape(node);
+    let kd = node.src[1].as_ref().map(|t| t.dtype.vec_dot_type()).unwrap_or(DType::F32);
+    align_up(kd.row_bytes(s.dk), 64) + align_up(s.dv * 4, 64) * 2
+}
+
+fn partial_floats(s: &Shape) -> usize {
+    s.dv + 2
+}
+
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    let s = shape(node);
+    let partials = if s.chunks > 1 { s.rows * s.chunks * partial_floats(&s) * 4 } else { 0 };
+    align_up(partials, 64) + nth * scratch_bytes(node)
+}
+
+struct Row {
+    m: f32,
+    s: f32,
+}
+
+/// Attention of one query row over kv range [c0, c1), accumulating into `acc` (dv floats).
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    ctx: &NodeCtx<'_>,
+    p: &FlashAttnParams,
+    sh: &Shape,
+    row: usize,
+    c0: usize,
+    c1: usize,
+    qbuf: &mut [u8],
+    vbuf: &mut [f32],
+    acc: &mut [f32],
+) -> Result<Row> {
+    let (q, k, v) = (ctx.src(0), ctx.src(1), ctx.src(2));
+    let mask = ctx.node.src[3].as_ref();
+    let kt = crate::kernels::table();
+    let unsupported =
+        |msg: String| Error::Unsupported { op: "flash_attn_ext", backend: "CPU".into(), msg };
+    let vd = k.dtype.vec_dot_type();
+    let dot = kt.vec_dot(k.dtype).ok_or_else(|| unsupported(format!("no {} dot", k.dtype)))?;
+    let conv = kt.activation_converter(vd).ok_or_else(|| unsupported(format!("no f32 -> {vd}")))?;
+    let v_to_f32 = super::get_rows::row_converter(v.dtype)
+        .ok_or_else(|| unsupported(format!("no {} -> f32", v.dtype)))?;
+    let iq1 = row % sh.n_q;
+    let iq2 = (row / sh.n_q) % sh.n_head;
+    let iq3 = row / (sh.n_q * sh.n_head);
+    let (ik2, ik3) = (iq2 / (q.ne[2] / k.ne[2]), iq3 / (q.ne[3] / k.ne[3]));
+    let n_head_log2 = 1u32 << (sh.n_head as u32).max(1).ilog2();
+    let slope = if p.max_bias > 0.0 {
+        let m0 = 2f32.powf(-p.max_bias / n_head_log2 as f32);
+        let m1 = 2f32.powf(-(p.max_bias / 2.0) / n_head_log2 as f32);
+        let h = iq2 as u32;
+        if h < n_head_log2 {
+            m0.powi(h as i32 + 1)
+        } else {
+            m1.powi(2 * (h - n_head_log2) as i32 + 1)
+        }
+    } else {
+        1.0
+    };
+    let scale = if p.logit_softcap != 0.0 { p.scale / p.logit_softcap } else { p.scale };
+    // SAFETY: (iq1, iq2, iq3) are below q's shape; q rows are contiguous F32 of dk values.
+    let qrow = unsafe { std::slice::from_raw_parts(q.row(iq1, iq2, iq3) as *const f32, sh.dk) };
+    conv(qrow, qbuf);
+    let krow_bytes = k.dtype.row_bytes(sh.dk);
+    let vrow_bytes = v.dtype.row_bytes(sh.dv);
+    acc.fill(0.0);
+    let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    for ic in c0..c1 {
+        let mv = match mask {
+            // SAFETY: iq1 < mask.ne[1], ic < n_kv <= mask.ne[0] (build check); dims 2, 3 reduced
+            // modulo the mask's.
+            Some(mt) => unsafe {
+                let pm = mt.row(iq1, iq2 % mt.ne[2], iq3 % mt.ne[3]);
+                let raw = if mt.dtype == DType::F16 {
+                    fp16_to_fp32(*(pm as *const u16).add(ic))
+                } else {
+                    *(pm as *const f32).add(ic)
+                };
+                slope * raw
+            },
+            None => 0.0,
+        };
+        if mv == f32::NEG_INFINITY {
+            continue;
+        }
+        // SAFETY: ic < n_kv, (ik2, ik3) below k's dims 2, 3 (broadcast checked at build).
+        let krow = unsafe { std::slice::from_raw_parts(k.row(ic, ik2, ik3), krow_bytes) };
+        let mut x = dot(sh.dk, krow, qbuf) * scale;
+        if p.logit_softcap != 0.0 {
+            x = p.logit_softcap * x.tanh();
+        }
+        x += mv;
+        // SAFETY: as for k; v has k's dims 1..3.
+        let vrow = unsafe { std::slice::from_raw_parts(v.row(ic, ik2, ik3), vrow_bytes) };
+        v_to_f32(vrow, vbuf);
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if x > m {
+            ms = (m - x).exp();
+            m = x;
+            for a in acc.iter_mut() {
+                *a *= ms;
+            }
+        } else {
+            vs = (x - m).exp();
+        }
+        for (a, &vv) in acc.iter_mut().zip(vbuf.iter()) {
+            *a = vv.mul_add(vs, *a);
+        }
+        s = s * ms + vs;
+    }
+    Ok(Row { m, s })
+}
+
+/// Folds the sink logit of head `h` into (m, s, acc) as ggml does.
+fn add_sink(ctx: &NodeCtx<'_>, h: usize, r: &mut Row, acc: &mut [f32]) {
+    if let Some(sk) = ctx.node.src[4].as_ref() {
+        // SAFETY: sinks is a contiguous F32 vector of n_head values (build check) and h < n_head.
+        let x = unsafe { *(sk.ptr as *const f32).add(h) };
+        if x > r.m {
+            let ms = (r.m - x).exp();
+            r.m = x;
+            for a in acc.iter_mut() {
+                *a *= ms;
+            }
+            r.s = r.s * ms + 1.0;
+        } else {
+            r.s += (x - r.m).exp();
+        }
+    }
+}
+
+fn write_out(d: &TView, sh: &Shape, row: usize, acc: &[f32], s: f32) {
+    let iq1 = row % sh.n_q;
+    let iq2 = (row / sh.n_q) % sh.n_head;
+    let iq3 = row / (sh.n_q * sh.n_head);
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    // SAFETY: dst is [dv, n_head, n_q, b] contiguous F32; (iq2, iq1, iq3) are below its dims 1..3;
+    // each row is written by exactly one worker.
+    unsafe {
+        let out = std::slice::from_raw_parts_mut(d.row(iq2, iq1, iq3) as *mut f32, sh.dv);
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = a * inv;
+        }
+    }
+}
+
+pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &FlashAttnParams) -> Result<()> {
+    let sh = shape(ctx.node);
+    let d = ctx.dst();
+    let pf = partial_floats(&sh);
+    let partial_bytes = if sh.chunks > 1 { align_up(sh.rows * sh.chunks * pf * 4, 64) } else { 0 };
+    let sb = scratch_bytes(ctx.node);
+    let kd = ctx.src(1).dtype.vec_dot_type();
+    let qb = align_up(kd.row_bytes(sh.dk), 64);
+    debug_assert!(partial_bytes + (ith + 1) * sb <= ctx.work_len);
+    // SAFETY: the work buffer holds the partials then nth scratch areas of `sb` bytes (work_size);
+    // this worker uses only its own scratch area.
+    let (qbuf, vbuf, acc) = unsafe {
+        let base = ctx.work.add(partial_bytes + ith * sb);
+        (
+            std::slice::from_raw_parts_mut(base, kd.row_bytes(sh.dk)),
+            std::slice::from_raw_parts_mut(base.add(qb) as *mut f32, sh.dv),
+            std::slice::from_raw_parts_mut(
+                base.add(qb + align_up(sh.dv * 4, 64)) as *mut f32,
+                sh.dv,
+            ),
+        )
+    };
+    if sh.chunks == 1 {
+        loop {
+            let row = ctx.counter.fetch_add(1, Ordering::Relaxed);
+            if row >= sh.rows {
+                return Ok(());
+            }
+            let mut r = attend(ctx, p, &sh, row, 0, sh.n_kv, qbuf, vbuf, acc)?;
+            add_sink(ctx, (row / sh.n_q) % sh.n_head, &mut r, acc);
+            write_out(d, &sh, row, acc, r.s);
+        }
+    }
+    let partials = ctx.work as *mut f32;
+    if phase == 0 {
+        loop {
+            let item = ctx.counter.fetch_add(1, Ordering::Relaxed);
+            if item >= sh.rows * sh.chunks {
+                return Ok(());
+            }
+            let (row, chunk) = (item / sh.chunks, item % sh.chunks);
+            let c0 = chunk * KV_CHUNK;
+            let c1 = (c0 + KV_CHUNK).min(sh.n_kv);
+            let r = attend(ctx, p, &sh, row, c0, c1, qbuf, vbuf, acc)?;
+            // SAFETY: item < rows * chunks, and each partial holds pf floats inside the partials
+            // area; each item is taken by exactly one worker.
+            unsafe {
+                let dst = std::slice::from_raw_parts_mut(partials.add(item * pf), pf);
+                dst[0] = r.m;
+                dst[1] = r.s;
+                dst[2..].copy_from_slice(acc);
+            }
+        }
+    }
+    // Phase 1: combine each row's partials in chunk order.
+    let (r0, r1) = split(sh.rows, ith, ctx.nth);
+    for row in r0..r1 {
+        // SAFETY: phase 0 wrote all rows * chunks partials before the barrier; this worker reads
+        // its rows' partials only.
+        let parts = unsafe {
+            std::slice::from_raw_parts(partials.add(row * sh.chunks * pf), sh.chunks * pf)
+        };
+        let m = parts.chunks_exact(pf).map(|c| c[0]).fold(f32::NEG_INFINITY, f32::max);
+        acc.fill(0.0);
+        let mut s = 0f32;
+        if m != f32::NEG_INFINITY {
+            for c in parts.chunks_exact(pf) {
+                if c[0] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let w = (c[0] - m).exp();
+                s += c[1] * w;
+                for (a, &x) in acc.iter_mut().zip(&c[2..]) {
+                    *a = x.mul_add(w, *a);
+                }
+            }
+        }
+        let mut r = Row { m, s };
+        add_sink(ctx, (row / sh.n_q) % sh.n_head, &mut r, acc);
+        write_out(d, &sh, row, acc, r.s);
+    }
+    Ok(())
+}
