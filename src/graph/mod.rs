@@ -4,10 +4,12 @@
 //! sees valid layouts.
 
 mod attention;
+mod movement;
 mod ops;
 mod rope;
 
 pub use attention::FlashAttnParams;
+pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
 
@@ -63,6 +65,10 @@ pub(crate) struct Tensor {
 impl Tensor {
     pub(crate) fn nelements(&self) -> usize {
         self.ne.iter().product()
+    }
+
+    pub(crate) fn nrows(&self) -> usize {
+        self.ne[1] * self.ne[2] * self.ne[3]
     }
 
     /// Bytes spanned by the tensor (ggml's `ggml_nbytes`), 0 for an empty tensor.

@@ -64,6 +64,8 @@ pub enum Op {
     Rope(Box<super::RopeParams>),
     /// Fused attention: src q, k, v, optional mask (src 3) and sinks (src 4).
     FlashAttnExt(super::FlashAttnParams),
+    /// Rows of src0 written into the rows of src2 picked by the ids in src1; a view of src2.
+    SetRows,
 }
 
 impl Op {
@@ -86,6 +88,7 @@ impl Op {
             Op::MulMat => "mul_mat",
             Op::Rope(_) => "rope",
             Op::FlashAttnExt(_) => "flash_attn_ext",
+            Op::SetRows => "set_rows",
         }
     }
 
@@ -353,19 +356,7 @@ impl Graph {
                 ),
             ));
         }
-        check_copy_types(OP, ta.dtype, td.dtype)?;
-        if ta.dtype.block_size() > 1
-            && (ta.ne != td.ne || !ta.rows_contiguous() || !td.rows_contiguous())
-        {
-            return Err(Error::shape(
-                OP,
-                format!(
-                    "block-quantized copy needs equal shapes and contiguous rows: {} -> {}",
-                    ta.describe(a),
-                    td.describe(dst)
-                ),
-            ));
-        }
+        check_copy(OP, ta, td)?;
         if matches!(self.t(self.root(dst)).leaf, super::Leaf::Weight { .. }) {
             return Err(Error::Buffer(format!(
                 "cpy: destination {} is a read-only weight",
@@ -394,7 +385,9 @@ impl Graph {
     pub fn cont(&mut self, a: TensorId) -> Result<TensorId> {
         let ta = self.get("cont", a)?;
         let (dt, ne) = (ta.dtype, ta.ne);
-        check_copy_types("cont", dt, dt)?;
+        let mut out = ta.clone();
+        out.nb = super::contiguous_strides(dt, &ne);
+        check_copy("cont", ta, &out)?;
         self.node(Op::Dup, dt, ne, &[a])
     }
 
@@ -402,7 +395,16 @@ impl Graph {
     pub fn cast(&mut self, a: TensorId, dtype: DType) -> Result<TensorId> {
         let ta = self.get("cast", a)?;
         let ne = ta.ne;
-        check_copy_types("cast", ta.dtype, dtype)?;
+        if ne[0] % dtype.block_size() != 0 {
+            return Err(Error::shape(
+                "cast",
+                format!("{} rows are not whole {dtype} blocks", ta.describe(a)),
+            ));
+        }
+        let mut out = ta.clone();
+        out.dtype = dtype;
+        out.nb = super::contiguous_strides(dtype, &ne);
+        check_copy("cast", ta, &out)?;
         self.node(Op::Dup, dtype, ne, &[a])
     }
 
@@ -419,19 +421,43 @@ impl Graph {
     }
 }
 
-pub(crate) fn check_copy_types(op: &'static str, from: DType, to: DType) -> Result<()> {
-    let ok = |d: DType| matches!(d, DType::F32 | DType::F16);
-    if from == to || (ok(from) && ok(to)) {
-        Ok(())
-    } else {
-        Err(Error::ty(
-            op,
-            format!("copy from {from} to {to} is not supported (F32 and F16, or same type)"),
-        ))
-    }
+/// Plain element types a copy converts element by element.
+pub(crate) fn plain(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I32)
 }
 
-#[allow(dead_code)]
-pub(crate) fn fmt_shape(ne: &[usize; MAX_DIMS]) -> String {
-    shape_str(ne)
+/// ggml's copy rules: plain types element by element with any layouts (floats among themselves,
+/// I32 with F32); anything block-quantized row by row with equal row lengths and row counts.
+pub(crate) fn check_copy(op: &'static str, a: &super::Tensor, d: &super::Tensor) -> Result<()> {
+    let (from, to) = (a.dtype, d.dtype);
+    let float = |t: DType| matches!(t, DType::F32 | DType::F16 | DType::BF16);
+    if plain(from) && plain(to) {
+        let ok = from == to
+            || (float(from) && float(to))
+            || matches!((from, to), (DType::I32, DType::F32) | (DType::F32, DType::I32));
+        return if ok {
+            Ok(())
+        } else {
+            Err(Error::ty(op, format!("copy from {from} to {to} is not supported")))
+        };
+    }
+    let readable = float(from) || crate::quant::format(from).dequantize.is_some();
+    let f = crate::quant::format(to);
+    let writable =
+        float(to) || (!f.requires_imatrix && (f.quantize.is_some() || f.from_float.is_some()));
+    if !(readable && writable) || (from != to && (from.is_integer() || to.is_integer())) {
+        return Err(Error::ty(op, format!("copy from {from} to {to} is not supported")));
+    }
+    if a.ne[0] != d.ne[0] || a.nrows() != d.nrows() || !a.rows_contiguous() || !d.rows_contiguous()
+    {
+        return Err(Error::shape(
+            op,
+            format!(
+                "copies involving block types go row by row: need equal ne[0], equal row counts and contiguous rows ({} -> {})",
+                shape_str(&a.ne),
+                shape_str(&d.ne)
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -1,10 +1,12 @@
-//! cpy / dup / cont / cast: copies src0 into dst element by element in logical order, converting
-//! between F32 and F16; same-type copies of block types go row by row.
+//! cpy / dup / cont / cast: plain types (F32, F16, BF16, I32) element by element in logical order
+//! with any layouts; block types row by row through f32 (dequantize, then ggml's CPU `from_float`
+//! or reference quantizer), or as raw bytes when both sides have the same type.
 
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
-use crate::error::Result;
-use crate::quant::util::{fp16_to_fp32, fp32_to_fp16};
+use crate::error::{Error, Result};
+use crate::plan::{ExecNode, align_up};
+use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
 #[inline(always)]
 unsafe fn load(p: *const u8, dt: DType) -> f32 {
@@ -12,6 +14,8 @@ unsafe fn load(p: *const u8, dt: DType) -> f32 {
     unsafe {
         match dt {
             DType::F16 => fp16_to_fp32((p as *const u16).read_unaligned()),
+            DType::BF16 => bf16_to_fp32((p as *const u16).read_unaligned()),
+            DType::I32 => (p as *const i32).read_unaligned() as f32,
             _ => (p as *const f32).read_unaligned(),
         }
     }
@@ -23,28 +27,84 @@ unsafe fn store(p: *mut u8, dt: DType, v: f32) {
     unsafe {
         match dt {
             DType::F16 => (p as *mut u16).write_unaligned(fp32_to_fp16(v)),
+            DType::BF16 => (p as *mut u16).write_unaligned(fp32_to_bf16(v)),
+            // ggml converts with a C cast; Rust's saturating cast avoids undefined behaviour.
+            DType::I32 => (p as *mut i32).write_unaligned(v as i32),
             _ => (p as *mut f32).write_unaligned(v),
         }
     }
 }
 
+fn row_path(node: &ExecNode) -> bool {
+    match (node.src[0].as_ref(), Some(&node.dst)) {
+        (Some(a), Some(d)) => {
+            a.dtype != d.dtype && !(crate::graph::plain(a.dtype) && crate::graph::plain(d.dtype))
+        }
+        _ => false,
+    }
+}
+
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    if row_path(node) { nth * align_up(node.dst.ne[0] * 4, 64) } else { 0 }
+}
+
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
+    let (r0, r1) = split(a.nrows(), ith, ctx.nth);
     if a.dtype == d.dtype && a.dtype.block_size() > 1 {
-        // Block types: same shape, contiguous rows (checked at build): copy row bytes.
         let bytes = a.dtype.row_bytes(a.ne[0]);
-        let (r0, r1) = split(a.nrows(), ith, ctx.nth);
         for r in r0..r1 {
             let (i1, i2, i3) = unravel_row(r, &a.ne);
-            // SAFETY: same shapes; indices in range; rows of `bytes` validated; own rows only.
-            unsafe { std::ptr::copy_nonoverlapping(a.row(i1, i2, i3), d.row(i1, i2, i3), bytes) };
+            let (j1, j2, j3) = unravel_row(r, &d.ne);
+            // SAFETY: both tensors have the same row count and row length (build check); indices
+            // are in range; rows of `bytes` validated; each worker copies its own rows.
+            unsafe { std::ptr::copy_nonoverlapping(a.row(i1, i2, i3), d.row(j1, j2, j3), bytes) };
+        }
+        return Ok(());
+    }
+    if row_path(ctx.node) {
+        let ne0 = a.ne[0];
+        let stride = align_up(ne0 * 4, 64);
+        debug_assert!((ith + 1) * stride <= ctx.work_len);
+        // SAFETY: the work buffer holds nth rows of ne0 f32 (work_size); this one is ours.
+        let tmp =
+            unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
+        let to_f32 = super::get_rows::row_converter(a.dtype);
+        let f = crate::quant::format(d.dtype);
+        let from_f32 = crate::kernels::table().activation_converter(d.dtype);
+        let (sa, sd) = (a.dtype.row_bytes(ne0), d.dtype.row_bytes(ne0));
+        for r in r0..r1 {
+            let (i1, i2, i3) = unravel_row(r, &a.ne);
+            let (j1, j2, j3) = unravel_row(r, &d.ne);
+            // SAFETY: equal row counts and lengths, contiguous rows (build check); own rows only.
+            unsafe {
+                let src = std::slice::from_raw_parts(a.row(i1, i2, i3), sa);
+                match to_f32 {
+                    Some(c) => c(src, tmp),
+                    None => {
+                        return Err(Error::ty("cpy", format!("cannot read {} rows", a.dtype)));
+                    }
+                }
+                let dst = std::slice::from_raw_parts_mut(d.row(j1, j2, j3), sd);
+                if d.dtype.block_size() == 1 {
+                    let ts = d.dtype.type_size();
+                    for (i, &v) in tmp.iter().enumerate() {
+                        store(dst.as_mut_ptr().add(i * ts), d.dtype, v);
+                    }
+                } else if let Some(ff) = from_f32 {
+                    ff(tmp, dst);
+                } else if let Some(q) = f.quantize {
+                    q(tmp, dst, ne0, None)?;
+                } else {
+                    return Err(Error::ty("cpy", format!("cannot write {} rows", d.dtype)));
+                }
+            }
         }
         return Ok(());
     }
     let same = a.dtype == d.dtype;
     let ts = a.dtype.type_size();
     let ne0 = a.ne[0];
-    let (r0, r1) = split(a.nrows(), ith, ctx.nth);
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &a.ne);
         // Flat index of the row's first element, mapped into dst's shape.

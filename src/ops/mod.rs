@@ -10,6 +10,7 @@ mod get_rows;
 mod mul_mat;
 mod norm;
 mod rope;
+mod set_rows;
 mod softmax;
 mod unary;
 
@@ -96,6 +97,8 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     match node.op {
         Op::MulMat => mul_mat::work_size(node, nth),
         Op::Rope(_) => rope::work_size(node, nth),
+        Op::Cpy | Op::Dup => cpy::work_size(node, nth),
+        Op::SetRows => set_rows::work_size(node, nth),
         Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
         _ => 0,
     }
@@ -115,5 +118,6 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::MulMat => mul_mat::compute(ctx, phase, ith),
         Op::Rope(p) => rope::compute(ctx, ith, p),
         Op::FlashAttnExt(p) => flash_attn::compute(ctx, phase, ith, p),
+        Op::SetRows => set_rows::compute(ctx, ith),
     }
 }
