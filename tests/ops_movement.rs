@@ -144,3 +144,170 @@ fn set_rows_writes_a_kv_cache_and_checks_ids() {
     assert!(g.set_rows(a, b, fids).is_err());
     assert!(g.set_rows(a, b, ids).is_ok());
 }
+
+fn at(v: &[f32], ne: [usize; 4], i: [usize; 4]) -> f32 {
+    v[((i[3] * ne[2] + i[2]) * ne[1] + i[1]) * ne[0] + i[0]]
+}
+
+fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
+    let n: usize = ne.iter().product();
+    (0..n).map(move |k| {
+        [k % ne[0], (k / ne[0]) % ne[1], (k / (ne[0] * ne[1])) % ne[2], k / (ne[0] * ne[1] * ne[2])]
+    })
+}
+
+fn run(
+    g: Graph,
+    ins: &[(quantgraph::TensorId, Vec<f32>)],
+    out: quantgraph::TensorId,
+    nth: usize,
+) -> Vec<f32> {
+    let mut p = Plan::new(g, &CpuBackend::with_threads(nth).unwrap()).unwrap();
+    for (id, v) in ins {
+        p.set_input(*id, v).unwrap();
+    }
+    p.compute().unwrap();
+    p.output::<f32>(out).unwrap().to_vec()
+}
+
+#[test]
+fn concat_repeat_pad_roll_match_index_references() {
+    let ne = [5usize, 7, 3, 2];
+    let x = rand_f32(ne.iter().product(), 51);
+    for dim in 0..4 {
+        let mut nb = ne;
+        nb[dim] = 2;
+        let y = rand_f32(nb.iter().product(), 52 + dim as u64);
+        let mut g = Graph::new();
+        let a = g.input(DType::F32, &ne).unwrap();
+        let b = g.input(DType::F32, &nb).unwrap();
+        let c = g.concat(a, b, dim).unwrap();
+        g.set_output(c);
+        let got = run(g, &[(a, x.clone()), (b, y.clone())], c, 3);
+        let mut one = ne;
+        one[dim] += 2;
+        let want: Vec<f32> = each(one)
+            .map(|i| {
+                if i[dim] < ne[dim] {
+                    at(&x, ne, i)
+                } else {
+                    let mut j = i;
+                    j[dim] -= ne[dim];
+                    at(&y, nb, j)
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "concat dim {dim}");
+    }
+    // repeat of a permuted view, repeat_back sums the tiles back.
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[3, 2]).unwrap();
+    let t = g.transpose(a).unwrap(); // [2, 3]
+    let r = g.repeat(t, [4, 3, 2, 1]).unwrap();
+    let rb = g.repeat_back(r, t).unwrap();
+    g.set_output(r);
+    g.set_output(rb);
+    let xa: Vec<f32> = (0..6).map(|v| v as f32).collect();
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input(a, &xa).unwrap();
+    p.compute().unwrap();
+    let want: Vec<f32> =
+        each([4, 3, 2, 1]).map(|i| at(&xa, [3, 2, 1, 1], [i[1], i[0] % 2, 0, 0])).collect();
+    assert_eq!(p.output::<f32>(r).unwrap(), &want[..]);
+    let back: Vec<f32> =
+        each([2, 3, 1, 1]).map(|i| 4.0 * at(&xa, [3, 2, 1, 1], [i[1], i[0], 0, 0])).collect();
+    assert_eq!(p.output::<f32>(rb).unwrap(), &back[..]);
+
+    // zero pad, circular pad, reflect pad, roll.
+    let ne = [4usize, 3, 2, 1];
+    let x = rand_f32(24, 53);
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &ne).unwrap();
+    let pz = g.pad_ext(a, [1, 0, 2, 0], [2, 1, 0, 1], false).unwrap();
+    let pc = g.pad_ext(a, [2, 1, 0, 0], [3, 2, 1, 0], true).unwrap();
+    let pr = g.pad_reflect_1d(a, 3, 2).unwrap();
+    let ro = g.roll(a, [1, -2, 1, 0]).unwrap();
+    for t in [pz, pc, pr, ro] {
+        g.set_output(t);
+    }
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input(a, &x).unwrap();
+    p.compute().unwrap();
+    let wz: Vec<f32> = each([7, 4, 4, 2])
+        .map(|i| {
+            let (lp, inb) = ([1, 0, 2, 0], |k: usize, v: usize| {
+                v >= [1, 0, 2, 0][k] && v - [1, 0, 2, 0][k] < ne[k]
+            });
+            if (0..4).all(|k| inb(k, i[k])) {
+                at(&x, ne, [i[0] - lp[0], i[1] - lp[1], i[2] - lp[2], i[3] - lp[3]])
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    assert_eq!(p.output::<f32>(pz).unwrap(), &wz[..], "zero pad");
+    let wc: Vec<f32> = each([9, 6, 3, 1])
+        .map(|i| {
+            let lp = [2i64, 1, 0, 0];
+            let j: Vec<usize> =
+                (0..4).map(|k| (i[k] as i64 - lp[k]).rem_euclid(ne[k] as i64) as usize).collect();
+            at(&x, ne, [j[0], j[1], j[2], j[3]])
+        })
+        .collect();
+    assert_eq!(p.output::<f32>(pc).unwrap(), &wc[..], "circular pad");
+    let wr: Vec<f32> = each([9, 3, 2, 1])
+        .map(|i| {
+            let mut v = i[0] as i64 - 3;
+            v = v.abs();
+            if v >= 4 {
+                v = 6 - v;
+            }
+            at(&x, ne, [v as usize, i[1], i[2], i[3]])
+        })
+        .collect();
+    assert_eq!(p.output::<f32>(pr).unwrap(), &wr[..], "reflect pad");
+    let wo: Vec<f32> = each(ne)
+        .map(|i| {
+            let s = [1i64, -2, 1, 0];
+            let j: Vec<usize> =
+                (0..4).map(|k| (i[k] as i64 - s[k]).rem_euclid(ne[k] as i64) as usize).collect();
+            at(&x, ne, [j[0], j[1], j[2], j[3]])
+        })
+        .collect();
+    assert_eq!(p.output::<f32>(ro).unwrap(), &wo[..], "roll");
+}
+
+#[test]
+fn arange_and_timestep_embedding() {
+    let mut g = Graph::new();
+    let r = g.arange(1.0, 4.0, 0.5).unwrap();
+    let t = g.input(DType::F32, &[3]).unwrap();
+    let e = g.timestep_embedding(t, 7, 10000).unwrap();
+    g.set_output(r);
+    g.set_output(e);
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input(t, &[0.0f32, 1.0, 250.0]).unwrap();
+    p.compute().unwrap();
+    assert_eq!(p.output::<f32>(r).unwrap(), &[1.0, 1.5, 2.0, 2.5, 3.0, 3.5]);
+    let got = p.output::<f32>(e).unwrap().to_vec();
+    let mut want = Vec::new();
+    for ts in [0.0f64, 1.0, 250.0] {
+        let mut row = vec![0f64; 7];
+        for j in 0..3 {
+            let f = (-(10000f64).ln() * j as f64 / 3.0).exp();
+            row[j] = (ts * f).cos();
+            row[j + 3] = (ts * f).sin();
+        }
+        want.extend(row);
+    }
+    assert!(nmse(&got, &want) < 1e-7);
+    let mut g = Graph::new();
+    assert!(g.arange(2.0, 1.0, 1.0).is_err());
+    let a = g.input(DType::F32, &[4, 3]).unwrap();
+    let b = g.input(DType::F32, &[4, 2]).unwrap();
+    assert!(g.concat(a, b, 0).is_err(), "dim 1 differs");
+    assert!(g.concat(a, b, 1).is_ok());
+    assert!(g.roll(a, [4, 0, 0, 0]).is_err());
+    assert!(g.pad_reflect_1d(a, 4, 0).is_err());
+    assert!(g.repeat(a, [6, 3, 1, 1]).is_err());
+}

@@ -9,6 +9,7 @@ mod ops;
 mod rope;
 
 pub use attention::FlashAttnParams;
+pub use movement::Gather;
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};

@@ -74,3 +74,172 @@ impl Graph {
         })
     }
 }
+
+/// How an output element of a gather-style op finds its source (see `ops::gather`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gather {
+    /// src0 then src1 along `dim`.
+    Concat { dim: usize },
+    /// src0 tiled to the output shape.
+    Repeat,
+    /// Zero (or wrapped, when `circular`) padding: `lp[d]` elements before dim d.
+    Pad { lp: [usize; 4], circular: bool },
+    /// Reflection padding of dim 0 by `p0` on the left.
+    PadReflect1d { p0: usize },
+    /// Circular shift by `shift[d]` along every dim.
+    Roll { shift: [i64; 4] },
+}
+
+impl Graph {
+    fn gather_node(
+        &mut self,
+        op: &'static str,
+        g: Gather,
+        srcs: &[TensorId],
+        ne: [usize; 4],
+    ) -> Result<TensorId> {
+        let t = self.get(op, srcs[0])?;
+        if t.dtype.block_size() != 1 {
+            return Err(Error::ty(
+                op,
+                format!("{} is block-quantized; {op} copies single elements", t.describe(srcs[0])),
+            ));
+        }
+        let dt = t.dtype;
+        self.node(Op::Gather(g), dt, ne, srcs)
+    }
+
+    /// ggml_concat: `a` and `b` (same type, equal shapes except along `dim`) joined along `dim`.
+    pub fn concat(&mut self, a: TensorId, b: TensorId, dim: usize) -> Result<TensorId> {
+        let (ta, tb) = (self.get("concat", a)?, self.get("concat", b)?);
+        if dim >= 4 || ta.dtype != tb.dtype || (0..4).any(|d| d != dim && ta.ne[d] != tb.ne[d]) {
+            return Err(Error::shape(
+                "concat",
+                format!("cannot join {} and {} along dim {dim}", ta.describe(a), tb.describe(b)),
+            ));
+        }
+        let mut ne = ta.ne;
+        ne[dim] += tb.ne[dim];
+        self.gather_node("concat", Gather::Concat { dim }, &[a, b], ne)
+    }
+
+    /// ggml_repeat_4d: `a` tiled to shape `ne` (every dim a multiple of `a`'s).
+    pub fn repeat(&mut self, a: TensorId, ne: [usize; 4]) -> Result<TensorId> {
+        let ta = self.get("repeat", a)?;
+        if (0..4).any(|d| ta.ne[d] == 0 || ne[d] % ta.ne[d] != 0) {
+            return Err(Error::shape(
+                "repeat",
+                format!("{} cannot be tiled to {ne:?}", ta.describe(a)),
+            ));
+        }
+        self.gather_node("repeat", Gather::Repeat, &[a], ne)
+    }
+
+    /// ggml_repeat: `a` tiled to the shape of `b`.
+    pub fn repeat_like(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let ne = self.get("repeat", b)?.ne;
+        self.repeat(a, ne)
+    }
+
+    /// ggml_pad_ext: `lp[d]` elements before and `rp[d]` after each dim, zeros (or wrapped values
+    /// when `circular`, ggml_pad_circular).
+    pub fn pad_ext(
+        &mut self,
+        a: TensorId,
+        lp: [usize; 4],
+        rp: [usize; 4],
+        circular: bool,
+    ) -> Result<TensorId> {
+        let ta = self.get("pad", a)?;
+        let mut ne = ta.ne;
+        for d in 0..4 {
+            ne[d] = ne[d]
+                .checked_add(lp[d])
+                .and_then(|v| v.checked_add(rp[d]))
+                .ok_or(Error::Overflow { what: "pad" })?;
+            if circular && (lp[d] > ta.ne[d] || rp[d] > ta.ne[d]) {
+                return Err(Error::param(
+                    "pad",
+                    format!("circular padding {lp:?}/{rp:?} exceeds {}", ta.describe(a)),
+                ));
+            }
+        }
+        self.gather_node("pad", Gather::Pad { lp, circular }, &[a], ne)
+    }
+
+    /// ggml_pad: zeros after each dim.
+    pub fn pad(&mut self, a: TensorId, rp: [usize; 4]) -> Result<TensorId> {
+        self.pad_ext(a, [0; 4], rp, false)
+    }
+
+    /// ggml_pad_reflect_1d: reflect dim 0 by `p0` on the left and `p1` on the right
+    /// (each < ne[0]); F32.
+    pub fn pad_reflect_1d(&mut self, a: TensorId, p0: usize, p1: usize) -> Result<TensorId> {
+        let ta = self.get("pad_reflect_1d", a)?;
+        if ta.dtype != DType::F32 || p0 >= ta.ne[0] || p1 >= ta.ne[0] {
+            return Err(Error::param(
+                "pad_reflect_1d",
+                format!("{} (F32) with padding {p0}, {p1}: each must be < ne[0]", ta.describe(a)),
+            ));
+        }
+        let mut ne = ta.ne;
+        ne[0] += p0 + p1;
+        self.gather_node("pad_reflect_1d", Gather::PadReflect1d { p0 }, &[a], ne)
+    }
+
+    /// ggml_roll: circular shift along every dim (|shift[d]| < ne[d]).
+    pub fn roll(&mut self, a: TensorId, shift: [i64; 4]) -> Result<TensorId> {
+        let ta = self.get("roll", a)?;
+        if (0..4).any(|d| shift[d].unsigned_abs() as usize >= ta.ne[d].max(1) && shift[d] != 0) {
+            return Err(Error::param(
+                "roll",
+                format!("shifts {shift:?} must be smaller than {}", ta.describe(a)),
+            ));
+        }
+        let ne = ta.ne;
+        self.gather_node("roll", Gather::Roll { shift }, &[a], ne)
+    }
+
+    /// ggml_repeat_back: sums `a` over its tiles down to the shape of `b` (F32).
+    pub fn repeat_back(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let (ta, tb) = (self.get("repeat_back", a)?, self.get("repeat_back", b)?);
+        if ta.dtype != DType::F32 || (0..4).any(|d| tb.ne[d] == 0 || ta.ne[d] % tb.ne[d] != 0) {
+            return Err(Error::shape(
+                "repeat_back",
+                format!("{} is not F32 tiles of {}", ta.describe(a), tb.describe(b)),
+            ));
+        }
+        let ne = tb.ne;
+        self.node(Op::RepeatBack, DType::F32, ne, &[a])
+    }
+
+    /// ggml_arange: F32 values start, start + step, ... below stop.
+    pub fn arange(&mut self, start: f32, stop: f32, step: f32) -> Result<TensorId> {
+        if !(start.is_finite() && stop.is_finite() && step.is_finite())
+            || stop <= start
+            || step <= 0.0
+        {
+            return Err(Error::param("arange", format!("start {start}, stop {stop}, step {step}")));
+        }
+        let steps = ((stop - start) / step).ceil() as usize;
+        self.node(Op::Arange { start, step }, DType::F32, [steps, 1, 1, 1], &[])
+    }
+
+    /// ggml_timestep_embedding: F32 timesteps [n] -> [dim, n] of cos/sin features.
+    pub fn timestep_embedding(
+        &mut self,
+        t: TensorId,
+        dim: usize,
+        max_period: i32,
+    ) -> Result<TensorId> {
+        let tt = self.get("timestep_embedding", t)?;
+        if tt.dtype != DType::F32 || tt.nb[0] != 4 || dim == 0 || max_period <= 0 {
+            return Err(Error::param(
+                "timestep_embedding",
+                format!("{} F32 vector, dim {dim}, max_period {max_period}", tt.describe(t)),
+            ));
+        }
+        let n = tt.ne[0];
+        self.node(Op::TimestepEmbedding { dim, max_period }, DType::F32, [dim, n, 1, 1], &[t])
+    }
+}

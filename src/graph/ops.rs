@@ -66,6 +66,14 @@ pub enum Op {
     FlashAttnExt(super::FlashAttnParams),
     /// Rows of src0 written into the rows of src2 picked by the ids in src1; a view of src2.
     SetRows,
+    /// Element copies by index mapping: concat, repeat, pad, pad_reflect_1d, roll.
+    Gather(super::Gather),
+    /// Sum of tiles (the backward of repeat).
+    RepeatBack,
+    /// start + step * i.
+    Arange { start: f32, step: f32 },
+    /// Sinusoidal embedding of timesteps.
+    TimestepEmbedding { dim: usize, max_period: i32 },
 }
 
 impl Op {
@@ -89,6 +97,16 @@ impl Op {
             Op::Rope(_) => "rope",
             Op::FlashAttnExt(_) => "flash_attn_ext",
             Op::SetRows => "set_rows",
+            Op::Gather(g) => match g {
+                super::Gather::Concat { .. } => "concat",
+                super::Gather::Repeat => "repeat",
+                super::Gather::Pad { .. } => "pad",
+                super::Gather::PadReflect1d { .. } => "pad_reflect_1d",
+                super::Gather::Roll { .. } => "roll",
+            },
+            Op::RepeatBack => "repeat_back",
+            Op::Arange { .. } => "arange",
+            Op::TimestepEmbedding { .. } => "timestep_embedding",
         }
     }
 

@@ -6,6 +6,7 @@
 mod binary;
 mod cpy;
 mod flash_attn;
+mod gather;
 mod get_rows;
 mod mul_mat;
 mod norm;
@@ -119,5 +120,11 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::Rope(p) => rope::compute(ctx, ith, p),
         Op::FlashAttnExt(p) => flash_attn::compute(ctx, phase, ith, p),
         Op::SetRows => set_rows::compute(ctx, ith),
+        Op::Gather(g) => gather::compute(ctx, ith, g),
+        Op::RepeatBack => gather::repeat_back(ctx, ith),
+        Op::Arange { start, step } => gather::arange(ctx, ith, *start, *step),
+        Op::TimestepEmbedding { dim, max_period } => {
+            gather::timestep_embedding(ctx, ith, *dim, *max_period)
+        }
     }
 }
