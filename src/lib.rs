@@ -43,6 +43,9 @@ pub use backend::{
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
-pub use graph::{FlashAttnParams, Gather, Graph, Op, RopeMode, RopeParams, TensorId, UnaryOp};
+pub use graph::{
+    CustomArgs, CustomFn, FlashAttnParams, Gather, Graph, Op, RopeMode, RopeParams, TensorId,
+    UnaryOp,
+};
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

@@ -311,3 +311,62 @@ fn arange_and_timestep_embedding() {
     assert!(g.pad_reflect_1d(a, 4, 0).is_err());
     assert!(g.repeat(a, [6, 3, 1, 1]).is_err());
 }
+
+#[test]
+fn custom_ops_run_closures_and_survive_panics() {
+    use quantgraph::CustomArgs;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fail = Arc::new(AtomicBool::new(false));
+    let f2 = fail.clone();
+    let body: quantgraph::CustomFn = Arc::new(move |a: CustomArgs<'_>| {
+        if f2.load(Ordering::Relaxed) && a.ith == 0 {
+            panic!("boom in worker {}", a.ith);
+        }
+        let ne0 = a.dst_shape[0];
+        for (k, r) in a.rows.clone().enumerate() {
+            for i in 0..ne0 {
+                a.dst[k * ne0 + i] = a.srcs[0][r * ne0 + i] * 2.0 + a.srcs[1][i];
+            }
+        }
+        Ok(())
+    });
+    let errs: quantgraph::CustomFn = Arc::new(|_a: CustomArgs<'_>| Err("refused".to_string()));
+    for n_tasks in [None, Some(1)] {
+        let mut g = Graph::new();
+        let x = g.input(DType::F32, &[5, 4]).unwrap();
+        let b = g.input(DType::F32, &[5]).unwrap();
+        let y = g.map_custom2(x, b, "twice_plus", n_tasks, body.clone()).unwrap();
+        g.set_output(y);
+        let mut p = Plan::new(g, &CpuBackend::with_threads(3).unwrap()).unwrap();
+        let xv = rand_f32(20, 61);
+        let bv = rand_f32(5, 62);
+        p.set_input(x, &xv).unwrap();
+        p.set_input(b, &bv).unwrap();
+        p.compute().unwrap();
+        let want: Vec<f32> = (0..20).map(|k| xv[k] * 2.0 + bv[k % 5]).collect();
+        assert_eq!(p.output::<f32>(y).unwrap(), &want[..]);
+        fail.store(true, Ordering::Relaxed);
+        let e = p.compute().unwrap_err();
+        assert!(matches!(e, Error::Panicked { .. }) && e.to_string().contains("boom"), "{e}");
+        fail.store(false, Ordering::Relaxed);
+        p.compute().unwrap();
+        assert_eq!(p.output::<f32>(y).unwrap(), &want[..]);
+    }
+    let mut g = Graph::new();
+    let x = g.input(DType::F32, &[5, 4]).unwrap();
+    let y = g.map_custom1(x, "refuser", None, errs).unwrap();
+    g.set_output(y);
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input(x, &[0.0f32; 20]).unwrap();
+    assert!(p.compute().unwrap_err().to_string().contains("refused"));
+    custom_sources_must_be_f32().unwrap();
+}
+
+fn custom_sources_must_be_f32() -> Result<(), Error> {
+    let mut g = Graph::new();
+    let x = g.input(DType::I32, &[4])?;
+    let body: quantgraph::CustomFn = std::sync::Arc::new(|_a| Ok(()));
+    assert!(g.map_custom1(x, "ints", None, body).is_err(), "custom sources must be F32");
+    Ok(())
+}

@@ -4,11 +4,13 @@
 //! sees valid layouts.
 
 mod attention;
+mod custom;
 mod movement;
 mod ops;
 mod rope;
 
 pub use attention::FlashAttnParams;
+pub use custom::{CustomArgs, CustomFn, CustomOp};
 pub use movement::Gather;
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};

@@ -74,6 +74,8 @@ pub enum Op {
     Arange { start: f32, step: f32 },
     /// Sinusoidal embedding of timesteps.
     TimestepEmbedding { dim: usize, max_period: i32 },
+    /// A Rust closure (map_custom1/2/3, custom).
+    Custom(super::CustomOp),
 }
 
 impl Op {
@@ -107,6 +109,7 @@ impl Op {
             Op::RepeatBack => "repeat_back",
             Op::Arange { .. } => "arange",
             Op::TimestepEmbedding { .. } => "timestep_embedding",
+            Op::Custom(_) => "custom",
         }
     }
 

@@ -5,6 +5,7 @@
 
 mod binary;
 mod cpy;
+mod custom;
 mod flash_attn;
 mod gather;
 mod get_rows;
@@ -122,6 +123,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::SetRows => set_rows::compute(ctx, ith),
         Op::Gather(g) => gather::compute(ctx, ith, g),
         Op::RepeatBack => gather::repeat_back(ctx, ith),
+        Op::Custom(op) => custom::compute(ctx, ith, op),
         Op::Arange { start, step } => gather::arange(ctx, ith, *start, *step),
         Op::TimestepEmbedding { dim, max_period } => {
             gather::timestep_embedding(ctx, ith, *dim, *max_period)
