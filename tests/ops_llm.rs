@@ -426,3 +426,29 @@ fn flash_attn_ext_rejects_bad_shapes() {
     let r = g.flash_attn_ext(q, k, v, Some(m_ok), None, p).unwrap();
     assert_eq!(g.shape(r).unwrap(), [64, 4, 3, 1]);
 }
+
+#[test]
+fn soft_max_ext_with_sinks() {
+    let ne = [6usize, 3, 4, 1];
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &ne).unwrap();
+    let s = g.input(DType::F32, &[4]).unwrap();
+    let y = g.soft_max_ext_sinks(a, None, s, 0.5, 0.0).unwrap();
+    g.set_output(y);
+    let x = rand_f32(72, 71);
+    let sv = vec![-1.0f32, 0.0, 2.0, 10.0];
+    let got = compute(g, &[(a, x.clone()), (s, sv.clone())], &[], y, 2);
+    let mut want = Vec::new();
+    for row in 0..12 {
+        let h = row / 3;
+        let v: Vec<f64> = x[row * 6..row * 6 + 6].iter().map(|&t| t as f64 * 0.5).collect();
+        let mx = v.iter().cloned().fold(sv[h] as f64, f64::max);
+        let den: f64 = v.iter().map(|t| (t - mx).exp()).sum::<f64>() + (sv[h] as f64 - mx).exp();
+        want.extend(v.iter().map(|t| (t - mx).exp() / den));
+    }
+    assert!(nmse(&got, &want) < 1e-6);
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &ne).unwrap();
+    let bad = g.input(DType::F32, &[3]).unwrap();
+    assert!(g.soft_max_ext_sinks(a, None, bad, 1.0, 0.0).is_err());
+}

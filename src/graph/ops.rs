@@ -272,8 +272,30 @@ impl Graph {
         } else if max_bias > 0.0 {
             return Err(Error::param(OP, "max_bias > 0 (ALiBi) needs a mask"));
         }
-        let srcs: Vec<TensorId> = std::iter::once(a).chain(mask).collect();
-        self.node(Op::SoftMax { scale, max_bias }, DType::F32, ne, &srcs)
+        self.node_opt(Op::SoftMax { scale, max_bias }, DType::F32, ne, &[Some(a), mask])
+    }
+
+    /// soft_max_ext with attention sinks (ggml_soft_max_add_sinks): `sinks` F32 [a.ne[2]] adds one
+    /// extra logit per head (dim 2) to every row's normalisation.
+    pub fn soft_max_ext_sinks(
+        &mut self,
+        a: TensorId,
+        mask: Option<TensorId>,
+        sinks: TensorId,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<TensorId> {
+        let ts = self.get("soft_max_ext", sinks)?;
+        let n_head = self.get("soft_max_ext", a)?.ne[2];
+        if ts.dtype != DType::F32 || ts.ne != [n_head, 1, 1, 1] {
+            return Err(Error::shape(
+                "soft_max_ext",
+                format!("sinks {} must be F32 [{n_head}]", ts.describe(sinks)),
+            ));
+        }
+        let id = self.soft_max_ext(a, mask, scale, max_bias)?;
+        self.tensors[id.index()].src[2] = Some(sinks);
+        Ok(id)
     }
 
     /// Rows of `a` selected by the I32 `ids` (ggml_get_rows): `a` is [n, rows, b, c], `ids`

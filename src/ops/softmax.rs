@@ -9,6 +9,10 @@ use crate::quant::util::fp16_to_fp32;
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, scale: f32, max_bias: f32) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let mask = ctx.node.src[1].as_ref();
+    // SAFETY: sinks, when present, is a contiguous F32 vector of ne[2] values (build check).
+    let sinks = ctx.node.src[2]
+        .as_ref()
+        .map(|s| unsafe { std::slice::from_raw_parts(s.ptr as *const f32, s.ne[0]) });
     let ne0 = d.ne[0];
     let n_head = d.ne[2] as u32;
     let n_head_log2 = if n_head == 0 { 1 } else { 1u32 << n_head.ilog2() };
@@ -48,11 +52,17 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, scale: f32, max_bias: f32) 
                 *pd.add(i) = v;
                 max = max.max(v);
             }
+            if let Some(sk) = sinks {
+                max = max.max(sk[i2]);
+            }
             let mut sum = 0f64;
             for i in 0..ne0 {
                 let e = (*pd.add(i) - max).exp();
                 *pd.add(i) = e;
                 sum += e as f64;
+            }
+            if let Some(sk) = sinks {
+                sum += (sk[i2] - max).exp() as f64;
             }
             let inv = (1.0 / sum) as f32;
             for i in 0..ne0 {
