@@ -44,8 +44,8 @@ pub use backend::{
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
 pub use graph::{
-    CustomArgs, CustomFn, FlashAttnParams, Gather, Graph, Op, RopeMode, RopeParams, TensorId,
-    UnaryOp,
+    CustomArgs, CustomFn, FlashAttnParams, Gather, Graph, Op, RopeMode, RopeParams, ScaleMode,
+    TensorId, UnaryOp,
 };
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

@@ -370,3 +370,105 @@ fn custom_sources_must_be_f32() -> Result<(), Error> {
     assert!(g.map_custom1(x, "ints", None, body).is_err(), "custom sources must be F32");
     Ok(())
 }
+
+#[test]
+fn interpolate_nearest_bilinear_bicubic_antialias() {
+    use quantgraph::ScaleMode;
+    let ine = [5usize, 4, 2, 1];
+    let x = rand_f32(ine.iter().product(), 81);
+    let px = |xx: i64, yy: i64, c: usize| -> f64 {
+        let xx = xx.clamp(0, 4) as usize;
+        let yy = yy.clamp(0, 3) as usize;
+        x[(c * 4 + yy) * 5 + xx] as f64
+    };
+    let cases: [(ScaleMode, [usize; 4]); 6] = [
+        (ScaleMode::Nearest, [10, 8, 2, 1]),
+        (ScaleMode::Bilinear { align_corners: false, antialias: false }, [9, 7, 2, 1]),
+        (ScaleMode::Bilinear { align_corners: true, antialias: false }, [9, 7, 2, 1]),
+        (ScaleMode::Bicubic { align_corners: false }, [11, 6, 2, 1]),
+        (ScaleMode::Bicubic { align_corners: true }, [11, 6, 2, 1]),
+        (ScaleMode::Bilinear { align_corners: false, antialias: true }, [3, 2, 2, 1]),
+    ];
+    for (mode, one) in cases {
+        let mut g = Graph::new();
+        let a = g.input(DType::F32, &ine).unwrap();
+        let y = g.interpolate(a, one, mode).unwrap();
+        g.set_output(y);
+        let got = run(g, &[(a, x.clone())], y, 2);
+        let (sx, sy) = (one[0] as f64 / 5.0, one[1] as f64 / 4.0);
+        let want: Vec<f64> = each(one)
+            .map(|i| {
+                let c = i[2];
+                let (fx, fy) = (i[0] as f64, i[1] as f64);
+                match mode {
+                    ScaleMode::Nearest => px((fx / sx).floor() as i64, (fy / sy).floor() as i64, c),
+                    ScaleMode::Bilinear { align_corners, antialias: false } => {
+                        let (srcx, srcy) = if align_corners {
+                            (fx * 4.0 / (one[0] - 1) as f64, fy * 3.0 / (one[1] - 1) as f64)
+                        } else {
+                            (((fx + 0.5) / sx - 0.5).max(0.0), ((fy + 0.5) / sy - 0.5).max(0.0))
+                        };
+                        let (x0, y0) = (srcx.floor(), srcy.floor());
+                        let (dx, dy) = (srcx - x0, srcy - y0);
+                        let (x0, y0) = (x0 as i64, y0 as i64);
+                        px(x0, y0, c) * (1.0 - dx) * (1.0 - dy)
+                            + px(x0 + 1, y0, c) * dx * (1.0 - dy)
+                            + px(x0, y0 + 1, c) * (1.0 - dx) * dy
+                            + px(x0 + 1, y0 + 1, c) * dx * dy
+                    }
+                    ScaleMode::Bicubic { align_corners } => {
+                        let (srcx, srcy) = if align_corners {
+                            (fx * 4.0 / (one[0] - 1) as f64, fy * 3.0 / (one[1] - 1) as f64)
+                        } else {
+                            ((fx + 0.5) / sx - 0.5, (fy + 0.5) / sy - 0.5)
+                        };
+                        let a = -0.75f64;
+                        let k = |t: f64| {
+                            let t = t.abs();
+                            if t <= 1.0 {
+                                (a + 2.0) * t * t * t - (a + 3.0) * t * t + 1.0
+                            } else if t < 2.0 {
+                                a * t * t * t - 5.0 * a * t * t + 8.0 * a * t - 4.0 * a
+                            } else {
+                                0.0
+                            }
+                        };
+                        let (x0, y0) = (srcx.floor(), srcy.floor());
+                        let mut v = 0.0;
+                        for yo in -1..=2 {
+                            for xo in -1..=2 {
+                                let w = k(srcx - (x0 + xo as f64)) * k(srcy - (y0 + yo as f64));
+                                v += w * px(x0 as i64 + xo, y0 as i64 + yo, c);
+                            }
+                        }
+                        v
+                    }
+                    ScaleMode::Bilinear { antialias: true, .. } => {
+                        // PyTorch's antialiased bilinear: triangle filter widened by 1/scale.
+                        let (cx, cy) = ((fx + 0.5) / sx, (fy + 0.5) / sy);
+                        let (supx, supy) = ((1.0 / sx).max(1.0), (1.0 / sy).max(1.0));
+                        let (mut v, mut tw) = (0.0, 0.0);
+                        for yy in 0..4i64 {
+                            let wy = (1.0 - ((yy as f64 - cy + 0.5) / supy).abs()).max(0.0);
+                            for xx in 0..5i64 {
+                                let w = (1.0 - ((xx as f64 - cx + 0.5) / supx).abs()).max(0.0) * wy;
+                                if w > 0.0 {
+                                    v += w * px(xx, yy, c);
+                                    tw += w;
+                                }
+                            }
+                        }
+                        v / tw
+                    }
+                }
+            })
+            .collect();
+        let e = nmse(&got, &want);
+        assert!(e < 1e-7, "{mode:?}: nmse {e}");
+    }
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &ine).unwrap();
+    assert!(g.upscale(a, 1, ScaleMode::Nearest).is_err());
+    let h = g.cast(a, DType::F16).unwrap();
+    assert!(g.upscale(h, 2, ScaleMode::Nearest).is_err(), "F32 only");
+}

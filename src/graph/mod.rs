@@ -11,7 +11,7 @@ mod rope;
 
 pub use attention::FlashAttnParams;
 pub use custom::{CustomArgs, CustomFn, CustomOp};
-pub use movement::Gather;
+pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};

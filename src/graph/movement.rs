@@ -243,3 +243,42 @@ impl Graph {
         self.node(Op::TimestepEmbedding { dim, max_period }, DType::F32, [dim, n, 1, 1], &[t])
     }
 }
+
+/// Interpolation used by `interpolate` (ggml's `GGML_SCALE_MODE_*` with its flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleMode {
+    /// Nearest neighbour.
+    Nearest,
+    /// Bilinear over dims 0 and 1; `antialias` widens the filter when shrinking (PyTorch's).
+    Bilinear { align_corners: bool, antialias: bool },
+    /// Bicubic (alpha -0.75, as PyTorch) over dims 0 and 1.
+    Bicubic { align_corners: bool },
+}
+
+impl Graph {
+    /// ggml_interpolate: resizes F32 `a` to shape `ne` (dims 2 and 3 by nearest index).
+    pub fn interpolate(
+        &mut self,
+        a: TensorId,
+        ne: [usize; 4],
+        mode: ScaleMode,
+    ) -> Result<TensorId> {
+        let ta = self.get("upscale", a)?;
+        if ta.dtype != DType::F32 || ne.contains(&0) || ta.ne.contains(&0) {
+            return Err(Error::param(
+                "upscale",
+                format!("{} (F32, non-empty) to {ne:?}", ta.describe(a)),
+            ));
+        }
+        self.node(Op::Upscale(mode), DType::F32, ne, &[a])
+    }
+
+    /// ggml_upscale: dims 0 and 1 multiplied by `factor` (> 1).
+    pub fn upscale(&mut self, a: TensorId, factor: usize, mode: ScaleMode) -> Result<TensorId> {
+        let ne = self.get("upscale", a)?.ne;
+        if factor < 2 {
+            return Err(Error::param("upscale", format!("scale factor {factor} must be > 1")));
+        }
+        self.interpolate(a, [ne[0] * factor, ne[1] * factor, ne[2], ne[3]], mode)
+    }
+}

@@ -76,6 +76,8 @@ pub enum Op {
     TimestepEmbedding { dim: usize, max_period: i32 },
     /// A Rust closure (map_custom1/2/3, custom).
     Custom(super::CustomOp),
+    /// Resize (upscale / interpolate).
+    Upscale(super::ScaleMode),
 }
 
 impl Op {
@@ -110,6 +112,7 @@ impl Op {
             Op::Arange { .. } => "arange",
             Op::TimestepEmbedding { .. } => "timestep_embedding",
             Op::Custom(_) => "custom",
+            Op::Upscale(_) => "upscale",
         }
     }
 

@@ -15,6 +15,7 @@ mod rope;
 mod set_rows;
 mod softmax;
 mod unary;
+mod upscale;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
@@ -124,6 +125,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::Gather(g) => gather::compute(ctx, ith, g),
         Op::RepeatBack => gather::repeat_back(ctx, ith),
         Op::Custom(op) => custom::compute(ctx, ith, op),
+        Op::Upscale(m) => upscale::compute(ctx, ith, *m),
         Op::Arange { start, step } => gather::arange(ctx, ith, *start, *step),
         Op::TimestepEmbedding { dim, max_period } => {
             gather::timestep_embedding(ctx, ith, *dim, *max_period)
