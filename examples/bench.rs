@@ -159,6 +159,129 @@ fn vec_dot(ty: DType, n: usize, reps: usize) -> quantgraph::Result<()> {
     Ok(())
 }
 
+/// Measures memory bandwidth (GB/s) with a multi-threaded copy of 256 MiB, the same run's
+/// reference for the GB/s columns.
+fn bandwidth(threads: usize) -> f64 {
+    let n = 32 << 20; // f64 elements: 256 MiB per side
+    let src = vec![1.0f64; n];
+    let mut dst = vec![0.0f64; n];
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        pool.install(|| {
+            use rayon::prelude::*;
+            dst.par_chunks_mut(1 << 16)
+                .zip(src.par_chunks(1 << 16))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        });
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    2.0 * (n * 8) as f64 / median(times) / 1e9
+}
+
+/// One op on the shapes the issues name; prints median ms and GB/s of tensor traffic.
+fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
+    use quantgraph::{FlashAttnParams, RopeMode, RopeParams};
+    let be = CpuBackend::with_threads(threads)?;
+    let mut g = Graph::new();
+    let mut f32_inputs = Vec::new();
+    let mut i32_inputs: Vec<(quantgraph::TensorId, Vec<i32>)> = Vec::new();
+    let mut f16_inputs = Vec::new();
+    let mut input = |g: &mut Graph, ne: &[usize]| -> quantgraph::Result<quantgraph::TensorId> {
+        let t = g.input(DType::F32, ne)?;
+        f32_inputs.push((t, ne.iter().product::<usize>()));
+        Ok(t)
+    };
+    let mut input16 = |g: &mut Graph, ne: &[usize]| -> quantgraph::Result<quantgraph::TensorId> {
+        let t = g.input(DType::F16, ne)?;
+        f16_inputs.push((t, ne.iter().product::<usize>()));
+        Ok(t)
+    };
+    // (output, bytes moved per run)
+    let (out, bytes) = match name {
+        "rms_norm" => {
+            let a = input(&mut g, &[4096, 512])?;
+            (g.rms_norm(a, 1e-5)?, 2 * 4096 * 512 * 4)
+        }
+        "soft_max_ext" => {
+            let a = input(&mut g, &[512, 512, 32])?;
+            let m = input16(&mut g, &[512, 512])?;
+            (g.soft_max_ext(a, Some(m), 0.125, 0.0)?, 2 * 512 * 512 * 32 * 4)
+        }
+        "rope" => {
+            let a = input(&mut g, &[128, 32, 512])?;
+            let p = g.input(DType::I32, &[512])?;
+            i32_inputs.push((p, (0..512).collect()));
+            (
+                g.rope_ext(a, p, None, RopeParams::new(128, RopeMode::Neox, 10000.0))?,
+                2 * 128 * 32 * 512 * 4,
+            )
+        }
+        "add" | "mul" => {
+            let a = input(&mut g, &[4096, 512])?;
+            let b = input(&mut g, &[4096, 512])?;
+            (if name == "add" { g.add(a, b)? } else { g.mul(a, b)? }, 3 * 4096 * 512 * 4)
+        }
+        "silu" | "gelu" => {
+            let a = input(&mut g, &[4096, 512])?;
+            (if name == "silu" { g.silu(a)? } else { g.gelu(a)? }, 2 * 4096 * 512 * 4)
+        }
+        "get_rows" => {
+            let w = rand_vec(4096 * 4096, 3);
+            let mut q = vec![0u8; DType::Q4_0.row_size(4096 * 4096)?];
+            quantgraph::quant::quantize(DType::Q4_0, &w, &mut q)?;
+            let buf = Buffer::from_host(q);
+            let a = g.weight(DType::Q4_0, &[4096, 4096], &buf, 0)?;
+            let ids = g.input(DType::I32, &[512])?;
+            i32_inputs.push((ids, (0..512).map(|i| (i * 7919) % 4096).collect()));
+            (g.get_rows(a, ids)?, 512 * 4096 * 4 + 512 * DType::Q4_0.row_size(4096)?)
+        }
+        "cpy_f32_q8_0" => {
+            let a = input(&mut g, &[4096, 512])?;
+            (g.cast(a, DType::Q8_0)?, 4096 * 512 * 4 + DType::Q8_0.row_size(4096 * 512)?)
+        }
+        "flash_attn_ext" | "flash_attn_ext_decode" => {
+            let (nq, nkv) = if name == "flash_attn_ext" { (512, 512) } else { (1, 4096) };
+            let q = input(&mut g, &[128, nq, 32])?;
+            let k = input16(&mut g, &[128, nkv, 32])?;
+            let v = input16(&mut g, &[128, nkv, 32])?;
+            let m = input16(&mut g, &[nkv, nq.next_multiple_of(4)])?;
+            let o = g.flash_attn_ext(q, k, v, Some(m), None, FlashAttnParams::new(0.088))?;
+            (o, 2 * nkv * 128 * 32 * 2 + 2 * nq * 128 * 32 * 4)
+        }
+        _ => return Err(quantgraph::Error::InvalidArgument(format!("unknown op bench {name}"))),
+    };
+    g.set_output(out);
+    let mut plan = Plan::new(g, &be)?;
+    for (t, n) in &f32_inputs {
+        plan.set_input(*t, &rand_vec(*n, 7))?;
+    }
+    for (t, n) in &f16_inputs {
+        let v: Vec<half::f16> = rand_vec(*n, 8).iter().map(|&x| half::f16::from_f32(x)).collect();
+        plan.set_input(*t, &v)?;
+    }
+    for (t, v) in &i32_inputs {
+        plan.set_input(*t, v)?;
+    }
+    plan.compute()?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        plan.compute()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let t = median(times);
+    println!(
+        "quantgraph op {name} threads={threads} median_ms={:.3} gbps={:.1} machine_gbps={:.1}",
+        t * 1e3,
+        bytes as f64 / t / 1e9,
+        bandwidth(threads)
+    );
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -178,6 +301,14 @@ fn main() {
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }
         }
+        Some("op") => {
+            op(&arg::<String>(&args, 1, "NAME"), arg(&args, 2, "THREADS"), arg(&args, 3, "REPS"))
+        }
+        Some("bandwidth") => {
+            let t: usize = arg(&args, 1, "THREADS");
+            println!("quantgraph bandwidth threads={t} gbps={:.1}", bandwidth(t));
+            Ok(())
+        }
         Some("vec-dot") => {
             let ty: String = arg(&args, 1, "TYPE");
             match DType::from_name(&ty) {
@@ -188,7 +319,8 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
-                 matmul TYPE M N K THREADS REPS | vec-dot TYPE N REPS"
+                 matmul TYPE M N K THREADS REPS | vec-dot TYPE N REPS | op NAME THREADS REPS | \
+                 bandwidth THREADS"
             );
             std::process::exit(2)
         }
