@@ -99,6 +99,23 @@ unary_kernels! {
     relu_f32 => relu;
 }
 
+/// dst[i] = exp(dst[i] - max) for `n` values; returns their sum in f64.
+///
+/// # Safety
+/// `dst` is valid for `n` reads and writes.
+pub(crate) unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
+    let mut sum = 0f64;
+    for i in 0..n {
+        // SAFETY: i < n.
+        unsafe {
+            let v = (*dst.add(i) - max).exp();
+            *dst.add(i) = v;
+            sum += v as f64;
+        }
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,12 +55,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, scale: f32, max_bias: f32) 
             if let Some(sk) = sinks {
                 max = max.max(sk[i2]);
             }
-            let mut sum = 0f64;
-            for i in 0..ne0 {
-                let e = (*pd.add(i) - max).exp();
-                *pd.add(i) = e;
-                sum += e as f64;
-            }
+            let mut sum = (crate::kernels::table().exp_sub_sum_f32)(ne0, pd, max);
             if let Some(sk) = sinks {
                 sum += (sk[i2] - max).exp() as f64;
             }

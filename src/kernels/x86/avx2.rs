@@ -69,7 +69,207 @@ macro_rules! unary_kernels {
     )*};
 }
 unary_kernels! {
-    silu_f32 => scalar::silu;
     gelu_f32 => scalar::gelu;
     relu_f32 => scalar::relu;
+}
+
+/// Vector expf with about 1 ulp accuracy: exp(x) = 2^n * p(b) where n = round(x / ln 2) and b the
+/// reduced argument, with the coefficients and the overflow/underflow handling of the ARM
+/// optimized-routines algorithm that ggml's `ggml_v_expf` uses (results match it bit for bit).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) fn v_expf(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000)); // 0x1.8p23
+    let z = _mm256_fmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r); // 1/ln2
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(
+        n,
+        _mm256_set1_ps(f32::from_bits(0x35bf_be8e)), // ln2 low part
+        _mm256_fnmadd_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x), // ln2 high part
+    );
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let c = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0)));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+            ),
+            u,
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+            ),
+        ),
+        u,
+        _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
+    );
+    if _mm256_movemask_ps(_mm256_castsi256_ps(c)) == 0 {
+        return _mm256_fmadd_ps(j, k, k);
+    }
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let d = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0)));
+    _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(d), _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            _mm256_castsi256_ps(d),
+            _mm256_or_ps(
+                _mm256_and_ps(
+                    _mm256_castsi256_ps(c),
+                    _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1),
+                ),
+                _mm256_andnot_ps(_mm256_castsi256_ps(c), _mm256_fmadd_ps(k, j, k)),
+            ),
+        ),
+    )
+}
+
+/// SiLU x / (1 + exp(-x)) over `n` f32 with the vector exp.
+///
+/// # Safety
+/// As `scalar::silu_f32`, and the CPU supports AVX2/FMA/F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn silu_vexp_f32(n: usize, dst: *mut f32, a: *const f32) {
+    use std::arch::x86_64::*;
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n keeps the loads and the store inside the n elements.
+        unsafe {
+            let x = _mm256_loadu_ps(a.add(i));
+            let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            _mm256_storeu_ps(dst.add(i), _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e)));
+        }
+        i += 8;
+    }
+    while i < n {
+        // SAFETY: i < n.
+        unsafe { *dst.add(i) = scalar::silu(*a.add(i)) };
+        i += 1;
+    }
+}
+
+/// dst[i] = exp(dst[i] - max) for `n` values; returns their sum (f64 over 8-lane partial sums,
+/// as ggml's `ggml_vec_soft_max_f32`).
+///
+/// # Safety
+/// `dst` is valid for `n` reads and writes; the CPU supports AVX2/FMA/F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
+    use std::arch::x86_64::*;
+    let mut sum = 0f64;
+    let mut i = 0;
+    let m = _mm256_set1_ps(max);
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n.
+        unsafe {
+            let v = v_expf(_mm256_sub_ps(_mm256_loadu_ps(dst.add(i)), m));
+            _mm256_storeu_ps(dst.add(i), v);
+            let h = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            let h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            sum += _mm_cvtss_f32(h) as f64;
+        }
+        i += 8;
+    }
+    while i < n {
+        // SAFETY: i < n.
+        unsafe {
+            let v = (*dst.add(i) - max).exp();
+            *dst.add(i) = v;
+            sum += v as f64;
+        }
+        i += 1;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Isa;
+
+    #[test]
+    fn v_expf_is_accurate_across_the_range() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let mut xs: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.0517).collect();
+        xs.extend([
+            -104.0,
+            -87.5,
+            -0.0,
+            0.0,
+            1e-30,
+            88.0,
+            88.7,
+            89.0,
+            120.0,
+            -150.0,
+            f32::NEG_INFINITY,
+        ]);
+        for chunk in xs.chunks(8) {
+            let mut v = [0f32; 8];
+            v[..chunk.len()].copy_from_slice(chunk);
+            let mut out = [0f32; 8];
+            // SAFETY: AVX2 checked above; v and out hold 8 f32.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm256_storeu_ps(out.as_mut_ptr(), v_expf(_mm256_loadu_ps(v.as_ptr())));
+            }
+            for (x, y) in v.iter().zip(out) {
+                let want = (*x as f64).exp();
+                if want > f32::MAX as f64 {
+                    assert!(y.is_infinite(), "exp({x}) = {y}");
+                } else if want < 1e-38 {
+                    assert!(y.abs() < 1e-37, "exp({x}) = {y}");
+                } else {
+                    assert!(((y as f64 - want) / want).abs() < 3e-7, "exp({x}) = {y}, want {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn silu_and_softmax_exp_match_scalar() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        for n in [1usize, 7, 8, 9, 100] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 12.0).collect();
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            // SAFETY: n elements behind each pointer; AVX2 checked above.
+            unsafe {
+                silu_vexp_f32(n, a.as_mut_ptr(), x.as_ptr());
+                scalar::silu_f32(n, b.as_mut_ptr(), x.as_ptr());
+            }
+            for (p, q) in a.iter().zip(&b) {
+                assert!((p - q).abs() <= 1e-6 * q.abs().max(1e-3), "silu {p} vs {q}");
+            }
+            let (mut c, mut d) = (x.clone(), x.clone());
+            // SAFETY: as above.
+            let (s1, s2) = unsafe {
+                (
+                    exp_sub_sum_f32(n, c.as_mut_ptr(), 12.0),
+                    scalar::exp_sub_sum_f32(n, d.as_mut_ptr(), 12.0),
+                )
+            };
+            assert!((s1 - s2).abs() <= 1e-6 * s2.abs(), "sum {s1} vs {s2}");
+            for (p, q) in c.iter().zip(&d) {
+                assert!((p - q).abs() <= 1e-6 * q.abs().max(1e-30), "exp {p} vs {q}");
+            }
+        }
+    }
 }
