@@ -182,6 +182,8 @@ pub(crate) type BinaryF32 = unsafe fn(n: usize, dst: *mut f32, a: *const f32, b:
 pub(crate) type UnaryF32 = unsafe fn(n: usize, dst: *mut f32, a: *const f32);
 /// f32 dot product of two equal-length slices.
 pub(crate) type DotF32 = fn(a: &[f32], b: &[f32]) -> f32;
+/// f16 bits to f32, `src.len() == dst.len()`.
+pub(crate) type F16ToF32 = fn(src: &[u16], dst: &mut [f32]);
 /// In-place `x = exp(x - max)` over `n` values, returning the f64 sum (softmax's inner loop).
 pub(crate) type ExpSubSum = unsafe fn(n: usize, dst: *mut f32, max: f32) -> f64;
 
@@ -201,6 +203,7 @@ pub struct KernelTable {
     pub(crate) gelu_f32: UnaryF32,
     pub(crate) relu_f32: UnaryF32,
     pub(crate) exp_sub_sum_f32: ExpSubSum,
+    pub(crate) f16_to_f32: F16ToF32,
 }
 
 impl KernelTable {
@@ -218,6 +221,7 @@ impl KernelTable {
             gelu_f32: scalar::gelu_f32,
             relu_f32: scalar::relu_f32,
             exp_sub_sum_f32: scalar::exp_sub_sum_f32,
+            f16_to_f32: scalar::f16_to_f32,
         };
         for d in DType::ALL {
             let f = crate::quant::format(d);

@@ -99,6 +99,13 @@ unary_kernels! {
     relu_f32 => relu;
 }
 
+/// f16 bits to f32.
+pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = crate::quant::util::fp16_to_fp32(h);
+    }
+}
+
 /// dst[i] = exp(dst[i] - max) for `n` values; returns their sum in f64.
 ///
 /// # Safety

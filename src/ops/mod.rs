@@ -102,6 +102,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::Rope(_) => rope::work_size(node, nth),
         Op::Cpy | Op::Dup => cpy::work_size(node, nth),
         Op::SetRows => set_rows::work_size(node, nth),
+        Op::SoftMax { .. } => softmax::work_size(node, nth),
         Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
         _ => 0,
     }

@@ -135,6 +135,30 @@ pub(crate) fn v_expf(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 
     )
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_to_f32_avx2(src: &[u16], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n <= both lengths.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for k in i..n {
+        dst[k] = crate::quant::util::fp16_to_fp32(src[k]);
+    }
+}
+
+/// f16 bits to f32 with F16C.
+pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { f16_to_f32_avx2(src, dst) }
+}
+
 /// SiLU x / (1 + exp(-x)) over `n` f32 with the vector exp.
 ///
 /// # Safety

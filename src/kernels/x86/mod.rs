@@ -13,6 +13,7 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.div_f32 = avx2::div_f32;
     t.silu_f32 = avx2::silu_vexp_f32;
     t.exp_sub_sum_f32 = avx2::exp_sub_sum_f32;
+    t.f16_to_f32 = avx2::f16_to_f32;
     t.gelu_f32 = avx2::gelu_f32;
     t.relu_f32 = avx2::relu_f32;
 }
