@@ -114,6 +114,39 @@ fn fill_cache(
     }
 }
 
+/// Rotates one row: `get`/`put` read and write element i of the source and destination rows.
+#[inline(always)]
+fn rotate(
+    mode: RopeMode,
+    n_dims: usize,
+    ne0: usize,
+    cache: &[f32],
+    get: impl Fn(usize) -> f32,
+    mut put: impl FnMut(usize, f32),
+) {
+    let pairs = |n: usize, off: usize, scale: usize, put: &mut dyn FnMut(usize, f32)| {
+        for i0 in (0..n).step_by(2) {
+            let ic = i0 / scale;
+            let (c, s) = (cache[i0], cache[i0 + 1]);
+            let (x0, x1) = (get(ic), get(ic + off));
+            put(ic, x0 * c - x1 * s);
+            put(ic + off, x0 * s + x1 * c);
+        }
+    };
+    match mode {
+        RopeMode::Normal => pairs(n_dims, 1, 1, &mut put),
+        RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope => {
+            pairs(n_dims, n_dims / 2, 2, &mut put)
+        }
+        RopeMode::Vision => pairs(ne0, n_dims, 2, &mut put),
+    }
+    if mode != RopeMode::Vision {
+        for i0 in n_dims..ne0 {
+            put(i0, get(i0));
+        }
+    }
+}
+
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<()> {
     let (a, posv, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let ff_view = ctx.node.src[2].as_ref();
@@ -132,7 +165,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<(
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     let mut last_i2 = usize::MAX;
     let f16 = d.dtype == DType::F16;
-    let (n_dims, nh) = (p.n_dims, p.n_dims / 2);
+    let n_dims = p.n_dims;
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &d.ne);
         if i2 != last_i2 {
@@ -145,42 +178,18 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<(
             last_i2 = i2;
         }
         // SAFETY: row indices are below the shared shape; rows hold ne0 contiguous elements
-        // (build check); each worker writes its own rows; pairs are read before being written.
+        // (build check); each worker writes its own rows; pairs are read before being written
+        // (in place is exact aliasing, so raw pointers are used, no overlapping slices).
         unsafe {
             let sa = a.row(i1, i2, i3);
             let sd = d.row(i1, i2, i3);
-            let get = |i: usize| -> f32 {
-                if f16 {
-                    fp16_to_fp32(*(sa as *const u16).add(i))
-                } else {
-                    *(sa as *const f32).add(i)
-                }
-            };
-            let put = |i: usize, v: f32| {
-                if f16 {
-                    *(sd as *mut u16).add(i) = fp32_to_fp16(v);
-                } else {
-                    *(sd as *mut f32).add(i) = v;
-                }
-            };
-            let rotate = |n: usize, off: usize, scale: usize| {
-                for i0 in (0..n).step_by(2) {
-                    let ic = i0 / scale;
-                    let (c, s) = (cache[i0], cache[i0 + 1]);
-                    let (x0, x1) = (get(ic), get(ic + off));
-                    put(ic, x0 * c - x1 * s);
-                    put(ic + off, x0 * s + x1 * c);
-                }
-            };
-            match p.mode {
-                RopeMode::Normal => rotate(n_dims, 1, 1),
-                RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope => rotate(n_dims, nh, 2),
-                RopeMode::Vision => rotate(ne0, n_dims, 2),
-            }
-            if p.mode != RopeMode::Vision {
-                for i0 in n_dims..ne0 {
-                    put(i0, get(i0));
-                }
+            if f16 {
+                let get = |i: usize| fp16_to_fp32(*(sa as *const u16).add(i));
+                let put = |i: usize, v: f32| *(sd as *mut u16).add(i) = fp32_to_fp16(v);
+                rotate(p.mode, n_dims, ne0, cache, get, put);
+            } else {
+                let (xs, ys) = (sa as *const f32, sd as *mut f32);
+                rotate(p.mode, n_dims, ne0, cache, |i| *xs.add(i), |i, v| *ys.add(i) = v);
             }
         }
     }
