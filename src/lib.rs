@@ -33,6 +33,7 @@ pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod kernels;
+pub mod models;
 pub(crate) mod ops;
 pub mod plan;
 pub mod quant;

@@ -1,0 +1,321 @@
+//! A llama-architecture model runner: token embedding, `n_layer` blocks of RMS norm, rotary
+//! attention with grouped KV heads and SwiGLU feed-forward, final norm and output projection, with
+//! llama.cpp's tensor names (`token_embd`, `blk.N.attn_q`, ...). The KV cache lives in state
+//! buffers written with `set_rows`, so a decode step only computes the new token.
+
+use super::WeightRef;
+use crate::backend::{Buffer, CpuBackend};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::{FlashAttnParams, Graph, RopeMode, RopeParams, TensorId};
+use crate::plan::Plan;
+use std::collections::HashMap;
+
+/// Hyperparameters (llama.cpp's `llama.*` GGUF keys).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// `llama.embedding_length`
+    pub n_embd: usize,
+    /// `llama.block_count`
+    pub n_layer: usize,
+    /// `llama.attention.head_count`
+    pub n_head: usize,
+    /// `llama.attention.head_count_kv`
+    pub n_head_kv: usize,
+    /// `llama.feed_forward_length`
+    pub n_ff: usize,
+    /// rows of `token_embd`
+    pub n_vocab: usize,
+    /// `llama.context_length` (also the KV cache size)
+    pub n_ctx: usize,
+    /// `llama.rope.freq_base`
+    pub rope_base: f32,
+    /// `llama.attention.layer_norm_rms_epsilon`
+    pub eps: f32,
+}
+
+impl LlamaConfig {
+    /// Head size.
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+
+    fn validate(&self) -> Result<()> {
+        let c = self;
+        if c.n_head == 0
+            || c.n_head_kv == 0
+            || c.n_embd % c.n_head != 0
+            || c.n_head % c.n_head_kv != 0
+            || c.head_dim() % 2 != 0
+            || c.n_layer == 0
+            || c.n_ctx == 0
+            || c.n_vocab == 0
+        {
+            return Err(Error::param("llama", format!("inconsistent hyperparameters {c:?}")));
+        }
+        Ok(())
+    }
+}
+
+/// The weights of one block.
+struct Layer {
+    attn_norm: WeightRef,
+    wq: WeightRef,
+    wk: WeightRef,
+    wv: WeightRef,
+    wo: WeightRef,
+    ffn_norm: WeightRef,
+    gate: WeightRef,
+    up: WeightRef,
+    down: WeightRef,
+}
+
+/// A loaded model with its KV cache.
+pub struct Llama {
+    cfg: LlamaConfig,
+    tok_embd: WeightRef,
+    output_norm: WeightRef,
+    output: WeightRef,
+    layers: Vec<Layer>,
+    /// Per layer: K and V caches, F16 [head_dim * n_head_kv, n_ctx].
+    cache: Vec<(Buffer, Buffer)>,
+    backend: CpuBackend,
+    /// Tokens already in the cache.
+    n_past: usize,
+    decode: Option<Step>,
+}
+
+/// A planned step for `n_tokens` tokens.
+struct Step {
+    n_tokens: usize,
+    plan: Plan,
+    tokens: TensorId,
+    pos: TensorId,
+    mask: TensorId,
+    logits: TensorId,
+}
+
+fn take(w: &HashMap<String, WeightRef>, name: &str) -> Result<WeightRef> {
+    w.get(name).cloned().ok_or_else(|| Error::arg(format!("llama: missing tensor '{name}'")))
+}
+
+impl Llama {
+    /// A model from its hyperparameters and weights by llama.cpp name. `output.weight` may be
+    /// absent (tied embeddings).
+    pub fn new(
+        cfg: LlamaConfig,
+        weights: &HashMap<String, WeightRef>,
+        backend: &CpuBackend,
+    ) -> Result<Llama> {
+        cfg.validate()?;
+        let tok_embd = take(weights, "token_embd.weight")?;
+        let output = weights.get("output.weight").cloned().unwrap_or_else(|| tok_embd.clone());
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        let mut cache = Vec::with_capacity(cfg.n_layer);
+        let kv_row = DType::F16.row_size(cfg.head_dim() * cfg.n_head_kv)?;
+        for i in 0..cfg.n_layer {
+            let t = |n: &str| take(weights, &format!("blk.{i}.{n}.weight"));
+            layers.push(Layer {
+                attn_norm: t("attn_norm")?,
+                wq: t("attn_q")?,
+                wk: t("attn_k")?,
+                wv: t("attn_v")?,
+                wo: t("attn_output")?,
+                ffn_norm: t("ffn_norm")?,
+                gate: t("ffn_gate")?,
+                up: t("ffn_up")?,
+                down: t("ffn_down")?,
+            });
+            let bytes =
+                kv_row.checked_mul(cfg.n_ctx).ok_or(Error::Overflow { what: "kv cache" })?;
+            cache.push((Buffer::alloc(bytes)?, Buffer::alloc(bytes)?));
+        }
+        let m = Llama {
+            cfg,
+            tok_embd,
+            output_norm: take(weights, "output_norm.weight")?,
+            output,
+            layers,
+            cache,
+            backend: backend.clone(),
+            n_past: 0,
+            decode: None,
+        };
+        // Build once to validate every shape now rather than at the first token.
+        m.build(1)?;
+        Ok(m)
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// Tokens in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+
+    /// Forgets the KV cache.
+    pub fn reset(&mut self) {
+        self.n_past = 0;
+    }
+
+    fn weight(g: &mut Graph, w: &WeightRef) -> Result<TensorId> {
+        let nd = if w.ne[3] > 1 {
+            4
+        } else if w.ne[2] > 1 {
+            3
+        } else if w.ne[1] > 1 {
+            2
+        } else {
+            1
+        };
+        g.weight(w.dtype, &w.ne[..nd], &w.buffer, w.offset)
+    }
+
+    fn mm(g: &mut Graph, w: &WeightRef, x: TensorId) -> Result<TensorId> {
+        let wt = Self::weight(g, w)?;
+        g.mul_mat(wt, x)
+    }
+
+    /// The graph for `t` new tokens attending over the whole cache (masked past `n_past + t`).
+    fn build(&self, t: usize) -> Result<Step> {
+        let c = &self.cfg;
+        let (hd, nh, nkv, ctx) = (c.head_dim(), c.n_head, c.n_head_kv, c.n_ctx);
+        let mut g = Graph::with_capacity(32 * c.n_layer + 16);
+        let tokens = g.input(DType::I32, &[t])?;
+        let pos = g.input(DType::I32, &[t])?;
+        let mask32 = g.input(DType::F32, &[ctx, t.next_multiple_of(4)])?;
+        let mask = g.cast(mask32, DType::F16)?;
+        let emb = Self::weight(&mut g, &self.tok_embd)?;
+        let mut x = g.get_rows(emb, tokens)?;
+        let rope = RopeParams::new(hd, RopeMode::Normal, c.rope_base);
+        let fa = FlashAttnParams::new(1.0 / (hd as f32).sqrt());
+        for (l, (kb, vb)) in self.layers.iter().zip(&self.cache) {
+            let an = Self::weight(&mut g, &l.attn_norm)?;
+            let h = g.rms_norm(x, c.eps)?;
+            let h = g.mul(h, an)?;
+            let q = Self::mm(&mut g, &l.wq, h)?;
+            let k = Self::mm(&mut g, &l.wk, h)?;
+            let v = Self::mm(&mut g, &l.wv, h)?;
+            let q = g.reshape(q, &[hd, nh, t])?;
+            let k = g.reshape(k, &[hd, nkv, t])?;
+            let q = g.rope_ext(q, pos, None, rope)?;
+            let k = g.rope_ext(k, pos, None, rope)?;
+            // Write this step's K and V rows into the caches at their positions.
+            let kc = g.state(DType::F16, &[hd * nkv, ctx], kb, 0)?;
+            let vc = g.state(DType::F16, &[hd * nkv, ctx], vb, 0)?;
+            let k2 = g.reshape(k, &[hd * nkv, t])?;
+            g.set_rows(kc, k2, pos)?;
+            g.set_rows(vc, v, pos)?;
+            // Attend over the whole cache: [hd, nkv, ctx] viewed as [hd, ctx, nkv].
+            let row = DType::F16.row_size(hd)?;
+            let kview = g.view_3d(kc, [hd, nkv, ctx], [row, row * nkv], 0)?;
+            let vview = g.view_3d(vc, [hd, nkv, ctx], [row, row * nkv], 0)?;
+            let kview = g.permute(kview, [0, 2, 1, 3])?;
+            let vview = g.permute(vview, [0, 2, 1, 3])?;
+            let qp = g.permute(q, [0, 2, 1, 3])?;
+            let qp = g.cont(qp)?;
+            let att = g.flash_attn_ext(qp, kview, vview, Some(mask), None, fa)?;
+            let att = g.reshape(att, &[hd * nh, t])?;
+            let o = Self::mm(&mut g, &l.wo, att)?;
+            let x1 = g.add(o, x)?;
+            let fnw = Self::weight(&mut g, &l.ffn_norm)?;
+            let h2 = g.rms_norm(x1, c.eps)?;
+            let h2 = g.mul(h2, fnw)?;
+            let gt = Self::mm(&mut g, &l.gate, h2)?;
+            let up = Self::mm(&mut g, &l.up, h2)?;
+            let gt = g.silu(gt)?;
+            let ff = g.mul(gt, up)?;
+            let dn = Self::mm(&mut g, &l.down, ff)?;
+            x = g.add(dn, x1)?;
+        }
+        let on = Self::weight(&mut g, &self.output_norm)?;
+        let h = g.rms_norm(x, c.eps)?;
+        let h = g.mul(h, on)?;
+        let logits = Self::mm(&mut g, &self.output, h)?;
+        g.set_output(logits);
+        let plan = Plan::new(g, &self.backend)?;
+        Ok(Step { n_tokens: t, plan, tokens, pos, mask: mask32, logits })
+    }
+
+    fn run(&mut self, step: &mut Step, tokens: &[u32]) -> Result<Vec<f32>> {
+        let (t, ctx) = (tokens.len(), self.cfg.n_ctx);
+        if self.n_past + t > ctx {
+            return Err(Error::arg(format!(
+                "llama: {} cached + {t} new tokens exceed the context of {ctx}",
+                self.n_past
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&tk| tk as usize >= self.cfg.n_vocab) {
+            return Err(Error::arg(format!(
+                "llama: token {bad} is outside the vocabulary of {}",
+                self.cfg.n_vocab
+            )));
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&tk| tk as i32).collect();
+        let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
+        let tp = t.next_multiple_of(4);
+        let mut mask = vec![f32::NEG_INFINITY; ctx * tp];
+        for i in 0..t {
+            for j in 0..=self.n_past + i {
+                mask[i * ctx + j] = 0.0;
+            }
+        }
+        step.plan.set_input(step.tokens, &ids)?;
+        step.plan.set_input(step.pos, &pos)?;
+        step.plan.set_input(step.mask, &mask)?;
+        step.plan.compute()?;
+        self.n_past += t;
+        Ok(step.plan.output::<f32>(step.logits)?.to_vec())
+    }
+
+    /// Runs `tokens` through the model after what is cached; returns the logits of every new
+    /// token ([n_vocab] per token, in order).
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::arg("llama: no tokens"));
+        }
+        if tokens.len() == 1 {
+            let mut step = match self.decode.take() {
+                Some(s) => s,
+                None => self.build(1)?,
+            };
+            let r = self.run(&mut step, tokens);
+            self.decode = Some(step);
+            return r;
+        }
+        let mut step = self.build(tokens.len())?;
+        debug_assert_eq!(step.n_tokens, tokens.len());
+        self.run(&mut step, tokens)
+    }
+
+    /// Greedy generation: feeds `prompt`, then `n` tokens each picked by argmax.
+    pub fn generate(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+        let logits = self.forward(prompt)?;
+        let nv = self.cfg.n_vocab;
+        let mut next = argmax(&logits[logits.len() - nv..]);
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(next);
+            if out.len() == n {
+                break;
+            }
+            let l = self.forward(&[next])?;
+            next = argmax(&l);
+        }
+        Ok(out)
+    }
+}
+
+/// Index of the largest value (the first on ties).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,20 @@
+//! Model graphs built from quantgraph ops. `llama` runs llama-architecture models (llama.cpp's
+//! GGUF tensor names and hyperparameters) with a KV cache kept in state buffers.
+
+pub mod llama;
+
+use crate::backend::Buffer;
+use crate::dtype::DType;
+
+/// Where one weight tensor lives: its type, shape (ggml order) and bytes in a shared buffer.
+#[derive(Clone, Debug)]
+pub struct WeightRef {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape, ggml order.
+    pub ne: [usize; 4],
+    /// The buffer holding it (a memory-mapped file, or owned memory).
+    pub buffer: Buffer,
+    /// Byte offset inside the buffer.
+    pub offset: usize,
+}
