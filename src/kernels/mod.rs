@@ -264,6 +264,33 @@ impl KernelTable {
     }
 }
 
+/// Dot product of `n` elements with the `vec_dot` kernel of tier `isa`, whatever tier is selected:
+/// `x` in `dtype`, `y` in `dtype.vec_dot_type()`, checked like [`crate::quant::vec_dot`]. Lets
+/// tests and benchmarks compare every tier this CPU has in one process.
+///
+/// ```
+/// use quantgraph::{DType, kernels::{Isa, vec_dot_with}};
+/// let x: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// assert_eq!(vec_dot_with(Isa::Scalar, DType::F32, 2, &x, &x).unwrap(), 5.0);
+/// ```
+pub fn vec_dot_with(isa: Isa, dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
+    let t = table_for(isa)
+        .ok_or_else(|| Error::arg(format!("ISA {} is not supported by this CPU", isa.name())))?;
+    let k = t
+        .vec_dot(dtype)
+        .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
+    for (what, d, bytes) in [("x", dtype, x), ("y", dtype.vec_dot_type(), y)] {
+        let need = d.row_size(n)?;
+        if need != bytes.len() {
+            return Err(Error::arg(format!(
+                "vec_dot {what} {d}: {n} elements need {need} bytes, the buffer has {}",
+                bytes.len()
+            )));
+        }
+    }
+    Ok(k(n, x, y))
+}
+
 /// 255 = not chosen yet (read the environment on first use).
 static SELECTED: AtomicU8 = AtomicU8::new(u8::MAX);
 

@@ -6,6 +6,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::FormatFns;
+use super::kquants::BlockQ8K;
 use super::legacy::{with_blocks, with_blocks_mut};
 use super::util::{fp16_to_fp32, fp32_to_fp16};
 use crate::dtype::QK_K;
@@ -29,16 +30,6 @@ pub(crate) struct BlockTq2_0 {
     pub d: u16,
 }
 const _: () = assert!(std::mem::size_of::<BlockTq2_0>() == 66);
-
-/// `block_q8_K` (layout only, for reading activations; the K-quant module owns the shared one).
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct BlockQ8K {
-    d: f32,
-    qs: [i8; QK_K],
-    bsums: [i16; QK_K / 16],
-}
-const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
 
 const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];
 

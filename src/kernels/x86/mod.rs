@@ -1,6 +1,7 @@
 //! x86-64 tiers. Each file is one tier with the same function names as `../scalar.rs`.
 
 pub(crate) mod avx2;
+mod avx2_quants;
 
 use super::KernelTable;
 
@@ -16,4 +17,5 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.f16_to_f32 = avx2::f16_to_f32;
     t.gelu_f32 = avx2::gelu_f32;
     t.relu_f32 = avx2::relu_f32;
+    avx2_quants::plug(t);
 }

@@ -1,0 +1,86 @@
+//! `vec_dot` per type at n = 4096, every ISA tier this CPU has side by side
+//! (`vec_dot/q4_0/avx2/4096` beside `vec_dot/q4_0/scalar/4096`), on weights made by the reference
+//! quantizer and activations made by the CPU converter, as a matmul row sees them.
+//!
+//! `cargo bench --bench vec_dot -- q4_0` runs one type.
+
+use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use quantgraph::DType;
+use quantgraph::kernels::{Isa, vec_dot_with};
+use quantgraph::quant::{quantize, quantize_for_dot};
+use std::time::Duration;
+
+const N: usize = 4096;
+
+const TYPES: [DType; 19] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::MXFP4,
+    DType::NVFP4,
+    DType::Q1_0,
+    DType::Q2_0,
+    DType::TQ1_0,
+    DType::TQ2_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+/// Deterministic values in [-1, 1) (xorshift), as in examples/bench.rs.
+fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn operands(dtype: DType) -> (Vec<u8>, Vec<u8>) {
+    let (x, y) = (rand_vec(N, 1), rand_vec(N, 2));
+    let mut xq = vec![0u8; dtype.row_size(N).unwrap()];
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => quantize_for_dot(dtype, &x, &mut xq).unwrap(),
+        _ => quantize(dtype, &x, &mut xq).unwrap(),
+    }
+    let vd = dtype.vec_dot_type();
+    let mut yq = vec![0u8; vd.row_size(N).unwrap()];
+    quantize_for_dot(vd, &y, &mut yq).unwrap();
+    (xq, yq)
+}
+
+fn vec_dot(c: &mut Criterion) {
+    for dtype in TYPES {
+        let (xq, yq) = operands(dtype);
+        let mut group = c.benchmark_group(format!("vec_dot/{}", dtype.name()));
+        group.throughput(Throughput::Elements(N as u64));
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            group.bench_with_input(BenchmarkId::new(isa.name(), N), &isa, |b, &isa| {
+                b.iter(|| vec_dot_with(isa, dtype, N, black_box(&xq), black_box(&yq)).unwrap())
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    // Short runs: the machine is shared; compare tiers measured together.
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20);
+    targets = vec_dot
+}
+criterion_main!(benches);

@@ -1,0 +1,1267 @@
+//! AVX2 `vec_dot` kernels (needs AVX2, FMA and F16C) for the float, legacy, FP4, low-bit, ternary
+//! and K-quant formats, after ggml's `src/ggml-cpu/arch/x86/quants.c` and `src/ggml-cpu/vec.cpp`.
+//!
+//! Each kernel keeps ggml's AVX2 lane layout and float accumulation order, so on the same bytes it
+//! returns what ggml's x86 build returns (and the float dots return exactly the bits of the scalar
+//! emulations in `crate::quant::fp`). The integer parts may use other instructions than ggml's when
+//! they give the same integers per lane. Q2_0 has no AVX2 version in ggml; its kernel here is ours.
+//!
+//! Every kernel is an `unsafe fn` over raw block pointers plus a safe wrapper with the
+//! [`VecDotFn`](crate::quant::VecDotFn) signature. The wrappers are private: [`plug`] puts them in a
+//! `KernelTable` only after `Isa::Avx2.is_supported()` was checked, which is what makes their
+//! `unsafe` calls sound.
+
+#![allow(non_snake_case)] // ggml's names (`vec_dot_q4_K_q8_K`) so the code reads next to ggml's.
+
+use std::arch::x86_64::*;
+use std::mem::{offset_of, size_of};
+
+use crate::dtype::{DType, QK_K};
+use crate::kernels::KernelTable;
+use crate::quant::fp4::{BlockMxfp4, BlockNvfp4, KVALUES_MXFP4, e8m0_to_fp32_half, ue4m3_to_fp32};
+use crate::quant::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::quant::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
+use crate::quant::lowbit::{BlockQ1_0, BlockQ2_0};
+use crate::quant::ternary::{BlockTq1_0, BlockTq2_0};
+
+/// Registers every kernel of this file in `t` (called by `plug_avx2` for a supported CPU).
+pub(crate) fn plug(t: &mut KernelTable) {
+    t.set_vec_dot(DType::F32, vec_dot_f32);
+    t.set_vec_dot(DType::F16, vec_dot_f16);
+    t.set_vec_dot(DType::BF16, vec_dot_bf16);
+    t.set_vec_dot(DType::Q4_0, vec_dot_q4_0_q8_0);
+    t.set_vec_dot(DType::Q4_1, vec_dot_q4_1_q8_1);
+    t.set_vec_dot(DType::Q5_0, vec_dot_q5_0_q8_0);
+    t.set_vec_dot(DType::Q5_1, vec_dot_q5_1_q8_1);
+    t.set_vec_dot(DType::Q8_0, vec_dot_q8_0_q8_0);
+    t.set_vec_dot(DType::MXFP4, vec_dot_mxfp4_q8_0);
+    t.set_vec_dot(DType::NVFP4, vec_dot_nvfp4_q8_0);
+    t.set_vec_dot(DType::Q1_0, vec_dot_q1_0_q8_0);
+    t.set_vec_dot(DType::Q2_0, vec_dot_q2_0_q8_0);
+    t.set_vec_dot(DType::TQ1_0, vec_dot_tq1_0_q8_K);
+    t.set_vec_dot(DType::TQ2_0, vec_dot_tq2_0_q8_K);
+    t.set_vec_dot(DType::Q2_K, vec_dot_q2_K_q8_K);
+    t.set_vec_dot(DType::Q3_K, vec_dot_q3_K_q8_K);
+    t.set_vec_dot(DType::Q4_K, vec_dot_q4_K_q8_K);
+    t.set_vec_dot(DType::Q5_K, vec_dot_q5_K_q8_K);
+    t.set_vec_dot(DType::Q6_K, vec_dot_q6_K_q8_K);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Safe wrappers.
+
+/// How many whole blocks of `n / per_block` both slices really hold. The `VecDotFn` contract makes
+/// this `n / per_block`; taking the minimum keeps the kernels in bounds even if it were broken.
+#[inline(always)]
+fn whole_blocks(n: usize, per_block: usize, x: &[u8], xb: usize, y: &[u8], yb: usize) -> usize {
+    let nb = n / per_block;
+    debug_assert!(x.len() >= nb * xb && y.len() >= nb * yb, "vec_dot slices too short");
+    nb.min(x.len() / xb).min(y.len() / yb)
+}
+
+macro_rules! wrappers {
+    ($($(#[$doc:meta])* $name:ident => $kernel:ident, $per_block:expr, $xb:expr, $yb:expr;)*) => {$(
+        $(#[$doc])*
+        fn $name(n: usize, x: &[u8], y: &[u8]) -> f32 {
+            let nb = whole_blocks(n, $per_block, x, $xb, y, $yb);
+            // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` units of `$xb` bytes and `y`
+            // `nb` units of `$yb` bytes, which is all the kernel reads; `plug` only installs this
+            // wrapper after the CPU was found to support AVX2, FMA and F16C.
+            unsafe { $kernel(nb, x.as_ptr(), y.as_ptr()) }
+        }
+    )*};
+}
+
+wrappers! {
+    /// `ggml_vec_dot_f32` (AVX2 build).
+    vec_dot_f32 => vec_dot_f32_avx2, 1, 4, 4;
+    /// `ggml_vec_dot_f16` (AVX2 + F16C build).
+    vec_dot_f16 => vec_dot_f16_avx2, 1, 2, 2;
+    /// `ggml_vec_dot_bf16` (AVX2 build).
+    vec_dot_bf16 => vec_dot_bf16_avx2, 1, 2, 2;
+    /// `ggml_vec_dot_q4_0_q8_0`.
+    vec_dot_q4_0_q8_0 => vec_dot_q4_0_q8_0_avx2, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    /// `ggml_vec_dot_q4_1_q8_1`.
+    vec_dot_q4_1_q8_1 => vec_dot_q4_1_q8_1_avx2, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    /// `ggml_vec_dot_q5_0_q8_0`.
+    vec_dot_q5_0_q8_0 => vec_dot_q5_0_q8_0_avx2, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
+    /// `ggml_vec_dot_q5_1_q8_1`.
+    vec_dot_q5_1_q8_1 => vec_dot_q5_1_q8_1_avx2, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// `ggml_vec_dot_q8_0_q8_0`.
+    vec_dot_q8_0_q8_0 => vec_dot_q8_0_q8_0_avx2, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
+    /// `ggml_vec_dot_mxfp4_q8_0`.
+    vec_dot_mxfp4_q8_0 => vec_dot_mxfp4_q8_0_avx2, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
+    /// `ggml_vec_dot_nvfp4_q8_0`: one NVFP4 block against two Q8_0 blocks.
+    vec_dot_nvfp4_q8_0 => vec_dot_nvfp4_q8_0_avx2, 64, size_of::<BlockNvfp4>(), 2 * size_of::<BlockQ8_0>();
+    /// `ggml_vec_dot_q1_0_q8_0`: one Q1_0 block against four Q8_0 blocks.
+    vec_dot_q1_0_q8_0 => vec_dot_q1_0_q8_0_avx2, 128, size_of::<BlockQ1_0>(), 4 * size_of::<BlockQ8_0>();
+    /// `ggml_vec_dot_q2_0_q8_0` (ggml has no AVX2 version): one Q2_0 block against two Q8_0 blocks.
+    vec_dot_q2_0_q8_0 => vec_dot_q2_0_q8_0_avx2, 64, size_of::<BlockQ2_0>(), 2 * size_of::<BlockQ8_0>();
+    /// `ggml_vec_dot_tq1_0_q8_K`.
+    vec_dot_tq1_0_q8_K => vec_dot_tq1_0_q8_K_avx2, QK_K, size_of::<BlockTq1_0>(), size_of::<BlockQ8K>();
+    /// `ggml_vec_dot_tq2_0_q8_K`.
+    vec_dot_tq2_0_q8_K => vec_dot_tq2_0_q8_K_avx2, QK_K, size_of::<BlockTq2_0>(), size_of::<BlockQ8K>();
+    /// `ggml_vec_dot_q2_K_q8_K`.
+    vec_dot_q2_K_q8_K => vec_dot_q2_K_q8_K_avx2, QK_K, size_of::<BlockQ2K>(), size_of::<BlockQ8K>();
+    /// `ggml_vec_dot_q3_K_q8_K`.
+    vec_dot_q3_K_q8_K => vec_dot_q3_K_q8_K_avx2, QK_K, size_of::<BlockQ3K>(), size_of::<BlockQ8K>();
+    /// `ggml_vec_dot_q4_K_q8_K`.
+    vec_dot_q4_K_q8_K => vec_dot_q4_K_q8_K_avx2, QK_K, size_of::<BlockQ4K>(), size_of::<BlockQ8K>();
+    /// `ggml_vec_dot_q5_K_q8_K`.
+    vec_dot_q5_K_q8_K => vec_dot_q5_K_q8_K_avx2, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
+    /// `ggml_vec_dot_q6_K_q8_K`.
+    vec_dot_q6_K_q8_K => vec_dot_q6_K_q8_K_avx2, QK_K, size_of::<BlockQ6K>(), size_of::<BlockQ8K>();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Unaligned scalar reads.
+
+/// # Safety
+/// `p` is valid for reading 2 bytes.
+#[inline(always)]
+unsafe fn rd_u16(p: *const u8) -> u16 {
+    // SAFETY: the caller guarantees 2 readable bytes; `read_unaligned` needs no alignment.
+    unsafe { p.cast::<u16>().read_unaligned() }
+}
+
+/// # Safety
+/// `p` is valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn rd_u32(p: *const u8) -> u32 {
+    // SAFETY: the caller guarantees 4 readable bytes; `read_unaligned` needs no alignment.
+    unsafe { p.cast::<u32>().read_unaligned() }
+}
+
+/// # Safety
+/// `p` is valid for reading 8 bytes.
+#[inline(always)]
+unsafe fn rd_u64(p: *const u8) -> u64 {
+    // SAFETY: the caller guarantees 8 readable bytes; `read_unaligned` needs no alignment.
+    unsafe { p.cast::<u64>().read_unaligned() }
+}
+
+/// # Safety
+/// `p` is valid for reading 4 bytes.
+#[inline(always)]
+unsafe fn rd_f32(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 4 readable bytes; `read_unaligned` needs no alignment.
+    unsafe { p.cast::<f32>().read_unaligned() }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Register helpers (ggml's names).
+
+/// `GGML_CPU_FP16_TO_FP32` on an F16C machine (`_cvtsh_ss`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn fp16_to_fp32(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// `hsum_float_8`: the horizontal sum of 8 floats in ggml's order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum_float_8(x: __m256) -> f32 {
+    let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+/// `GGML_F32x8_REDUCE` over four accumulators.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn f32x8_reduce(s: [__m256; 4]) -> f32 {
+    let s0 = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps::<1>(s0));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
+/// `bytes_from_nibbles_32`: 16 bytes of nibble pairs to 32 bytes in 0..=15, low nibbles first.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bytes_from_nibbles_32(packed: __m128i) -> __m256i {
+    let bytes = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
+    _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
+}
+
+/// `bytes_from_bits_32`: bit `j` of `x` to byte `j`, 0xFF when set.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn bytes_from_bits_32(x: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0x0000_0000_0000_0000,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// `mul_add_epi8`: signed bytes times signed bytes, adjacent pairs summed to i16.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// `mul_sum_us8_pairs_float`: unsigned times signed bytes, groups of four summed, as floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(ax, sy);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+}
+
+/// `mul_sum_i8_pairs_float`: signed times signed bytes, groups of four summed, as floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+    mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// `kvalues_fp4` as a register.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn kvalues_fp4() -> __m128i {
+    let k = KVALUES_MXFP4;
+    _mm_setr_epi8(
+        k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9], k[10], k[11], k[12], k[13],
+        k[14], k[15],
+    )
+}
+
+/// ggml's `get_scale_shuffle_q3k(i)`: in the low half the 16-bit scale `2i`, in the high half
+/// `2i + 1`, for a 256-bit register holding eight 16-bit scales in each half.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scale_shuffle_q3k(i: i8) -> __m256i {
+    let (a, b) = (4 * i, 4 * i + 2);
+    let lo = _mm_set1_epi16(i16::from_le_bytes([a as u8, a as u8 + 1]));
+    let hi = _mm_set1_epi16(i16::from_le_bytes([b as u8, b as u8 + 1]));
+    _mm256_set_m128i(hi, lo)
+}
+
+/// ggml's `get_scale_shuffle_k4(i)`: the 16-bit scale `i` in every lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scale_shuffle_k4(i: u8) -> __m256i {
+    _mm256_set1_epi16(i16::from_le_bytes([2 * i, 2 * i + 1]))
+}
+
+/// ggml's `get_scale_shuffle(i)`: byte `2i` eight times, then byte `2i + 1` eight times.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scale_shuffle(i: u8) -> __m128i {
+    _mm_set_epi64x(i64::from_le_bytes([2 * i + 1; 8]), i64::from_le_bytes([2 * i; 8]))
+}
+
+// ------------------------------------------------------------------------------------------------
+// Float dots. `n` elements, any `n`; same order as the scalar emulations in `quant::fp`.
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` and `y` are valid for reading `4 * n` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_f32_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let (x, y) = (x.cast::<f32>(), y.cast::<f32>());
+    let np = n & !31;
+    let mut sum = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for (j, s) in sum.iter_mut().enumerate() {
+            // SAFETY: i + 8 * j + 8 <= i + 32 <= np <= n elements are readable.
+            let (a, b) =
+                unsafe { (_mm256_loadu_ps(x.add(i + 8 * j)), _mm256_loadu_ps(y.add(i + 8 * j))) };
+            *s = _mm256_fmadd_ps(a, b, *s);
+        }
+        i += 32;
+    }
+    let mut sumf = f32x8_reduce(sum);
+    for i in np..n {
+        // SAFETY: i < n.
+        let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
+        sumf = a.mul_add(b, sumf);
+    }
+    sumf
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` and `y` are valid for reading `2 * n` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_f16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let (x, y) = (x.cast::<u16>(), y.cast::<u16>());
+    let np = n & !31;
+    let mut sum = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for (j, s) in sum.iter_mut().enumerate() {
+            // SAFETY: i + 8 * j + 8 <= np <= n elements are readable.
+            let (a, b) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(x.add(i + 8 * j).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(y.add(i + 8 * j).cast())),
+                )
+            };
+            *s = _mm256_fmadd_ps(a, b, *s);
+        }
+        i += 32;
+    }
+    let mut sumf = f32x8_reduce(sum) as f64;
+    for i in np..n {
+        // SAFETY: i < n.
+        let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
+        sumf += (fp16_to_fp32(a) * fp16_to_fp32(b)) as f64;
+    }
+    sumf as f32
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` and `y` are valid for reading `2 * n` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_bf16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn widen(v: __m128i) -> __m256 {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)))
+    }
+    let (x, y) = (x.cast::<u16>(), y.cast::<u16>());
+    let np = n & !31;
+    let mut c = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for (j, s) in c.iter_mut().enumerate() {
+            // SAFETY: i + 8 * j + 8 <= np <= n elements are readable.
+            let (a, b) = unsafe {
+                (
+                    widen(_mm_loadu_si128(x.add(i + 8 * j).cast())),
+                    widen(_mm_loadu_si128(y.add(i + 8 * j).cast())),
+                )
+            };
+            *s = _mm256_fmadd_ps(a, b, *s);
+        }
+        i += 32;
+    }
+    let c = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+    let mut sumf = hsum_float_8(c) as f64;
+    for i in np..n {
+        // SAFETY: i < n.
+        let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
+        sumf += (f32::from_bits((a as u32) << 16) * f32::from_bits((b as u32) << 16)) as f64;
+    }
+    sumf as f32
+}
+
+// ------------------------------------------------------------------------------------------------
+// Legacy formats against Q8_0 / Q8_1. `nb` blocks on each side.
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q4_0 blocks and `y` `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ4_0>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of each side is readable, and every read below stays inside its
+        // block (field offset plus read length is at most the block size).
+        let (xd, xq, yd, yq) = unsafe {
+            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ4_0, d))),
+                _mm_loadu_si128(bx.add(offset_of!(BlockQ4_0, qs)).cast()),
+                rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
+            )
+        };
+        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
+        let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xq), _mm256_set1_epi8(8));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, yq), acc);
+    }
+    hsum_float_8(acc)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q4_1 blocks and `y` `nb` Q8_1 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q4_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ4_1>();
+    const YB: usize = size_of::<BlockQ8_1>();
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
+        let (xd, xm, xq, yd, ys, yq) = unsafe {
+            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ4_1, d))),
+                rd_u16(bx.add(offset_of!(BlockQ4_1, m))),
+                _mm_loadu_si128(bx.add(offset_of!(BlockQ4_1, qs)).cast()),
+                rd_u16(by.add(offset_of!(BlockQ8_1, d))),
+                rd_u16(by.add(offset_of!(BlockQ8_1, s))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
+            )
+        };
+        summs = fp16_to_fp32(xm).mul_add(fp16_to_fp32(ys), summs);
+        let d0d1 =
+            _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(xd)), _mm256_set1_ps(fp16_to_fp32(yd)));
+        let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(xq), yq);
+        acc = _mm256_fmadd_ps(d0d1, xy, acc);
+    }
+    hsum_float_8(acc) + summs
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q5_0 blocks and `y` `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q5_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ5_0>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
+        let (xd, xh, xq, yd, yq) = unsafe {
+            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ5_0, d))),
+                rd_u32(bx.add(offset_of!(BlockQ5_0, qh))),
+                _mm_loadu_si128(bx.add(offset_of!(BlockQ5_0, qs)).cast()),
+                rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
+            )
+        };
+        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
+        // A clear fifth bit means "minus 16": OR 0xF0 into those bytes.
+        let hi = _mm256_andnot_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0xF0u8 as i8));
+        let qx = _mm256_or_si256(bytes_from_nibbles_32(xq), hi);
+        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, yq), acc);
+    }
+    hsum_float_8(acc)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q5_1 blocks and `y` `nb` Q8_1 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q5_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ5_1>();
+    const YB: usize = size_of::<BlockQ8_1>();
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
+        let (xd, xm, xh, xq, yd, ys, yq) = unsafe {
+            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ5_1, d))),
+                rd_u16(bx.add(offset_of!(BlockQ5_1, m))),
+                rd_u32(bx.add(offset_of!(BlockQ5_1, qh))),
+                _mm_loadu_si128(bx.add(offset_of!(BlockQ5_1, qs)).cast()),
+                rd_u16(by.add(offset_of!(BlockQ8_1, d))),
+                rd_u16(by.add(offset_of!(BlockQ8_1, s))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
+            )
+        };
+        let dx = _mm256_set1_ps(fp16_to_fp32(xd));
+        summs = fp16_to_fp32(xm).mul_add(fp16_to_fp32(ys), summs);
+        let hi = _mm256_and_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0x10));
+        let qx = _mm256_or_si256(bytes_from_nibbles_32(xq), hi);
+        let dy = _mm256_set1_ps(fp16_to_fp32(yd));
+        let q = mul_sum_us8_pairs_float(qx, yq);
+        acc = _mm256_fmadd_ps(q, _mm256_mul_ps(dx, dy), acc);
+    }
+    hsum_float_8(acc) + summs
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` and `y` each hold `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q8_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const B: usize = size_of::<BlockQ8_0>();
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
+        let (xd, xq, yd, yq) = unsafe {
+            let (bx, by) = (x.add(ib * B), y.add(ib * B));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ8_0, d))),
+                _mm256_loadu_si256(bx.add(offset_of!(BlockQ8_0, qs)).cast()),
+                rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
+            )
+        };
+        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(xq, yq), acc);
+    }
+    hsum_float_8(acc)
+}
+
+// ------------------------------------------------------------------------------------------------
+// FP4 formats against Q8_0.
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` MXFP4 blocks and `y` `nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockMxfp4>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    let values = kvalues_fp4();
+    let m4b = _mm_set1_epi8(0x0F);
+    let mone = _mm256_set1_epi16(1);
+    let lookup = |q4: __m128i| {
+        _mm256_set_m128i(
+            _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(q4), m4b)),
+            _mm_shuffle_epi8(values, _mm_and_si128(q4, m4b)),
+        )
+    };
+    let mut accum1 = _mm256_setzero_ps();
+    let mut accum2 = _mm256_setzero_ps();
+    let mut ib = 0;
+    while ib + 1 < nb {
+        // SAFETY: blocks `ib` and `ib + 1 < nb` of each side are readable; every read stays
+        // inside its block.
+        let (e0, e1, q4_1, q4_2, d0, d1, q8_1, q8_2) = unsafe {
+            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
+            let qs = offset_of!(BlockMxfp4, qs);
+            let yq = offset_of!(BlockQ8_0, qs);
+            (
+                *bx.add(offset_of!(BlockMxfp4, e)),
+                *bx.add(XB + offset_of!(BlockMxfp4, e)),
+                _mm_loadu_si128(bx.add(qs).cast()),
+                _mm_loadu_si128(bx.add(XB + qs).cast()),
+                rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+                rd_u16(by.add(YB + offset_of!(BlockQ8_0, d))),
+                _mm256_loadu_si256(by.add(yq).cast()),
+                _mm256_loadu_si256(by.add(YB + yq).cast()),
+            )
+        };
+        let p_1 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_1), q8_1), mone);
+        let p_2 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_2), q8_2), mone);
+        let scale0 = _mm256_set1_ps(fp16_to_fp32(d0) * e8m0_to_fp32_half(e0));
+        let scale1 = _mm256_set1_ps(fp16_to_fp32(d1) * e8m0_to_fp32_half(e1));
+        accum1 = _mm256_fmadd_ps(scale0, _mm256_cvtepi32_ps(p_1), accum1);
+        accum2 = _mm256_fmadd_ps(scale1, _mm256_cvtepi32_ps(p_2), accum2);
+        ib += 2;
+    }
+    let mut sumf = hsum_float_8(_mm256_add_ps(accum1, accum2));
+    if ib < nb {
+        // SAFETY: block `ib < nb` of each side is readable, 17 and 34 bytes.
+        let (bx, by) =
+            unsafe { (&*x.add(ib * XB).cast::<[u8; XB]>(), &*y.add(ib * YB).cast::<[u8; YB]>()) };
+        let qs = &bx[offset_of!(BlockMxfp4, qs)..];
+        let q8 = &by[offset_of!(BlockQ8_0, qs)..];
+        let d = fp16_to_fp32(u16::from_le_bytes([by[0], by[1]]))
+            * e8m0_to_fp32_half(bx[offset_of!(BlockMxfp4, e)]);
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for j in 0..16 {
+            s1 += q8[j] as i8 as i32 * KVALUES_MXFP4[(qs[j] & 0x0F) as usize] as i32;
+            s2 += q8[j + 16] as i8 as i32 * KVALUES_MXFP4[(qs[j] >> 4) as usize] as i32;
+        }
+        sumf = d.mul_add((s1 + s2) as f32, sumf);
+    }
+    sumf
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` NVFP4 blocks and `y` `2 * nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_nvfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockNvfp4>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    let values = kvalues_fp4();
+    let m4b = _mm_set1_epi8(0x0F);
+    let mone = _mm256_set1_epi16(1);
+    // Sub-block pair (2k, 2k+1) as 32 values in the order of one Q8_0 block: low nibbles of the
+    // first 8 bytes, their high nibbles, then the same for the next 8 bytes.
+    let lookup = |q4: __m128i| {
+        let lo = _mm_shuffle_epi8(values, _mm_and_si128(q4, m4b));
+        let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(q4), m4b));
+        _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi))
+    };
+    let mut accum = _mm256_setzero_ps();
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of `x` and blocks `2 ib`, `2 ib + 1 < 2 nb` of `y` are readable;
+        // every read stays inside its block.
+        let (sc, q4_01, q4_23, dy0, dy1, q8_01, q8_23) = unsafe {
+            let (bx, by) = (x.add(ib * XB), y.add(2 * ib * YB));
+            let qs = offset_of!(BlockNvfp4, qs);
+            let yq = offset_of!(BlockQ8_0, qs);
+            (
+                bx.add(offset_of!(BlockNvfp4, d)).cast::<[u8; 4]>().read(),
+                _mm_loadu_si128(bx.add(qs).cast()),
+                _mm_loadu_si128(bx.add(qs + 16).cast()),
+                rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+                rd_u16(by.add(YB + offset_of!(BlockQ8_0, d))),
+                _mm256_loadu_si256(by.add(yq).cast()),
+                _mm256_loadu_si256(by.add(YB + yq).cast()),
+            )
+        };
+        let p_1 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_01), q8_01), mone);
+        let p_2 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_23), q8_23), mone);
+        let (dy0, dy1) = (fp16_to_fp32(dy0), fp16_to_fp32(dy1));
+        let s0 = ue4m3_to_fp32(sc[0]) * dy0;
+        let s1 = ue4m3_to_fp32(sc[1]) * dy0;
+        let s2 = ue4m3_to_fp32(sc[2]) * dy1;
+        let s3 = ue4m3_to_fp32(sc[3]) * dy1;
+        let scales01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+        let scales23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
+        accum = _mm256_fmadd_ps(scales01, _mm256_cvtepi32_ps(p_1), accum);
+        accum = _mm256_fmadd_ps(scales23, _mm256_cvtepi32_ps(p_2), accum);
+    }
+    hsum_float_8(accum)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Low-bit formats against Q8_0.
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q1_0 blocks and `y` `4 * nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q1_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ1_0>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    let ones_8 = _mm256_set1_epi8(1);
+    let ones_16 = _mm256_set1_epi16(1);
+    let byte_shuf = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit_masks = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
+    let zero = _mm256_setzero_si256();
+    let mut acc = _mm256_setzero_ps();
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of `x` is readable; both reads stay inside it.
+        let (d0, qs) = unsafe {
+            let bx = x.add(ib * XB);
+            (rd_u16(bx.add(offset_of!(BlockQ1_0, d))), bx.add(offset_of!(BlockQ1_0, qs)))
+        };
+        let mut acc_block = _mm256_setzero_ps();
+        for k in 0..4 {
+            // SAFETY: `qs` has 16 readable bytes (k < 4), and Q8_0 block `4 ib + k < 4 nb` of `y`
+            // is readable; every read stays inside its block.
+            let (bits, yd, qy) = unsafe {
+                let by = y.add((4 * ib + k) * YB);
+                (
+                    rd_u32(qs.add(4 * k)),
+                    rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+                    _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
+                )
+            };
+            // 0xFF where the sign bit is clear: those y values are negated.
+            let sm = _mm256_cmpeq_epi8(
+                _mm256_and_si256(
+                    _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), byte_shuf),
+                    bit_masks,
+                ),
+                zero,
+            );
+            let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, sm), sm);
+            let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones_8, sy), ones_16);
+            let dy = _mm256_set1_ps(fp16_to_fp32(yd));
+            acc_block = if k == 0 {
+                _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
+            } else {
+                _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(s32), acc_block)
+            };
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(d0)), acc_block, acc);
+    }
+    hsum_float_8(acc)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q2_0 blocks and `y` `2 * nb` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q2_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ2_0>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    // Byte j of a Q8_0 block pairs with code j % 4 of byte j / 4 of the 8 code bytes.
+    let byte_shuf = _mm256_setr_epi8(
+        0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7,
+        7, 7,
+    );
+    // Codes 0 and 1 of a byte stay in its low nibble (masks 0x03, 0x0C), codes 2 and 3 are taken
+    // from the high nibble; the nibble then indexes a table where c and 4c both map to c - 1.
+    let m_lo = _mm256_set1_epi32(0x0000_0C03);
+    let m_hi = _mm256_set1_epi32(0x0C03_0000);
+    let lut = _mm256_setr_epi8(
+        -1, 0, 1, 2, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, -1, 0, 1, 2, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0,
+        0, 0,
+    );
+    let ones = _mm256_set1_epi16(1);
+    // Each Q8_0 half is summed in integers and the scales are applied in scalar floats in the
+    // order of ggml's (generic) kernel, so the result has its bits and the scalar tier's.
+    let mut sumf = 0.0f32;
+    for ib in 0..nb {
+        // SAFETY: block `ib < nb` of `x` is readable; both reads stay inside it.
+        let (d0, qs) = unsafe {
+            let bx = x.add(ib * XB);
+            (rd_u16(bx.add(offset_of!(BlockQ2_0, d))), bx.add(offset_of!(BlockQ2_0, qs)))
+        };
+        let mut sums = [_mm256_setzero_si256(); 2];
+        let mut dys = [0u16; 2];
+        for (k, (s, dy)) in sums.iter_mut().zip(&mut dys).enumerate() {
+            // SAFETY: `qs` has 16 readable bytes (k < 2), and Q8_0 block `2 ib + k < 2 nb` of `y`
+            // is readable; every read stays inside its block.
+            let (codes, yd, qy) = unsafe {
+                let by = y.add((2 * ib + k) * YB);
+                (
+                    rd_u64(qs.add(8 * k)),
+                    rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+                    _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
+                )
+            };
+            let v = _mm256_shuffle_epi8(_mm256_set1_epi64x(codes as i64), byte_shuf);
+            let nib = _mm256_or_si256(
+                _mm256_and_si256(v, m_lo),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), m_hi),
+            );
+            let qx = _mm256_shuffle_epi8(lut, nib);
+            *s = _mm256_madd_epi16(mul_add_epi8(qx, qy), ones);
+            *dy = yd;
+        }
+        // Both horizontal integer sums at once: lanes 0 and 1 of `t`.
+        let h = _mm256_hadd_epi32(sums[0], sums[1]);
+        let w = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        let t = _mm_hadd_epi32(w, w);
+        let (s0, s1) = (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t));
+        // Unfused, as ggml's golden results show (and as the scalar tier computes).
+        let mut sumi = 0.0f32;
+        sumi += fp16_to_fp32(dys[0]) * s0 as f32;
+        sumi += fp16_to_fp32(dys[1]) * s1 as f32;
+        sumf += fp16_to_fp32(d0) * sumi;
+    }
+    sumf
+}
+
+// ------------------------------------------------------------------------------------------------
+// Ternary formats against Q8_K.
+
+/// `q * 3` rounded down to its top two bits, per byte: digit extraction of a base-3 packed byte
+/// after it was multiplied by a power of three (ggml's halving-add trick).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn tq1_top_trit(q: __m256i) -> __m256i {
+    let q = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
+    let q = _mm256_avg_epu8(q, _mm256_avg_epu8(q, _mm256_setzero_si256()));
+    _mm256_and_si256(_mm256_srli_epi16::<6>(q), _mm256_set1_epi8(3))
+}
+
+/// `x * 9` per byte, wrapping.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn mul9_epi8(x: __m256i) -> __m256i {
+    _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16::<3>(x), _mm256_set1_epi8(-8)), x)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` TQ1_0 blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_tq1_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockTq1_0>();
+    const YB: usize = size_of::<BlockQ8K>();
+    let mut sumf = _mm256_setzero_ps();
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of each side is readable; the x reads cover bytes 0..48 (qs),
+        // 48..52 (qh) and 52..54 (d) of 54, the y reads bytes 0..4 (d), 4..260 (qs) and
+        // 260..292 (bsums) of 292.
+        let (xq32, xq16, qh, xd, yd, q8, bsums) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            let q8 = load_q8k_levels(by.add(offset_of!(BlockQ8K, qs)));
+            (
+                _mm256_loadu_si256(bx.add(offset_of!(BlockTq1_0, qs)).cast()),
+                _mm_loadu_si128(bx.add(offset_of!(BlockTq1_0, qs) + 32).cast()),
+                rd_u32(bx.add(offset_of!(BlockTq1_0, qh))),
+                rd_u16(bx.add(offset_of!(BlockTq1_0, d))),
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                q8,
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        // First 32 bytes: five trits each, for elements 0..160.
+        let qx0 = xq32;
+        let qx1 = _mm256_add_epi8(qx0, _mm256_add_epi8(qx0, qx0));
+        let qx2 = mul9_epi8(qx0);
+        let qx3 = mul9_epi8(qx1);
+        let qx4 = mul9_epi8(qx2);
+        let p0 = _mm256_maddubs_epi16(tq1_top_trit(qx0), q8[0]);
+        let p1 = _mm256_maddubs_epi16(tq1_top_trit(qx1), q8[1]);
+        let p2 = _mm256_maddubs_epi16(tq1_top_trit(qx2), q8[2]);
+        let p3 = _mm256_maddubs_epi16(tq1_top_trit(qx3), q8[3]);
+        let p4 = _mm256_maddubs_epi16(tq1_top_trit(qx4), q8[4]);
+        let mut sumi0 = _mm256_add_epi16(p0, p1);
+        let mut sumi1 = _mm256_add_epi16(p2, p3);
+        let mut sumi2 = p4;
+
+        // Next 16 bytes (elements 160..240) and the 4 bytes of four trits (240..256).
+        let h0 = _mm256_castsi128_si256(xq16);
+        let h1 = _mm256_add_epi8(h0, _mm256_add_epi8(h0, h0));
+        let h2 = mul9_epi8(h0);
+        let h3 = mul9_epi8(h1);
+        let h4 = mul9_epi8(h2);
+        let qx01 = _mm256_set_m128i(_mm256_castsi256_si128(h1), xq16);
+        let qx23 = _mm256_set_m128i(_mm256_castsi256_si128(h3), _mm256_castsi256_si128(h2));
+        let qx5_l = _mm256_cvtepu8_epi16(_mm_set1_epi32(qh as i32));
+        let qx5_l = _mm256_mullo_epi16(
+            qx5_l,
+            _mm256_set_epi16(27, 27, 27, 27, 9, 9, 9, 9, 3, 3, 3, 3, 1, 1, 1, 1),
+        );
+        let qx5_l = _mm256_and_si256(qx5_l, _mm256_set1_epi16(0xFF));
+        let qx5 =
+            _mm_packus_epi16(_mm256_castsi256_si128(qx5_l), _mm256_extracti128_si256::<1>(qx5_l));
+        let qx45 = _mm256_set_m128i(qx5, _mm256_castsi256_si128(h4));
+        sumi0 = _mm256_add_epi16(sumi0, _mm256_maddubs_epi16(tq1_top_trit(qx01), q8[5]));
+        sumi1 = _mm256_add_epi16(sumi1, _mm256_maddubs_epi16(tq1_top_trit(qx23), q8[6]));
+        sumi2 = _mm256_add_epi16(sumi2, _mm256_maddubs_epi16(tq1_top_trit(qx45), q8[7]));
+
+        let d = _mm256_set1_ps(yd * fp16_to_fp32(xd));
+        let s = _mm256_sub_epi16(sumi0, bsums);
+        let s = _mm256_add_epi16(s, _mm256_add_epi16(sumi1, sumi2));
+        let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+        sumf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sumf);
+    }
+    hsum_float_8(sumf)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` TQ2_0 blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_tq2_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockTq2_0>();
+    const YB: usize = size_of::<BlockQ8K>();
+    let m3 = _mm256_set1_epi8(3);
+    let mut sumf = _mm256_setzero_ps();
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of each side is readable; reads stay inside it (see offsets).
+        let (bx, by) = unsafe { (x.add(i * XB), y.add(i * YB)) };
+        let mut sumi0 = _mm256_setzero_si256();
+        let mut sumi1 = _mm256_setzero_si256();
+        for j in 0..2 {
+            // SAFETY: x bytes 32 j .. 32 j + 32 < 64 of `qs`; y bytes 128 j .. 128 j + 128 of its
+            // 256 levels.
+            let (qx, qy) = unsafe {
+                let yq = by.add(offset_of!(BlockQ8K, qs) + 128 * j);
+                (
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockTq2_0, qs) + 32 * j).cast()),
+                    [
+                        _mm256_loadu_si256(yq.cast()),
+                        _mm256_loadu_si256(yq.add(32).cast()),
+                        _mm256_loadu_si256(yq.add(64).cast()),
+                        _mm256_loadu_si256(yq.add(96).cast()),
+                    ],
+                )
+            };
+            let q0 = _mm256_and_si256(qx, m3);
+            let q1 = _mm256_and_si256(_mm256_srli_epi16::<2>(qx), m3);
+            let q2 = _mm256_and_si256(_mm256_srli_epi16::<4>(qx), m3);
+            let q3 = _mm256_and_si256(_mm256_srli_epi16::<6>(qx), m3);
+            let p0 = _mm256_maddubs_epi16(q0, qy[0]);
+            let p1 = _mm256_maddubs_epi16(q1, qy[1]);
+            let p2 = _mm256_maddubs_epi16(q2, qy[2]);
+            let p3 = _mm256_maddubs_epi16(q3, qy[3]);
+            sumi0 = _mm256_add_epi16(sumi0, _mm256_add_epi16(p0, p1));
+            sumi1 = _mm256_add_epi16(sumi1, _mm256_add_epi16(p2, p3));
+        }
+        // SAFETY: `bsums` (32 bytes at 260) and `d` lie inside the blocks.
+        let (bsums, yd, xd) = unsafe {
+            (
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                rd_u16(bx.add(offset_of!(BlockTq2_0, d))),
+            )
+        };
+        let d = _mm256_set1_ps(yd * fp16_to_fp32(xd));
+        let s = _mm256_sub_epi16(_mm256_add_epi16(sumi0, sumi1), bsums);
+        let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+        sumf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sumf);
+    }
+    hsum_float_8(sumf)
+}
+
+// ------------------------------------------------------------------------------------------------
+// K-quants against Q8_K.
+
+/// The 256 levels of a Q8_K block in eight registers.
+///
+/// # Safety
+/// `qs` is valid for reading 256 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_q8k_levels(qs: *const u8) -> [__m256i; 8] {
+    // SAFETY: the eight 32-byte reads cover exactly the 256 readable bytes.
+    unsafe {
+        [
+            _mm256_loadu_si256(qs.cast()),
+            _mm256_loadu_si256(qs.add(32).cast()),
+            _mm256_loadu_si256(qs.add(64).cast()),
+            _mm256_loadu_si256(qs.add(96).cast()),
+            _mm256_loadu_si256(qs.add(128).cast()),
+            _mm256_loadu_si256(qs.add(160).cast()),
+            _mm256_loadu_si256(qs.add(192).cast()),
+            _mm256_loadu_si256(qs.add(224).cast()),
+        ]
+    }
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q2_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q2_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ2K>();
+    const YB: usize = size_of::<BlockQ8K>();
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0xF);
+    let shuffles =
+        [scale_shuffle_q3k(0), scale_shuffle_q3k(1), scale_shuffle_q3k(2), scale_shuffle_q3k(3)];
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of each side is readable; the reads cover x's scales (0..16),
+        // qs (16..80), d and dmin (80..84) and y's d, qs and bsums, all inside the blocks.
+        let (xd, xdmin, mins_and_scales, q2, yd, q8, bsums) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ2K, d))),
+                rd_u16(bx.add(offset_of!(BlockQ2K, dmin))),
+                _mm_loadu_si128(bx.add(offset_of!(BlockQ2K, scales)).cast()),
+                [
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ2K, qs)).cast()),
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ2K, qs) + 32).cast()),
+                ],
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        let d = yd * fp16_to_fp32(xd);
+        let dmin = -yd * fp16_to_fp32(xdmin);
+
+        let scales8 = _mm_and_si128(mins_and_scales, m4);
+        let mins8 = _mm_and_si128(_mm_srli_epi16::<4>(mins_and_scales), m4);
+        let mins = _mm256_cvtepi8_epi16(mins8);
+        let prod = _mm256_madd_epi16(mins, bsums);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+
+        let all_scales = _mm256_cvtepi8_epi16(scales8);
+        let l_scales = _mm256_castsi256_si128(all_scales);
+        let h_scales = _mm256_extracti128_si256::<1>(all_scales);
+        let scales = [_mm256_set_m128i(l_scales, l_scales), _mm256_set_m128i(h_scales, h_scales)];
+
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..2 {
+            let q2bits = q2[j];
+            let q2_0 = _mm256_and_si256(q2bits, m3);
+            let q2_1 = _mm256_and_si256(_mm256_srli_epi16::<2>(q2bits), m3);
+            let q2_2 = _mm256_and_si256(_mm256_srli_epi16::<4>(q2bits), m3);
+            let q2_3 = _mm256_and_si256(_mm256_srli_epi16::<6>(q2bits), m3);
+            let p0 = _mm256_maddubs_epi16(q2_0, q8[4 * j]);
+            let p1 = _mm256_maddubs_epi16(q2_1, q8[4 * j + 1]);
+            let p2 = _mm256_maddubs_epi16(q2_2, q8[4 * j + 2]);
+            let p3 = _mm256_maddubs_epi16(q2_3, q8[4 * j + 3]);
+            let p0 = _mm256_madd_epi16(_mm256_shuffle_epi8(scales[j], shuffles[0]), p0);
+            let p1 = _mm256_madd_epi16(_mm256_shuffle_epi8(scales[j], shuffles[1]), p1);
+            let p2 = _mm256_madd_epi16(_mm256_shuffle_epi8(scales[j], shuffles[2]), p2);
+            let p3 = _mm256_madd_epi16(_mm256_shuffle_epi8(scales[j], shuffles[3]), p3);
+            let p0 = _mm256_add_epi32(p0, p1);
+            let p2 = _mm256_add_epi32(p2, p3);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p2));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q3_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q3_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ3K>();
+    const YB: usize = size_of::<BlockQ8K>();
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm256_set1_epi8(4);
+    let zero = _mm256_setzero_si256();
+    let shuffles =
+        [scale_shuffle_q3k(0), scale_shuffle_q3k(1), scale_shuffle_q3k(2), scale_shuffle_q3k(3)];
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of each side is readable; the reads cover x's hmask (0..32),
+        // qs (32..96), scales (96..108) and d (108..110) and y's d, qs and bsums.
+        let (hbits, q3, aux, xd, yd, q8) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            let sc = bx.add(offset_of!(BlockQ3K, scales));
+            (
+                _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, hmask)).cast()),
+                [
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, qs)).cast()),
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, qs) + 32).cast()),
+                ],
+                [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8))],
+                rd_u16(bx.add(offset_of!(BlockQ3K, d))),
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
+            )
+        };
+        let d = yd * fp16_to_fp32(xd);
+
+        let scales128 = _mm_set_epi32(
+            (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
+            (((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4)) as i32,
+            ((aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4)) as i32,
+            ((aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4)) as i32,
+        );
+        let scales128 = _mm_sub_epi8(scales128, _mm_set1_epi8(32));
+        let all_scales = _mm256_cvtepi8_epi16(scales128);
+        let l_scales = _mm256_castsi256_si128(all_scales);
+        let h_scales = _mm256_extracti128_si256::<1>(all_scales);
+        let scales = [_mm256_set_m128i(l_scales, l_scales), _mm256_set_m128i(h_scales, h_scales)];
+
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..2 {
+            let q3bits = q3[j];
+            // 4 where the high bit is clear (ggml's "-4 unless set"), 0 where it is set.
+            let high = |bit: u32| {
+                let mask = _mm256_set1_epi8((1u8 << bit) as i8);
+                _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, mask), zero), m4)
+            };
+            let b = 4 * j as u32;
+            let q3l = [
+                _mm256_and_si256(q3bits, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(q3bits), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q3bits), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(q3bits), m3),
+            ];
+            let mut p = [zero; 4];
+            for k in 0..4 {
+                let q8k = q8[4 * j + k];
+                let q8s = _mm256_maddubs_epi16(high(b + k as u32), q8k);
+                let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l[k], q8k), q8s);
+                p[k] = _mm256_madd_epi16(_mm256_shuffle_epi8(scales[j], shuffles[k]), p16);
+            }
+            let p0 = _mm256_add_epi32(p[0], p[1]);
+            let p2 = _mm256_add_epi32(p[2], p[3]);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p2));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc)
+}
+
+/// The 6-bit scales and mins of Q4_K/Q5_K unpacked as ggml's AVX2 code does: eight scales in the
+/// low 16 bytes, eight mins in the high ones.
+#[inline(always)]
+fn k4_scales_and_mins(mut utmp: [u32; 4]) -> [u32; 4] {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    utmp[3] = ((utmp[2] >> 4) & KMASK2) | (((utmp[1] >> 6) & KMASK3) << 4);
+    let uaux = utmp[1] & KMASK1;
+    utmp[1] = (utmp[2] & KMASK2) | (((utmp[0] >> 6) & KMASK3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= KMASK1;
+    utmp
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q4_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q4_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ4K>();
+    const YB: usize = size_of::<BlockQ8K>();
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of each side is readable; the reads cover x's d, dmin (0..4),
+        // scales (4..16) and qs (16..144), and y's d, qs and bsums.
+        let (xd, xdmin, utmp, q4, yd, q8, q8sums) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            let sc = bx.add(offset_of!(BlockQ4K, scales));
+            let qs = bx.add(offset_of!(BlockQ4K, qs));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ4K, d))),
+                rd_u16(bx.add(offset_of!(BlockQ4K, dmin))),
+                [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8)), 0],
+                [
+                    _mm256_loadu_si256(qs.cast()),
+                    _mm256_loadu_si256(qs.add(32).cast()),
+                    _mm256_loadu_si256(qs.add(64).cast()),
+                    _mm256_loadu_si256(qs.add(96).cast()),
+                ],
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        let d = yd * fp16_to_fp32(xd);
+        let dmin = -yd * fp16_to_fp32(xdmin);
+        let u = k4_scales_and_mins(utmp);
+        let mins_and_scales =
+            _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
+
+        let q8s =
+            _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+
+        let sc128 = _mm256_castsi256_si128(mins_and_scales);
+        let scales = _mm256_set_m128i(sc128, sc128);
+
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let scale_l = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8));
+            let scale_h = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8 + 1));
+            let q4l = _mm256_and_si256(q4[j], m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4[j]), m4);
+            let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8[2 * j]));
+            let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8[2 * j + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    let acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    let acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+    hsum_float_8(acc) + _mm_cvtss_f32(acc_m)
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q5_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q5_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ5K>();
+    const YB: usize = size_of::<BlockQ8K>();
+    let m4 = _mm256_set1_epi8(0xF);
+    let m16 = _mm256_set1_epi8(16);
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of each side is readable; the reads cover x's d, dmin (0..4),
+        // scales (4..16), qh (16..48) and qs (48..176), and y's d, qs and bsums.
+        let (xd, xdmin, utmp, hbits, q5, yd, q8, q8sums) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            let sc = bx.add(offset_of!(BlockQ5K, scales));
+            let qs = bx.add(offset_of!(BlockQ5K, qs));
+            (
+                rd_u16(bx.add(offset_of!(BlockQ5K, d))),
+                rd_u16(bx.add(offset_of!(BlockQ5K, dmin))),
+                [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8)), 0],
+                _mm256_loadu_si256(bx.add(offset_of!(BlockQ5K, qh)).cast()),
+                [
+                    _mm256_loadu_si256(qs.cast()),
+                    _mm256_loadu_si256(qs.add(32).cast()),
+                    _mm256_loadu_si256(qs.add(64).cast()),
+                    _mm256_loadu_si256(qs.add(96).cast()),
+                ],
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        let d = yd * fp16_to_fp32(xd);
+        let dmin = -yd * fp16_to_fp32(xdmin);
+        let u = k4_scales_and_mins(utmp);
+        let mins_and_scales =
+            _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
+
+        let q8s =
+            _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+        let mzero = _mm_setzero_si128();
+        let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
+        summs = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs);
+
+        let sc128 = _mm256_castsi256_si128(mins_and_scales);
+        let scales = _mm256_set_m128i(sc128, sc128);
+
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let scale_0 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8));
+            let scale_1 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8 + 1));
+            // 16 where bit 2j (2j + 1) of the high-bit byte is set.
+            let h0 = _mm256_set1_epi8((1u8 << (2 * j)) as i8);
+            let h1 = _mm256_set1_epi8((2u8 << (2 * j)) as i8);
+            let q5h_0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, h0), h0), m16);
+            let q5h_1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, h1), h1), m16);
+            let q5_0 = _mm256_add_epi8(_mm256_and_si256(q5[j], m4), q5h_0);
+            let q5_1 = _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(q5[j]), m4), q5h_1);
+            let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, q8[2 * j]));
+            let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, q8[2 * j + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc) + summs
+}
+
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q6_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_q6_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    const XB: usize = size_of::<BlockQ6K>();
+    const YB: usize = size_of::<BlockQ8K>();
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of each side is readable; the reads cover x's ql (0..128),
+        // qh (128..192), scales (192..208) and d (208..210), and y's d, qs and bsums.
+        let (ql, qh, scales, xd, yd, q8, q8sums) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            let ql = bx.add(offset_of!(BlockQ6K, ql));
+            let qh = bx.add(offset_of!(BlockQ6K, qh));
+            (
+                [
+                    _mm256_loadu_si256(ql.cast()),
+                    _mm256_loadu_si256(ql.add(32).cast()),
+                    _mm256_loadu_si256(ql.add(64).cast()),
+                    _mm256_loadu_si256(ql.add(96).cast()),
+                ],
+                [_mm256_loadu_si256(qh.cast()), _mm256_loadu_si256(qh.add(32).cast())],
+                _mm_loadu_si128(bx.add(offset_of!(BlockQ6K, scales)).cast()),
+                rd_u16(bx.add(offset_of!(BlockQ6K, d))),
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        let d = yd * fp16_to_fp32(xd);
+        let scales_16 = _mm256_cvtepi8_epi16(scales);
+        // The levels are stored +32: subtract 32 * scale * (sum of each 16 y levels).
+        let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..2 {
+            let q4bits1 = ql[2 * j];
+            let q4bits2 = ql[2 * j + 1];
+            let q4bits_h = qh[j];
+            let q4h_0 = _mm256_slli_epi16::<4>(_mm256_and_si256(q4bits_h, m3));
+            let q4h_1 = _mm256_slli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(12)));
+            let q4h_2 = _mm256_and_si256(q4bits_h, _mm256_set1_epi8(48));
+            let q4h_3 = _mm256_srli_epi16::<2>(_mm256_and_si256(q4bits_h, _mm256_set1_epi8(-64)));
+            let q4_0 = _mm256_or_si256(_mm256_and_si256(q4bits1, m15), q4h_0);
+            let q4_1 = _mm256_or_si256(_mm256_and_si256(q4bits2, m15), q4h_1);
+            let q4_2 =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits1), m15), q4h_2);
+            let q4_3 =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q4bits2), m15), q4h_3);
+
+            let p16_0 = _mm256_maddubs_epi16(q4_0, q8[4 * j]);
+            let p16_1 = _mm256_maddubs_epi16(q4_1, q8[4 * j + 1]);
+            let p16_2 = _mm256_maddubs_epi16(q4_2, q8[4 * j + 2]);
+            let p16_3 = _mm256_maddubs_epi16(q4_3, q8[4 * j + 3]);
+
+            let is = 4 * j as u8;
+            let sc = |k: u8| _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle(is + k)));
+            let p16_0 = _mm256_madd_epi16(sc(0), p16_0);
+            let p16_1 = _mm256_madd_epi16(sc(1), p16_1);
+            let p16_2 = _mm256_madd_epi16(sc(2), p16_2);
+            let p16_3 = _mm256_madd_epi16(sc(3), p16_3);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
+        }
+        let sumi = _mm256_sub_epi32(sumi, q8sclsub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc)
+}

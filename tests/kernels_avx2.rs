@@ -1,0 +1,211 @@
+//! The AVX2 `vec_dot` kernels of `src/kernels/x86/avx2_quants.rs` against the scalar tier, in one
+//! process through `kernels::vec_dot_with`, and against ggml's golden dot products.
+//!
+//! The float dots (F32, F16, BF16) follow ggml's AVX2 order in both tiers, and Q2_0 ggml's generic
+//! order in both tiers, so they must agree bit for bit. The other block formats sum each block in
+//! integers (exact in both tiers) but combine the blocks in different float orders (the scalar tier
+//! follows ggml's generic code, the AVX2 tier ggml's AVX2 code), so they must agree to 1e-6 of the
+//! sum of the magnitudes of the products, the scale that bounds a reordering error. Against ggml's
+//! golden results (its AVX2 build) every row must be within 1e-4, and is in fact bit-exact.
+
+mod common;
+
+use common::rand_f32;
+use quantgraph::DType;
+use quantgraph::kernels::{Isa, vec_dot_with};
+use quantgraph::quant::{quantize, quantize_for_dot};
+
+/// Every type with an AVX2 kernel in avx2_quants.rs.
+const TYPES: [DType; 19] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::MXFP4,
+    DType::NVFP4,
+    DType::Q1_0,
+    DType::Q2_0,
+    DType::TQ1_0,
+    DType::TQ2_0,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Types whose AVX2 kernel combines the scales in the scalar kernel's float order (ggml has no
+/// AVX2 Q2_0 kernel, so both follow its generic one): the tiers must agree bit for bit.
+fn same_order_as_scalar(d: DType) -> bool {
+    is_float(d) || d == DType::Q2_0
+}
+
+/// True when the AVX2 tier can run here; otherwise says why the test does nothing.
+fn have_avx2(test: &str) -> bool {
+    let ok = Isa::Avx2.is_supported();
+    if !ok {
+        println!("{test}: skipped, this CPU lacks AVX2/FMA/F16C");
+    }
+    ok
+}
+
+/// `x` as weights of `dtype` and `y` as its activations, the way matmul prepares them.
+fn operands(dtype: DType, x: &[f32], y: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let n = x.len();
+    let mut xq = vec![0u8; dtype.row_size(n).unwrap()];
+    if is_float(dtype) {
+        quantize_for_dot(dtype, x, &mut xq).unwrap();
+    } else {
+        quantize(dtype, x, &mut xq).unwrap();
+    }
+    let vd = dtype.vec_dot_type();
+    let mut yq = vec![0u8; vd.row_size(n).unwrap()];
+    quantize_for_dot(vd, y, &mut yq).unwrap();
+    (xq, yq)
+}
+
+/// Checks the AVX2 kernel against the scalar one on one pair of rows.
+fn assert_tiers_agree(dtype: DType, x: &[f32], y: &[f32], what: &str) {
+    let n = x.len();
+    let (xq, yq) = operands(dtype, x, y);
+    let scalar = vec_dot_with(Isa::Scalar, dtype, n, &xq, &yq).unwrap();
+    let avx2 = vec_dot_with(Isa::Avx2, dtype, n, &xq, &yq).unwrap();
+    if same_order_as_scalar(dtype) {
+        assert_eq!(avx2.to_bits(), scalar.to_bits(), "{dtype} {what}: avx2 {avx2} scalar {scalar}");
+    } else {
+        let scale: f64 = x.iter().zip(y).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+        let err = (avx2 as f64 - scalar as f64).abs();
+        assert!(
+            err <= 1e-6 * scale.max(1e-30),
+            "{dtype} {what}: avx2 {avx2} scalar {scalar} (err {err:e}, scale {scale:e})"
+        );
+    }
+}
+
+#[test]
+fn avx2_matches_scalar_on_1_2_and_17_blocks() {
+    if !have_avx2("avx2_matches_scalar_on_1_2_and_17_blocks") {
+        return;
+    }
+    for dtype in TYPES {
+        let bs = if is_float(dtype) { 32 } else { dtype.block_size() };
+        for (i, blocks) in [1usize, 2, 17].into_iter().enumerate() {
+            let n = bs * blocks;
+            for seed in 0..4u64 {
+                let x = rand_f32(n, 1000 + seed * 31 + i as u64);
+                let y = rand_f32(n, 2000 + seed * 17 + i as u64);
+                assert_tiers_agree(dtype, &x, &y, &format!("{blocks} blocks seed {seed}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn avx2_float_dots_handle_every_tail_length() {
+    if !have_avx2("avx2_float_dots_handle_every_tail_length") {
+        return;
+    }
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for n in (0..=70).chain([95, 96, 97, 127, 128, 129, 1000, 4097]) {
+            let x = rand_f32(n, 7 + n as u64);
+            let y = rand_f32(n, 9 + n as u64);
+            assert_tiers_agree(dtype, &x, &y, &format!("n={n}"));
+        }
+    }
+}
+
+#[test]
+fn avx2_matches_scalar_on_scaled_and_sparse_rows() {
+    if !have_avx2("avx2_matches_scalar_on_scaled_and_sparse_rows") {
+        return;
+    }
+    for dtype in TYPES {
+        let n = 4 * if is_float(dtype) { 32 } else { dtype.block_size() };
+        // Magnitudes from 1e-3 to 1e3 across blocks, outliers, and a zero stretch.
+        let x: Vec<f32> = rand_f32(n, 5)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let s = 10f32.powi((i * 7 / n) as i32 - 3);
+                if i % 97 == 3 {
+                    v * s * 8.0
+                } else if (n / 2..n / 2 + 40).contains(&i) {
+                    0.0
+                } else {
+                    v * s
+                }
+            })
+            .collect();
+        let y: Vec<f32> = rand_f32(n, 6).iter().map(|v| v * 50.0).collect();
+        assert_tiers_agree(dtype, &x, &y, "scaled");
+        let zeros = vec![0.0f32; n];
+        assert_tiers_agree(dtype, &zeros, &y, "zero weights");
+        assert_tiers_agree(dtype, &x, &zeros, "zero activations");
+    }
+}
+
+#[test]
+fn avx2_gives_the_same_bits_on_misaligned_slices() {
+    if !have_avx2("avx2_gives_the_same_bits_on_misaligned_slices") {
+        return;
+    }
+    for dtype in TYPES {
+        let n = 3 * if is_float(dtype) { 32 } else { dtype.block_size() }
+            + if is_float(dtype) { 5 } else { 0 };
+        let (xq, yq) = operands(dtype, &rand_f32(n, 11), &rand_f32(n, 12));
+        let want = vec_dot_with(Isa::Avx2, dtype, n, &xq, &yq).unwrap();
+        for (ox, oy) in [(1usize, 0usize), (0, 3), (5, 7)] {
+            let mut xs = vec![0u8; ox];
+            xs.extend_from_slice(&xq);
+            let mut ys = vec![0u8; oy];
+            ys.extend_from_slice(&yq);
+            let got = vec_dot_with(Isa::Avx2, dtype, n, &xs[ox..], &ys[oy..]).unwrap();
+            assert_eq!(got.to_bits(), want.to_bits(), "{dtype} offsets {ox},{oy}");
+        }
+    }
+}
+
+#[test]
+fn vec_dot_with_refuses_wrong_lengths() {
+    if !have_avx2("vec_dot_with_refuses_wrong_lengths") {
+        return;
+    }
+    let (xq, yq) = operands(DType::Q4_0, &rand_f32(64, 1), &rand_f32(64, 2));
+    assert!(vec_dot_with(Isa::Avx2, DType::Q4_0, 64, &xq[1..], &yq).is_err());
+    assert!(vec_dot_with(Isa::Avx2, DType::Q4_0, 64, &xq, &yq[..yq.len() - 1]).is_err());
+    assert!(vec_dot_with(Isa::Avx2, DType::Q4_0, 32, &xq, &yq).is_err());
+}
+
+/// ggml's own vec_dot results (its AVX2 build) on the golden rows: within the 1e-4, and in
+/// fact bit-exact.
+#[test]
+fn avx2_golden_vec_dot_matches_ggml() {
+    if !have_avx2("avx2_golden_vec_dot_matches_ggml") {
+        return;
+    }
+    let (rows, n) = common::quant_rows();
+    for dtype in TYPES {
+        let case = common::quant_case(dtype.name());
+        let xr = dtype.row_size(n).unwrap();
+        let yr = case.vec_dot_type.row_size(n).unwrap();
+        assert_eq!(case.vec_dot.len(), rows);
+        for r in 0..rows {
+            let x = &case.q[r * xr..(r + 1) * xr];
+            let y = &case.y_q[r * yr..(r + 1) * yr];
+            let got = vec_dot_with(Isa::Avx2, dtype, n, x, y).unwrap();
+            let want = case.vec_dot[r];
+            let tol = (want.abs() * 1e-4).max(1e-6);
+            assert!((got - want).abs() <= tol, "{dtype} row {r}: {got} vs ggml {want}");
+            // Same lane layout and float order as ggml's kernels: the very same bits.
+            assert_eq!(got.to_bits(), want.to_bits(), "{dtype} row {r}: {got} vs ggml {want}");
+        }
+    }
+}
