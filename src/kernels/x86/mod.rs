@@ -1,6 +1,7 @@
 //! x86-64 tiers. Each file is one tier with the same function names as `../scalar.rs`.
 
 pub(crate) mod avx2;
+pub(crate) mod avx2_iq;
 
 use super::KernelTable;
 
@@ -14,4 +15,5 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.silu_f32 = avx2::silu_f32;
     t.gelu_f32 = avx2::gelu_f32;
     t.relu_f32 = avx2::relu_f32;
+    avx2_iq::plug(t);
 }
