@@ -2,6 +2,7 @@
 
 pub(crate) mod avx2;
 mod avx2_quants;
+pub(crate) mod avx2_iq;
 
 use super::KernelTable;
 
@@ -18,4 +19,5 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.gelu_f32 = avx2::gelu_f32;
     t.relu_f32 = avx2::relu_f32;
     avx2_quants::plug(t);
+    avx2_iq::plug(t);
 }

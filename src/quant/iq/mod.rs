@@ -23,30 +23,13 @@ pub(crate) mod iq4;
 mod search;
 
 use super::FormatFns;
-use crate::dtype::{DType, QK_K};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use bytemuck::{Pod, Zeroable};
+use bytemuck::Pod;
 
-/// ggml's `block_q8_K`, the activation format of the IQ dot products.
-/// Private copy: to be unified with kquants.rs at merge.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct BlockQ8K {
-    pub d: f32,
-    pub qs: [i8; QK_K],
-    pub bsums: [i16; QK_K / 16],
-}
-const _: () = assert!(size_of::<BlockQ8K>() == 292);
-
-/// ggml's `block_q8_0`, the activation format of the IQ4_NL dot product.
-/// Private copy: to be unified with legacy.rs at merge.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct BlockQ8_0 {
-    pub d: u16,
-    pub qs: [i8; 32],
-}
-const _: () = assert!(size_of::<BlockQ8_0>() == 34);
+// The activation blocks of the IQ dot products: `block_q8_K` (all but IQ4_NL) and `block_q8_0`.
+pub(crate) use crate::quant::kquants::BlockQ8K;
+pub(crate) use crate::quant::legacy::BlockQ8_0;
 
 /// The format table entries of the IQ types; `None` for every other type.
 pub(crate) fn format(dtype: DType) -> Option<FormatFns> {

@@ -1,0 +1,855 @@
+//! AVX2 tier of the i-quant dot products (needs AVX2, FMA and F16C; `plug` is only called after
+//! `Isa::Avx2.is_supported()` confirmed all three).
+//!
+//! One kernel per IQ type, each the counterpart of ggml's AVX2 `ggml_vec_dot_iq*_q8_K` /
+//! `ggml_vec_dot_iq4_nl_q8_0` (src/ggml-cpu/arch/x86/quants.c). The integer part may be arranged
+//! differently from ggml's (integer sums are exact in any order); the float part (per-block
+//! `fmadd` into eight lanes, ggml's horizontal sum, the final scale) follows ggml's order so the
+//! results are the same bits as ggml's AVX2 build.
+//!
+//! Blocks are read straight from the byte slices, which may have any alignment: vectors with
+//! `loadu`, scalars with `from_le_bytes`. Each kernel walks `chunks_exact` of the block sizes, so a
+//! wrong length can only shorten the walk, never read out of bounds.
+
+// ggml's names (`vec_dot_iq2_xxs_q8_K`) so the code reads next to ggml's.
+#![allow(non_snake_case)]
+
+use crate::dtype::{DType, QK_K};
+use crate::kernels::KernelTable;
+use crate::quant::iq::grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KVALUES_IQ4NL,
+};
+use crate::quant::iq::iq1::{BlockIQ1M, BlockIQ1S};
+use crate::quant::iq::iq2::{BlockIQ2S, BlockIQ2XS, BlockIQ2XXS};
+use crate::quant::iq::iq3::{BlockIQ3S, BlockIQ3XXS};
+use crate::quant::iq::iq4::{BlockIQ4NL, BlockIQ4XS, QK4_NL};
+use crate::quant::kquants::BlockQ8K;
+use crate::quant::legacy::BlockQ8_0;
+use std::arch::x86_64::*;
+use std::mem::offset_of;
+
+/// Registers the IQ kernels of this tier.
+pub(crate) fn plug(t: &mut KernelTable) {
+    t.set_vec_dot(DType::IQ2_XXS, vec_dot_iq2_xxs_q8_K);
+    t.set_vec_dot(DType::IQ2_XS, vec_dot_iq2_xs_q8_K);
+    t.set_vec_dot(DType::IQ2_S, vec_dot_iq2_s_q8_K);
+    t.set_vec_dot(DType::IQ3_XXS, vec_dot_iq3_xxs_q8_K);
+    t.set_vec_dot(DType::IQ3_S, vec_dot_iq3_s_q8_K);
+    t.set_vec_dot(DType::IQ1_S, vec_dot_iq1_s_q8_K);
+    t.set_vec_dot(DType::IQ1_M, vec_dot_iq1_m_q8_K);
+    t.set_vec_dot(DType::IQ4_NL, vec_dot_iq4_nl_q8_0);
+    t.set_vec_dot(DType::IQ4_XS, vec_dot_iq4_xs_q8_K);
+}
+
+macro_rules! safe_wrappers {
+    ($($name:ident => $body:ident;)*) => {$(
+        /// Dot product (`VecDotFn`) on the AVX2 tier.
+        pub(crate) fn $name(n: usize, x: &[u8], y: &[u8]) -> f32 {
+            // SAFETY: this function only enters a `KernelTable` through `plug`, which is only called
+            // after AVX2, FMA and F16C were detected.
+            unsafe { $body(n, x, y) }
+        }
+    )*};
+}
+safe_wrappers! {
+    vec_dot_iq2_xxs_q8_K => iq2_xxs_avx2;
+    vec_dot_iq2_xs_q8_K => iq2_xs_avx2;
+    vec_dot_iq2_s_q8_K => iq2_s_avx2;
+    vec_dot_iq3_xxs_q8_K => iq3_xxs_avx2;
+    vec_dot_iq3_s_q8_K => iq3_s_avx2;
+    vec_dot_iq1_s_q8_K => iq1_s_avx2;
+    vec_dot_iq1_m_q8_K => iq1_m_avx2;
+    vec_dot_iq4_nl_q8_0 => iq4_nl_avx2;
+    vec_dot_iq4_xs_q8_K => iq4_xs_avx2;
+}
+
+// Byte offsets inside the blocks (the structs are `repr(C)` copies of ggml-common.h).
+const Q8K_SIZE: usize = size_of::<BlockQ8K>();
+const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
+const Q8K_BSUMS: usize = offset_of!(BlockQ8K, bsums);
+const Q8_0_SIZE: usize = size_of::<BlockQ8_0>();
+
+/// ggml's `keven_signs_q2xs` as 64-bit words: for each 7-bit sign index, eight bytes of `+1` or
+/// `-1`; the eighth sign is the parity of the seven stored ones (as in `ksigns_iq2xs`).
+static KEVEN_SIGNS: [u64; 128] = keven_signs();
+
+const fn keven_signs() -> [u64; 128] {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let s = i as u32 | ((i as u32).count_ones() & 1) << 7;
+        let mut v = 0u64;
+        let mut j = 0;
+        while j < 8 {
+            let b: u64 = if (s >> j) & 1 != 0 { 0xff } else { 0x01 };
+            v |= b << (8 * j);
+            j += 1;
+        }
+        t[i] = v;
+        i += 1;
+    }
+    t
+}
+
+/// 32 bytes of `b` from `off` as a vector (any alignment).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load256(b: &[u8], off: usize) -> __m256i {
+    let s = &b[off..off + 32];
+    // SAFETY: `s` is 32 readable bytes (the slice index checked it); `loadu` needs no alignment.
+    unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+}
+
+/// 16 bytes of `b` from `off` as a vector (any alignment).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load128(b: &[u8], off: usize) -> __m128i {
+    let s = &b[off..off + 16];
+    // SAFETY: `s` is 16 readable bytes (the slice index checked it); `loadu` needs no alignment.
+    unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
+}
+
+#[inline(always)]
+fn rd_u16(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+#[inline(always)]
+fn rd_u32(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+#[inline(always)]
+fn rd_u64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+#[inline(always)]
+fn rd_f32(b: &[u8], off: usize) -> f32 {
+    f32::from_bits(rd_u32(b, off))
+}
+
+/// IEEE half to single with the F16C instruction (ggml's `GGML_CPU_FP16_TO_FP32` on x86).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fp16(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// ggml's `hsum_float_8`, in its order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum_float_8(x: __m256) -> f32 {
+    let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+/// Signed bytes times signed bytes, adjacent pairs summed to i16 (ggml's `mul_add_epi8`). Exact
+/// while `y` has no -128, which Q8 activations never hold.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// Four 64-bit table entries as one vector, lowest first.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn set4(a: u64, b: u64, c: u64, d: u64) -> __m256i {
+    _mm256_set_epi64x(d as i64, c as i64, b as i64, a as i64)
+}
+
+/// Eight 32-bit table entries as one vector, lowest first.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn set8(v: [u32; 8]) -> __m256i {
+    _mm256_set_epi32(
+        v[7] as i32,
+        v[6] as i32,
+        v[5] as i32,
+        v[4] as i32,
+        v[3] as i32,
+        v[2] as i32,
+        v[1] as i32,
+        v[0] as i32,
+    )
+}
+
+/// The 32 sign bits in `bits` (bit `k` for byte `k`) as a byte mask, 0xff where set.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sign_mask_32(bits: u32) -> __m256i {
+    let shuf =
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
+    let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf), sel);
+    _mm256_cmpeq_epi8(b, sel)
+}
+
+/// `q8` with the bytes negated where `mask` is 0xff.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn apply_sign(q8: __m256i, mask: __m256i) -> __m256i {
+    _mm256_sub_epi8(_mm256_xor_si256(q8, mask), mask)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ2_XXS
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq2_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ2XXS>();
+    const QS: usize = offset_of!(BlockIQ2XXS, qs);
+    let mut accumf = _mm256_setzero_ps();
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for k in 0..QK_K / 64 {
+            let q8_1 = load256(yb, Q8K_QS + 64 * k);
+            let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
+            let a0 = rd_u32(xb, QS + 16 * k);
+            let a1 = rd_u32(xb, QS + 16 * k + 4);
+            let a2 = rd_u32(xb, QS + 16 * k + 8);
+            let a3 = rd_u32(xb, QS + 16 * k + 12);
+            let g = |a: u32, s: u32| IQ2XXS_GRID[(a >> s) as u8 as usize];
+            let q2_1 = set4(g(a0, 0), g(a0, 8), g(a0, 16), g(a0, 24));
+            let q2_2 = set4(g(a2, 0), g(a2, 8), g(a2, 16), g(a2, 24));
+            let s = |a: u32, s: u32| KEVEN_SIGNS[((a >> s) & 127) as usize];
+            let s2_1 = set4(s(a1, 0), s(a1, 7), s(a1, 14), s(a1, 21));
+            let s2_2 = set4(s(a3, 0), s(a3, 7), s(a3, 14), s(a3, 21));
+            let dot1 = _mm256_maddubs_epi16(q2_1, _mm256_sign_epi8(q8_1, s2_1));
+            let dot2 = _mm256_maddubs_epi16(q2_2, _mm256_sign_epi8(q8_2, s2_2));
+            let ls1 = (2 * (a1 >> 28) + 1) as i16;
+            let ls2 = (2 * (a3 >> 28) + 1) as i16;
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
+        }
+        let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
+    }
+    0.125 * hsum_float_8(accumf)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ2_XS
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ2XS>();
+    const QS: usize = offset_of!(BlockIQ2XS, qs);
+    const SCALES: usize = offset_of!(BlockIQ2XS, scales);
+    // 0x80 where the index (a nibble) has an odd number of set bits: the implied eighth sign.
+    let bit_helper = _mm256_set_epi64x(
+        0x0080_8000_8000_0080,
+        0x8000_0080_0080_8000u64 as i64,
+        0x0080_8000_8000_0080,
+        0x8000_0080_0080_8000u64 as i64,
+    );
+    // Spread sign byte 2g (g = 0..3, or 4..7 for the second pattern) over the 8 bytes of group g.
+    let sign_shuffle_1 =
+        _mm256_set_epi64x(0x0606_0606_0606_0606, 0x0404_0404_0404_0404, 0x0202_0202_0202_0202, 0);
+    let sign_shuffle_2 = _mm256_add_epi8(sign_shuffle_1, _mm256_set1_epi8(8));
+    let bit_sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let m4 = _mm_set1_epi8(0xf);
+    let mut accumf = _mm256_setzero_ps();
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        // Sub-block scales 2*s+1, interleaved: byte 2i the low nibble of sub-block i, 2i+1 the high.
+        let stmp = _mm_set1_epi64x(rd_u64(xb, SCALES) as i64);
+        let stmp =
+            _mm_unpacklo_epi8(_mm_and_si128(stmp, m4), _mm_and_si128(_mm_srli_epi16(stmp, 4), m4));
+        let scales = _mm_add_epi8(_mm_slli_epi16(stmp, 1), _mm_set1_epi8(1));
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for k in 0..QK_K / 128 {
+            let q2_data = load256(xb, QS + 32 * k);
+            // Sign bits 9..15 of each index word, plus the parity bit as bit 7.
+            let partial = _mm256_srli_epi16(q2_data, 9);
+            let upper = _mm256_srli_epi16(q2_data, 13);
+            let odd = _mm256_shuffle_epi8(bit_helper, _mm256_xor_si256(partial, upper));
+            let full = _mm256_or_si256(partial, odd);
+            let full_1 = _mm256_permute4x64_epi64(full, 0x44);
+            let full_2 = _mm256_permute4x64_epi64(full, 0xee);
+            let g = |j: usize| IQ2XS_GRID[(rd_u16(xb, QS + 32 * k + 2 * j) & 511) as usize];
+            let q2 = [
+                set4(g(0), g(1), g(2), g(3)),
+                set4(g(4), g(5), g(6), g(7)),
+                set4(g(8), g(9), g(10), g(11)),
+                set4(g(12), g(13), g(14), g(15)),
+            ];
+            let signs = [
+                _mm256_shuffle_epi8(full_1, sign_shuffle_1),
+                _mm256_shuffle_epi8(full_1, sign_shuffle_2),
+                _mm256_shuffle_epi8(full_2, sign_shuffle_1),
+                _mm256_shuffle_epi8(full_2, sign_shuffle_2),
+            ];
+            for j in 0..4 {
+                let q8 = load256(yb, Q8K_QS + 128 * k + 32 * j);
+                let neg = _mm256_cmpeq_epi8(_mm256_and_si256(signs[j], bit_sel), bit_sel);
+                let dot = _mm256_maddubs_epi16(q2[j], apply_sign(q8, neg));
+                // Sub-block 4k+j: its low-nibble scale for the first 16 values, high for the rest.
+                let ib = (4 * k + j) as u64;
+                let pick = _mm_set_epi64x(
+                    ((2 * ib + 1) * 0x0101_0101_0101_0101) as i64,
+                    (2 * ib * 0x0101_0101_0101_0101) as i64,
+                );
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                let p = _mm256_madd_epi16(dot, sc);
+                if j % 2 == 0 {
+                    sumi1 = _mm256_add_epi32(sumi1, p);
+                } else {
+                    sumi2 = _mm256_add_epi32(sumi2, p);
+                }
+            }
+        }
+        let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
+    }
+    0.125 * hsum_float_8(accumf)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ2_S
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ2S>();
+    const QS: usize = offset_of!(BlockIQ2S, qs);
+    const SIGNS: usize = QS + QK_K / 8;
+    const QH: usize = offset_of!(BlockIQ2S, qh);
+    const SCALES: usize = offset_of!(BlockIQ2S, scales);
+    let m4 = _mm_set1_epi8(0xf);
+    let mut accumf = _mm256_setzero_ps();
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let aux64 = rd_u64(xb, SCALES);
+        // i16 lane i: 2*low nibble of scale i + 1; lane 8+i: the same for the high nibble.
+        let scales8 = _mm_add_epi8(
+            _mm_slli_epi16(_mm_and_si128(_mm_set_epi64x((aux64 >> 4) as i64, aux64 as i64), m4), 1),
+            _mm_set1_epi8(1),
+        );
+        let scales16 = _mm256_cvtepi8_epi16(scales8);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib32 in (0..QK_K / 32).step_by(2) {
+            let q8_1 = load256(yb, Q8K_QS + 32 * ib32);
+            let q8_2 = load256(yb, Q8K_QS + 32 * ib32 + 32);
+            let qs = &xb[QS + 4 * ib32..QS + 4 * ib32 + 8];
+            let (h1, h2) = (xb[QH + ib32] as usize, xb[QH + ib32 + 1] as usize);
+            let g = |l: usize, h: usize, s: usize| IQ2S_GRID[qs[l] as usize | ((h << s) & 0x300)];
+            let q2_1 = set4(g(0, h1, 8), g(1, h1, 6), g(2, h1, 4), g(3, h1, 2));
+            let q2_2 = set4(g(4, h2, 8), g(5, h2, 6), g(6, h2, 4), g(7, h2, 2));
+            let s2_1 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32));
+            let s2_2 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32 + 4));
+            let dot1 = _mm256_maddubs_epi16(q2_1, apply_sign(q8_1, s2_1));
+            let dot2 = _mm256_maddubs_epi16(q2_2, apply_sign(q8_2, s2_2));
+            let sh1 = _mm256_set1_epi16(((2 * ib32 as i16 + 1) << 8) | (2 * ib32 as i16));
+            let sh2 = _mm256_add_epi8(sh1, _mm256_set1_epi8(2));
+            let p1 = _mm256_madd_epi16(dot1, _mm256_shuffle_epi8(scales16, sh1));
+            let p2 = _mm256_madd_epi16(dot2, _mm256_shuffle_epi8(scales16, sh2));
+            sumi1 = _mm256_add_epi32(sumi1, p1);
+            sumi2 = _mm256_add_epi32(sumi2, p2);
+        }
+        let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
+    }
+    0.125 * hsum_float_8(accumf)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ3_XXS
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ3XXS>();
+    const QS: usize = offset_of!(BlockIQ3XXS, qs);
+    const GAS: usize = QS + QK_K / 4;
+    let mut accumf = _mm256_setzero_ps();
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for k in 0..QK_K / 64 {
+            let q8_1 = load256(yb, Q8K_QS + 64 * k);
+            let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
+            let q3 = &xb[QS + 16 * k..QS + 16 * k + 16];
+            let q2_1 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[j] as usize]));
+            let q2_2 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[8 + j] as usize]));
+            let a0 = rd_u32(xb, GAS + 8 * k);
+            let a1 = rd_u32(xb, GAS + 8 * k + 4);
+            let s = |a: u32, s: u32| KEVEN_SIGNS[((a >> s) & 127) as usize];
+            let s2_1 = set4(s(a0, 0), s(a0, 7), s(a0, 14), s(a0, 21));
+            let s2_2 = set4(s(a1, 0), s(a1, 7), s(a1, 14), s(a1, 21));
+            let dot1 = _mm256_maddubs_epi16(q2_1, _mm256_sign_epi8(q8_1, s2_1));
+            let dot2 = _mm256_maddubs_epi16(q2_2, _mm256_sign_epi8(q8_2, s2_2));
+            let ls1 = (2 * (a0 >> 28) + 1) as i16;
+            let ls2 = (2 * (a1 >> 28) + 1) as i16;
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
+        }
+        let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
+    }
+    0.25 * hsum_float_8(accumf)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ3_S
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ3S>();
+    const QS: usize = offset_of!(BlockIQ3S, qs);
+    const QH: usize = offset_of!(BlockIQ3S, qh);
+    const SIGNS: usize = offset_of!(BlockIQ3S, signs);
+    const SCALES: usize = offset_of!(BlockIQ3S, scales);
+    let mut accumf = _mm256_setzero_ps();
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib32 in (0..QK_K / 32).step_by(2) {
+            let q8_1 = load256(yb, Q8K_QS + 32 * ib32);
+            let q8_2 = load256(yb, Q8K_QS + 32 * ib32 + 32);
+            let qs = &xb[QS + 8 * ib32..QS + 8 * ib32 + 16];
+            let (h1, h2) = (xb[QH + ib32] as usize, xb[QH + ib32 + 1] as usize);
+            // Bit k of the qh byte is bit 8 of the k-th index of the sub-block.
+            let q2_1 =
+                set8(std::array::from_fn(|k| IQ3S_GRID[qs[k] as usize | ((h1 << (8 - k)) & 256)]));
+            let q2_2 = set8(std::array::from_fn(|k| {
+                IQ3S_GRID[qs[8 + k] as usize | ((h2 << (8 - k)) & 256)]
+            }));
+            let s2_1 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32));
+            let s2_2 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32 + 4));
+            let dot1 = _mm256_maddubs_epi16(q2_1, apply_sign(q8_1, s2_1));
+            let dot2 = _mm256_maddubs_epi16(q2_2, apply_sign(q8_2, s2_2));
+            let sc = xb[SCALES + ib32 / 2];
+            let ls1 = 2 * (sc & 0xf) as i16 + 1;
+            let ls2 = 2 * (sc >> 4) as i16 + 1;
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
+        }
+        let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
+    }
+    hsum_float_8(accumf)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ1_S
+
+/// ggml's `IQ1S_DELTA` / `IQ1M_DELTA`.
+const IQ1_DELTA: f32 = 0.125;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ1S>();
+    const QS: usize = offset_of!(BlockIQ1S, qs);
+    const QH: usize = offset_of!(BlockIQ1S, qh);
+    let mut accum = _mm256_setzero_ps();
+    let mut accum1 = 0.0f32;
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let mut sumi = _mm256_setzero_si256();
+        let mut sumi1 = 0i32;
+        for ib in (0..QK_K / 32).step_by(2) {
+            let qs = &xb[QS + 4 * ib..QS + 4 * ib + 8];
+            let (h1, h2) = (rd_u16(xb, QH + 2 * ib) as usize, rd_u16(xb, QH + 2 * ib + 2) as usize);
+            let g =
+                |l: usize, h: usize| IQ1S_GRID[qs[l] as usize | (((h >> (3 * (l % 4))) & 7) << 8)];
+            let q1b_1 = set4(g(0, h1), g(1, h1), g(2, h1), g(3, h1));
+            let q1b_2 = set4(g(4, h2), g(5, h2), g(6, h2), g(7, h2));
+            let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
+            let q8b_2 = load256(yb, Q8K_QS + 32 * ib + 32);
+            let dot1 = mul_add_epi8(q1b_1, q8b_1);
+            let dot2 = mul_add_epi8(q1b_2, q8b_2);
+            let ls1 = 2 * ((h1 >> 12) & 7) as i16 + 1;
+            let ls2 = 2 * ((h2 >> 12) & 7) as i16 + 1;
+            let p1 = _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1));
+            let p2 = _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+            let bs = |j: usize| rd_u16(yb, Q8K_BSUMS + 2 * j) as i16 as i32;
+            let sgn = |h: usize| if h & 0x8000 != 0 { -1 } else { 1 };
+            sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sgn(h1) * ls1 as i32
+                + (bs(2 * ib + 2) + bs(2 * ib + 3)) * sgn(h2) * ls2 as i32;
+        }
+        let d = rd_f32(yb, 0) * fp16(rd_u16(xb, 0));
+        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum);
+        accum1 += d * sumi1 as f32;
+    }
+    hsum_float_8(accum) + IQ1_DELTA * accum1
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ1_M
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ1M>();
+    const QS: usize = offset_of!(BlockIQ1M, qs);
+    const QH: usize = offset_of!(BlockIQ1M, qh);
+    const SCALES: usize = offset_of!(BlockIQ1M, scales);
+    let mask = _mm256_set1_epi16(0x7);
+    let mone = _mm256_set1_epi16(1);
+    let mone8 = _mm256_set1_epi8(1);
+    // Per 64-bit lane: the 3-bit scales of even sub-blocks' first halves, odd sub-blocks' first
+    // halves (low 128 bits), then the second halves (high 128 bits).
+    let scales_shift = _mm256_set_epi64x(9, 3, 6, 0);
+    let mut accum1 = _mm256_setzero_ps();
+    let mut accum2 = _mm256_setzero_ps();
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let sc64 = rd_u64(xb, SCALES);
+        let sc = [sc64 as u16, (sc64 >> 16) as u16, (sc64 >> 32) as u16, (sc64 >> 48) as u16];
+        let scale =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+        let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64 as i64), scales_shift);
+        let scales = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(scales, mask), 1), mone);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib in (0..QK_K / 32).step_by(2) {
+            let qs = &xb[QS + 4 * ib..QS + 4 * ib + 8];
+            let qh = &xb[QH + 2 * ib..QH + 2 * ib + 4];
+            let g = |l: usize| {
+                let h = qh[l / 2] as usize;
+                IQ1S_GRID[qs[l] as usize | ((h << (8 - 4 * (l % 2))) & 0x700)]
+            };
+            let q1b_1 = set4(g(0), g(1), g(2), g(3));
+            let q1b_2 = set4(g(4), g(5), g(6), g(7));
+            let dl = |h: u8, bit: u8| -> u64 {
+                if h & bit != 0 { 0xffff_ffff_ffff_ffff } else { 0x0101_0101_0101_0101 }
+            };
+            let delta1 = set4(dl(qh[0], 0x08), dl(qh[0], 0x80), dl(qh[1], 0x08), dl(qh[1], 0x80));
+            let delta2 = set4(dl(qh[2], 0x08), dl(qh[2], 0x80), dl(qh[3], 0x08), dl(qh[3], 0x80));
+            let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
+            let q8b_2 = load256(yb, Q8K_QS + 32 * ib + 32);
+            let dot1 = mul_add_epi8(q1b_1, q8b_1);
+            let dot2 = mul_add_epi8(q1b_2, q8b_2);
+            let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_1, delta1));
+            let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_2, delta2));
+            let k = ib as i16;
+            let scale1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((k + 1) << 8) | k));
+            let scale2 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((k + 9) << 8) | (k + 8)));
+            let p1 = _mm256_madd_epi16(dot1, scale1);
+            let p2 = _mm256_madd_epi16(dot2, scale2);
+            let p3 = _mm256_madd_epi16(dot3, scale1);
+            let p4 = _mm256_madd_epi16(dot4, scale2);
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p1, p2));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p3, p4));
+        }
+        let d = _mm256_set1_ps(rd_f32(yb, 0) * fp16(scale));
+        accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), accum1);
+        accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), accum2);
+    }
+    hsum_float_8(accum1) + IQ1_DELTA * hsum_float_8(accum2)
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ4_NL, IQ4_XS
+
+/// The 32 values of 16 packed nibbles looked up in `kvalues_iq4nl`: low nibbles in the low half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_values(values: __m128i, bits: __m128i) -> __m256i {
+    let m4b = _mm_set1_epi8(0x0f);
+    let lo = _mm_shuffle_epi8(values, _mm_and_si128(bits, m4b));
+    let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4b));
+    _mm256_set_m128i(hi, lo)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_nl_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ4NL>();
+    const QS: usize = offset_of!(BlockIQ4NL, qs);
+    const Y_QS: usize = offset_of!(BlockQ8_0, qs);
+    let nb = (n / QK4_NL).min(x.len() / XS).min(y.len() / Q8_0_SIZE);
+    let (x, y) = (&x[..nb * XS], &y[..nb * Q8_0_SIZE]);
+    let values = iq4nl_values();
+    let mone = _mm256_set1_epi16(1);
+    let mut accum1 = _mm256_setzero_ps();
+    let mut accum2 = _mm256_setzero_ps();
+    let mut pairs_x = x.chunks_exact(2 * XS);
+    let mut pairs_y = y.chunks_exact(2 * Q8_0_SIZE);
+    for (xb, yb) in (&mut pairs_x).zip(&mut pairs_y) {
+        let q4b_1 = iq4_values(values, load128(xb, QS));
+        let q4b_2 = iq4_values(values, load128(xb, XS + QS));
+        let q8b_1 = load256(yb, Y_QS);
+        let q8b_2 = load256(yb, Q8_0_SIZE + Y_QS);
+        let p_1 = _mm256_madd_epi16(mul_add_epi8(q4b_1, q8b_1), mone);
+        let p_2 = _mm256_madd_epi16(mul_add_epi8(q4b_2, q8b_2), mone);
+        let d1 = fp16(rd_u16(yb, 0)) * fp16(rd_u16(xb, 0));
+        let d2 = fp16(rd_u16(yb, Q8_0_SIZE)) * fp16(rd_u16(xb, XS));
+        accum1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p_1), accum1);
+        accum2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), _mm256_cvtepi32_ps(p_2), accum2);
+    }
+    let mut sumf = hsum_float_8(_mm256_add_ps(accum1, accum2));
+    // An odd last block, as ggml's scalar tail.
+    if let (Some(xb), Some(yb)) =
+        (pairs_x.remainder().get(..XS), pairs_y.remainder().get(..Q8_0_SIZE))
+    {
+        let d = fp16(rd_u16(yb, 0)) * fp16(rd_u16(xb, 0));
+        let (mut sumi1, mut sumi2) = (0i32, 0i32);
+        for j in 0..QK4_NL / 2 {
+            let q = xb[QS + j];
+            sumi1 += yb[Y_QS + j] as i8 as i32 * KVALUES_IQ4NL[(q & 0xf) as usize] as i32;
+            sumi2 +=
+                yb[Y_QS + j + QK4_NL / 2] as i8 as i32 * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
+        }
+        sumf += d * (sumi1 + sumi2) as f32;
+    }
+    sumf
+}
+
+/// `kvalues_iq4nl` in a vector, for `pshufb` lookups.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4nl_values() -> __m128i {
+    let v: [u8; 16] = KVALUES_IQ4NL.map(|v| v as u8);
+    load128(&v, 0)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    const XS: usize = size_of::<BlockIQ4XS>();
+    const SCALES_H: usize = offset_of!(BlockIQ4XS, scales_h);
+    const SCALES_L: usize = offset_of!(BlockIQ4XS, scales_l);
+    const QS: usize = offset_of!(BlockIQ4XS, qs);
+    let values = iq4nl_values();
+    let mut accum = _mm256_setzero_ps();
+    for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        let mut sh = rd_u16(xb, SCALES_H);
+        let mut sumi1 = _mm256_setzero_si256();
+        let mut sumi2 = _mm256_setzero_si256();
+        for ib in (0..QK_K / 32).step_by(2) {
+            let q4b_1 = iq4_values(values, load128(xb, QS + 16 * ib));
+            let q4b_2 = iq4_values(values, load128(xb, QS + 16 * ib + 16));
+            let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
+            let q8b_2 = load256(yb, Q8K_QS + 32 * ib + 32);
+            let p16_1 = mul_add_epi8(q4b_1, q8b_1);
+            let p16_2 = mul_add_epi8(q4b_2, q8b_2);
+            let sl = xb[SCALES_L + ib / 2] as u16;
+            let ls1 = ((sl & 0xf) | ((sh << 4) & 0x30)) as i16 - 32;
+            let ls2 = ((sl >> 4) | ((sh << 2) & 0x30)) as i16 - 32;
+            sh >>= 4;
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(p16_1, _mm256_set1_epi16(ls1)));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(p16_2, _mm256_set1_epi16(ls2)));
+        }
+        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
+        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accum);
+    }
+    hsum_float_8(accum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{Isa, table_for};
+    use crate::quant::iq::grids::KSIGNS_IQ2XS;
+    use crate::quant::util::fp32_to_fp16;
+
+    const TYPES: [DType; 9] = [
+        DType::IQ2_XXS,
+        DType::IQ2_XS,
+        DType::IQ2_S,
+        DType::IQ3_XXS,
+        DType::IQ3_S,
+        DType::IQ1_S,
+        DType::IQ1_M,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+    ];
+
+    /// The AVX2 and scalar tables, or `None` (with a note) on a CPU without AVX2.
+    fn tiers() -> Option<(&'static KernelTable, &'static KernelTable)> {
+        match (table_for(Isa::Avx2), table_for(Isa::Scalar)) {
+            (Some(a), Some(s)) => Some((a, s)),
+            _ => {
+                println!("skipped: this CPU lacks AVX2/FMA/F16C");
+                None
+            }
+        }
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn byte(&mut self) -> u8 {
+            (self.next() >> 32) as u8
+        }
+        /// Uniform in [-1, 1).
+        fn unit(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+        /// A Q8 level, -127..=127 as the quantizers make them.
+        fn level(&mut self) -> i8 {
+            (((self.next() >> 32) % 255) as i32 - 127) as i8
+        }
+    }
+
+    /// Random but valid weight blocks: random bytes with finite f16 scales.
+    fn rand_weights(dtype: DType, nb: usize, rng: &mut Rng) -> Vec<u8> {
+        let bs = dtype.type_size();
+        let mut v: Vec<u8> = (0..nb * bs).map(|_| rng.byte()).collect();
+        for b in v.chunks_exact_mut(bs) {
+            let d = fp32_to_fp16(rng.unit() * 0.05);
+            if dtype == DType::IQ1_M {
+                // The f16 scale sits in the top nibbles of the four u16 words of `scales`.
+                let o = offset_of!(BlockIQ1M, scales);
+                for i in 0..4 {
+                    let nib = ((d >> (4 * i)) & 0xf) as u8;
+                    b[o + 2 * i + 1] = (b[o + 2 * i + 1] & 0x0f) | nib << 4;
+                }
+            } else {
+                b[..2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        v
+    }
+
+    /// Random activation blocks of `dtype.vec_dot_type()` with consistent `bsums`.
+    fn rand_activations(dtype: DType, nb_weights: usize, rng: &mut Rng) -> Vec<u8> {
+        let vd = dtype.vec_dot_type();
+        let n = nb_weights * dtype.block_size();
+        let mut out = vec![0u8; vd.row_size(n).unwrap()];
+        if vd == DType::Q8_K {
+            for b in out.chunks_exact_mut(Q8K_SIZE) {
+                let mut blk =
+                    BlockQ8K { d: rng.unit() * 0.02, qs: [0; QK_K], bsums: [0; QK_K / 16] };
+                for q in blk.qs.iter_mut() {
+                    *q = rng.level();
+                }
+                for (s, q) in blk.bsums.iter_mut().zip(blk.qs.chunks_exact(16)) {
+                    *s = q.iter().map(|&v| v as i16).sum();
+                }
+                b.copy_from_slice(bytemuck::bytes_of(&blk));
+            }
+        } else {
+            assert_eq!(vd, DType::Q8_0);
+            for b in out.chunks_exact_mut(Q8_0_SIZE) {
+                let mut blk = BlockQ8_0 { d: fp32_to_fp16(rng.unit() * 0.02), qs: [0; 32] };
+                for q in blk.qs.iter_mut() {
+                    *q = rng.level();
+                }
+                b.copy_from_slice(bytemuck::bytes_of(&blk));
+            }
+        }
+        out
+    }
+
+    /// `sum |x_i * y_i|` of the dequantized vectors: the scale rounding errors are measured on.
+    fn abs_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> f64 {
+        let mut xf = vec![0f32; n];
+        (crate::quant::format(dtype).dequantize.unwrap())(x, &mut xf);
+        let mut yf = vec![0f32; n];
+        (crate::quant::format(dtype.vec_dot_type()).dequantize.unwrap())(y, &mut yf);
+        xf.iter().zip(&yf).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum()
+    }
+
+    /// Copies `b` to an odd address so the kernels see unaligned blocks.
+    fn misaligned(b: &[u8]) -> Vec<u8> {
+        let mut v = vec![0u8; b.len() + 1];
+        v[1..].copy_from_slice(b);
+        v
+    }
+
+    #[test]
+    fn keven_signs_matches_ksigns_iq2xs() {
+        for (i, &w) in KEVEN_SIGNS.iter().enumerate() {
+            for j in 0..8 {
+                let want = if KSIGNS_IQ2XS[i] & (1 << j) != 0 { 0xff } else { 0x01 };
+                assert_eq!((w >> (8 * j)) as u8, want, "entry {i} byte {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn avx2_iq_vec_dot_matches_scalar_on_random_blocks() {
+        let Some((avx2, scalar)) = tiers() else { return };
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for dtype in TYPES {
+            let fa = avx2.vec_dot(dtype).unwrap();
+            let fs = scalar.vec_dot(dtype).unwrap();
+            assert!(fa as usize != fs as usize, "{dtype}: the AVX2 table has the scalar kernel");
+            let counts: &[usize] =
+                if dtype == DType::IQ4_NL { &[1, 2, 3, 8, 129] } else { &[1, 2, 3, 16, 37] };
+            for &nb in counts {
+                for trial in 0..20 {
+                    let n = nb * dtype.block_size();
+                    let x = rand_weights(dtype, nb, &mut rng);
+                    let y = rand_activations(dtype, nb, &mut rng);
+                    let want = fs(n, &x, &y);
+                    let got = fa(n, &x, &y);
+                    let tol = 1e-6 * abs_dot(dtype, n, &x, &y).max(want.abs() as f64);
+                    let err = (got as f64 - want as f64).abs();
+                    assert!(
+                        err <= tol,
+                        "{dtype} nb={nb} trial={trial}: avx2 {got} scalar {want} (err {err:e} > {tol:e})"
+                    );
+                    let (xm, ym) = (misaligned(&x), misaligned(&y));
+                    let got_m = fa(n, &xm[1..], &ym[1..]);
+                    assert_eq!(got_m.to_bits(), got.to_bits(), "{dtype} nb={nb}: unaligned input");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn avx2_iq_vec_dot_of_zero_blocks_is_zero() {
+        let Some((avx2, _)) = tiers() else { return };
+        let mut rng = Rng(7);
+        for dtype in TYPES {
+            let nb = 4;
+            let n = nb * dtype.block_size();
+            let x = rand_weights(dtype, nb, &mut rng);
+            let y = vec![0u8; dtype.vec_dot_type().row_size(n).unwrap()];
+            assert_eq!(avx2.vec_dot(dtype).unwrap()(n, &x, &y), 0.0, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn avx2_iq_vec_dot_matches_ggml_golden_values() {
+        let Some((avx2, _)) = tiers() else { return };
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden");
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
+                .unwrap();
+        let quant = &manifest["quant"];
+        let n = quant["n_per_row"].as_u64().unwrap() as usize;
+        let read = |desc: &serde_json::Value| {
+            std::fs::read(dir.join(desc["file"].as_str().unwrap())).unwrap()
+        };
+        let mut checked = 0;
+        for case in quant["types"].as_array().unwrap() {
+            let Some(dtype) = DType::from_name(case["type"].as_str().unwrap()) else { continue };
+            if !TYPES.contains(&dtype) {
+                continue;
+            }
+            let (q, yq) = (read(&case["q"]), read(&case["y_q"]));
+            let (xr, yr) = (dtype.row_size(n).unwrap(), dtype.vec_dot_type().row_size(n).unwrap());
+            for v in case["vec_dot"].as_array().unwrap() {
+                let row = v["row"].as_u64().unwrap() as usize;
+                let want = f32::from_bits(v["bits"].as_u64().unwrap() as u32);
+                let got = avx2.vec_dot(dtype).unwrap()(
+                    n,
+                    &q[row * xr..(row + 1) * xr],
+                    &yq[row * yr..(row + 1) * yr],
+                );
+                let err = (got - want).abs();
+                assert!(err <= 1e-4 * want.abs(), "{dtype} row {row}: avx2 {got}, ggml {want}");
+                // The float steps follow ggml's AVX2 order, so the bits agree too.
+                assert_eq!(got.to_bits(), want.to_bits(), "{dtype} row {row}: {got} vs {want}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 6 * 4, "only {checked} golden values found");
+    }
+}
