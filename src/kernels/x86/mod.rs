@@ -1,8 +1,8 @@
 //! x86-64 tiers. Each file is one tier with the same function names as `../scalar.rs`.
 
 pub(crate) mod avx2;
-mod avx2_quants;
 pub(crate) mod avx2_iq;
+mod avx2_quants;
 
 use super::KernelTable;
 
