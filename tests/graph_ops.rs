@@ -22,11 +22,13 @@ fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
 
 fn run1(g: Graph, inputs: &[(TensorId, Vec<f32>)], out: TensorId, threads: usize) -> Vec<f32> {
     let be = CpuBackend::with_threads(threads).unwrap();
-    let mut p = Plan::new(g, &be).unwrap();
+    // Guard bytes around every tensor catch any op writing outside its output.
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
     for (id, v) in inputs {
         p.set_input(*id, v).unwrap();
     }
     p.compute().unwrap();
+    p.check_guards().unwrap();
     p.output::<f32>(out).unwrap().to_vec()
 }
 

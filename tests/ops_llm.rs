@@ -13,7 +13,8 @@ fn compute(
     nth: usize,
 ) -> Vec<f32> {
     let be = CpuBackend::with_threads(nth).unwrap();
-    let mut p = Plan::new(g, &be).unwrap();
+    // Guard bytes around every tensor catch any op writing outside its output.
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
     for (id, v) in inputs {
         p.set_input(*id, v).unwrap();
     }
@@ -21,6 +22,7 @@ fn compute(
         p.set_input(*id, v).unwrap();
     }
     p.compute().unwrap();
+    p.check_guards().unwrap();
     p.output::<f32>(out).unwrap().to_vec()
 }
 

@@ -162,11 +162,12 @@ fn run(
     out: quantgraph::TensorId,
     nth: usize,
 ) -> Vec<f32> {
-    let mut p = Plan::new(g, &CpuBackend::with_threads(nth).unwrap()).unwrap();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(nth).unwrap(), 64).unwrap();
     for (id, v) in ins {
         p.set_input(*id, v).unwrap();
     }
     p.compute().unwrap();
+    p.check_guards().unwrap();
     p.output::<f32>(out).unwrap().to_vec()
 }
 

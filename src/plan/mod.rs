@@ -118,7 +118,11 @@ pub struct Plan {
     shared: Arc<CpuShared>,
     abort: Option<AbortHook>,
     stats: PlanStats,
+    /// Guard regions (offset, length) in the arena, for `with_guards` plans.
+    guards_at: Vec<(usize, usize)>,
 }
+
+const GUARD_BYTE: u8 = 0xA5;
 
 // SAFETY: the raw addresses point into the arena and buffers owned by this plan; a `Plan` is used
 // through `&mut self` for computing, so moving it across threads is sound.
@@ -158,7 +162,34 @@ impl Plan {
     /// Plans `graph` for `backend`: checks every needed node, lays out memory and sizes the work
     /// buffer. Nodes that no output depends on (and that write no state) are left out.
     pub fn new(graph: Graph, backend: &CpuBackend) -> Result<Plan> {
+        Plan::build(graph, backend, 0)
+    }
+
+    /// A plan for overrun tests: every input and intermediate gets its own arena region (no reuse,
+    /// nothing in place) framed by `guard` bytes of a fixed pattern; [`Plan::check_guards`] then
+    /// reports any byte an op wrote outside its output.
+    pub fn with_guards(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
+        Plan::build(graph, backend, guard.max(1).next_multiple_of(crate::backend::BUFFER_ALIGNMENT))
+    }
+
+    /// Checks the guard bytes of a plan made with [`Plan::with_guards`].
+    pub fn check_guards(&self) -> Result<()> {
+        self.arena.with_bytes(|b| {
+            for &(start, len) in &self.guards_at {
+                if let Some(k) = b[start..start + len].iter().position(|&x| x != GUARD_BYTE) {
+                    return Err(Error::Buffer(format!(
+                        "guard byte at arena offset {} was overwritten",
+                        start + k
+                    )));
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    fn build(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
         let n = graph.tensors.len();
+        let mut guards_at: Vec<(usize, usize)> = Vec::new();
         let nth = backend.n_threads();
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
         let mut needed = vec![false; n];
@@ -216,7 +247,11 @@ impl Plan {
         for (i, t) in graph.tensors.iter().enumerate() {
             if needed[i] && matches!(t.leaf, Leaf::Input) {
                 let nbytes = t.nbytes();
-                offset[i] = arena.alloc(nbytes);
+                offset[i] = arena.alloc(nbytes + 2 * guard) + guard;
+                if guard > 0 {
+                    guards_at.push((offset[i] - guard, guard));
+                    guards_at.push((offset[i] + nbytes, guard));
+                }
                 inputs.push(InputSlot {
                     id: TensorId(i as u32),
                     offset: offset[i],
@@ -240,7 +275,7 @@ impl Plan {
                 let nbytes = t.nbytes();
                 stats.intermediate_bytes += align_up(nbytes, crate::backend::BUFFER_ALIGNMENT);
                 let mut placed = false;
-                if t.op.can_inplace() {
+                if t.op.can_inplace() && guard == 0 {
                     if let Some(s0) = t.src[0] {
                         let p = &graph.tensors[s0.index()];
                         if is_arena_node(p)
@@ -260,13 +295,21 @@ impl Plan {
                     }
                 }
                 if !placed {
-                    offset[i] = arena.alloc(nbytes);
+                    offset[i] = arena.alloc(nbytes + 2 * guard) + guard;
+                    if guard > 0 {
+                        guards_at.push((offset[i] - guard, guard));
+                        guards_at.push((offset[i] + nbytes, guard));
+                    }
                 }
             }
             // Free roots whose last use is this node.
             let mut free_root = |r: TensorId| {
                 let rt = &graph.tensors[r.index()];
-                if last_use[r.index()] == i && is_arena_node(rt) && !moved[r.index()] && !rt.output
+                if guard == 0
+                    && last_use[r.index()] == i
+                    && is_arena_node(rt)
+                    && !moved[r.index()]
+                    && !rt.output
                 {
                     moved[r.index()] = true; // freed: never free twice
                     arena.free(offset[r.index()], rt.nbytes());
@@ -282,6 +325,10 @@ impl Plan {
         stats.arena_bytes = arena.peak;
 
         let arena_buf = Buffer::alloc_named(arena.peak, "CPU_Arena")?;
+        for &(start, len) in &guards_at {
+            let pattern = vec![GUARD_BYTE; len];
+            arena_buf.write(start, &pattern)?;
+        }
         let abase = arena_buf.ptr();
 
         // 4. Addresses.
@@ -353,6 +400,7 @@ impl Plan {
             shared: backend.shared.clone(),
             abort: None,
             stats,
+            guards_at,
         };
         plan.guards.reserve(plan.buffers.len());
         plan.size_work(nth)?;
@@ -530,5 +578,26 @@ impl Plan {
             Error::Panicked { name, msg } => Error::Panicked { name: describe(name), msg },
             e => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_check_flags_a_corrupted_guard() {
+        let mut g = Graph::new();
+        let x = g.input(DType::F32, &[16]).unwrap();
+        let y = g.scale(x, 2.0).unwrap();
+        g.set_output(y);
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
+        p.set_input(x, &[1.0f32; 16]).unwrap();
+        p.compute().unwrap();
+        p.check_guards().unwrap();
+        let (start, _) = p.guards_at[1];
+        p.arena.write(start + 3, &[0]).unwrap();
+        let e = p.check_guards().unwrap_err().to_string();
+        assert!(e.contains(&format!("{}", start + 3)), "{e}");
     }
 }
