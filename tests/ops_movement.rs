@@ -473,3 +473,36 @@ fn interpolate_nearest_bilinear_bicubic_antialias() {
     let h = g.cast(a, DType::F16).unwrap();
     assert!(g.upscale(h, 2, ScaleMode::Nearest).is_err(), "F32 only");
 }
+
+#[test]
+fn set_writes_a_strided_view_into_a_copy() {
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[6, 4]).unwrap();
+    let b = g.input(DType::F32, &[2, 3]).unwrap();
+    // b's 3 rows of 2 go to a's rows 1..4, columns 3..5.
+    let s = g.set(a, b, [24, 72, 72], 24 + 12).unwrap();
+    let s1 = g.set_1d(a, b, 4).unwrap();
+    g.set_output(s);
+    g.set_output(s1);
+    let xa: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    let xb: Vec<f32> = (0..6).map(|v| 100.0 + v as f32).collect();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
+    p.set_input(a, &xa).unwrap();
+    p.set_input(b, &xb).unwrap();
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    let mut want = xa.clone();
+    for r in 0..3 {
+        for c in 0..2 {
+            want[(r + 1) * 6 + 3 + c] = xb[r * 2 + c];
+        }
+    }
+    assert_eq!(p.output::<f32>(s).unwrap(), &want[..]);
+    let mut want1 = xa.clone();
+    want1[1..7].copy_from_slice(&xb);
+    assert_eq!(p.output::<f32>(s1).unwrap(), &want1[..]);
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[6, 4]).unwrap();
+    let b = g.input(DType::F32, &[2, 3]).unwrap();
+    assert!(g.set(a, b, [24, 72, 72], 24 * 3).is_err(), "past the end");
+}

@@ -282,3 +282,55 @@ impl Graph {
         self.interpolate(a, [ne[0] * factor, ne[1] * factor, ne[2], ne[3]], mode)
     }
 }
+
+impl Graph {
+    /// ggml_set: a copy of `a` with `b` written into the view of it given by byte strides
+    /// `nb1..nb3` and byte `offset` (ggml_set_1d/2d use a contiguous view). F32 or I32.
+    pub fn set(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        nb: [usize; 3],
+        offset: usize,
+    ) -> Result<TensorId> {
+        const OP: &str = "set";
+        let (ta, tb) = (self.get(OP, a)?, self.get(OP, b)?);
+        if ta.dtype != tb.dtype
+            || !matches!(ta.dtype, DType::F32 | DType::I32)
+            || !ta.is_contiguous()
+        {
+            return Err(Error::ty(
+                OP,
+                format!(
+                    "{} and {} must be contiguous F32 or I32 of one type",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        let view_nb = [ta.dtype.type_size(), nb[0], nb[1], nb[2]];
+        let span = super::checked_nbytes(tb.dtype, &tb.ne, &view_nb)
+            .ok_or(Error::Overflow { what: "set" })?;
+        if offset.checked_add(span).is_none_or(|end| end > ta.nbytes())
+            || offset % ta.dtype.type_size() != 0
+        {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{} at offset {offset} with strides {nb:?} does not fit in {}",
+                    tb.describe(b),
+                    ta.describe(a)
+                ),
+            ));
+        }
+        let (dt, ne) = (ta.dtype, ta.ne);
+        self.node(Op::Set { nb, offset }, dt, ne, &[a, b])
+    }
+
+    /// ggml_set_1d: `b` written contiguously into a copy of `a` at byte `offset`.
+    pub fn set_1d(&mut self, a: TensorId, b: TensorId, offset: usize) -> Result<TensorId> {
+        let tb = self.get("set", b)?;
+        let nb1 = tb.nb[1];
+        self.set(a, b, [nb1, tb.nb[2], tb.nb[3]], offset)
+    }
+}

@@ -78,6 +78,8 @@ pub enum Op {
     Custom(super::CustomOp),
     /// Resize (upscale / interpolate).
     Upscale(super::ScaleMode),
+    /// A copy of src0 with src1 written into a strided view at a byte offset.
+    Set { nb: [usize; 3], offset: usize },
 }
 
 impl Op {
@@ -113,6 +115,7 @@ impl Op {
             Op::TimestepEmbedding { .. } => "timestep_embedding",
             Op::Custom(_) => "custom",
             Op::Upscale(_) => "upscale",
+            Op::Set { .. } => "set",
         }
     }
 

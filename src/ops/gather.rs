@@ -159,3 +159,40 @@ pub(crate) fn timestep_embedding(
     }
     Ok(())
 }
+
+/// set: phase 0 copies a into dst (unless in place), phase 1 writes b into dst's view.
+pub(crate) fn set(
+    ctx: &NodeCtx<'_>,
+    phase: u8,
+    ith: usize,
+    nb: [usize; 3],
+    offset: usize,
+) -> Result<()> {
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let ts = d.dtype.type_size();
+    if phase == 0 {
+        if a.ptr != d.ptr {
+            let bytes = d.nelements() * ts;
+            let (s0, s1) = split(bytes, ith, ctx.nth);
+            // SAFETY: a and dst are contiguous with the same shape (build check), so both span
+            // `bytes`; workers copy disjoint byte ranges.
+            unsafe { std::ptr::copy_nonoverlapping(a.ptr.add(s0), d.ptr.add(s0), s1 - s0) };
+        }
+        return Ok(());
+    }
+    let (r0, r1) = split(b.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &b.ne);
+        for i0 in 0..b.ne[0] {
+            // SAFETY: the build-time check put the whole view (offset + extent with these
+            // strides) inside dst; b's indices are below its shape; rows of b are disjoint per
+            // worker and map to distinct view elements.
+            unsafe {
+                let dp = d.ptr.add(offset + i0 * ts + i1 * nb[0] + i2 * nb[1] + i3 * nb[2]);
+                let sp = b.ptr.add(i0 * b.nb[0] + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3]);
+                std::ptr::copy_nonoverlapping(sp, dp, ts);
+            }
+        }
+    }
+    Ok(())
+}

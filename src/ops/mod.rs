@@ -91,6 +91,7 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
     match node.op {
         Op::MulMat => mul_mat::phases(node),
         Op::FlashAttnExt(_) => flash_attn::phases(node),
+        Op::Set { .. } => 2,
         _ => 1,
     }
 }
@@ -127,6 +128,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::RepeatBack => gather::repeat_back(ctx, ith),
         Op::Custom(op) => custom::compute(ctx, ith, op),
         Op::Upscale(m) => upscale::compute(ctx, ith, *m),
+        Op::Set { nb, offset } => gather::set(ctx, phase, ith, *nb, *offset),
         Op::Arange { start, step } => gather::arange(ctx, ith, *start, *step),
         Op::TimestepEmbedding { dim, max_period } => {
             gather::timestep_embedding(ctx, ith, *dim, *max_period)
