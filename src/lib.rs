@@ -43,6 +43,6 @@ pub use backend::{
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
-pub use graph::{Graph, Op, TensorId, UnaryOp};
+pub use graph::{GluOp, Graph, Op, SortOrder, TensorId, TriType, UnaryOp};
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

@@ -3,8 +3,10 @@
 //! shapes, types and parameters and returns `Result<TensorId>`, so that a [`crate::Plan`] only ever
 //! sees valid layouts.
 
+mod elementwise;
 mod ops;
 
+pub use elementwise::{GluOp, SortOrder, TriType};
 pub use ops::{Op, UnaryOp};
 
 use crate::backend::Buffer;

@@ -5,9 +5,12 @@
 
 mod binary;
 mod cpy;
+mod elementwise;
 mod get_rows;
+mod glu;
 mod mul_mat;
 mod norm;
+mod reduce;
 mod softmax;
 mod unary;
 
@@ -84,6 +87,8 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> Result<()> {
 pub(crate) fn phases(node: &ExecNode) -> u8 {
     match node.op {
         Op::MulMat => mul_mat::phases(node),
+        // ops1: copy then accumulate; count then add the per-thread counts.
+        Op::Acc { .. } | Op::CountEqual => 2,
         _ => 1,
     }
 }
@@ -92,6 +97,8 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     match node.op {
         Op::MulMat => mul_mat::work_size(node, nth),
+        // ops1
+        Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
         _ => 0,
     }
 }
@@ -108,5 +115,38 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::GetRows => get_rows::compute(ctx, ith),
         Op::Cpy | Op::Dup => cpy::compute(ctx, ith),
         Op::MulMat => mul_mat::compute(ctx, phase, ith),
+        // ops1: elementwise, GLU, norms, reductions and sorting
+        Op::Add1 => elementwise::add1(ctx, ith),
+        Op::AddId => elementwise::add_id(ctx, ith),
+        Op::Acc { nb1, nb2, nb3, offset } => {
+            elementwise::acc(ctx, phase, ith, [*nb1, *nb2, *nb3], *offset)
+        }
+        Op::Clamp { .. }
+        | Op::LeakyRelu { .. }
+        | Op::Sqr
+        | Op::Sqrt
+        | Op::Log
+        | Op::Sin
+        | Op::Cos => elementwise::simple(ctx, ith),
+        Op::Fill { value } => elementwise::fill(ctx, ith, *value),
+        Op::Tri(kind) => elementwise::tri(ctx, ith, *kind),
+        Op::Diag => elementwise::diag(ctx, ith),
+        Op::DiagMaskInf { n_past } => elementwise::diag_mask(ctx, ith, *n_past, f32::NEG_INFINITY),
+        Op::DiagMaskZero { n_past } => elementwise::diag_mask(ctx, ith, *n_past, 0.0),
+        Op::Glu { op, swapped, alpha, limit } => {
+            glu::compute(ctx, ith, *op, *swapped, *alpha, *limit)
+        }
+        Op::Norm { eps } => norm::norm(ctx, ith, *eps),
+        Op::RmsNormMul { eps } => norm::rms_norm_mul(ctx, ith, *eps),
+        Op::GroupNorm { n_groups, eps } => norm::group_norm(ctx, ith, *n_groups, *eps),
+        Op::L2Norm { eps } => norm::l2_norm(ctx, ith, *eps),
+        Op::Sum => reduce::sum(ctx, ith),
+        Op::SumRows => reduce::sum_rows(ctx, ith, false),
+        Op::Mean => reduce::sum_rows(ctx, ith, true),
+        Op::Cumsum => reduce::cumsum(ctx, ith),
+        Op::Argmax => reduce::argmax(ctx, ith),
+        Op::CountEqual => reduce::count_equal(ctx, phase, ith),
+        Op::Argsort(order) => reduce::argsort(ctx, ith, *order),
+        Op::TopK { k } => reduce::top_k(ctx, ith, *k),
     }
 }

@@ -163,7 +163,7 @@ impl Plan {
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
         let mut needed = vec![false; n];
         for (i, t) in graph.tensors.iter().enumerate() {
-            let writes_state = matches!(t.op, Op::Cpy)
+            let writes_state = !matches!(t.op, Op::None | Op::View)
                 && t.view_src
                     .is_some_and(|r| matches!(graph.tensors[r.index()].leaf, Leaf::State { .. }));
             if t.output || writes_state {
