@@ -906,7 +906,8 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
     let (ne, nb1, nb2, off) = ([7usize, 4, 3, 1], 40usize, 200usize, 96usize);
     let addr = |i: [usize; 4]| off + i[0] * 4 + i[1] * nb1 + i[2] * nb2;
     type Build = fn(&mut Graph, TensorId, TensorId) -> TensorId;
-    let cases: Vec<(&str, Build, fn(f64, f64, [usize; 4]) -> f64)> = vec![
+    type Want = fn(f64, f64, [usize; 4]) -> f64;
+    let cases: Vec<(&str, Build, Want)> = vec![
         (
             "silu",
             |g, v, _| g.unary_inplace(v, UnaryOp::Silu).unwrap(),
@@ -936,6 +937,15 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
             },
         ),
         ("norm", |g, v, _| g.norm_inplace(v, 1e-5).unwrap(), |_, _, _| f64::NAN),
+        (
+            "fill",
+            |g, v, _| {
+                // fill needs a contiguous tensor: fill one contiguous row of the view in place.
+                let row = g.view_1d(v, 7, 0).unwrap();
+                g.fill_inplace(row, 3.5).unwrap()
+            },
+            |x, _, i| if i[1] == 0 && i[2] == 0 { 3.5 } else { x },
+        ),
     ];
     for (name, build, f) in cases {
         let buf = Buffer::alloc(1024).unwrap();

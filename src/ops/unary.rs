@@ -111,13 +111,16 @@ pub(crate) fn erf_f32(x: f32) -> f32 {
     erff(x)
 }
 
+/// An f32 row kernel and its per-element twin for strided rows.
+type KernelPair = (crate::kernels::UnaryF32, fn(f32) -> f32);
+
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: UnaryOp) -> Result<()> {
     use crate::dtype::DType;
     use crate::kernels::{scalar, tables};
     let (a, d) = (ctx.src(0), ctx.dst());
     let f32_io = a.dtype == DType::F32 && d.dtype == DType::F32;
     let kt = crate::kernels::table();
-    let kernel: Option<(crate::kernels::UnaryF32, fn(f32) -> f32)> = match op {
+    let kernel: Option<KernelPair> = match op {
         UnaryOp::Relu if f32_io => Some((kt.relu_f32, scalar::relu)),
         UnaryOp::Gelu if f32_io => Some((kt.gelu_f32, scalar::gelu)),
         UnaryOp::Silu if f32_io => Some((kt.silu_f32, scalar::silu)),
