@@ -11,7 +11,8 @@ mod common;
 use common::{nmse, rand_f32};
 use half::f16;
 use quantgraph::{
-    Buffer, CpuBackend, DType, Error, GluOp, Graph, Plan, SortOrder, TensorId, TriType, UnaryOp,
+    Buffer, CpuBackend, DType, Error, GluOp, Graph, Isa, Plan, SortOrder, TensorId, TriType,
+    UnaryOp,
 };
 
 fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
@@ -287,6 +288,20 @@ fn gelu_and_gelu_quick_match_ggml_f16_tables_bit_for_bit() {
             }
         }
         assert_eq!(h, want_hash, "{} table differs from ggml's", op.name());
+        // Every kernel tier gives the same bits (the F32 GELU kernel is in the kernel table).
+        let mut tiers = Vec::new();
+        let prev = quantgraph::kernels::selected_isa();
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            quantgraph::kernels::set_isa(isa).unwrap();
+            let mut g = Graph::new();
+            let x = g.input(DType::F32, &[1000]).unwrap();
+            let y = g.unary(x, op).unwrap();
+            g.set_output(y);
+            let xs: Vec<f32> = rand_f32(1000, 6).iter().map(|x| x * 12.0).collect();
+            tiers.push(run(g, &[(x, xs)], y, 2).iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
+        quantgraph::kernels::set_isa(prev).unwrap();
+        assert!(tiers.windows(2).all(|w| w[0] == w[1]), "{}: tiers differ", op.name());
 
         // F32 path: saturation outside [-10, 10] (GELU), table lookup of the f16-rounded input.
         let mut xs: Vec<f32> = rand_f32(4096, 5).iter().map(|x| x * 14.0).collect();
@@ -1005,6 +1020,21 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
             check(name, &got, &want, DType::F32);
         }
     }
+
+    // In place on an intermediate: the result is readable as an output, and the source's
+    // memory is not handed to a later node.
+    let mut g = Graph::new();
+    let x = g.input(DType::F32, &[9, 4]).unwrap();
+    let y = g.scale(x, 2.0).unwrap();
+    let z = g.unary_inplace(y, UnaryOp::Neg).unwrap();
+    let w = g.add(x, x).unwrap(); // may reuse freed memory: must not be z's
+    g.set_output(z);
+    g.set_output(w);
+    let v = rand_f32(36, 28);
+    let p = plan(g, &[(x, v.clone())], 2);
+    let got = p.output::<f32>(z).unwrap();
+    assert!(got.iter().zip(&v).all(|(g, x)| *g == -2.0 * x), "neg in place of scale");
+    assert!(p.output::<f32>(w).unwrap().iter().zip(&v).all(|(g, x)| *g == 2.0 * x));
 
     // In place on a weight is refused.
     let w = Buffer::from_host(vec![0u8; 64]);

@@ -460,7 +460,12 @@ impl Plan {
                 t.describe(id)
             )));
         }
-        if !self.graph.t(root).output && !matches!(self.graph.t(root).leaf, Leaf::Input) {
+        // Plan::new keeps the root of every output alive to the end, so an output view (an
+        // in-place op's result) is readable even when its root was not marked itself.
+        if !t.output
+            && !self.graph.t(root).output
+            && !matches!(self.graph.t(root).leaf, Leaf::Input)
+        {
             return Err(Error::arg(format!(
                 "output: {} was not marked as an output, so its memory may have been reused",
                 t.describe(id)
