@@ -512,13 +512,13 @@ impl Graph {
     /// A fused gated linear unit (ggml_glu): each row of `a` (F32 or F16, contiguous rows) is
     /// split in halves x | g (g | x when `swapped`); the result has ne[0] / 2 columns.
     pub fn glu(&mut self, a: TensorId, op: GluOp, swapped: bool) -> Result<TensorId> {
-        self.glu_impl(a, None, op, swapped, 1.702, 7.0)
+        self.glu_impl(a, None, op, swapped, 0.0, 0.0)
     }
 
     /// A gated linear unit over two tensors of the same shape and type (ggml_glu_split):
     /// `act(a) * b`.
     pub fn glu_split(&mut self, a: TensorId, b: TensorId, op: GluOp) -> Result<TensorId> {
-        self.glu_impl(a, Some(b), op, false, 1.702, 7.0)
+        self.glu_impl(a, Some(b), op, false, 0.0, 0.0)
     }
 
     /// ggml_swiglu_oai: `b` None is the fused form; `alpha` and `limit` finite, `limit` >= 0.
@@ -534,15 +534,15 @@ impl Graph {
 
     /// ggml_swiglu (fused) / ggml_swiglu_split when `b` is given.
     pub fn swiglu(&mut self, a: TensorId, b: Option<TensorId>) -> Result<TensorId> {
-        self.glu_impl(a, b, GluOp::Swiglu, false, 1.702, 7.0)
+        self.glu_impl(a, b, GluOp::Swiglu, false, 0.0, 0.0)
     }
     /// ggml_geglu (fused) / ggml_geglu_split when `b` is given.
     pub fn geglu(&mut self, a: TensorId, b: Option<TensorId>) -> Result<TensorId> {
-        self.glu_impl(a, b, GluOp::Geglu, false, 1.702, 7.0)
+        self.glu_impl(a, b, GluOp::Geglu, false, 0.0, 0.0)
     }
     /// ggml_reglu (fused) / ggml_reglu_split when `b` is given.
     pub fn reglu(&mut self, a: TensorId, b: Option<TensorId>) -> Result<TensorId> {
-        self.glu_impl(a, b, GluOp::Reglu, false, 1.702, 7.0)
+        self.glu_impl(a, b, GluOp::Reglu, false, 0.0, 0.0)
     }
 
     fn glu_impl(
@@ -557,6 +557,8 @@ impl Graph {
         let name = op.name();
         let (dt, ne) = self.float_src(name, a)?;
         self.rows_contiguous_src(name, a)?;
+        // Only swiglu_oai has parameters (ggml's op_params 2 and 3); the others store zeros.
+        let (alpha, limit) = if op == GluOp::SwigluOai { (alpha, limit) } else { (0.0, 0.0) };
         if !alpha.is_finite() || !limit.is_finite() || limit < 0.0 {
             return Err(Error::param(name, format!("alpha = {alpha}, limit = {limit}")));
         }

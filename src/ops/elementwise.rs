@@ -97,30 +97,23 @@ pub(crate) fn map_f16_table(ctx: &NodeCtx<'_>, ith: usize, table: &[u16]) -> Res
     Ok(())
 }
 
-/// The f32 function of the simple elementwise ops of this file.
-pub(crate) fn simple_fn(op: &Op) -> Option<Box<dyn Fn(f32) -> f32 + Send + Sync>> {
-    Some(match *op {
-        Op::Sqr => Box::new(|x| x * x),
-        Op::Sqrt => Box::new(f32::sqrt),
-        Op::Log => Box::new(f32::ln),
-        Op::Sin => Box::new(f32::sin),
-        Op::Cos => Box::new(f32::cos),
+/// sqr, sqrt, log, sin, cos, clamp, leaky_relu: ggml's f32 formulas, one monomorphised loop each.
+pub(crate) fn simple(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    match ctx.node.op {
+        Op::Sqr => map_float(ctx, ith, |x| x * x),
+        Op::Sqrt => map_float(ctx, ith, f32::sqrt),
+        Op::Log => map_float(ctx, ith, f32::ln),
+        Op::Sin => map_float(ctx, ith, f32::sin),
+        Op::Cos => map_float(ctx, ith, f32::cos),
         // ggml: MAX(MIN(x, max), min) with C's ternary MIN/MAX.
-        Op::Clamp { min, max } => Box::new(move |x| {
+        Op::Clamp { min, max } => map_float(ctx, ith, move |x| {
             let m = if x < max { x } else { max };
             if m > min { m } else { min }
         }),
-        Op::LeakyRelu { negative_slope: ns } => {
-            Box::new(move |x| (if x > 0.0 { x } else { 0.0 }) + ns * if x < 0.0 { x } else { 0.0 })
-        }
-        _ => return None,
-    })
-}
-
-pub(crate) fn simple(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
-    match simple_fn(&ctx.node.op) {
-        Some(f) => map_float(ctx, ith, f),
-        None => Err(internal(ctx, "not a simple elementwise op")),
+        Op::LeakyRelu { negative_slope: ns } => map_float(ctx, ith, move |x| {
+            (if x > 0.0 { x } else { 0.0 }) + ns * if x < 0.0 { x } else { 0.0 }
+        }),
+        _ => Err(internal(ctx, "not a simple elementwise op")),
     }
 }
 

@@ -49,23 +49,24 @@ pub(crate) fn scale(ctx: &NodeCtx<'_>, ith: usize, s: f32, b: f32) -> Result<()>
     )
 }
 
-/// The f32 function of a unary op (ggml's unary-ops.cpp / vec.h formulas). GELU and quick GELU
-/// go through ggml's f16 tables.
-pub(crate) fn unary_fn(op: UnaryOp) -> Box<dyn Fn(f32) -> f32 + Send + Sync> {
+/// Applies a unary op elementwise with ggml's f32 formulas (unary-ops.cpp / vec.h), one
+/// monomorphised loop per op. GELU and quick GELU go through ggml's f16 tables.
+fn map_unary(ctx: &NodeCtx<'_>, ith: usize, op: UnaryOp) -> Result<()> {
+    use super::elementwise::map_float as m;
     use crate::kernels::{scalar, tables};
     match op {
-        UnaryOp::Relu => Box::new(scalar::relu),
-        UnaryOp::Silu => Box::new(scalar::silu),
+        UnaryOp::Relu => m(ctx, ith, scalar::relu),
+        UnaryOp::Silu => m(ctx, ith, scalar::silu),
         UnaryOp::Gelu => {
             let t = tables::gelu_table();
-            Box::new(move |x| tables::gelu_lookup(t, x))
+            m(ctx, ith, move |x| tables::gelu_lookup(t, x))
         }
         UnaryOp::GeluQuick => {
             let t = tables::gelu_quick_table();
-            Box::new(move |x| tables::gelu_quick_lookup(t, x))
+            m(ctx, ith, move |x| tables::gelu_quick_lookup(t, x))
         }
-        UnaryOp::Abs => Box::new(f32::abs),
-        UnaryOp::Sgn => Box::new(|x| {
+        UnaryOp::Abs => m(ctx, ith, f32::abs),
+        UnaryOp::Sgn => m(ctx, ith, |x| {
             if x > 0.0 {
                 1.0
             } else if x < 0.0 {
@@ -74,30 +75,30 @@ pub(crate) fn unary_fn(op: UnaryOp) -> Box<dyn Fn(f32) -> f32 + Send + Sync> {
                 0.0
             }
         }),
-        UnaryOp::Neg => Box::new(|x: f32| -x),
-        UnaryOp::Step => Box::new(|x| if x > 0.0 { 1.0 } else { 0.0 }),
-        UnaryOp::Tanh => Box::new(f32::tanh),
-        UnaryOp::Elu => Box::new(|x: f32| if x > 0.0 { x } else { x.exp_m1() }),
-        UnaryOp::Sigmoid => Box::new(|x: f32| 1.0 / (1.0 + (-x).exp())),
-        UnaryOp::Hardswish => Box::new(|x: f32| x * 1f32.min(0f32.max((x + 3.0) / 6.0))),
-        UnaryOp::Hardsigmoid => Box::new(|x: f32| 1f32.min(0f32.max((x + 3.0) / 6.0))),
-        UnaryOp::Exp => Box::new(f32::exp),
-        UnaryOp::Expm1 => Box::new(|x: f32| x.exp() - 1.0),
-        UnaryOp::Softplus => Box::new(|x: f32| if x > 20.0 { x } else { (1.0 + x.exp()).ln() }),
+        UnaryOp::Neg => m(ctx, ith, |x: f32| -x),
+        UnaryOp::Step => m(ctx, ith, |x| if x > 0.0 { 1.0 } else { 0.0 }),
+        UnaryOp::Tanh => m(ctx, ith, f32::tanh),
+        UnaryOp::Elu => m(ctx, ith, |x: f32| if x > 0.0 { x } else { x.exp_m1() }),
+        UnaryOp::Sigmoid => m(ctx, ith, |x: f32| 1.0 / (1.0 + (-x).exp())),
+        UnaryOp::Hardswish => m(ctx, ith, |x: f32| x * 1f32.min(0f32.max((x + 3.0) / 6.0))),
+        UnaryOp::Hardsigmoid => m(ctx, ith, |x: f32| 1f32.min(0f32.max((x + 3.0) / 6.0))),
+        UnaryOp::Exp => m(ctx, ith, f32::exp),
+        UnaryOp::Expm1 => m(ctx, ith, |x: f32| x.exp() - 1.0),
+        UnaryOp::Softplus => m(ctx, ith, |x: f32| if x > 20.0 { x } else { (1.0 + x.exp()).ln() }),
         UnaryOp::GeluErf => {
-            Box::new(|x: f32| 0.5 * x * (1.0 + erff(x * std::f32::consts::FRAC_1_SQRT_2)))
+            m(ctx, ith, |x: f32| 0.5 * x * (1.0 + erff(x * std::f32::consts::FRAC_1_SQRT_2)))
         }
-        UnaryOp::Xielu { alpha_n, alpha_p, beta, eps } => Box::new(move |x: f32| {
+        UnaryOp::Xielu { alpha_n, alpha_p, beta, eps } => m(ctx, ith, move |x: f32| {
             if x > 0.0 {
                 alpha_p * x * x + beta * x
             } else {
                 ((x.min(eps)).exp_m1() - x) * alpha_n + beta * x
             }
         }),
-        UnaryOp::Floor => Box::new(f32::floor),
-        UnaryOp::Ceil => Box::new(f32::ceil),
-        UnaryOp::Round => Box::new(f32::round),
-        UnaryOp::Trunc => Box::new(f32::trunc),
+        UnaryOp::Floor => m(ctx, ith, f32::floor),
+        UnaryOp::Ceil => m(ctx, ith, f32::ceil),
+        UnaryOp::Round => m(ctx, ith, f32::round),
+        UnaryOp::Trunc => m(ctx, ith, f32::trunc),
     }
 }
 
@@ -137,6 +138,6 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: UnaryOp) -> Result<()> 
         UnaryOp::GeluQuick if a.dtype == DType::F16 && d.dtype == DType::F16 => {
             super::elementwise::map_f16_table(ctx, ith, tables::gelu_quick_table())
         }
-        _ => super::elementwise::map_float(ctx, ith, unary_fn(op)),
+        _ => map_unary(ctx, ith, op),
     }
 }
