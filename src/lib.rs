@@ -45,8 +45,8 @@ pub use backend::{
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
 pub use graph::{
-    CustomArgs, CustomFn, FlashAttnParams, Gather, Graph, Op, RopeMode, RopeParams, ScaleMode,
-    TensorId, UnaryOp,
+    CustomArgs, CustomFn, FlashAttnParams, Gather, GluOp, Graph, Op, RopeMode, RopeParams,
+    ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
 };
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

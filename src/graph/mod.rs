@@ -5,12 +5,14 @@
 
 mod attention;
 mod custom;
+mod elementwise;
 mod movement;
 mod ops;
 mod rope;
 
 pub use attention::FlashAttnParams;
 pub use custom::{CustomArgs, CustomFn, CustomOp};
+pub use elementwise::{GluOp, SortOrder, TriType};
 pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};

@@ -5,16 +5,56 @@ use super::{Graph, MAX_DIMS, TensorId, shape_str};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Elementwise activation functions (ggml's `GGML_UNARY_OP_*`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Elementwise functions (ggml's `GGML_UNARY_OP_*`), on F32 or F16 (the result has the input's type).
+#[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum UnaryOp {
     /// max(x, 0)
     Relu,
-    /// GELU, tanh approximation.
+    /// GELU, tanh approximation, through ggml's f16 lookup table (bit-exact with ggml).
     Gelu,
     /// x * sigmoid(x)
     Silu,
+    // --- ops1: the rest of GGML_UNARY_OP_* ---
+    /// |x|
+    Abs,
+    /// sign of x: -1, 0 or 1.
+    Sgn,
+    /// -x
+    Neg,
+    /// 1 if x > 0, else 0.
+    Step,
+    /// tanh(x)
+    Tanh,
+    /// x if x > 0, else exp(x) - 1.
+    Elu,
+    /// 1 / (1 + exp(-x))
+    Sigmoid,
+    /// x * sigmoid(1.702 x), through ggml's f16 lookup table (bit-exact with ggml).
+    GeluQuick,
+    /// x * clamp((x + 3) / 6, 0, 1)
+    Hardswish,
+    /// clamp((x + 3) / 6, 0, 1)
+    Hardsigmoid,
+    /// exp(x)
+    Exp,
+    /// exp(x) - 1
+    Expm1,
+    /// log(1 + exp(x)), x above 20 passed through.
+    Softplus,
+    /// GELU with the exact erf.
+    GeluErf,
+    /// xIELU with ggml's stored parameters: `alpha_n` and `alpha_p` are already passed through
+    /// softplus (and `alpha_n` offset by `beta`), as `ggml_xielu` stores them.
+    Xielu { alpha_n: f32, alpha_p: f32, beta: f32, eps: f32 },
+    /// floor(x)
+    Floor,
+    /// ceil(x)
+    Ceil,
+    /// Round half away from zero.
+    Round,
+    /// Round toward zero.
+    Trunc,
 }
 
 impl UnaryOp {
@@ -24,6 +64,25 @@ impl UnaryOp {
             UnaryOp::Relu => "relu",
             UnaryOp::Gelu => "gelu",
             UnaryOp::Silu => "silu",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sgn => "sgn",
+            UnaryOp::Neg => "neg",
+            UnaryOp::Step => "step",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Elu => "elu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::GeluQuick => "gelu_quick",
+            UnaryOp::Hardswish => "hardswish",
+            UnaryOp::Hardsigmoid => "hardsigmoid",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Expm1 => "expm1",
+            UnaryOp::Softplus => "softplus",
+            UnaryOp::GeluErf => "gelu_erf",
+            UnaryOp::Xielu { .. } => "xielu",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Round => "round",
+            UnaryOp::Trunc => "trunc",
         }
     }
 }
@@ -80,6 +139,63 @@ pub enum Op {
     Upscale(super::ScaleMode),
     /// A copy of src0 with src1 written into a strided view at a byte offset.
     Set { nb: [usize; 3], offset: usize },
+    // --- ops1: elementwise, GLU, norms, reductions and sorting (src/graph/elementwise.rs) ---
+    /// a + b where b is a scalar (one element).
+    Add1,
+    /// a + rows of b picked by the I32 ids (`dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]]`).
+    AddId,
+    /// a with b added into a strided view of it (`nb1..nb3`, `offset` in bytes).
+    Acc { nb1: usize, nb2: usize, nb3: usize, offset: usize },
+    /// min(max(x, min), max).
+    Clamp { min: f32, max: f32 },
+    /// x if x > 0 else `negative_slope * x`.
+    LeakyRelu { negative_slope: f32 },
+    /// x * x
+    Sqr,
+    /// sqrt(x)
+    Sqrt,
+    /// ln(x)
+    Log,
+    /// sin(x)
+    Sin,
+    /// cos(x)
+    Cos,
+    /// Every element set to `value` (shape and type of src0).
+    Fill { value: f32 },
+    /// Keeps one triangle of each square matrix, zeroes the rest.
+    Tri(super::TriType),
+    /// [n, 1, p, q] -> [n, n, p, q] with the vector on the diagonal.
+    Diag,
+    /// Elements with column > n_past + row set to -inf.
+    DiagMaskInf { n_past: usize },
+    /// Elements with column > n_past + row set to 0.
+    DiagMaskZero { n_past: usize },
+    /// Gated linear unit: act(x) * g, fused (src0 split in halves) or split (src0, src1).
+    Glu { op: super::GluOp, swapped: bool, alpha: f32, limit: f32 },
+    /// (x - mean) / sqrt(var + eps) along rows.
+    Norm { eps: f32 },
+    /// rms_norm(src0) * src1 in one pass (ggml's CPU RMS_NORM + MUL fusion).
+    RmsNormMul { eps: f32 },
+    /// norm over groups of channels (dim 2), per sample (dim 3).
+    GroupNorm { n_groups: usize, eps: f32 },
+    /// x / max(||x||, eps) along rows.
+    L2Norm { eps: f32 },
+    /// Sum of all elements.
+    Sum,
+    /// Sum of each row.
+    SumRows,
+    /// Mean of each row.
+    Mean,
+    /// Running sum along rows.
+    Cumsum,
+    /// Index of the largest element of each row (I32).
+    Argmax,
+    /// Number of equal elements of two I32 tensors (I64 scalar).
+    CountEqual,
+    /// Indices that sort each row (I32).
+    Argsort(super::SortOrder),
+    /// Indices of the `k` largest elements of each row (I32; order not significant, as ggml).
+    TopK { k: usize },
 }
 
 impl Op {
@@ -116,6 +232,34 @@ impl Op {
             Op::Custom(_) => "custom",
             Op::Upscale(_) => "upscale",
             Op::Set { .. } => "set",
+            Op::Add1 => "add1",
+            Op::AddId => "add_id",
+            Op::Acc { .. } => "acc",
+            Op::Clamp { .. } => "clamp",
+            Op::LeakyRelu { .. } => "leaky_relu",
+            Op::Sqr => "sqr",
+            Op::Sqrt => "sqrt",
+            Op::Log => "log",
+            Op::Sin => "sin",
+            Op::Cos => "cos",
+            Op::Fill { .. } => "fill",
+            Op::Tri(_) => "tri",
+            Op::Diag => "diag",
+            Op::DiagMaskInf { .. } => "diag_mask_inf",
+            Op::DiagMaskZero { .. } => "diag_mask_zero",
+            Op::Glu { op, .. } => op.name(),
+            Op::Norm { .. } => "norm",
+            Op::RmsNormMul { .. } => "rms_norm_mul",
+            Op::GroupNorm { .. } => "group_norm",
+            Op::L2Norm { .. } => "l2_norm",
+            Op::Sum => "sum",
+            Op::SumRows => "sum_rows",
+            Op::Mean => "mean",
+            Op::Cumsum => "cumsum",
+            Op::Argmax => "argmax",
+            Op::CountEqual => "count_equal",
+            Op::Argsort(_) => "argsort",
+            Op::TopK { .. } => "top_k",
         }
     }
 
@@ -133,6 +277,16 @@ impl Op {
                 | Op::SoftMax { .. }
                 | Op::RmsNorm { .. }
                 | Op::Rope(_)
+                // ops1 (ggml-alloc's list, plus the fused rms_norm * weight)
+                | Op::Add1
+                | Op::AddId
+                | Op::Fill { .. }
+                | Op::DiagMaskInf { .. }
+                | Op::DiagMaskZero { .. }
+                | Op::Sqr
+                | Op::Sqrt
+                | Op::Log
+                | Op::RmsNormMul { .. }
         )
     }
 }
@@ -152,14 +306,9 @@ impl Graph {
                 format!("{} cannot be broadcast to {}", tb.describe(b), ta.describe(a)),
             ));
         }
-        if ta.dtype != DType::F32 || tb.dtype != DType::F32 {
-            return Err(Error::ty(
-                name,
-                format!("{} and {} (this op takes F32 tensors)", ta.describe(a), tb.describe(b)),
-            ));
-        }
         let ne = ta.ne;
-        self.node(op, DType::F32, ne, &[a, b])
+        let dt = self.binary_types(name, a, b)?;
+        self.node(op, dt, ne, &[a, b])
     }
 
     /// a + b with b broadcast over a (ggml_add).
@@ -201,7 +350,7 @@ impl Graph {
 
     /// An elementwise activation (ggml_unary).
     pub fn unary(&mut self, a: TensorId, op: UnaryOp) -> Result<TensorId> {
-        self.unary_f32(Op::Unary(op), a)
+        self.unary_impl(a, op, false)
     }
     /// ggml_silu.
     pub fn silu(&mut self, a: TensorId) -> Result<TensorId> {

@@ -60,17 +60,15 @@ binary_kernels! {
     div_f32 => |x, y| x / y;
 }
 
-pub(crate) const GELU_COEF_A: f32 = 0.044715;
-pub(crate) const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-
 #[inline(always)]
 pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// GELU through ggml's f16 table (bit-exact with ggml's CPU backend).
 #[inline(always)]
 pub(crate) fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+    super::tables::gelu_lookup(super::tables::gelu_table(), x)
 }
 
 #[inline(always)]

@@ -1,4 +1,5 @@
-//! add, sub, mul, div on F32 with b broadcast over a (ggml's binary-ops.cpp).
+//! add, sub, mul, div with b broadcast over a (ggml's binary-ops.cpp); F32 here, the F16
+//! combinations in elementwise.rs.
 
 use super::{NodeCtx, split, unravel_row};
 use crate::error::Result;
@@ -7,6 +8,9 @@ use crate::kernels::BinaryF32;
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    if a.dtype != crate::dtype::DType::F32 || b.dtype != crate::dtype::DType::F32 {
+        return super::elementwise::binary_mixed(ctx, ith);
+    }
     let kt = crate::kernels::table();
     let (kernel, scalar): (BinaryF32, fn(f32, f32) -> f32) = match ctx.node.op {
         Op::Add => (kt.add_f32, |x, y| x + y),

@@ -6,11 +6,14 @@
 mod binary;
 mod cpy;
 mod custom;
+mod elementwise;
 mod flash_attn;
 mod gather;
 mod get_rows;
+mod glu;
 mod mul_mat;
 mod norm;
+mod reduce;
 mod rope;
 mod set_rows;
 mod softmax;
@@ -92,6 +95,8 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
         Op::MulMat => mul_mat::phases(node),
         Op::FlashAttnExt(_) => flash_attn::phases(node),
         Op::Set { .. } => 2,
+        // ops1: copy then accumulate; count then add the per-thread counts.
+        Op::Acc { .. } | Op::CountEqual => 2,
         _ => 1,
     }
 }
@@ -105,6 +110,8 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::SetRows => set_rows::work_size(node, nth),
         Op::SoftMax { .. } => softmax::work_size(node, nth),
         Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
+        // ops1
+        Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
         _ => 0,
     }
 }
@@ -133,5 +140,38 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::TimestepEmbedding { dim, max_period } => {
             gather::timestep_embedding(ctx, ith, *dim, *max_period)
         }
+        // ops1: elementwise, GLU, norms, reductions and sorting
+        Op::Add1 => elementwise::add1(ctx, ith),
+        Op::AddId => elementwise::add_id(ctx, ith),
+        Op::Acc { nb1, nb2, nb3, offset } => {
+            elementwise::acc(ctx, phase, ith, [*nb1, *nb2, *nb3], *offset)
+        }
+        Op::Clamp { .. }
+        | Op::LeakyRelu { .. }
+        | Op::Sqr
+        | Op::Sqrt
+        | Op::Log
+        | Op::Sin
+        | Op::Cos => elementwise::simple(ctx, ith),
+        Op::Fill { value } => elementwise::fill(ctx, ith, *value),
+        Op::Tri(kind) => elementwise::tri(ctx, ith, *kind),
+        Op::Diag => elementwise::diag(ctx, ith),
+        Op::DiagMaskInf { n_past } => elementwise::diag_mask(ctx, ith, *n_past, f32::NEG_INFINITY),
+        Op::DiagMaskZero { n_past } => elementwise::diag_mask(ctx, ith, *n_past, 0.0),
+        Op::Glu { op, swapped, alpha, limit } => {
+            glu::compute(ctx, ith, *op, *swapped, *alpha, *limit)
+        }
+        Op::Norm { eps } => norm::norm(ctx, ith, *eps),
+        Op::RmsNormMul { eps } => norm::rms_norm_mul(ctx, ith, *eps),
+        Op::GroupNorm { n_groups, eps } => norm::group_norm(ctx, ith, *n_groups, *eps),
+        Op::L2Norm { eps } => norm::l2_norm(ctx, ith, *eps),
+        Op::Sum => reduce::sum(ctx, ith),
+        Op::SumRows => reduce::sum_rows(ctx, ith, false),
+        Op::Mean => reduce::sum_rows(ctx, ith, true),
+        Op::Cumsum => reduce::cumsum(ctx, ith),
+        Op::Argmax => reduce::argmax(ctx, ith),
+        Op::CountEqual => reduce::count_equal(ctx, phase, ith),
+        Op::Argsort(order) => reduce::argsort(ctx, ith, *order),
+        Op::TopK { k } => reduce::top_k(ctx, ith, *k),
     }
 }

@@ -49,14 +49,95 @@ pub(crate) fn scale(ctx: &NodeCtx<'_>, ith: usize, s: f32, b: f32) -> Result<()>
     )
 }
 
+/// Applies a unary op elementwise with ggml's f32 formulas (unary-ops.cpp / vec.h), one
+/// monomorphised loop per op. GELU and quick GELU go through ggml's f16 tables.
+fn map_unary(ctx: &NodeCtx<'_>, ith: usize, op: UnaryOp) -> Result<()> {
+    use super::elementwise::map_float as m;
+    use crate::kernels::{scalar, tables};
+    match op {
+        UnaryOp::Relu => m(ctx, ith, scalar::relu),
+        UnaryOp::Silu => m(ctx, ith, scalar::silu),
+        UnaryOp::Gelu => {
+            let t = tables::gelu_table();
+            m(ctx, ith, move |x| tables::gelu_lookup(t, x))
+        }
+        UnaryOp::GeluQuick => {
+            let t = tables::gelu_quick_table();
+            m(ctx, ith, move |x| tables::gelu_quick_lookup(t, x))
+        }
+        UnaryOp::Abs => m(ctx, ith, f32::abs),
+        UnaryOp::Sgn => m(ctx, ith, |x| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        }),
+        UnaryOp::Neg => m(ctx, ith, |x: f32| -x),
+        UnaryOp::Step => m(ctx, ith, |x| if x > 0.0 { 1.0 } else { 0.0 }),
+        UnaryOp::Tanh => m(ctx, ith, f32::tanh),
+        UnaryOp::Elu => m(ctx, ith, |x: f32| if x > 0.0 { x } else { x.exp_m1() }),
+        UnaryOp::Sigmoid => m(ctx, ith, |x: f32| 1.0 / (1.0 + (-x).exp())),
+        UnaryOp::Hardswish => m(ctx, ith, |x: f32| x * 1f32.min(0f32.max((x + 3.0) / 6.0))),
+        UnaryOp::Hardsigmoid => m(ctx, ith, |x: f32| 1f32.min(0f32.max((x + 3.0) / 6.0))),
+        UnaryOp::Exp => m(ctx, ith, f32::exp),
+        UnaryOp::Expm1 => m(ctx, ith, |x: f32| x.exp() - 1.0),
+        UnaryOp::Softplus => m(ctx, ith, |x: f32| if x > 20.0 { x } else { (1.0 + x.exp()).ln() }),
+        UnaryOp::GeluErf => {
+            m(ctx, ith, |x: f32| 0.5 * x * (1.0 + erff(x * std::f32::consts::FRAC_1_SQRT_2)))
+        }
+        UnaryOp::Xielu { alpha_n, alpha_p, beta, eps } => m(ctx, ith, move |x: f32| {
+            if x > 0.0 {
+                alpha_p * x * x + beta * x
+            } else {
+                ((x.min(eps)).exp_m1() - x) * alpha_n + beta * x
+            }
+        }),
+        UnaryOp::Floor => m(ctx, ith, f32::floor),
+        UnaryOp::Ceil => m(ctx, ith, f32::ceil),
+        UnaryOp::Round => m(ctx, ith, f32::round),
+        UnaryOp::Trunc => m(ctx, ith, f32::trunc),
+    }
+}
+
+unsafe extern "C" {
+    /// The C library's `erff` (what ggml calls; Rust's std has no stable erf).
+    safe fn erff(x: f32) -> f32;
+}
+
+/// The C library's single-precision error function.
+pub(crate) fn erf_f32(x: f32) -> f32 {
+    erff(x)
+}
+
+/// An f32 row kernel and its per-element twin for strided rows.
+type KernelPair = (crate::kernels::UnaryF32, fn(f32) -> f32);
+
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: UnaryOp) -> Result<()> {
-    use crate::kernels::scalar;
+    use crate::dtype::DType;
+    use crate::kernels::{scalar, tables};
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let f32_io = a.dtype == DType::F32 && d.dtype == DType::F32;
     let kt = crate::kernels::table();
-    let (k, f): (crate::kernels::UnaryF32, fn(f32) -> f32) = match op {
-        UnaryOp::Relu => (kt.relu_f32, scalar::relu),
-        UnaryOp::Gelu => (kt.gelu_f32, scalar::gelu),
-        UnaryOp::Silu => (kt.silu_f32, scalar::silu),
+    let kernel: Option<KernelPair> = match op {
+        UnaryOp::Relu if f32_io => Some((kt.relu_f32, scalar::relu)),
+        UnaryOp::Gelu if f32_io => Some((kt.gelu_f32, scalar::gelu)),
+        UnaryOp::Silu if f32_io => Some((kt.silu_f32, scalar::silu)),
+        _ => None,
     };
-    // SAFETY: map_rows passes n valid elements behind both pointers (exact aliasing only).
-    map_rows(ctx, ith, &|n, d, a| unsafe { k(n, d, a) }, &f)
+    if let Some((k, f)) = kernel {
+        // SAFETY: map_rows passes n valid elements behind both pointers (exact aliasing only).
+        return map_rows(ctx, ith, &|n, d, a| unsafe { k(n, d, a) }, &f);
+    }
+    match op {
+        UnaryOp::Gelu if a.dtype == DType::F16 && d.dtype == DType::F16 => {
+            super::elementwise::map_f16_table(ctx, ith, tables::gelu_table())
+        }
+        UnaryOp::GeluQuick if a.dtype == DType::F16 && d.dtype == DType::F16 => {
+            super::elementwise::map_f16_table(ctx, ith, tables::gelu_quick_table())
+        }
+        _ => map_unary(ctx, ith, op),
+    }
 }

@@ -194,7 +194,7 @@ impl Plan {
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
         let mut needed = vec![false; n];
         for (i, t) in graph.tensors.iter().enumerate() {
-            let writes_state = matches!(t.op, Op::Cpy | Op::SetRows)
+            let writes_state = !matches!(t.op, Op::None | Op::View)
                 && t.view_src
                     .is_some_and(|r| matches!(graph.tensors[r.index()].leaf, Leaf::State { .. }));
             if t.output || writes_state {
@@ -508,7 +508,12 @@ impl Plan {
                 t.describe(id)
             )));
         }
-        if !self.graph.t(root).output && !matches!(self.graph.t(root).leaf, Leaf::Input) {
+        // Plan::new keeps the root of every output alive to the end, so an output view (an
+        // in-place op's result) is readable even when its root was not marked itself.
+        if !t.output
+            && !self.graph.t(root).output
+            && !matches!(self.graph.t(root).leaf, Leaf::Input)
+        {
             return Err(Error::arg(format!(
                 "output: {} was not marked as an output, so its memory may have been reused",
                 t.describe(id)

@@ -1,0 +1,222 @@
+//! Reductions and sorting (ggml's ops.cpp): sum, sum_rows, mean, cumsum, argmax, count_equal,
+//! argsort, top_k. Row-wise ops split rows between workers; sum runs on worker 0 (as ggml);
+//! count_equal counts per worker into the work buffer and adds the counts in a second phase.
+
+use super::elementwise::{at, ld, st};
+use super::{NodeCtx, split, unravel_row};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::graph::{Op, SortOrder};
+use crate::plan::ExecNode;
+use std::cmp::Ordering;
+
+/// Work-buffer bytes: per-thread counts (count_equal) or index scratch rows (top_k).
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    match node.op {
+        Op::CountEqual => nth * 8,
+        Op::TopK { .. } => {
+            let n = node.src[0].as_ref().map_or(0, |a| a.ne[0]);
+            nth * crate::plan::align_up(n * 4, 64)
+        }
+        _ => 0,
+    }
+}
+
+/// Sum of all elements (ggml_compute_forward_sum): F32 rows summed in f64 into an f64 total;
+/// F16 rows summed in f32 into an f32 total, as ggml.
+pub(crate) fn sum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    if ith != 0 {
+        return Ok(());
+    }
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let (mut s64, mut s32) = (0f64, 0f32);
+    for r in 0..a.nrows() {
+        let (i1, i2, i3) = unravel_row(r, &a.ne);
+        let (mut r64, mut r32) = (0f64, 0f32);
+        for i0 in 0..a.ne[0] {
+            // SAFETY: indices below a's shape, extent validated at plan time.
+            let v = unsafe { ld(at(a, i0, i1, i2, i3), a.dtype) };
+            r64 += v as f64;
+            r32 += v;
+        }
+        s64 += r64;
+        s32 += r32;
+    }
+    let v = if a.dtype == DType::F16 { s32 } else { s64 as f32 };
+    // SAFETY: dst is a one-element tensor of a's type.
+    unsafe { st(d.ptr, d.dtype, v) };
+    Ok(())
+}
+
+/// Per-row f64 sum of an F32 row, rounded to f32 (ggml_vec_sum_f32).
+///
+/// # Safety
+/// (i1, i2, i3) index a row of `a`, an F32 tensor.
+unsafe fn row_sum(a: &crate::plan::TView, i1: usize, i2: usize, i3: usize) -> f32 {
+    let mut s = 0f64;
+    for i0 in 0..a.ne[0] {
+        // SAFETY: per the contract.
+        s += unsafe { ld(at(a, i0, i1, i2, i3), DType::F32) } as f64;
+    }
+    s as f32
+}
+
+/// sum_rows and mean: [n, a, b, c] -> [1, a, b, c].
+pub(crate) fn sum_rows(ctx: &NodeCtx<'_>, ith: usize, mean: bool) -> Result<()> {
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        // SAFETY: dst's rows map one to one onto a's; own rows.
+        unsafe {
+            let mut s = row_sum(a, i1, i2, i3);
+            if mean {
+                s /= a.ne[0] as f32;
+            }
+            st(d.row(i1, i2, i3), DType::F32, s);
+        }
+    }
+    Ok(())
+}
+
+/// Running f32 sum along each row (ggml_vec_cumsum_f32).
+pub(crate) fn cumsum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let mut acc = 0f32;
+        for i0 in 0..d.ne[0] {
+            // SAFETY: same shapes; own rows; read before write.
+            unsafe {
+                let v = ld(at(a, i0, i1, i2, i3), DType::F32);
+                acc = if i0 == 0 { v } else { acc + v };
+                st(at(d, i0, i1, i2, i3), DType::F32, acc);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// argmax of each row (ggml_vec_argmax_f32: running C MAX, ties and later maxima win).
+pub(crate) fn argmax(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let (r0, r1) = split(a.ne[1], ith, ctx.nth);
+    for i1 in r0..r1 {
+        let mut max = f32::NEG_INFINITY;
+        let mut idx = 0i32;
+        for i0 in 0..a.ne[0] {
+            // SAFETY: a is a matrix (build-time check); indices below its shape.
+            let x = unsafe { ld(at(a, i0, i1, 0, 0), DType::F32) };
+            max = if max > x { max } else { x };
+            if max == x {
+                idx = i0 as i32;
+            }
+        }
+        // SAFETY: dst is I32 [ne1]; element i1 is this worker's own.
+        unsafe { (at(d, i1, 0, 0, 0) as *mut i32).write_unaligned(idx) };
+    }
+    Ok(())
+}
+
+/// count_equal, phase 0: each worker counts its rows into its work slot; phase 1: worker 0 adds.
+pub(crate) fn count_equal(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let slots = ctx.work as *mut i64;
+    debug_assert!(ctx.work_len >= ctx.nth * 8);
+    if phase == 0 {
+        let (r0, r1) = split(a.nrows(), ith, ctx.nth);
+        let mut n = 0i64;
+        for r in r0..r1 {
+            let (i1, i2, i3) = unravel_row(r, &a.ne);
+            for i0 in 0..a.ne[0] {
+                // SAFETY: a and b share the shape (build-time check); I32 elements.
+                unsafe {
+                    let x = (at(a, i0, i1, i2, i3) as *const i32).read_unaligned();
+                    let y = (at(b, i0, i1, i2, i3) as *const i32).read_unaligned();
+                    n += (x == y) as i64;
+                }
+            }
+        }
+        // SAFETY: the work buffer holds nth i64 slots (work_size); slot ith is this worker's.
+        unsafe { slots.add(ith).write_unaligned(n) };
+    } else if ith == 0 {
+        // SAFETY: every worker wrote its slot before the barrier between the phases.
+        let total: i64 = (0..ctx.nth).map(|t| unsafe { slots.add(t).read_unaligned() }).sum();
+        // SAFETY: dst is one I64.
+        unsafe { (d.ptr as *mut i64).write_unaligned(total) };
+    }
+    Ok(())
+}
+
+/// Total order used for sorting: ggml's `<` on values (with -0 == +0), then the index, so that
+/// the result does not depend on the sort algorithm. NaNs sort last ascending.
+#[inline]
+fn cmp_values(x: f32, y: f32) -> Ordering {
+    let k = |v: f32| if v == 0.0 { 0.0 } else { v };
+    k(x).total_cmp(&k(y))
+}
+
+/// Fills `idx` with 0..n sorted by the values of row (i1, i2, i3) of `a`.
+///
+/// # Safety
+/// (i1, i2, i3) index a row of the F32 tensor `a`; `idx` has `a.ne[0]` elements.
+unsafe fn sort_row(
+    a: &crate::plan::TView,
+    i1: usize,
+    i2: usize,
+    i3: usize,
+    idx: &mut [i32],
+    order: SortOrder,
+) {
+    // SAFETY: per the contract.
+    let v = |i: i32| unsafe { ld(at(a, i as usize, i1, i2, i3), DType::F32) };
+    for (j, x) in idx.iter_mut().enumerate() {
+        *x = j as i32;
+    }
+    idx.sort_unstable_by(|&p, &q| {
+        let o = cmp_values(v(p), v(q));
+        let o = if order == SortOrder::Desc { o.reverse() } else { o };
+        o.then(p.cmp(&q))
+    });
+}
+
+/// argsort of each row into I32 dst rows (contiguous, fresh).
+pub(crate) fn argsort(ctx: &NodeCtx<'_>, ith: usize, order: SortOrder) -> Result<()> {
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        // SAFETY: dst is a fresh contiguous I32 tensor of a's shape; this row is the worker's.
+        unsafe {
+            let row = std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut i32, d.ne[0]);
+            sort_row(a, i1, i2, i3, row, order);
+        }
+    }
+    Ok(())
+}
+
+/// top_k: the indices of the k largest of each row, largest first, then (as ggml does to stress
+/// that the order is not significant) the first two swapped.
+pub(crate) fn top_k(ctx: &NodeCtx<'_>, ith: usize, k: usize) -> Result<()> {
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let n = a.ne[0];
+    let stride = crate::plan::align_up(n * 4, 64);
+    debug_assert!(ctx.work_len >= ctx.nth * stride);
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        // SAFETY: the work buffer holds one 64-byte-aligned scratch row of n i32 per worker
+        // (work_size); dst is a fresh contiguous I32 [k, ...] tensor; this row is the worker's.
+        unsafe {
+            let tmp = std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut i32, n);
+            sort_row(a, i1, i2, i3, tmp, SortOrder::Desc);
+            let out = std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut i32, k);
+            out.copy_from_slice(&tmp[..k]);
+            if k > 1 {
+                out.swap(0, 1);
+            }
+        }
+    }
+    Ok(())
+}
