@@ -931,6 +931,11 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
         ("tanh", |g, v, _| g.unary_inplace(v, UnaryOp::Tanh).unwrap(), |x, _, _| x.tanh()),
         ("add", |g, v, b| g.add_inplace(v, b).unwrap(), |x, b, _| x + b),
         ("mul", |g, v, b| g.mul_inplace(v, b).unwrap(), |x, b, _| x * b),
+        ("sub", |g, v, b| g.sub_inplace(v, b).unwrap(), |x, b, _| x - b),
+        ("div", |g, v, b| g.div_inplace(v, b).unwrap(), |x, b, _| x / b),
+        ("sqr", |g, v, _| g.sqr_inplace(v).unwrap(), |x, _, _| x * x),
+        ("sin", |g, v, _| g.sin_inplace(v).unwrap(), |x, _, _| x.sin()),
+        ("cos", |g, v, _| g.cos_inplace(v).unwrap(), |x, _, _| x.cos()),
         (
             "add1",
             |g, v, s| {
