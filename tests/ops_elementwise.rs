@@ -931,6 +931,11 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
         ("tanh", |g, v, _| g.unary_inplace(v, UnaryOp::Tanh).unwrap(), |x, _, _| x.tanh()),
         ("add", |g, v, b| g.add_inplace(v, b).unwrap(), |x, b, _| x + b),
         ("mul", |g, v, b| g.mul_inplace(v, b).unwrap(), |x, b, _| x * b),
+        ("sub", |g, v, b| g.sub_inplace(v, b).unwrap(), |x, b, _| x - b),
+        ("div", |g, v, b| g.div_inplace(v, b).unwrap(), |x, b, _| x / b),
+        ("sqr", |g, v, _| g.sqr_inplace(v).unwrap(), |x, _, _| x * x),
+        ("sin", |g, v, _| g.sin_inplace(v).unwrap(), |x, _, _| x.sin()),
+        ("cos", |g, v, _| g.cos_inplace(v).unwrap(), |x, _, _| x.cos()),
         (
             "add1",
             |g, v, s| {
@@ -1124,4 +1129,72 @@ fn bad_parameters_and_shapes_return_err_at_build_time() {
     let ids = g.input(DType::I32, &[3, 1]).unwrap();
     let bb = g.input(DType::F32, &[8, 5]).unwrap();
     assert!(g.add_id(a, bb, ids).is_err(), "ids must be [a.ne1, a.ne2]");
+}
+
+/// test-backend-ops' `v` variants: the op reads a view of the first rows/planes of a larger
+/// tensor (strided rows); GLU inputs span [-150, 150] to catch NaNs in the saturated GELU range.
+#[test]
+fn unary_and_glu_on_views_of_larger_tensors() {
+    let ne = [6usize, 3, 2, 2];
+    let big = [ne[0] * 3, ne[1] * 2, ne[2] * 5, ne[3] * 4];
+    let n_big: usize = big.iter().product();
+    let view_of = |g: &mut Graph, dt: DType, sub: [usize; 4]| {
+        let x = g.input(DType::F32, &big).unwrap();
+        let t = if dt == DType::F16 { g.cast(x, DType::F16).unwrap() } else { x };
+        let nb = g.strides(t).unwrap();
+        (x, g.view_4d(t, sub, [nb[1], nb[2], nb[3]], 0).unwrap())
+    };
+    let big_at = |v: &[f32], i: [usize; 4], dt: DType| {
+        let x = v[flat(big, i)] as f64;
+        if dt == DType::F16 { r16(x) } else { x }
+    };
+    for op in all_unary() {
+        for dt in [DType::F32, DType::F16] {
+            let mut g = Graph::new();
+            let (x, a) = view_of(&mut g, dt, ne);
+            let y = match op {
+                UnaryOp::Xielu { .. } => {
+                    let (an, ap, b, e) = XIELU;
+                    g.xielu(a, an, ap, b, e).unwrap()
+                }
+                _ => g.unary(a, op).unwrap(),
+            };
+            g.set_output(y);
+            let v: Vec<f32> = rand_f32(n_big, 29).iter().map(|x| x * 4.0).collect();
+            let got = run(g, &[(x, v.clone())], y, 3);
+            let want: Vec<f64> = each(ne).map(|i| unary_ref(op, big_at(&v, i, dt))).collect();
+            check(&format!("{} {dt} view", op.name()), &got, &want, dt);
+        }
+    }
+    let glu_ne = [2 * ne[0], ne[1], ne[2], ne[3]];
+    let glu_big = [glu_ne[0] * 3, glu_ne[1], glu_ne[2], glu_ne[3]];
+    let n_glu: usize = glu_big.iter().product();
+    for op in [GluOp::Reglu, GluOp::Geglu, GluOp::Swiglu, GluOp::GegluErf, GluOp::GegluQuick] {
+        for dt in [DType::F32, DType::F16] {
+            for swapped in [false, true] {
+                let mut g = Graph::new();
+                let x = g.input(DType::F32, &glu_big).unwrap();
+                let t = if dt == DType::F16 { g.cast(x, DType::F16).unwrap() } else { x };
+                let nb = g.strides(t).unwrap();
+                let a = g.view_4d(t, glu_ne, [nb[1], nb[2], nb[3]], 0).unwrap();
+                let y = g.glu(a, op, swapped).unwrap();
+                g.set_output(y);
+                let v: Vec<f32> = rand_f32(n_glu, 30).iter().map(|x| x * 150.0).collect();
+                let got = run(g, &[(x, v.clone())], y, 2);
+                assert!(got.iter().all(|x| x.is_finite()), "{} {dt}: non-finite", op.name());
+                let at = |i: [usize; 4]| {
+                    let x = v[flat(glu_big, i)] as f64;
+                    if dt == DType::F16 { r16(x) } else { x }
+                };
+                let want: Vec<f64> = each(ne)
+                    .map(|i| {
+                        let hi = [i[0] + ne[0], i[1], i[2], i[3]];
+                        let (xv, gv) = if swapped { (at(hi), at(i)) } else { (at(i), at(hi)) };
+                        glu_ref(op, xv, gv, dt, 0.0, 0.0)
+                    })
+                    .collect();
+                check(&format!("{} {dt} view swapped={swapped}", op.name()), &got, &want, dt);
+            }
+        }
+    }
 }

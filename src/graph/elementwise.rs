@@ -247,6 +247,27 @@ impl Graph {
         self.simple(Op::Cos, a, false)
     }
 
+    /// x * x in the memory of `a` (ggml_sqr_inplace).
+    pub fn sqr_inplace(&mut self, a: TensorId) -> Result<TensorId> {
+        self.simple(Op::Sqr, a, true)
+    }
+    /// sqrt(x) in the memory of `a` (ggml_sqrt_inplace).
+    pub fn sqrt_inplace(&mut self, a: TensorId) -> Result<TensorId> {
+        self.simple(Op::Sqrt, a, true)
+    }
+    /// ln(x) in the memory of `a` (ggml_log_inplace).
+    pub fn log_inplace(&mut self, a: TensorId) -> Result<TensorId> {
+        self.simple(Op::Log, a, true)
+    }
+    /// sin(x) in the memory of `a` (ggml_sin_inplace).
+    pub fn sin_inplace(&mut self, a: TensorId) -> Result<TensorId> {
+        self.simple(Op::Sin, a, true)
+    }
+    /// cos(x) in the memory of `a` (ggml_cos_inplace).
+    pub fn cos_inplace(&mut self, a: TensorId) -> Result<TensorId> {
+        self.simple(Op::Cos, a, true)
+    }
+
     /// min(max(x, min), max) (ggml_clamp), F32 or F16. Unlike ggml, whose clamp always writes
     /// into `a`, the result is a new tensor; `min <= max`, neither NaN.
     pub fn clamp(&mut self, a: TensorId, min: f32, max: f32) -> Result<TensorId> {
@@ -321,6 +342,14 @@ impl Graph {
     /// a + b computed in the memory of `a` (ggml_add_inplace).
     pub fn add_inplace(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         self.binary_impl(Op::Add, a, b, true)
+    }
+    /// a - b computed in the memory of `a` (ggml_sub_inplace).
+    pub fn sub_inplace(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary_impl(Op::Sub, a, b, true)
+    }
+    /// a / b computed in the memory of `a` (ggml_div_inplace).
+    pub fn div_inplace(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        self.binary_impl(Op::Div, a, b, true)
     }
     /// a * b computed in the memory of `a` (ggml_mul_inplace).
     pub fn mul_inplace(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
