@@ -84,8 +84,7 @@ fn build(w: &Weights, wt: DType) -> (Graph, TensorId, TensorId, TensorId, Tensor
     let wu = weight(&mut g, &w.up, &[D, FF], wt);
     let wd = weight(&mut g, &w.down, &[FF, D], wt);
 
-    let h = g.rms_norm(x, EPS).unwrap();
-    let h = g.mul(h, an).unwrap();
+    let h = g.rms_norm_mul(x, an, EPS).unwrap();
     let q = g.mul_mat(wq, h).unwrap();
     let k = g.mul_mat(wk, h).unwrap();
     let v = g.mul_mat(wv, h).unwrap();
@@ -112,8 +111,7 @@ fn build(w: &Weights, wt: DType) -> (Graph, TensorId, TensorId, TensorId, Tensor
     let h2 = g.mul(h2, fnorm).unwrap();
     let gt = g.mul_mat(wg, h2).unwrap();
     let up = g.mul_mat(wu, h2).unwrap();
-    let gt = g.silu(gt).unwrap();
-    let ff = g.mul(gt, up).unwrap();
+    let ff = g.swiglu(gt, Some(up)).unwrap();
     let dn = g.mul_mat(wd, ff).unwrap();
     let out = g.add(dn, x1).unwrap();
     g.set_output(out);

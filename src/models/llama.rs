@@ -194,8 +194,7 @@ impl Llama {
         let fa = FlashAttnParams::new(1.0 / (hd as f32).sqrt());
         for (l, (kb, vb)) in self.layers.iter().zip(&self.cache) {
             let an = Self::weight(&mut g, &l.attn_norm)?;
-            let h = g.rms_norm(x, c.eps)?;
-            let h = g.mul(h, an)?;
+            let h = g.rms_norm_mul(x, an, c.eps)?;
             let q = Self::mm(&mut g, &l.wq, h)?;
             let k = Self::mm(&mut g, &l.wk, h)?;
             let v = Self::mm(&mut g, &l.wv, h)?;
@@ -222,18 +221,15 @@ impl Llama {
             let o = Self::mm(&mut g, &l.wo, att)?;
             let x1 = g.add(o, x)?;
             let fnw = Self::weight(&mut g, &l.ffn_norm)?;
-            let h2 = g.rms_norm(x1, c.eps)?;
-            let h2 = g.mul(h2, fnw)?;
+            let h2 = g.rms_norm_mul(x1, fnw, c.eps)?;
             let gt = Self::mm(&mut g, &l.gate, h2)?;
             let up = Self::mm(&mut g, &l.up, h2)?;
-            let gt = g.silu(gt)?;
-            let ff = g.mul(gt, up)?;
+            let ff = g.swiglu(gt, Some(up))?;
             let dn = Self::mm(&mut g, &l.down, ff)?;
             x = g.add(dn, x1)?;
         }
         let on = Self::weight(&mut g, &self.output_norm)?;
-        let h = g.rms_norm(x, c.eps)?;
-        let h = g.mul(h, on)?;
+        let h = g.rms_norm_mul(x, on, c.eps)?;
         let logits = Self::mm(&mut g, &self.output, h)?;
         g.set_output(logits);
         let plan = Plan::new(g, &self.backend)?;
