@@ -228,6 +228,11 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
             let a = input(&mut g, &[4096, 512])?;
             (if name == "silu" { g.silu(a)? } else { g.gelu(a)? }, 2 * 4096 * 512 * 4)
         }
+        "swiglu" => {
+            let a = input(&mut g, &[11008, 512])?;
+            let b = input(&mut g, &[11008, 512])?;
+            (g.swiglu(a, Some(b))?, 3 * 11008 * 512 * 4)
+        }
         "get_rows" => {
             let w = rand_vec(4096 * 4096, 3);
             let mut q = vec![0u8; DType::Q4_0.row_size(4096 * 4096)?];
