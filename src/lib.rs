@@ -31,6 +31,7 @@
 pub mod backend;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod graph;
 pub mod kernels;
 pub(crate) mod ops;
@@ -43,6 +44,7 @@ pub use backend::{
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
+pub use gguf::{GgufFile, GgufWriter};
 pub use graph::{Graph, Op, TensorId, UnaryOp};
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};
