@@ -8,6 +8,7 @@
 use quantgraph::DType;
 use quantgraph::gguf::{Array, GgufFile, GgufWriter, Metadata, Value, ValueType};
 use serde_json::{Value as Json, json};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -28,7 +29,8 @@ fn have_python_gguf(test: &str) -> bool {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{test}: {msg}; under CI=true this test must run");
         }
-        eprintln!("SKIPPED {test}: {msg}");
+        // Straight to stderr, past the test harness's output capture, so the skip is seen.
+        let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {msg}");
     }
     ok
 }

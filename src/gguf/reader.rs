@@ -163,8 +163,9 @@ fn read_array(c: &mut Cursor<'_>, key: &str) -> Result<Array> {
             Array::Bool(raw.iter().map(|&b| bool_of(b, &what)).collect::<Result<_>>()?)
         }
         ValueType::String => {
-            // `count` proved n * 8 <= bytes left, so this capacity is bounded by the file size.
-            let mut v = Vec::with_capacity(n);
+            // `count` proved n * 8 <= bytes left; reserving at most RESERVE up front keeps even
+            // that from turning into a large allocation before the strings are actually read.
+            let mut v = Vec::with_capacity(n.min(RESERVE));
             for i in 0..n {
                 v.push(c.string(&|| format!("element {i} of array '{key}'"))?);
             }
@@ -174,8 +175,10 @@ fn read_array(c: &mut Cursor<'_>, key: &str) -> Result<Array> {
     })
 }
 
-/// Minimum bytes of one metadata pair: key length, empty key is refused but counted as 0 bytes,
-/// type id, smallest value.
+/// Most items reserved up front for a count read from the file; more grow as they are read.
+const RESERVE: usize = 4096;
+/// Least bytes of one metadata pair: key length, type id and a one-byte value (the key itself
+/// counts as 0 bytes here; empty keys are refused when read).
 const MIN_KV_SIZE: usize = 8 + 4 + 1;
 /// Minimum bytes of one tensor info: name length, n_dims, type, offset.
 const MIN_TENSOR_INFO_SIZE: usize = 8 + 4 + 4 + 8;
@@ -245,7 +248,7 @@ impl Gguf {
         let n_kv = check(n_kv_raw, MIN_KV_SIZE, "metadata count", c.remaining())?;
         let n_tensors = check(n_tensors_raw, MIN_TENSOR_INFO_SIZE, "tensor count", c.remaining())?;
 
-        let mut metadata = Metadata::with_capacity(n_kv);
+        let mut metadata = Metadata::with_capacity(n_kv.min(RESERVE));
         for i in 0..n_kv {
             let key = c.string(&|| format!("key of metadata pair {i}"))?;
             if key.is_empty() {
@@ -283,8 +286,8 @@ impl Gguf {
             }
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors);
-        let mut by_name = HashMap::with_capacity(n_tensors);
+        let mut tensors = Vec::with_capacity(n_tensors.min(RESERVE));
+        let mut by_name = HashMap::with_capacity(n_tensors.min(RESERVE));
         for i in 0..n_tensors {
             let name = c.string(&|| format!("name of tensor {i}"))?;
             if name.len() >= MAX_NAME_LEN {
