@@ -31,6 +31,7 @@
 pub mod backend;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod graph;
 pub mod kernels;
 pub mod models;
@@ -44,6 +45,7 @@ pub use backend::{
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
+pub use gguf::{GgufFile, GgufWriter};
 pub use graph::{
     CustomArgs, CustomFn, FlashAttnParams, Gather, GluOp, Graph, Op, RopeMode, RopeParams,
     ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
