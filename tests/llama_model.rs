@@ -188,3 +188,31 @@ fn generation_is_thread_invariant_and_bounded_by_the_context() {
     let e = Llama::new(c, &missing, &CpuBackend::with_threads(1).unwrap()).err().unwrap();
     assert!(e.to_string().contains("blk.1.ffn_up.weight"), "{e}");
 }
+
+#[test]
+fn gguf_round_trip_loads_zero_copy_and_generates_the_same_tokens() {
+    use quantgraph::GgufFile;
+    use quantgraph::models::llama::{WeightTypes, synthetic_gguf};
+    let c = LlamaConfig { n_ctx: 24, ..cfg() };
+    let bytes = synthetic_gguf(&c, WeightTypes::default(), 7).unwrap();
+    let path = std::env::temp_dir().join(format!("qg-llama-test-{}.gguf", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let be = CpuBackend::with_threads(2).unwrap();
+    let mapped = GgufFile::open(&path).unwrap();
+    let in_memory = GgufFile::from_vec(bytes).unwrap();
+    let mut a = Llama::from_gguf(&mapped, None, &be).unwrap();
+    let mut b = Llama::from_gguf(&in_memory, Some(16), &be).unwrap();
+    assert_eq!(a.config().n_ctx, 24);
+    assert_eq!(b.config().n_ctx, 16);
+    assert_eq!(a.config().n_vocab, c.n_vocab);
+    let ta = a.generate(&[5, 6, 7], 6).unwrap();
+    let tb = b.generate(&[5, 6, 7], 6).unwrap();
+    assert_eq!(ta, tb);
+    std::fs::remove_file(&path).unwrap();
+    // Not a llama file: a clear error.
+    let mut w = quantgraph::GgufWriter::new();
+    w.add("general.architecture", "mamba").unwrap();
+    let other = GgufFile::from_vec(w.to_vec().unwrap()).unwrap();
+    let e = Llama::from_gguf(&other, None, &be).err().unwrap().to_string();
+    assert!(e.contains("mamba"), "{e}");
+}

@@ -315,3 +315,194 @@ pub fn argmax(v: &[f32]) -> u32 {
     }
     best as u32
 }
+
+fn meta_usize(md: &crate::gguf::Metadata, key: &str) -> Result<usize> {
+    use crate::gguf::Value;
+    let v =
+        md.get(key).ok_or_else(|| Error::Gguf(format!("llama: metadata key '{key}' not found")))?;
+    let n: i128 = match v {
+        Value::U8(x) => *x as i128,
+        Value::I8(x) => *x as i128,
+        Value::U16(x) => *x as i128,
+        Value::I16(x) => *x as i128,
+        Value::U32(x) => *x as i128,
+        Value::I32(x) => *x as i128,
+        Value::U64(x) => *x as i128,
+        Value::I64(x) => *x as i128,
+        _ => {
+            return Err(Error::Gguf(format!(
+                "llama: '{key}' has type {}, not an integer",
+                v.type_name()
+            )));
+        }
+    };
+    usize::try_from(n).map_err(|_| Error::Gguf(format!("llama: '{key}' = {n} is out of range")))
+}
+
+fn meta_f32(md: &crate::gguf::Metadata, key: &str, default: f32) -> Result<f32> {
+    use crate::gguf::Value;
+    match md.get(key) {
+        None => Ok(default),
+        Some(Value::F32(x)) => Ok(*x),
+        Some(Value::F64(x)) => Ok(*x as f32),
+        Some(v) => {
+            Err(Error::Gguf(format!("llama: '{key}' has type {}, not a float", v.type_name())))
+        }
+    }
+}
+
+impl LlamaConfig {
+    /// Reads the hyperparameters of a llama GGUF (`general.architecture` = "llama"). `n_ctx`
+    /// overrides `llama.context_length` (the KV cache size).
+    pub fn from_gguf(file: &crate::gguf::GgufFile, n_ctx: Option<usize>) -> Result<LlamaConfig> {
+        let md = file.metadata();
+        let arch = md.get_str("general.architecture")?;
+        if arch != "llama" {
+            return Err(Error::Gguf(format!("llama: architecture is '{arch}', not 'llama'")));
+        }
+        let emb = file
+            .tensor("token_embd.weight")
+            .ok_or_else(|| Error::Gguf("llama: missing tensor 'token_embd.weight'".into()))?;
+        let n_head = meta_usize(md, "llama.attention.head_count")?;
+        let cfg = LlamaConfig {
+            n_embd: meta_usize(md, "llama.embedding_length")?,
+            n_layer: meta_usize(md, "llama.block_count")?,
+            n_head,
+            n_head_kv: meta_usize(md, "llama.attention.head_count_kv").unwrap_or(n_head),
+            n_ff: meta_usize(md, "llama.feed_forward_length")?,
+            n_vocab: emb.ne()[1],
+            n_ctx: match n_ctx {
+                Some(c) => c,
+                None => meta_usize(md, "llama.context_length")?,
+            },
+            rope_base: meta_f32(md, "llama.rope.freq_base", 10000.0)?,
+            eps: meta_f32(md, "llama.attention.layer_norm_rms_epsilon", 1e-5)?,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+impl Llama {
+    /// Loads a llama model from a GGUF file; the weights stay in the file's (memory-mapped)
+    /// buffer, shared, not copied.
+    pub fn from_gguf(
+        file: &crate::gguf::GgufFile,
+        n_ctx: Option<usize>,
+        backend: &CpuBackend,
+    ) -> Result<Llama> {
+        let cfg = LlamaConfig::from_gguf(file, n_ctx)?;
+        let mut weights = HashMap::new();
+        for t in file.tensors() {
+            weights.insert(
+                t.name().to_string(),
+                WeightRef {
+                    dtype: t.dtype(),
+                    ne: t.ne(),
+                    buffer: file.buffer().clone(),
+                    offset: t.offset(),
+                },
+            );
+        }
+        Llama::new(cfg, &weights, backend)
+    }
+}
+
+/// Tensor types of a synthetic model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightTypes {
+    /// `token_embd`
+    pub embd: DType,
+    /// `attn_q/k/v/output`
+    pub attn: DType,
+    /// `ffn_gate/up/down`
+    pub ffn: DType,
+    /// `output`
+    pub output: DType,
+}
+
+impl WeightTypes {
+    /// Every matrix in one type.
+    pub fn all(t: DType) -> WeightTypes {
+        WeightTypes { embd: t, attn: t, ffn: t, output: t }
+    }
+}
+
+impl Default for WeightTypes {
+    /// A typical mixed quantization: F16 embedding, Q8_0 attention and output, Q4_0 FFN.
+    fn default() -> WeightTypes {
+        WeightTypes { embd: DType::F16, attn: DType::Q8_0, ffn: DType::Q4_0, output: DType::Q8_0 }
+    }
+}
+
+/// Writes a deterministic random llama model as GGUF bytes (for demos, tests and benchmarks):
+/// matrices in the given types, norms in F32, llama.cpp's names and keys.
+pub fn synthetic_gguf(cfg: &LlamaConfig, types: WeightTypes, seed: u64) -> Result<Vec<u8>> {
+    cfg.validate()?;
+    let mut w = crate::gguf::GgufWriter::new();
+    w.add("general.architecture", "llama")?;
+    w.add("general.name", "quantgraph synthetic llama")?;
+    w.add("llama.embedding_length", cfg.n_embd as u32)?;
+    w.add("llama.block_count", cfg.n_layer as u32)?;
+    w.add("llama.attention.head_count", cfg.n_head as u32)?;
+    w.add("llama.attention.head_count_kv", cfg.n_head_kv as u32)?;
+    w.add("llama.feed_forward_length", cfg.n_ff as u32)?;
+    w.add("llama.context_length", cfg.n_ctx as u32)?;
+    w.add("llama.rope.freq_base", cfg.rope_base)?;
+    w.add("llama.attention.layer_norm_rms_epsilon", cfg.eps)?;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rand = |n: usize, scale: f32, offset: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale + offset
+            })
+            .collect()
+    };
+    let add = |w: &mut crate::gguf::GgufWriter,
+               name: &str,
+               ne: &[usize],
+               ty: DType,
+               v: Vec<f32>|
+     -> Result<()> {
+        let mut bytes = vec![0u8; ty.row_size(v.len())?];
+        if crate::quant::quantize_for_dot(ty, &v, &mut bytes).is_err() {
+            crate::quant::quantize(ty, &v, &mut bytes)?;
+        }
+        w.add_tensor_owned(name, ty, ne, bytes)?;
+        Ok(())
+    };
+    let (d, kv, ff) = (cfg.n_embd, cfg.head_dim() * cfg.n_head_kv, cfg.n_ff);
+    let s = |fan_in: usize| 1.0 / (fan_in as f32).sqrt();
+    let (wtype, ftype) = (types.attn, types.ffn);
+    add(
+        &mut w,
+        "token_embd.weight",
+        &[d, cfg.n_vocab],
+        types.embd,
+        rand(d * cfg.n_vocab, 1.0, 0.0),
+    )?;
+    for i in 0..cfg.n_layer {
+        let n = |x: &str| format!("blk.{i}.{x}.weight");
+        add(&mut w, &n("attn_norm"), &[d], DType::F32, rand(d, 0.1, 1.0))?;
+        add(&mut w, &n("attn_q"), &[d, d], wtype, rand(d * d, s(d), 0.0))?;
+        add(&mut w, &n("attn_k"), &[d, kv], wtype, rand(d * kv, s(d), 0.0))?;
+        add(&mut w, &n("attn_v"), &[d, kv], wtype, rand(d * kv, s(d), 0.0))?;
+        add(&mut w, &n("attn_output"), &[d, d], wtype, rand(d * d, s(d), 0.0))?;
+        add(&mut w, &n("ffn_norm"), &[d], DType::F32, rand(d, 0.1, 1.0))?;
+        add(&mut w, &n("ffn_gate"), &[d, ff], ftype, rand(d * ff, s(d), 0.0))?;
+        add(&mut w, &n("ffn_up"), &[d, ff], ftype, rand(d * ff, s(d), 0.0))?;
+        add(&mut w, &n("ffn_down"), &[ff, d], ftype, rand(ff * d, s(ff), 0.0))?;
+    }
+    add(&mut w, "output_norm.weight", &[d], DType::F32, rand(d, 0.1, 1.0))?;
+    add(
+        &mut w,
+        "output.weight",
+        &[d, cfg.n_vocab],
+        types.output,
+        rand(d * cfg.n_vocab, s(d), 0.0),
+    )?;
+    w.to_vec()
+}
