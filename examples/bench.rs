@@ -287,6 +287,68 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     Ok(())
 }
 
+/// Prefill (512 tokens) and decode tokens per second of a synthetic llama model: `tiny` (the
+/// quickstart's) or `large` (8 layers, d=1024, Q4_0).
+fn model(which: &str, threads: usize, n_prompt: usize, n_gen: usize) -> quantgraph::Result<()> {
+    use quantgraph::models::llama::{Llama, LlamaConfig, WeightTypes, argmax, synthetic_gguf};
+    let n_ctx = n_prompt + n_gen;
+    let (cfg, types) = match which {
+        "tiny" => (
+            LlamaConfig {
+                n_embd: 256,
+                n_layer: 4,
+                n_head: 8,
+                n_head_kv: 4,
+                n_ff: 768,
+                n_vocab: 512,
+                n_ctx,
+                rope_base: 1e4,
+                eps: 1e-5,
+            },
+            WeightTypes::default(),
+        ),
+        "large" => (
+            LlamaConfig {
+                n_embd: 1024,
+                n_layer: 8,
+                n_head: 16,
+                n_head_kv: 8,
+                n_ff: 2816,
+                n_vocab: 4096,
+                n_ctx,
+                rope_base: 1e4,
+                eps: 1e-5,
+            },
+            WeightTypes::all(DType::Q4_0),
+        ),
+        _ => {
+            return Err(quantgraph::Error::InvalidArgument(format!(
+                "unknown model {which} (tiny|large)"
+            )));
+        }
+    };
+    let file = quantgraph::GgufFile::from_vec(synthetic_gguf(&cfg, types, 1)?)?;
+    let be = CpuBackend::with_threads(threads)?;
+    let mut m = Llama::from_gguf(&file, None, &be)?;
+    let prompt: Vec<u32> = (0..n_prompt).map(|i| ((i * 7919 + 13) % cfg.n_vocab) as u32).collect();
+    let t0 = Instant::now();
+    let logits = m.forward(&prompt)?;
+    let tp = t0.elapsed().as_secs_f64();
+    let mut next = argmax(&logits[logits.len() - cfg.n_vocab..]);
+    let mut times = Vec::new();
+    for _ in 0..n_gen {
+        let t0 = Instant::now();
+        next = argmax(&m.forward(&[next])?);
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    println!(
+        "quantgraph model {which} threads={threads} prefill_tokens={n_prompt} prefill_tok_s={:.1} decode_tok_s={:.1}",
+        n_prompt as f64 / tp,
+        1.0 / median(times)
+    );
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -309,6 +371,12 @@ fn main() {
         Some("op") => {
             op(&arg::<String>(&args, 1, "NAME"), arg(&args, 2, "THREADS"), arg(&args, 3, "REPS"))
         }
+        Some("model") => model(
+            &arg::<String>(&args, 1, "tiny|large"),
+            arg(&args, 2, "THREADS"),
+            args.get(3).and_then(|s| s.parse().ok()).unwrap_or(512),
+            args.get(4).and_then(|s| s.parse().ok()).unwrap_or(16),
+        ),
         Some("bandwidth") => {
             let t: usize = arg(&args, 1, "THREADS");
             println!("quantgraph bandwidth threads={t} gbps={:.1}", bandwidth(t));
@@ -325,7 +393,7 @@ fn main() {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
                  matmul TYPE M N K THREADS REPS | vec-dot TYPE N REPS | op NAME THREADS REPS | \
-                 bandwidth THREADS"
+                 bandwidth THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
             );
             std::process::exit(2)
         }
