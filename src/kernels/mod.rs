@@ -205,6 +205,7 @@ pub struct KernelTable {
     pub(crate) relu_f32: UnaryF32,
     pub(crate) exp_sub_sum_f32: ExpSubSum,
     pub(crate) f16_to_f32: F16ToF32,
+    pub(crate) sum_sq_f64: fn(&[f32]) -> f64,
 }
 
 impl KernelTable {
@@ -223,6 +224,7 @@ impl KernelTable {
             relu_f32: scalar::relu_f32,
             exp_sub_sum_f32: scalar::exp_sub_sum_f32,
             f16_to_f32: scalar::f16_to_f32,
+            sum_sq_f64: scalar::sum_sq_f64,
         };
         for d in DType::ALL {
             let f = crate::quant::format(d);

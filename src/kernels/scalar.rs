@@ -28,6 +28,27 @@ pub(crate) fn dot_f32_body(a: &[f32], b: &[f32]) -> f32 {
     (s4[0] + s4[2]) + (s4[1] + s4[3])
 }
 
+/// Sum of squares in f64 over four lanes (a fixed order the compiler can vectorise).
+#[inline(always)]
+pub(crate) fn sum_sq_f64_body(x: &[f32]) -> f64 {
+    let mut acc = [0f64; 4];
+    let mut c = x.chunks_exact(4);
+    for v in &mut c {
+        for l in 0..4 {
+            acc[l] += (v[l] * v[l]) as f64;
+        }
+    }
+    for (l, v) in c.remainder().iter().enumerate() {
+        acc[l] += (v * v) as f64;
+    }
+    (acc[0] + acc[2]) + (acc[1] + acc[3])
+}
+
+/// Sum of squares of f32 values, accumulated in f64 (rms_norm's reduction).
+pub(crate) fn sum_sq_f64(x: &[f32]) -> f64 {
+    sum_sq_f64_body(x)
+}
+
 /// Dot product of two f32 slices.
 pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     dot_f32_body(a, b)

@@ -66,6 +66,9 @@ pub(crate) fn compute(
         }
     };
     let ts = dt.type_size();
+    let kt = crate::kernels::table();
+    // F32 SwiGLU is one vector silu pass and one vector multiply per row.
+    let fast_swiglu = op == GluOp::Swiglu && !f16 && d.nb[0] == 4;
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &d.ne);
@@ -80,6 +83,12 @@ pub(crate) fn compute(
                 None => (pa, pa.add(nc * ts)),
             };
             let pd = d.row(i1, i2, i3);
+            if fast_swiglu {
+                let (pd, px, pg) = (pd as *mut f32, px as *const f32, pg as *const f32);
+                (kt.silu_f32)(nc, pd, px);
+                (kt.mul_f32)(nc, pd, pd, pg);
+                continue;
+            }
             for i in 0..nc {
                 let xp = px.add(i * ts);
                 let xh = if f16 { (xp as *const u16).read_unaligned() } else { 0 };

@@ -6,6 +6,7 @@ use crate::error::Result;
 
 pub(crate) fn rms_norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
+    let kt = crate::kernels::table();
     let ne0 = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -15,6 +16,15 @@ pub(crate) fn rms_norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
         unsafe {
             let pa = a.row(i1, i2, i3);
             let pd = d.row(i1, i2, i3);
+            if a.nb[0] == 4 && d.nb[0] == 4 {
+                let sum = (kt.sum_sq_f64)(std::slice::from_raw_parts(pa as *const f32, ne0));
+                let scale = 1.0 / ((sum / ne0 as f64) as f32 + eps).sqrt();
+                let (xs, ys) = (pa as *const f32, pd as *mut f32);
+                for i in 0..ne0 {
+                    *ys.add(i) = *xs.add(i) * scale;
+                }
+                continue;
+            }
             let x = |i: usize| *(pa.add(i * a.nb[0]) as *const f32);
             let mut sum = 0f64;
             for i in 0..ne0 {
@@ -69,6 +79,7 @@ pub(crate) fn norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
 /// rms_norm(src0) * src1 in one pass (ggml's RMS_NORM + MUL CPU fusion): y = x * scale * w.
 pub(crate) fn rms_norm_mul(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
     let (a, w, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let kt = crate::kernels::table();
     let ne0 = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -79,13 +90,16 @@ pub(crate) fn rms_norm_mul(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()
             let pa = a.row(i1, i2, i3) as *const f32;
             let pw = w.row(i1 % w.ne[1], i2 % w.ne[2], i3 % w.ne[3]) as *const f32;
             let pd = d.row(i1, i2, i3);
-            let mut sum = 0f64;
-            for i in 0..ne0 {
-                let v = *pa.add(i);
-                sum += (v * v) as f64;
-            }
+            let sum = (kt.sum_sq_f64)(std::slice::from_raw_parts(pa, ne0));
             let mean = (sum / ne0 as f64) as f32;
             let scale = 1.0 / (mean + eps).sqrt();
+            if d.nb[0] == 4 {
+                let ys = pd as *mut f32;
+                for i in 0..ne0 {
+                    *ys.add(i) = *pa.add(i) * scale * *pw.add(i);
+                }
+                continue;
+            }
             for i in 0..ne0 {
                 (pd.add(i * d.nb[0]) as *mut f32).write_unaligned(*pa.add(i) * scale * *pw.add(i));
             }

@@ -14,6 +14,17 @@ pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     unsafe { dot_f32_avx2(a, b) }
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sum_sq_f64_avx2(x: &[f32]) -> f64 {
+    scalar::sum_sq_f64_body(x)
+}
+
+/// Sum of squares in f64 (AVX2 build of the scalar body).
+pub(crate) fn sum_sq_f64(x: &[f32]) -> f64 {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { sum_sq_f64_avx2(x) }
+}
+
 macro_rules! binary_kernels {
     ($($name:ident => $op:tt;)*) => {$(
         /// Elementwise kernel over `n` f32 values (AVX2).

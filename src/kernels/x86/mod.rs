@@ -16,6 +16,7 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.silu_f32 = avx2::silu_vexp_f32;
     t.exp_sub_sum_f32 = avx2::exp_sub_sum_f32;
     t.f16_to_f32 = avx2::f16_to_f32;
+    t.sum_sq_f64 = avx2::sum_sq_f64;
     t.gelu_f32 = avx2::gelu_f32;
     t.relu_f32 = avx2::relu_f32;
     avx2_quants::plug(t);
