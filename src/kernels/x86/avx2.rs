@@ -170,6 +170,80 @@ pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
     unsafe { f16_to_f32_avx2(src, dst) }
 }
 
+/// One block of ggml's AVX2 `quantize_row_q8_0`/`q8_1`: the f16 scale bits, the packed quants
+/// and the sum of the unpacked 32-bit quants (for Q8_1).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q8_block(x: &[f32]) -> (u16, [i8; 32], i32, f32) {
+    use std::arch::x86_64::*;
+    debug_assert!(x.len() >= 32);
+    // SAFETY: the caller passes at least 32 floats (one block).
+    let v = unsafe {
+        [
+            _mm256_loadu_ps(x.as_ptr()),
+            _mm256_loadu_ps(x.as_ptr().add(8)),
+            _mm256_loadu_ps(x.as_ptr().add(16)),
+            _mm256_loadu_ps(x.as_ptr().add(24)),
+        ]
+    };
+    let sign = _mm256_set1_ps(-0.0);
+    let mut max_abs = _mm256_andnot_ps(sign, v[0]);
+    for vk in &v[1..] {
+        max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, *vk));
+    }
+    let mut m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(max_abs), _mm256_castps256_ps128(max_abs));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    let max = _mm_cvtss_f32(m4);
+    let d = max / 127.0;
+    let dh = _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(d))) as u16;
+    let id = _mm256_set1_ps(if max != 0.0 { 127.0 / max } else { 0.0 });
+    let q: [__m256i; 4] = std::array::from_fn(|k| {
+        _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(v[k], id),
+        ))
+    });
+    let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    let mut lanes = [0i32; 8];
+    // SAFETY: lanes holds 8 i32.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum) };
+    let total = lanes.iter().fold(0i32, |a, &b| a.wrapping_add(b));
+    let p01 = _mm256_packs_epi32(q[0], q[1]);
+    let p23 = _mm256_packs_epi32(q[2], q[3]);
+    let p = _mm256_packs_epi16(p01, p23);
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let mut out = [0i8; 32];
+    // SAFETY: out holds 32 bytes.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, p) };
+    (dh, out, total, d)
+}
+
+/// ggml's AVX2 `quantize_row_q8_0` (Q8_0's CPU `from_float`): same bytes as the scalar emulation.
+pub(crate) fn from_float_q8_0(src: &[f32], dst: &mut [u8]) {
+    for (x, y) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+        let (dh, q, _, _) = unsafe { q8_block(x) };
+        y[..2].copy_from_slice(&dh.to_le_bytes());
+        y[2..].copy_from_slice(bytemuck::cast_slice(&q));
+    }
+}
+
+/// ggml's AVX2 `quantize_row_q8_1` (Q8_1's CPU `from_float`).
+pub(crate) fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
+    use std::arch::x86_64::*;
+    for (x, y) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
+        // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+        let (dh, q, total, d) = unsafe { q8_block(x) };
+        // SAFETY: as above (F16C).
+        let sh = unsafe {
+            _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(d * total as f32))) as u16
+        };
+        y[..2].copy_from_slice(&dh.to_le_bytes());
+        y[2..4].copy_from_slice(&sh.to_le_bytes());
+        y[4..].copy_from_slice(bytemuck::cast_slice(&q));
+    }
+}
+
 /// SiLU x / (1 + exp(-x)) over `n` f32 with the vector exp.
 ///
 /// # Safety
@@ -273,6 +347,41 @@ mod tests {
                     assert!(((y as f64 - want) / want).abs() < 3e-7, "exp({x}) = {y}, want {want}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn q8_converters_give_the_scalar_tiers_bytes() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        use crate::dtype::DType;
+        let mut x: Vec<f32> =
+            (0..32 * 40).map(|i| ((i as f32 * 0.7311).sin() * 3.0).powi(3)).collect();
+        // Edge blocks: zeros, a NaN, infinities, huge, tiny, exact halves.
+        x[32..64].fill(0.0);
+        x[70] = f32::NAN;
+        x[100] = f32::INFINITY;
+        x[140] = -f32::INFINITY;
+        for (k, v) in x[160..192].iter_mut().enumerate() {
+            *v = 1e30 * (k as f32 - 16.0);
+        }
+        for (k, v) in x[192..224].iter_mut().enumerate() {
+            *v = 1e-30 * (k as f32 - 16.0);
+        }
+        for (k, v) in x[224..256].iter_mut().enumerate() {
+            *v = (k as f32 - 16.0) * 0.5 * (127.0 / 8.0) / 127.0 * 16.0;
+        }
+        for (dt, f) in [
+            (DType::Q8_0, from_float_q8_0 as fn(&[f32], &mut [u8])),
+            (DType::Q8_1, from_float_q8_1),
+        ] {
+            let n = dt.row_size(x.len()).unwrap();
+            let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+            f(&x, &mut a);
+            (crate::quant::format(dt).from_float.unwrap())(&x, &mut b);
+            assert_eq!(a, b, "{dt}");
         }
     }
 
