@@ -18,7 +18,7 @@ use std::mem::{offset_of, size_of};
 
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
-use crate::quant::fp4::{BlockMxfp4, BlockNvfp4, KVALUES_MXFP4, e8m0_to_fp32_half, ue4m3_to_fp32};
+use crate::quant::fp4::{BlockMxfp4, BlockNvfp4, KVALUES_MXFP4, e8m0_to_fp32_half};
 use crate::quant::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::quant::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::quant::lowbit::{BlockQ1_0, BlockQ2_0};
@@ -158,6 +158,39 @@ fn fp16_to_fp32(h: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
+/// `GGML_CPU_FP16_TO_FP32(h)` in all eight lanes.
+///
+/// Kernels take their scales through this or [`fp16x4_to_fp32`] rather than [`fp16_to_fp32`]: a
+/// scalar conversion compiles to `vpinsrw` into an arbitrary register, which can chain every
+/// block's scale onto the accumulator's latency (a false dependency that halved the speed).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn fp16_splat(h: u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(h as i16))
+}
+
+/// Up to four f16 values, the first in the low 16 bits of `packed`, converted at once (the value is
+/// assembled in a general register and moved whole, so no false dependency either).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn fp16x4_to_fp32(packed: u64) -> [f32; 4] {
+    let v = _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64));
+    [
+        _mm_cvtss_f32(v),
+        _mm_cvtss_f32(_mm_movehdup_ps(v)),
+        _mm_cvtss_f32(_mm_movehl_ps(v, v)),
+        _mm_cvtss_f32(_mm_shuffle_ps::<0b11_11_11_11>(v, v)),
+    ]
+}
+
+/// Two f16 values, converted at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn fp16x2_to_fp32(a: u16, b: u16) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
 /// `hsum_float_8`: the horizontal sum of 8 floats in ggml's order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -233,6 +266,25 @@ fn kvalues_fp4() -> __m128i {
         k[14], k[15],
     )
 }
+
+/// `GGML_CPU_UE4M3_TO_FP32` as ggml's CPU backend has it: a table of `ggml_ue4m3_to_fp32` (halved
+/// UE4M3 scales; 0 and 0x7F are zero, the top bit is ignored). Every entry is exact in f32.
+static UE4M3_TO_FP32: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut x = 1;
+    while x < 256 {
+        if x != 0x7F {
+            let exp = ((x >> 3) & 0xF) as i32;
+            let man = (x & 0x7) as f32;
+            // 2^(exp - 7) with exp in 1..=15, built from its bits.
+            let p2 = f32::from_bits(((exp - 7 + 127) as u32) << 23);
+            let raw = if exp == 0 { man * (1.0 / 512.0) } else { (1.0 + man / 8.0) * p2 };
+            t[x] = raw * 0.5;
+        }
+        x += 1;
+    }
+    t
+};
 
 /// ggml's `get_scale_shuffle_q3k(i)`: in the low half the 16-bit scale `2i`, in the high half
 /// `2i + 1`, for a 256-bit register holding eight 16-bit scales in each half.
@@ -376,7 +428,7 @@ unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
+        let d = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
         let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xq), _mm256_set1_epi8(8));
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, yq), acc);
     }
@@ -404,9 +456,9 @@ unsafe fn vec_dot_q4_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
             )
         };
-        summs = fp16_to_fp32(xm).mul_add(fp16_to_fp32(ys), summs);
-        let d0d1 =
-            _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(xd)), _mm256_set1_ps(fp16_to_fp32(yd)));
+        let (m, s) = fp16x2_to_fp32(xm, ys);
+        summs = m.mul_add(s, summs);
+        let d0d1 = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
         let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(xq), yq);
         acc = _mm256_fmadd_ps(d0d1, xy, acc);
     }
@@ -432,7 +484,7 @@ unsafe fn vec_dot_q5_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
+        let d = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
         // A clear fifth bit means "minus 16": OR 0xF0 into those bytes.
         let hi = _mm256_andnot_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0xF0u8 as i8));
         let qx = _mm256_or_si256(bytes_from_nibbles_32(xq), hi);
@@ -463,11 +515,12 @@ unsafe fn vec_dot_q5_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
             )
         };
-        let dx = _mm256_set1_ps(fp16_to_fp32(xd));
-        summs = fp16_to_fp32(xm).mul_add(fp16_to_fp32(ys), summs);
+        let dx = fp16_splat(xd);
+        let (m, s) = fp16x2_to_fp32(xm, ys);
+        summs = m.mul_add(s, summs);
         let hi = _mm256_and_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(bytes_from_nibbles_32(xq), hi);
-        let dy = _mm256_set1_ps(fp16_to_fp32(yd));
+        let dy = fp16_splat(yd);
         let q = mul_sum_us8_pairs_float(qx, yq);
         acc = _mm256_fmadd_ps(q, _mm256_mul_ps(dx, dy), acc);
     }
@@ -491,7 +544,7 @@ unsafe fn vec_dot_q8_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
+        let d = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(xq, yq), acc);
     }
     hsum_float_8(acc)
@@ -538,8 +591,8 @@ unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         };
         let p_1 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_1), q8_1), mone);
         let p_2 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_2), q8_2), mone);
-        let scale0 = _mm256_set1_ps(fp16_to_fp32(d0) * e8m0_to_fp32_half(e0));
-        let scale1 = _mm256_set1_ps(fp16_to_fp32(d1) * e8m0_to_fp32_half(e1));
+        let scale0 = _mm256_mul_ps(fp16_splat(d0), _mm256_set1_ps(e8m0_to_fp32_half(e0)));
+        let scale1 = _mm256_mul_ps(fp16_splat(d1), _mm256_set1_ps(e8m0_to_fp32_half(e1)));
         accum1 = _mm256_fmadd_ps(scale0, _mm256_cvtepi32_ps(p_1), accum1);
         accum2 = _mm256_fmadd_ps(scale1, _mm256_cvtepi32_ps(p_2), accum2);
         ib += 2;
@@ -599,11 +652,11 @@ unsafe fn vec_dot_nvfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         };
         let p_1 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_01), q8_01), mone);
         let p_2 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_23), q8_23), mone);
-        let (dy0, dy1) = (fp16_to_fp32(dy0), fp16_to_fp32(dy1));
-        let s0 = ue4m3_to_fp32(sc[0]) * dy0;
-        let s1 = ue4m3_to_fp32(sc[1]) * dy0;
-        let s2 = ue4m3_to_fp32(sc[2]) * dy1;
-        let s3 = ue4m3_to_fp32(sc[3]) * dy1;
+        let (dy0, dy1) = fp16x2_to_fp32(dy0, dy1);
+        let s0 = UE4M3_TO_FP32[sc[0] as usize] * dy0;
+        let s1 = UE4M3_TO_FP32[sc[1] as usize] * dy0;
+        let s2 = UE4M3_TO_FP32[sc[2] as usize] * dy1;
+        let s3 = UE4M3_TO_FP32[sc[3] as usize] * dy1;
         let scales01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
         let scales23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
         accum = _mm256_fmadd_ps(scales01, _mm256_cvtepi32_ps(p_1), accum);
@@ -658,14 +711,14 @@ unsafe fn vec_dot_q1_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
             );
             let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, sm), sm);
             let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones_8, sy), ones_16);
-            let dy = _mm256_set1_ps(fp16_to_fp32(yd));
+            let dy = fp16_splat(yd);
             acc_block = if k == 0 {
                 _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
             } else {
                 _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(s32), acc_block)
             };
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(d0)), acc_block, acc);
+        acc = _mm256_fmadd_ps(fp16_splat(d0), acc_block, acc);
     }
     hsum_float_8(acc)
 }
@@ -727,10 +780,12 @@ unsafe fn vec_dot_q2_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
         let t = _mm_hadd_epi32(w, w);
         let (s0, s1) = (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t));
         // Unfused, as ggml's golden results show (and as the scalar tier computes).
+        let [d0, dy0, dy1, _] =
+            fp16x4_to_fp32(d0 as u64 | (dys[0] as u64) << 16 | (dys[1] as u64) << 32);
         let mut sumi = 0.0f32;
-        sumi += fp16_to_fp32(dys[0]) * s0 as f32;
-        sumi += fp16_to_fp32(dys[1]) * s1 as f32;
-        sumf += fp16_to_fp32(d0) * sumi;
+        sumi += dy0 * s0 as f32;
+        sumi += dy1 * s1 as f32;
+        sumf += d0 * sumi;
     }
     sumf
 }
@@ -815,7 +870,7 @@ unsafe fn vec_dot_tq1_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         sumi1 = _mm256_add_epi16(sumi1, _mm256_maddubs_epi16(tq1_top_trit(qx23), q8[6]));
         sumi2 = _mm256_add_epi16(sumi2, _mm256_maddubs_epi16(tq1_top_trit(qx45), q8[7]));
 
-        let d = _mm256_set1_ps(yd * fp16_to_fp32(xd));
+        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
         let s = _mm256_sub_epi16(sumi0, bsums);
         let s = _mm256_add_epi16(s, _mm256_add_epi16(sumi1, sumi2));
         let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -871,7 +926,7 @@ unsafe fn vec_dot_tq2_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
                 rd_u16(bx.add(offset_of!(BlockTq2_0, d))),
             )
         };
-        let d = _mm256_set1_ps(yd * fp16_to_fp32(xd));
+        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
         let s = _mm256_sub_epi16(_mm256_add_epi16(sumi0, sumi1), bsums);
         let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
         sumf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sumf);
@@ -933,8 +988,9 @@ unsafe fn vec_dot_q2_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
-        let dmin = -yd * fp16_to_fp32(xdmin);
+        let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
+        let d = yd * xd;
+        let dmin = -yd * xdmin;
 
         let scales8 = _mm_and_si128(mins_and_scales, m4);
         let mins8 = _mm_and_si128(_mm_srli_epi16::<4>(mins_and_scales), m4);
@@ -1003,7 +1059,7 @@ unsafe fn vec_dot_q3_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
+        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
 
         let scales128 = _mm_set_epi32(
             (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
@@ -1043,7 +1099,7 @@ unsafe fn vec_dot_q3_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
             let p2 = _mm256_add_epi32(p[2], p[3]);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p2));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_float_8(acc)
 }
@@ -1094,8 +1150,9 @@ unsafe fn vec_dot_q4_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
-        let dmin = -yd * fp16_to_fp32(xdmin);
+        let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
+        let d = yd * xd;
+        let dmin = -yd * xdmin;
         let u = k4_scales_and_mins(utmp);
         let mins_and_scales =
             _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
@@ -1158,8 +1215,9 @@ unsafe fn vec_dot_q5_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
-        let dmin = -yd * fp16_to_fp32(xdmin);
+        let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
+        let d = yd * xd;
+        let dmin = -yd * xdmin;
         let u = k4_scales_and_mins(utmp);
         let mins_and_scales =
             _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
@@ -1225,7 +1283,7 @@ unsafe fn vec_dot_q6_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
+        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
         let scales_16 = _mm256_cvtepi8_epi16(scales);
         // The levels are stored +32: subtract 32 * scale * (sum of each 16 y levels).
         let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
@@ -1261,7 +1319,20 @@ unsafe fn vec_dot_q6_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
         }
         let sumi = _mm256_sub_epi32(sumi, q8sclsub);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_float_8(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ue4m3_table_matches_the_format_definition() {
+        for x in 0..=255u8 {
+            let want = crate::quant::fp4::ue4m3_to_fp32(x);
+            assert_eq!(UE4M3_TO_FP32[x as usize].to_bits(), want.to_bits(), "{x:#04x}");
+        }
+    }
 }
