@@ -4,7 +4,9 @@
 //! Each kernel keeps ggml's AVX2 lane layout and float accumulation order, so on the same bytes it
 //! returns what ggml's x86 build returns (and the float dots return exactly the bits of the scalar
 //! emulations in `crate::quant::fp`). The integer parts may use other instructions than ggml's when
-//! they give the same integers per lane. Q2_0 has no AVX2 version in ggml; its kernel here is ours.
+//! they give the same integers per lane. Q2_0 has no AVX2 version in ggml: its kernel here
+//! vectorises the integer sums and applies the scales in the order of ggml's generic kernel (the one
+//! ggml runs on x86), so it too returns ggml's bits and the scalar tier's.
 //!
 //! Every kernel is an `unsafe fn` over raw block pointers plus a safe wrapper with the
 //! [`VecDotFn`](crate::quant::VecDotFn) signature. The wrappers are private: [`plug`] puts them in a
@@ -158,37 +160,52 @@ fn fp16_to_fp32(h: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
-/// `GGML_CPU_FP16_TO_FP32(h)` in all eight lanes.
+/// Every f16 as f32, exactly as F16C's `vcvtph2ps` converts it (signalling NaNs come out quiet).
 ///
-/// Kernels take their scales through this or [`fp16x4_to_fp32`] rather than [`fp16_to_fp32`]: a
-/// scalar conversion compiles to `vpinsrw` into an arbitrary register, which can chain every
-/// block's scale onto the accumulator's latency (a false dependency that halved the speed).
+/// Kernels read block scales from this table, as ggml's x86 CPU code does (`ggml_table_f32_f16`),
+/// rather than converting each one: a scalar `vcvtph2ps` needs a `vpinsrw` into an arbitrary
+/// register, which can chain every block's scale onto the accumulator's latency (a false
+/// dependency), and a broadcast conversion costs twice the micro-ops of two table loads. Built at
+/// compile time from the bits; a test checks it against the instruction.
+static F16_TO_F32: [f32; 1 << 16] = {
+    let mut t = [0.0f32; 1 << 16];
+    let mut h = 0usize;
+    while h < 1 << 16 {
+        let sign = ((h as u32) & 0x8000) << 16;
+        let exp = (h >> 10) & 0x1F;
+        let man = (h & 0x3FF) as u32;
+        t[h] = if exp == 0 {
+            // Zero or subnormal: man * 2^-24, exact in f32.
+            let v = man as f32 * (1.0 / 16_777_216.0);
+            f32::from_bits(v.to_bits() | sign)
+        } else if exp == 0x1F {
+            let quiet = if man != 0 { 0x0040_0000 } else { 0 };
+            f32::from_bits(sign | 0x7F80_0000 | man << 13 | quiet)
+        } else {
+            f32::from_bits(sign | ((exp as u32 + 112) << 23) | man << 13)
+        };
+        h += 1;
+    }
+    t
+};
+
+/// `GGML_CPU_FP16_TO_FP32(h)` in all eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn fp16_splat(h: u16) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16(h as i16))
+    _mm256_set1_ps(F16_TO_F32[h as usize])
 }
 
-/// Up to four f16 values, the first in the low 16 bits of `packed`, converted at once (the value is
-/// assembled in a general register and moved whole, so no false dependency either).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+/// Up to four f16 values, the first in the low 16 bits of `packed`, as f32.
+#[inline(always)]
 fn fp16x4_to_fp32(packed: u64) -> [f32; 4] {
-    let v = _mm_cvtph_ps(_mm_cvtsi64_si128(packed as i64));
-    [
-        _mm_cvtss_f32(v),
-        _mm_cvtss_f32(_mm_movehdup_ps(v)),
-        _mm_cvtss_f32(_mm_movehl_ps(v, v)),
-        _mm_cvtss_f32(_mm_shuffle_ps::<0b11_11_11_11>(v, v)),
-    ]
+    std::array::from_fn(|i| F16_TO_F32[(packed >> (16 * i)) as u16 as usize])
 }
 
-/// Two f16 values, converted at once.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+/// Two f16 values as f32.
+#[inline(always)]
 fn fp16x2_to_fp32(a: u16, b: u16) -> (f32, f32) {
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    (F16_TO_F32[a as usize], F16_TO_F32[b as usize])
 }
 
 /// `hsum_float_8`: the horizontal sum of 8 floats in ggml's order.
@@ -428,7 +445,7 @@ unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
+        let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
         let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xq), _mm256_set1_epi8(8));
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, yq), acc);
     }
@@ -458,7 +475,7 @@ unsafe fn vec_dot_q4_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
         };
         let (m, s) = fp16x2_to_fp32(xm, ys);
         summs = m.mul_add(s, summs);
-        let d0d1 = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
+        let d0d1 = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
         let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(xq), yq);
         acc = _mm256_fmadd_ps(d0d1, xy, acc);
     }
@@ -484,7 +501,7 @@ unsafe fn vec_dot_q5_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
+        let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
         // A clear fifth bit means "minus 16": OR 0xF0 into those bytes.
         let hi = _mm256_andnot_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0xF0u8 as i8));
         let qx = _mm256_or_si256(bytes_from_nibbles_32(xq), hi);
@@ -544,7 +561,7 @@ unsafe fn vec_dot_q8_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_mul_ps(fp16_splat(xd), fp16_splat(yd));
+        let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(xq, yq), acc);
     }
     hsum_float_8(acc)
@@ -591,8 +608,8 @@ unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         };
         let p_1 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_1), q8_1), mone);
         let p_2 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_2), q8_2), mone);
-        let scale0 = _mm256_mul_ps(fp16_splat(d0), _mm256_set1_ps(e8m0_to_fp32_half(e0)));
-        let scale1 = _mm256_mul_ps(fp16_splat(d1), _mm256_set1_ps(e8m0_to_fp32_half(e1)));
+        let scale0 = _mm256_set1_ps(F16_TO_F32[d0 as usize] * e8m0_to_fp32_half(e0));
+        let scale1 = _mm256_set1_ps(F16_TO_F32[d1 as usize] * e8m0_to_fp32_half(e1));
         accum1 = _mm256_fmadd_ps(scale0, _mm256_cvtepi32_ps(p_1), accum1);
         accum2 = _mm256_fmadd_ps(scale1, _mm256_cvtepi32_ps(p_2), accum2);
         ib += 2;
@@ -870,7 +887,7 @@ unsafe fn vec_dot_tq1_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         sumi1 = _mm256_add_epi16(sumi1, _mm256_maddubs_epi16(tq1_top_trit(qx23), q8[6]));
         sumi2 = _mm256_add_epi16(sumi2, _mm256_maddubs_epi16(tq1_top_trit(qx45), q8[7]));
 
-        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
         let s = _mm256_sub_epi16(sumi0, bsums);
         let s = _mm256_add_epi16(s, _mm256_add_epi16(sumi1, sumi2));
         let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -926,7 +943,7 @@ unsafe fn vec_dot_tq2_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
                 rd_u16(bx.add(offset_of!(BlockTq2_0, d))),
             )
         };
-        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
         let s = _mm256_sub_epi16(_mm256_add_epi16(sumi0, sumi1), bsums);
         let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
         sumf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sumf);
@@ -1059,7 +1076,7 @@ unsafe fn vec_dot_q3_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
             )
         };
-        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
 
         let scales128 = _mm_set_epi32(
             (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
@@ -1283,7 +1300,7 @@ unsafe fn vec_dot_q6_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = _mm256_mul_ps(_mm256_set1_ps(yd), fp16_splat(xd));
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
         let scales_16 = _mm256_cvtepi8_epi16(scales);
         // The levels are stored +32: subtract 32 * scale * (sum of each 16 y levels).
         let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
@@ -1327,6 +1344,22 @@ unsafe fn vec_dot_q6_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_table_matches_f16c() {
+        if !crate::kernels::Isa::Avx2.is_supported() {
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn check() {
+            for h in 0..=u16::MAX {
+                let want = fp16_to_fp32(h);
+                assert_eq!(F16_TO_F32[h as usize].to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
+        // SAFETY: the CPU was just found to support AVX2, FMA and F16C.
+        unsafe { check() }
+    }
 
     #[test]
     fn ue4m3_table_matches_the_format_definition() {
