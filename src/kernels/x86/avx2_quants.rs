@@ -298,7 +298,16 @@ fn hsum_i32_8(a: __m256i) -> i32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn kvalues_fp4_plus_12() -> __m128i {
-    let k = KVALUES_MXFP4.map(|v| v + 12);
+    const K: [i8; 16] = {
+        let mut k = KVALUES_MXFP4;
+        let mut i = 0;
+        while i < 16 {
+            k[i] += 12;
+            i += 1;
+        }
+        k
+    };
+    let k = K;
     _mm_setr_epi8(
         k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9], k[10], k[11], k[12], k[13],
         k[14], k[15],
