@@ -209,3 +209,53 @@ fn avx2_golden_vec_dot_matches_ggml() {
         }
     }
 }
+
+fn legacy_file(name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/legacy").join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The edge rows of tests/data/legacy (NaN, infinities, huge and tiny magnitudes; activations that
+/// hold -128) against ggml's portable dot products, the format's definition: the AVX2 kernels must
+/// not inherit the sign-trick wrap of ggml's AVX2 code on a -128 activation.
+#[test]
+fn avx2_matches_ggml_generic_on_edge_rows() {
+    if !have_avx2("avx2_matches_ggml_generic_on_edge_rows") {
+        return;
+    }
+    const N: usize = 256;
+    let q8_0 = legacy_file("edge.cpu.q8_0.bin");
+    let q8_1 = legacy_file("edge.cpu.q8_1.bin");
+    let q8_k = legacy_file("edge.q8_K.bin");
+    let mut bad = Vec::new();
+    for name in
+        ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "nvfp4", "q1_0", "q2_0", "tq1_0", "tq2_0"]
+    {
+        let dtype = DType::from_name(name).unwrap();
+        let w = legacy_file(&format!("edge.{name}.bin"));
+        let want: Vec<f32> = legacy_file(&format!("edge.dot.{name}.f32"))
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let vdt = dtype.vec_dot_type();
+        let act = match vdt {
+            DType::Q8_0 => &q8_0,
+            DType::Q8_1 => &q8_1,
+            _ => &q8_k,
+        };
+        let (xr, yr) = (dtype.row_size(N).unwrap(), vdt.row_size(N).unwrap());
+        for (r, &want) in want.iter().enumerate() {
+            let (x, y) = (&w[r * xr..(r + 1) * xr], &act[r * yr..(r + 1) * yr]);
+            let got = vec_dot_with(Isa::Avx2, dtype, N, x, y).unwrap();
+            let ok = if want.is_finite() {
+                (got - want).abs() <= (want.abs() * 1e-4).max(1e-6)
+            } else {
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
+            };
+            if !ok {
+                bad.push(format!("{name} row {r}: avx2 {got} ggml generic {want}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

@@ -4,7 +4,13 @@
 //! Each kernel keeps ggml's AVX2 lane layout and float accumulation order, so on the same bytes it
 //! returns what ggml's x86 build returns (and the float dots return exactly the bits of the scalar
 //! emulations in `crate::quant::fp`). The integer parts may use other instructions than ggml's when
-//! they give the same integers per lane. Q2_0 has no AVX2 version in ggml; its kernel here is ours.
+//! they give the same integers per lane: where ggml multiplies signed weights by Q8_0 activations
+//! with the sign trick, which wraps on a -128 activation (NaN or infinite inputs make those), these
+//! kernels use unsigned levels minus an offset and get the exact sums of ggml's generic code; Q4_0
+//! and Q5_0 also take a block with a non-finite scale as a whole, as the generic code does. Only
+//! Q8_0 x Q8_0 keeps the sign trick (both sides signed), as ggml's AVX2 code has it. Q2_0 has no AVX2 version in ggml: its kernel here
+//! vectorises the integer sums and applies the scales in the order of ggml's generic kernel (the one
+//! ggml runs on x86), so it too returns ggml's bits and the scalar tier's.
 //!
 //! Every kernel is an `unsafe fn` over raw block pointers plus a safe wrapper with the
 //! [`VecDotFn`](crate::quant::VecDotFn) signature. The wrappers are private: [`plug`] puts them in a
@@ -18,7 +24,7 @@ use std::mem::{offset_of, size_of};
 
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
-use crate::quant::fp4::{BlockMxfp4, BlockNvfp4, KVALUES_MXFP4, e8m0_to_fp32_half, ue4m3_to_fp32};
+use crate::quant::fp4::{BlockMxfp4, BlockNvfp4, KVALUES_MXFP4};
 use crate::quant::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::quant::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::quant::lowbit::{BlockQ1_0, BlockQ2_0};
@@ -158,6 +164,54 @@ fn fp16_to_fp32(h: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
+/// Every f16 as f32, exactly as F16C's `vcvtph2ps` converts it (signalling NaNs come out quiet).
+///
+/// Kernels read block scales from this table, as ggml's x86 CPU code does (`ggml_table_f32_f16`),
+/// rather than converting each one: a scalar `vcvtph2ps` needs a `vpinsrw` into an arbitrary
+/// register, which can chain every block's scale onto the accumulator's latency (a false
+/// dependency), and a broadcast conversion costs twice the micro-ops of two table loads. Built at
+/// compile time from the bits; a test checks it against the instruction.
+static F16_TO_F32: [f32; 1 << 16] = {
+    let mut t = [0.0f32; 1 << 16];
+    let mut h = 0usize;
+    while h < 1 << 16 {
+        let sign = ((h as u32) & 0x8000) << 16;
+        let exp = (h >> 10) & 0x1F;
+        let man = (h & 0x3FF) as u32;
+        t[h] = if exp == 0 {
+            // Zero or subnormal: man * 2^-24, exact in f32.
+            let v = man as f32 * (1.0 / 16_777_216.0);
+            f32::from_bits(v.to_bits() | sign)
+        } else if exp == 0x1F {
+            let quiet = if man != 0 { 0x0040_0000 } else { 0 };
+            f32::from_bits(sign | 0x7F80_0000 | man << 13 | quiet)
+        } else {
+            f32::from_bits(sign | ((exp as u32 + 112) << 23) | man << 13)
+        };
+        h += 1;
+    }
+    t
+};
+
+/// `GGML_CPU_FP16_TO_FP32(h)` in all eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn fp16_splat(h: u16) -> __m256 {
+    _mm256_set1_ps(F16_TO_F32[h as usize])
+}
+
+/// Up to four f16 values, the first in the low 16 bits of `packed`, as f32.
+#[inline(always)]
+fn fp16x4_to_fp32(packed: u64) -> [f32; 4] {
+    std::array::from_fn(|i| F16_TO_F32[(packed >> (16 * i)) as u16 as usize])
+}
+
+/// Two f16 values as f32.
+#[inline(always)]
+fn fp16x2_to_fp32(a: u16, b: u16) -> (f32, f32) {
+    (F16_TO_F32[a as usize], F16_TO_F32[b as usize])
+}
+
 /// `hsum_float_8`: the horizontal sum of 8 floats in ggml's order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -201,13 +255,6 @@ fn bytes_from_bits_32(x: u32) -> __m256i {
     _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
 }
 
-/// `mul_add_epi8`: signed bytes times signed bytes, adjacent pairs summed to i16.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
-    _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
-}
-
 /// `mul_sum_us8_pairs_float`: unsigned times signed bytes, groups of four summed, as floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -223,16 +270,80 @@ fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
     mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
 
-/// `kvalues_fp4` as a register.
+/// `sum(x * y)` over each group of four bytes, for `x = u - off` with unsigned `u` and signed `y`:
+/// `maddubs(u, y) - maddubs(off, y)`. The same lanes as ggml's `mul_sum_i8_pairs` sign trick and
+/// the same integers, but exact when `y` holds -128 (the sign trick negates it to -128: ggml's AVX2
+/// kernels wrap there, its generic ones and the format definition do not). Every 16-bit
+/// intermediate stays below 2 * 31 * 128.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn kvalues_fp4() -> __m128i {
-    let k = KVALUES_MXFP4;
+fn mul_sum_offset_u8_i8(u: __m256i, off: i8, y: __m256i) -> __m256i {
+    let p = _mm256_sub_epi16(
+        _mm256_maddubs_epi16(u, y),
+        _mm256_maddubs_epi16(_mm256_set1_epi8(off), y),
+    );
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// `hsum_i32_8`: the sum of eight i32 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum_i32_8(a: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256::<1>(a));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
+}
+
+/// `kvalues_fp4` plus 12 (so 0..=24, unsigned) as a register.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn kvalues_fp4_plus_12() -> __m128i {
+    const K: [i8; 16] = {
+        let mut k = KVALUES_MXFP4;
+        let mut i = 0;
+        while i < 16 {
+            k[i] += 12;
+            i += 1;
+        }
+        k
+    };
+    let k = K;
     _mm_setr_epi8(
         k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8], k[9], k[10], k[11], k[12], k[13],
         k[14], k[15],
     )
 }
+
+/// `GGML_CPU_UE4M3_TO_FP32` as ggml's CPU backend has it: a table of `ggml_ue4m3_to_fp32` (halved
+/// UE4M3 scales; 0 and 0x7F are zero, the top bit is ignored). Every entry is exact in f32.
+static UE4M3_TO_FP32: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut x = 1;
+    while x < 256 {
+        if x != 0x7F {
+            let exp = ((x >> 3) & 0xF) as i32;
+            let man = (x & 0x7) as f32;
+            // 2^(exp - 7) with exp in 1..=15, built from its bits.
+            let p2 = f32::from_bits(((exp - 7 + 127) as u32) << 23);
+            let raw = if exp == 0 { man * (1.0 / 512.0) } else { (1.0 + man / 8.0) * p2 };
+            t[x] = raw * 0.5;
+        }
+        x += 1;
+    }
+    t
+};
+
+/// `GGML_CPU_E8M0_TO_FP32_HALF` as ggml's CPU backend has it: a table of `ggml_e8m0_to_fp32_half`.
+static E8M0_TO_FP32_HALF: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        let bits = if e < 2 { 0x0020_0000u32 << e } else { (e as u32 - 1) << 23 };
+        t[e] = f32::from_bits(bits);
+        e += 1;
+    }
+    t
+};
 
 /// ggml's `get_scale_shuffle_q3k(i)`: in the low half the 16-bit scale `2i`, in the high half
 /// `2i + 1`, for a 256-bit register holding eight 16-bit scales in each half.
@@ -364,6 +475,7 @@ unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ4_0>();
     const YB: usize = size_of::<BlockQ8_0>();
     let mut acc = _mm256_setzero_ps();
+    let mut special = 0.0f32;
     for ib in 0..nb {
         // SAFETY: block `ib < nb` of each side is readable, and every read below stays inside its
         // block (field offset plus read length is at most the block size).
@@ -376,11 +488,18 @@ unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
-        let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xq), _mm256_set1_epi8(8));
-        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, yq), acc);
+        let sumi = mul_sum_offset_u8_i8(bytes_from_nibbles_32(xq), 8, yq);
+        let (dx, dy) = (F16_TO_F32[xd as usize], F16_TO_F32[yd as usize]);
+        let d = dx * dy;
+        if d.is_finite() {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        } else {
+            // An infinite or NaN scale: per-lane products would make 0 * inf = NaN where the
+            // block's total is not zero; take the total, as ggml's generic code does.
+            special += hsum_i32_8(sumi) as f32 * dx * dy;
+        }
     }
-    hsum_float_8(acc)
+    hsum_float_8(acc) + special
 }
 
 /// # Safety
@@ -404,9 +523,9 @@ unsafe fn vec_dot_q4_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
             )
         };
-        summs = fp16_to_fp32(xm).mul_add(fp16_to_fp32(ys), summs);
-        let d0d1 =
-            _mm256_mul_ps(_mm256_set1_ps(fp16_to_fp32(xd)), _mm256_set1_ps(fp16_to_fp32(yd)));
+        let (m, s) = fp16x2_to_fp32(xm, ys);
+        summs = m.mul_add(s, summs);
+        let d0d1 = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
         let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(xq), yq);
         acc = _mm256_fmadd_ps(d0d1, xy, acc);
     }
@@ -420,6 +539,7 @@ unsafe fn vec_dot_q5_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ5_0>();
     const YB: usize = size_of::<BlockQ8_0>();
     let mut acc = _mm256_setzero_ps();
+    let mut special = 0.0f32;
     for ib in 0..nb {
         // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
         let (xd, xh, xq, yd, yq) = unsafe {
@@ -432,13 +552,20 @@ unsafe fn vec_dot_q5_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
-        // A clear fifth bit means "minus 16": OR 0xF0 into those bytes.
-        let hi = _mm256_andnot_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0xF0u8 as i8));
+        // Levels 0..=31 (the fifth bit is +16), offset by -16.
+        let hi = _mm256_and_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(bytes_from_nibbles_32(xq), hi);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(qx, yq), acc);
+        let sumi = mul_sum_offset_u8_i8(qx, 16, yq);
+        let (dx, dy) = (F16_TO_F32[xd as usize], F16_TO_F32[yd as usize]);
+        let d = dx * dy;
+        if d.is_finite() {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        } else {
+            // As in the Q4_0 kernel: the block's total times the non-finite scale.
+            special += hsum_i32_8(sumi) as f32 * dx * dy;
+        }
     }
-    hsum_float_8(acc)
+    hsum_float_8(acc) + special
 }
 
 /// # Safety
@@ -463,11 +590,12 @@ unsafe fn vec_dot_q5_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
             )
         };
-        let dx = _mm256_set1_ps(fp16_to_fp32(xd));
-        summs = fp16_to_fp32(xm).mul_add(fp16_to_fp32(ys), summs);
+        let dx = fp16_splat(xd);
+        let (m, s) = fp16x2_to_fp32(xm, ys);
+        summs = m.mul_add(s, summs);
         let hi = _mm256_and_si256(bytes_from_bits_32(xh), _mm256_set1_epi8(0x10));
         let qx = _mm256_or_si256(bytes_from_nibbles_32(xq), hi);
-        let dy = _mm256_set1_ps(fp16_to_fp32(yd));
+        let dy = fp16_splat(yd);
         let q = mul_sum_us8_pairs_float(qx, yq);
         acc = _mm256_fmadd_ps(q, _mm256_mul_ps(dx, dy), acc);
     }
@@ -491,7 +619,7 @@ unsafe fn vec_dot_q8_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_set1_ps(fp16_to_fp32(xd) * fp16_to_fp32(yd));
+        let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(xq, yq), acc);
     }
     hsum_float_8(acc)
@@ -506,9 +634,8 @@ unsafe fn vec_dot_q8_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockMxfp4>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let values = kvalues_fp4();
+    let values = kvalues_fp4_plus_12();
     let m4b = _mm_set1_epi8(0x0F);
-    let mone = _mm256_set1_epi16(1);
     let lookup = |q4: __m128i| {
         _mm256_set_m128i(
             _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(q4), m4b)),
@@ -536,10 +663,10 @@ unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
                 _mm256_loadu_si256(by.add(YB + yq).cast()),
             )
         };
-        let p_1 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_1), q8_1), mone);
-        let p_2 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_2), q8_2), mone);
-        let scale0 = _mm256_set1_ps(fp16_to_fp32(d0) * e8m0_to_fp32_half(e0));
-        let scale1 = _mm256_set1_ps(fp16_to_fp32(d1) * e8m0_to_fp32_half(e1));
+        let p_1 = mul_sum_offset_u8_i8(lookup(q4_1), 12, q8_1);
+        let p_2 = mul_sum_offset_u8_i8(lookup(q4_2), 12, q8_2);
+        let scale0 = _mm256_set1_ps(F16_TO_F32[d0 as usize] * E8M0_TO_FP32_HALF[e0 as usize]);
+        let scale1 = _mm256_set1_ps(F16_TO_F32[d1 as usize] * E8M0_TO_FP32_HALF[e1 as usize]);
         accum1 = _mm256_fmadd_ps(scale0, _mm256_cvtepi32_ps(p_1), accum1);
         accum2 = _mm256_fmadd_ps(scale1, _mm256_cvtepi32_ps(p_2), accum2);
         ib += 2;
@@ -552,7 +679,7 @@ unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         let qs = &bx[offset_of!(BlockMxfp4, qs)..];
         let q8 = &by[offset_of!(BlockQ8_0, qs)..];
         let d = fp16_to_fp32(u16::from_le_bytes([by[0], by[1]]))
-            * e8m0_to_fp32_half(bx[offset_of!(BlockMxfp4, e)]);
+            * E8M0_TO_FP32_HALF[bx[offset_of!(BlockMxfp4, e)] as usize];
         let (mut s1, mut s2) = (0i32, 0i32);
         for j in 0..16 {
             s1 += q8[j] as i8 as i32 * KVALUES_MXFP4[(qs[j] & 0x0F) as usize] as i32;
@@ -569,9 +696,8 @@ unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
 unsafe fn vec_dot_nvfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockNvfp4>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let values = kvalues_fp4();
+    let values = kvalues_fp4_plus_12();
     let m4b = _mm_set1_epi8(0x0F);
-    let mone = _mm256_set1_epi16(1);
     // Sub-block pair (2k, 2k+1) as 32 values in the order of one Q8_0 block: low nibbles of the
     // first 8 bytes, their high nibbles, then the same for the next 8 bytes.
     let lookup = |q4: __m128i| {
@@ -597,13 +723,13 @@ unsafe fn vec_dot_nvfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
                 _mm256_loadu_si256(by.add(YB + yq).cast()),
             )
         };
-        let p_1 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_01), q8_01), mone);
-        let p_2 = _mm256_madd_epi16(mul_add_epi8(lookup(q4_23), q8_23), mone);
-        let (dy0, dy1) = (fp16_to_fp32(dy0), fp16_to_fp32(dy1));
-        let s0 = ue4m3_to_fp32(sc[0]) * dy0;
-        let s1 = ue4m3_to_fp32(sc[1]) * dy0;
-        let s2 = ue4m3_to_fp32(sc[2]) * dy1;
-        let s3 = ue4m3_to_fp32(sc[3]) * dy1;
+        let p_1 = mul_sum_offset_u8_i8(lookup(q4_01), 12, q8_01);
+        let p_2 = mul_sum_offset_u8_i8(lookup(q4_23), 12, q8_23);
+        let (dy0, dy1) = fp16x2_to_fp32(dy0, dy1);
+        let s0 = UE4M3_TO_FP32[sc[0] as usize] * dy0;
+        let s1 = UE4M3_TO_FP32[sc[1] as usize] * dy0;
+        let s2 = UE4M3_TO_FP32[sc[2] as usize] * dy1;
+        let s3 = UE4M3_TO_FP32[sc[3] as usize] * dy1;
         let scales01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
         let scales23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
         accum = _mm256_fmadd_ps(scales01, _mm256_cvtepi32_ps(p_1), accum);
@@ -621,14 +747,12 @@ unsafe fn vec_dot_nvfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
 unsafe fn vec_dot_q1_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ1_0>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let ones_8 = _mm256_set1_epi8(1);
-    let ones_16 = _mm256_set1_epi16(1);
+    let twos = _mm256_set1_epi8(2);
     let byte_shuf = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
         3, 3,
     );
     let bit_masks = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
-    let zero = _mm256_setzero_si256();
     let mut acc = _mm256_setzero_ps();
     for ib in 0..nb {
         // SAFETY: block `ib < nb` of `x` is readable; both reads stay inside it.
@@ -648,24 +772,24 @@ unsafe fn vec_dot_q1_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                     _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
                 )
             };
-            // 0xFF where the sign bit is clear: those y values are negated.
-            let sm = _mm256_cmpeq_epi8(
+            // x = 2 b - 1 for sign bit b: 2 where the bit is set, offset by -1. (ggml negates y
+            // where it is clear, which wraps a -128.)
+            let set = _mm256_cmpeq_epi8(
                 _mm256_and_si256(
                     _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), byte_shuf),
                     bit_masks,
                 ),
-                zero,
+                bit_masks,
             );
-            let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, sm), sm);
-            let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones_8, sy), ones_16);
-            let dy = _mm256_set1_ps(fp16_to_fp32(yd));
+            let s32 = mul_sum_offset_u8_i8(_mm256_and_si256(set, twos), 1, qy);
+            let dy = fp16_splat(yd);
             acc_block = if k == 0 {
                 _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
             } else {
                 _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(s32), acc_block)
             };
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(d0)), acc_block, acc);
+        acc = _mm256_fmadd_ps(fp16_splat(d0), acc_block, acc);
     }
     hsum_float_8(acc)
 }
@@ -682,14 +806,13 @@ unsafe fn vec_dot_q2_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
         7, 7,
     );
     // Codes 0 and 1 of a byte stay in its low nibble (masks 0x03, 0x0C), codes 2 and 3 are taken
-    // from the high nibble; the nibble then indexes a table where c and 4c both map to c - 1.
+    // from the high nibble; the nibble then indexes a table where c and 4c both map to c (the value is c - 1).
     let m_lo = _mm256_set1_epi32(0x0000_0C03);
     let m_hi = _mm256_set1_epi32(0x0C03_0000);
     let lut = _mm256_setr_epi8(
-        -1, 0, 1, 2, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, -1, 0, 1, 2, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0,
+        0, 1, 2, 3, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0, 1, 2, 3, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0,
         0, 0,
     );
-    let ones = _mm256_set1_epi16(1);
     // Each Q8_0 half is summed in integers and the scales are applied in scalar floats in the
     // order of ggml's (generic) kernel, so the result has its bits and the scalar tier's.
     let mut sumf = 0.0f32;
@@ -717,8 +840,8 @@ unsafe fn vec_dot_q2_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_and_si256(v, m_lo),
                 _mm256_and_si256(_mm256_srli_epi16::<4>(v), m_hi),
             );
-            let qx = _mm256_shuffle_epi8(lut, nib);
-            *s = _mm256_madd_epi16(mul_add_epi8(qx, qy), ones);
+            let code = _mm256_shuffle_epi8(lut, nib);
+            *s = mul_sum_offset_u8_i8(code, 1, qy);
             *dy = yd;
         }
         // Both horizontal integer sums at once: lanes 0 and 1 of `t`.
@@ -727,10 +850,12 @@ unsafe fn vec_dot_q2_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
         let t = _mm_hadd_epi32(w, w);
         let (s0, s1) = (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t));
         // Unfused, as ggml's golden results show (and as the scalar tier computes).
+        let [d0, dy0, dy1, _] =
+            fp16x4_to_fp32(d0 as u64 | (dys[0] as u64) << 16 | (dys[1] as u64) << 32);
         let mut sumi = 0.0f32;
-        sumi += fp16_to_fp32(dys[0]) * s0 as f32;
-        sumi += fp16_to_fp32(dys[1]) * s1 as f32;
-        sumf += fp16_to_fp32(d0) * sumi;
+        sumi += dy0 * s0 as f32;
+        sumi += dy1 * s1 as f32;
+        sumf += d0 * sumi;
     }
     sumf
 }
@@ -815,7 +940,7 @@ unsafe fn vec_dot_tq1_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         sumi1 = _mm256_add_epi16(sumi1, _mm256_maddubs_epi16(tq1_top_trit(qx23), q8[6]));
         sumi2 = _mm256_add_epi16(sumi2, _mm256_maddubs_epi16(tq1_top_trit(qx45), q8[7]));
 
-        let d = _mm256_set1_ps(yd * fp16_to_fp32(xd));
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
         let s = _mm256_sub_epi16(sumi0, bsums);
         let s = _mm256_add_epi16(s, _mm256_add_epi16(sumi1, sumi2));
         let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -871,7 +996,7 @@ unsafe fn vec_dot_tq2_0_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
                 rd_u16(bx.add(offset_of!(BlockTq2_0, d))),
             )
         };
-        let d = _mm256_set1_ps(yd * fp16_to_fp32(xd));
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
         let s = _mm256_sub_epi16(_mm256_add_epi16(sumi0, sumi1), bsums);
         let s = _mm256_madd_epi16(s, _mm256_set1_epi16(1));
         sumf = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sumf);
@@ -933,8 +1058,9 @@ unsafe fn vec_dot_q2_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
-        let dmin = -yd * fp16_to_fp32(xdmin);
+        let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
+        let d = yd * xd;
+        let dmin = -yd * xdmin;
 
         let scales8 = _mm_and_si128(mins_and_scales, m4);
         let mins8 = _mm_and_si128(_mm_srli_epi16::<4>(mins_and_scales), m4);
@@ -1003,7 +1129,7 @@ unsafe fn vec_dot_q3_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
 
         let scales128 = _mm_set_epi32(
             (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
@@ -1043,7 +1169,7 @@ unsafe fn vec_dot_q3_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
             let p2 = _mm256_add_epi32(p[2], p[3]);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p2));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_float_8(acc)
 }
@@ -1094,8 +1220,9 @@ unsafe fn vec_dot_q4_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
-        let dmin = -yd * fp16_to_fp32(xdmin);
+        let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
+        let d = yd * xd;
+        let dmin = -yd * xdmin;
         let u = k4_scales_and_mins(utmp);
         let mins_and_scales =
             _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
@@ -1158,8 +1285,9 @@ unsafe fn vec_dot_q5_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
-        let dmin = -yd * fp16_to_fp32(xdmin);
+        let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
+        let d = yd * xd;
+        let dmin = -yd * xdmin;
         let u = k4_scales_and_mins(utmp);
         let mins_and_scales =
             _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
@@ -1225,7 +1353,7 @@ unsafe fn vec_dot_q6_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
-        let d = yd * fp16_to_fp32(xd);
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
         let scales_16 = _mm256_cvtepi8_epi16(scales);
         // The levels are stored +32: subtract 32 * scale * (sum of each 16 y levels).
         let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
@@ -1261,7 +1389,44 @@ unsafe fn vec_dot_q6_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_2, p16_3));
         }
         let sumi = _mm256_sub_epi32(sumi, q8sclsub);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_float_8(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_table_matches_f16c() {
+        if !crate::kernels::Isa::Avx2.is_supported() {
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn check() {
+            for h in 0..=u16::MAX {
+                let want = fp16_to_fp32(h);
+                assert_eq!(F16_TO_F32[h as usize].to_bits(), want.to_bits(), "{h:#06x}");
+            }
+        }
+        // SAFETY: the CPU was just found to support AVX2, FMA and F16C.
+        unsafe { check() }
+    }
+
+    #[test]
+    fn e8m0_table_matches_the_format_definition() {
+        for e in 0..=255u8 {
+            let want = crate::quant::fp4::e8m0_to_fp32_half(e);
+            assert_eq!(E8M0_TO_FP32_HALF[e as usize].to_bits(), want.to_bits(), "{e}");
+        }
+    }
+
+    #[test]
+    fn ue4m3_table_matches_the_format_definition() {
+        for x in 0..=255u8 {
+            let want = crate::quant::fp4::ue4m3_to_fp32(x);
+            assert_eq!(UE4M3_TO_FP32[x as usize].to_bits(), want.to_bits(), "{x:#04x}");
+        }
+    }
 }
