@@ -181,10 +181,24 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     let vd = dtype.vec_dot_type();
-    let k = crate::kernels::table()
-        .vec_dot(dtype)
-        .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
+    let k = crate::kernels::table().vec_dot(dtype);
+    // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops.
+    if let Some(k) = k {
+        if fits(dtype, n, x.len()) && fits(vd, n, y.len()) {
+            return Ok(k(n, x, y));
+        }
+    }
+    if k.is_none() {
+        return Err(Error::Quant { dtype, msg: "no dot product for this type".into() });
+    }
     rows_of(dtype, n, x.len(), "vec_dot x")?;
     rows_of(vd, n, y.len(), "vec_dot y")?;
-    Ok(k(n, x, y))
+    Err(Error::arg(format!("vec_dot {dtype}: lengths do not fit n = {n}")))
+}
+
+/// True when `len` bytes hold exactly `n` elements of `d`.
+#[inline]
+fn fits(d: DType, n: usize, len: usize) -> bool {
+    let bs = d.block_size();
+    n % bs == 0 && (n / bs).checked_mul(d.type_size()) == Some(len)
 }
