@@ -100,6 +100,14 @@ fn load256(b: &[u8], off: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
 }
 
+/// Stores a vector into 16 u16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store256(dst: &mut [u16; 16], v: __m256i) {
+    // SAFETY: `dst` is 32 writable bytes; `storeu` needs no alignment.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
+}
+
 /// 16 bytes of `b` from `off` as a vector (any alignment).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -190,6 +198,17 @@ fn sign_mask_32(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(b, sel)
 }
 
+/// Bytes `b` and `b + 1` of `v` as i16, each repeated over 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn widen_pair(v: __m128i, b: u64) -> __m256i {
+    let pick = _mm_set_epi64x(
+        ((b + 1) * 0x0101_0101_0101_0101) as i64,
+        (b * 0x0101_0101_0101_0101) as i64,
+    );
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(v, pick))
+}
+
 /// `q8` with the bytes negated where `mask` is 0xff.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -212,16 +231,16 @@ fn iq2_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         for k in 0..QK_K / 64 {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
-            let a0 = rd_u32(xb, QS + 16 * k);
-            let a1 = rd_u32(xb, QS + 16 * k + 4);
-            let a2 = rd_u32(xb, QS + 16 * k + 8);
-            let a3 = rd_u32(xb, QS + 16 * k + 12);
-            let g = |a: u32, s: u32| IQ2XXS_GRID[(a >> s) as u8 as usize];
-            let q2_1 = set4(g(a0, 0), g(a0, 8), g(a0, 16), g(a0, 24));
-            let q2_2 = set4(g(a2, 0), g(a2, 8), g(a2, 16), g(a2, 24));
-            let s = |a: u32, s: u32| KEVEN_SIGNS[((a >> s) & 127) as usize];
-            let s2_1 = set4(s(a1, 0), s(a1, 7), s(a1, 14), s(a1, 21));
-            let s2_2 = set4(s(a3, 0), s(a3, 7), s(a3, 14), s(a3, 21));
+            // Two sub-blocks: per sub-block a word of 4 grid bytes, then 4x7 sign bits and a scale.
+            let w1 = rd_u64(xb, QS + 16 * k);
+            let w2 = rd_u64(xb, QS + 16 * k + 8);
+            let g = |w: u64, j: u32| IQ2XXS_GRID[(w >> (8 * j)) as u8 as usize];
+            let q2_1 = set4(g(w1, 0), g(w1, 1), g(w1, 2), g(w1, 3));
+            let q2_2 = set4(g(w2, 0), g(w2, 1), g(w2, 2), g(w2, 3));
+            let s = |w: u64, j: u32| KEVEN_SIGNS[((w >> (32 + 7 * j)) & 127) as usize];
+            let s2_1 = set4(s(w1, 0), s(w1, 1), s(w1, 2), s(w1, 3));
+            let s2_2 = set4(s(w2, 0), s(w2, 1), s(w2, 2), s(w2, 3));
+            let (a1, a3) = ((w1 >> 32) as u32, (w2 >> 32) as u32);
             let dot1 = _mm256_maddubs_epi16(q2_1, _mm256_sign_epi8(q8_1, s2_1));
             let dot2 = _mm256_maddubs_epi16(q2_2, _mm256_sign_epi8(q8_2, s2_2));
             let ls1 = (2 * (a1 >> 28) + 1) as i16;
@@ -255,7 +274,9 @@ fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         _mm256_set_epi64x(0x0606_0606_0606_0606, 0x0404_0404_0404_0404, 0x0202_0202_0202_0202, 0);
     let sign_shuffle_2 = _mm256_add_epi8(sign_shuffle_1, _mm256_set1_epi8(8));
     let bit_sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let m511 = _mm256_set1_epi16(511);
     let m4 = _mm_set1_epi8(0xf);
+    let mut gindex = [0u16; 16];
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
         let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
@@ -268,44 +289,39 @@ fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let mut sumi2 = _mm256_setzero_si256();
         for k in 0..QK_K / 128 {
             let q2_data = load256(xb, QS + 32 * k);
-            // Sign bits 9..15 of each index word, plus the parity bit as bit 7.
+            // The 16 grid indices go through memory: loading them back is cheaper than extracting
+            // each from the vector or unpacking them with scalar shifts.
+            store256(&mut gindex, _mm256_and_si256(q2_data, m511));
+            let gi = std::hint::black_box(&gindex);
+            // Sign bits 9..15 of each index word, plus their parity as bit 7.
             let partial = _mm256_srli_epi16(q2_data, 9);
             let upper = _mm256_srli_epi16(q2_data, 13);
             let odd = _mm256_shuffle_epi8(bit_helper, _mm256_xor_si256(partial, upper));
             let full = _mm256_or_si256(partial, odd);
-            let full_1 = _mm256_permute4x64_epi64(full, 0x44);
-            let full_2 = _mm256_permute4x64_epi64(full, 0xee);
-            let g = |j: usize| IQ2XS_GRID[(rd_u16(xb, QS + 32 * k + 2 * j) & 511) as usize];
-            let q2 = [
-                set4(g(0), g(1), g(2), g(3)),
-                set4(g(4), g(5), g(6), g(7)),
-                set4(g(8), g(9), g(10), g(11)),
-                set4(g(12), g(13), g(14), g(15)),
-            ];
+            let full_1 = _mm256_permute2x128_si256(full, full, 0x00);
+            let full_2 = _mm256_permute2x128_si256(full, full, 0x11);
             let signs = [
                 _mm256_shuffle_epi8(full_1, sign_shuffle_1),
                 _mm256_shuffle_epi8(full_1, sign_shuffle_2),
                 _mm256_shuffle_epi8(full_2, sign_shuffle_1),
                 _mm256_shuffle_epi8(full_2, sign_shuffle_2),
             ];
+            let g = |j: usize| IQ2XS_GRID[(gi[j] & 511) as usize];
+            let mut dot = [_mm256_setzero_si256(); 4];
             for j in 0..4 {
+                let q2 = set4(g(4 * j), g(4 * j + 1), g(4 * j + 2), g(4 * j + 3));
                 let q8 = load256(yb, Q8K_QS + 128 * k + 32 * j);
                 let neg = _mm256_cmpeq_epi8(_mm256_and_si256(signs[j], bit_sel), bit_sel);
-                let dot = _mm256_maddubs_epi16(q2[j], apply_sign(q8, neg));
-                // Sub-block 4k+j: its low-nibble scale for the first 16 values, high for the rest.
-                let ib = (4 * k + j) as u64;
-                let pick = _mm_set_epi64x(
-                    ((2 * ib + 1) * 0x0101_0101_0101_0101) as i64,
-                    (2 * ib * 0x0101_0101_0101_0101) as i64,
-                );
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                let p = _mm256_madd_epi16(dot, sc);
-                if j % 2 == 0 {
-                    sumi1 = _mm256_add_epi32(sumi1, p);
-                } else {
-                    sumi2 = _mm256_add_epi32(sumi2, p);
-                }
+                dot[j] = _mm256_maddubs_epi16(q2, apply_sign(q8, neg));
             }
+            // Sub-block 4k+j: its low-nibble scale for the first 16 values, high for the rest.
+            let b = 8 * k as u64;
+            let p0 = _mm256_madd_epi16(dot[0], widen_pair(scales, b));
+            let p1 = _mm256_madd_epi16(dot[1], widen_pair(scales, b + 2));
+            let p2 = _mm256_madd_epi16(dot[2], widen_pair(scales, b + 4));
+            let p3 = _mm256_madd_epi16(dot[3], widen_pair(scales, b + 6));
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p0, p2));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p1, p3));
         }
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
@@ -380,11 +396,11 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let q3 = &xb[QS + 16 * k..QS + 16 * k + 16];
             let q2_1 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[j] as usize]));
             let q2_2 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[8 + j] as usize]));
-            let a0 = rd_u32(xb, GAS + 8 * k);
-            let a1 = rd_u32(xb, GAS + 8 * k + 4);
-            let s = |a: u32, s: u32| KEVEN_SIGNS[((a >> s) & 127) as usize];
-            let s2_1 = set4(s(a0, 0), s(a0, 7), s(a0, 14), s(a0, 21));
-            let s2_2 = set4(s(a1, 0), s(a1, 7), s(a1, 14), s(a1, 21));
+            let w = rd_u64(xb, GAS + 8 * k);
+            let s = |sh: u32| KEVEN_SIGNS[((w >> sh) & 127) as usize];
+            let s2_1 = set4(s(0), s(7), s(14), s(21));
+            let s2_2 = set4(s(32), s(39), s(46), s(53));
+            let (a0, a1) = (w as u32, (w >> 32) as u32);
             let dot1 = _mm256_maddubs_epi16(q2_1, _mm256_sign_epi8(q8_1, s2_1));
             let dot2 = _mm256_maddubs_epi16(q2_2, _mm256_sign_epi8(q8_2, s2_2));
             let ls1 = (2 * (a0 >> 28) + 1) as i16;
@@ -499,6 +515,14 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     // Per 64-bit lane: the 3-bit scales of even sub-blocks' first halves, odd sub-blocks' first
     // halves (low 128 bits), then the second halves (high 128 bits).
     let scales_shift = _mm256_set_epi64x(9, 3, 6, 0);
+    let delta_shuf1 = _mm256_set_epi64x(0x0101_0101_0101_0101, 0x0101_0101_0101_0101, 0, 0);
+    let delta_shuf2 = _mm256_add_epi8(delta_shuf1, _mm256_set1_epi8(2));
+    let delta_bit = _mm256_set_epi64x(
+        0x8080_8080_8080_8080u64 as i64,
+        0x0808_0808_0808_0808,
+        0x8080_8080_8080_8080u64 as i64,
+        0x0808_0808_0808_0808,
+    );
     let mut accum1 = _mm256_setzero_ps();
     let mut accum2 = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
@@ -519,11 +543,12 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             };
             let q1b_1 = set4(g(0), g(1), g(2), g(3));
             let q1b_2 = set4(g(4), g(5), g(6), g(7));
-            let dl = |h: u8, bit: u8| -> u64 {
-                if h & bit != 0 { 0xffff_ffff_ffff_ffff } else { 0x0101_0101_0101_0101 }
-            };
-            let delta1 = set4(dl(qh[0], 0x08), dl(qh[0], 0x80), dl(qh[1], 0x08), dl(qh[1], 0x80));
-            let delta2 = set4(dl(qh[2], 0x08), dl(qh[2], 0x80), dl(qh[3], 0x08), dl(qh[3], 0x80));
+            // Group l's delta sign is bit 3 (even l) or 7 (odd l) of qh[l / 2]: -1 or +1 bytes.
+            let qh32 = _mm256_set1_epi32(rd_u32(xb, QH + 2 * ib) as i32);
+            let bits1 = _mm256_and_si256(_mm256_shuffle_epi8(qh32, delta_shuf1), delta_bit);
+            let bits2 = _mm256_and_si256(_mm256_shuffle_epi8(qh32, delta_shuf2), delta_bit);
+            let delta1 = _mm256_or_si256(_mm256_cmpeq_epi8(bits1, delta_bit), mone8);
+            let delta2 = _mm256_or_si256(_mm256_cmpeq_epi8(bits2, delta_bit), mone8);
             let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
             let q8b_2 = load256(yb, Q8K_QS + 32 * ib + 32);
             let dot1 = mul_add_epi8(q1b_1, q8b_1);
