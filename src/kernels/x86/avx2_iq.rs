@@ -117,14 +117,20 @@ fn load128(b: &[u8], off: usize) -> __m128i {
     unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
 }
 
+// Little-endian scalars at any alignment. Copying a whole sub-slice (rather than gathering
+// bytes) lets the compiler emit one load.
 #[inline(always)]
 fn rd_u16(b: &[u8], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b[off..off + 2]);
+    u16::from_le_bytes(a)
 }
 
 #[inline(always)]
 fn rd_u32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
 }
 
 #[inline(always)]
@@ -139,11 +145,23 @@ fn rd_f32(b: &[u8], off: usize) -> f32 {
     f32::from_bits(rd_u32(b, off))
 }
 
-/// IEEE half to single with the F16C instruction (ggml's `GGML_CPU_FP16_TO_FP32` on x86).
+/// The IEEE half in the low 16 bits of `w` as f32, with the F16C instruction (ggml's
+/// `GGML_CPU_FP16_TO_FP32` on x86).
+///
+/// The move into the vector register is written out: from `_mm_cvtsi32_si128` the compiler emits
+/// a 16-bit `vpinsrw`, which merges into (and so waits for) whatever register it picks, often the
+/// accumulator, and that chains every block's scale behind the previous block's `fmadd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn fp16(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+fn fp16(w: u32) -> f32 {
+    let v: __m128i;
+    // SAFETY: `vmovd` only reads a general register and writes a vector register; it touches no
+    // memory, stack or flags, and AVX is enabled for this function.
+    unsafe {
+        std::arch::asm!("vmovd {v}, {w:e}", v = out(xmm_reg) v, w = in(reg) w,
+            options(pure, nomem, nostack, preserves_flags));
+    }
+    _mm_cvtss_f32(_mm_cvtph_ps(v))
 }
 
 /// ggml's `hsum_float_8`, in its order.
@@ -168,23 +186,24 @@ fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn set4(a: u64, b: u64, c: u64, d: u64) -> __m256i {
-    _mm256_set_epi64x(d as i64, c as i64, b as i64, a as i64)
+    // Inserts rather than `_mm256_set_epi64x`: they take the table entries straight from memory
+    // (`vpinsrq` with a memory operand) and keep fewer registers live.
+    let lo = _mm_insert_epi64(_mm_cvtsi64_si128(a as i64), b as i64, 1);
+    let hi = _mm_insert_epi64(_mm_cvtsi64_si128(c as i64), d as i64, 1);
+    _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1)
 }
 
 /// Eight 32-bit table entries as one vector, lowest first.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn set8(v: [u32; 8]) -> __m256i {
-    _mm256_set_epi32(
-        v[7] as i32,
-        v[6] as i32,
-        v[5] as i32,
-        v[4] as i32,
-        v[3] as i32,
-        v[2] as i32,
-        v[1] as i32,
-        v[0] as i32,
-    )
+    let half = |v: &[u32]| {
+        let x = _mm_cvtsi32_si128(v[0] as i32);
+        let x = _mm_insert_epi32(x, v[1] as i32, 1);
+        let x = _mm_insert_epi32(x, v[2] as i32, 2);
+        _mm_insert_epi32(x, v[3] as i32, 3)
+    };
+    _mm256_inserti128_si256(_mm256_castsi128_si256(half(&v[..4])), half(&v[4..]), 1)
 }
 
 /// The 32 sign bits in `bits` (bit `k` for byte `k`) as a byte mask, 0xff where set.
@@ -225,7 +244,7 @@ fn iq2_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const QS: usize = offset_of!(BlockIQ2XXS, qs);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
         for k in 0..QK_K / 64 {
@@ -279,7 +298,7 @@ fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut gindex = [0u16; 16];
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         // Sub-block scales 2*s+1, interleaved: byte 2i the low nibble of sub-block i, 2i+1 the high.
         let stmp = _mm_set1_epi64x(rd_u64(xb, SCALES) as i64);
         let stmp =
@@ -342,7 +361,7 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let m4 = _mm_set1_epi8(0xf);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let aux64 = rd_u64(xb, SCALES);
         // i16 lane i: 2*low nibble of scale i + 1; lane 8+i: the same for the high nibble.
         let scales8 = _mm_add_epi8(
@@ -387,7 +406,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const GAS: usize = QS + QK_K / 4;
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
         for k in 0..QK_K / 64 {
@@ -426,7 +445,7 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const SCALES: usize = offset_of!(BlockIQ3S, scales);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
         for ib32 in (0..QK_K / 32).step_by(2) {
@@ -493,7 +512,7 @@ fn iq1_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sgn(h1) * ls1 as i32
                 + (bs(2 * ib + 2) + bs(2 * ib + 3)) * sgn(h2) * ls2 as i32;
         }
-        let d = rd_f32(yb, 0) * fp16(rd_u16(xb, 0));
+        let d = rd_f32(yb, 0) * fp16(rd_u32(xb, 0));
         accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum);
         accum1 += d * sumi1 as f32;
     }
@@ -565,7 +584,7 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p1, p2));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p3, p4));
         }
-        let d = _mm256_set1_ps(rd_f32(yb, 0) * fp16(scale));
+        let d = _mm256_set1_ps(rd_f32(yb, 0) * fp16(scale as u32));
         accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), accum1);
         accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), accum2);
     }
@@ -605,8 +624,8 @@ fn iq4_nl_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let q8b_2 = load256(yb, Q8_0_SIZE + Y_QS);
         let p_1 = _mm256_madd_epi16(mul_add_epi8(q4b_1, q8b_1), mone);
         let p_2 = _mm256_madd_epi16(mul_add_epi8(q4b_2, q8b_2), mone);
-        let d1 = fp16(rd_u16(yb, 0)) * fp16(rd_u16(xb, 0));
-        let d2 = fp16(rd_u16(yb, Q8_0_SIZE)) * fp16(rd_u16(xb, XS));
+        let d1 = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
+        let d2 = fp16(rd_u32(yb, Q8_0_SIZE)) * fp16(rd_u32(xb, XS));
         accum1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p_1), accum1);
         accum2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), _mm256_cvtepi32_ps(p_2), accum2);
     }
@@ -615,7 +634,7 @@ fn iq4_nl_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     if let (Some(xb), Some(yb)) =
         (pairs_x.remainder().get(..XS), pairs_y.remainder().get(..Q8_0_SIZE))
     {
-        let d = fp16(rd_u16(yb, 0)) * fp16(rd_u16(xb, 0));
+        let d = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
         let (mut sumi1, mut sumi2) = (0i32, 0i32);
         for j in 0..QK4_NL / 2 {
             let q = xb[QS + j];
@@ -662,7 +681,7 @@ fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(p16_1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(p16_2, _mm256_set1_epi16(ls2)));
         }
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accum = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accum);
     }
