@@ -308,10 +308,9 @@ fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let mut sumi2 = _mm256_setzero_si256();
         for k in 0..QK_K / 128 {
             let q2_data = load256(xb, QS + 32 * k);
-            // The 16 grid indices go through memory: loading them back is cheaper than extracting
-            // each from the vector or unpacking them with scalar shifts.
+            // The 16 grid indices, masked in one vector operation (as ggml does).
             store256(&mut gindex, _mm256_and_si256(q2_data, m511));
-            let gi = std::hint::black_box(&gindex);
+            let gi = &gindex;
             // Sign bits 9..15 of each index word, plus their parity as bit 7.
             let partial = _mm256_srli_epi16(q2_data, 9);
             let upper = _mm256_srli_epi16(q2_data, 13);
