@@ -530,6 +530,7 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mask = _mm256_set1_epi16(0x7);
     let mone = _mm256_set1_epi16(1);
     let mone8 = _mm256_set1_epi8(1);
+    let mtwo8 = _mm256_set1_epi8(2);
     // Per 64-bit lane: the 3-bit scales of even sub-blocks' first halves, odd sub-blocks' first
     // halves (low 128 bits), then the second halves (high 128 bits).
     let scales_shift = _mm256_set_epi64x(9, 3, 6, 0);
@@ -550,6 +551,10 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
         let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64 as i64), scales_shift);
         let scales = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(scales, mask), 1), mone);
+        // Shuffles repeating i16 lane ib/2 (first halves) and 4 + ib/2 (second halves) of each
+        // 128-bit half, moved on by one lane per step.
+        let mut scales_idx1 = _mm256_set1_epi16(0x0100);
+        let mut scales_idx2 = _mm256_set1_epi16(0x0908);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
         for ib in (0..QK_K / 32).step_by(2) {
@@ -573,9 +578,10 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let dot2 = mul_add_epi8(q1b_2, q8b_2);
             let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_1, delta1));
             let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_2, delta2));
-            let k = ib as i16;
-            let scale1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((k + 1) << 8) | k));
-            let scale2 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((k + 9) << 8) | (k + 8)));
+            let scale1 = _mm256_shuffle_epi8(scales, scales_idx1);
+            let scale2 = _mm256_shuffle_epi8(scales, scales_idx2);
+            scales_idx1 = _mm256_add_epi8(scales_idx1, mtwo8);
+            scales_idx2 = _mm256_add_epi8(scales_idx2, mtwo8);
             let p1 = _mm256_madd_epi16(dot1, scale1);
             let p2 = _mm256_madd_epi16(dot2, scale2);
             let p3 = _mm256_madd_epi16(dot3, scale1);
