@@ -9,7 +9,8 @@
 //!
 //! Blocks are read straight from the byte slices, which may have any alignment: vectors with
 //! `loadu`, scalars with `from_le_bytes`. Each kernel walks `chunks_exact` of the block sizes, so a
-//! wrong length can only shorten the walk, never read out of bounds.
+//! wrong length can only shorten the walk, never read out of bounds. The unsafe code is the
+//! bounds-checked `loadu`/`storeu` helpers, one `vmovd` in `fp16` and the wrappers' calls.
 
 // ggml's names (`vec_dot_iq2_xxs_q8_K`) so the code reads next to ggml's.
 #![allow(non_snake_case)]
@@ -186,8 +187,7 @@ fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn set4(a: u64, b: u64, c: u64, d: u64) -> __m256i {
-    // Inserts rather than `_mm256_set_epi64x`: they take the table entries straight from memory
-    // (`vpinsrq` with a memory operand) and keep fewer registers live.
+    // Two 128-bit halves, then one lane insert: the shape ggml's `_mm256_set_epi64x` compiles to.
     let lo = _mm_insert_epi64(_mm_cvtsi64_si128(a as i64), b as i64, 1);
     let hi = _mm_insert_epi64(_mm_cvtsi64_si128(c as i64), d as i64, 1);
     _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1)
