@@ -64,6 +64,17 @@ safe_wrappers! {
     vec_dot_iq4_xs_q8_K => iq4_xs_avx2;
 }
 
+/// Runs `$body` once for each listed value of `$k`, written out: the compiler keeps these short
+/// loops rolled, while ggml's unrolls them, and unrolled every offset and shuffle is a constant.
+macro_rules! unroll {
+    ($k:ident in [$($v:literal),*] $body:block) => {{
+        $({
+            let $k: usize = $v;
+            $body
+        })*
+    }};
+}
+
 // Byte offsets inside the blocks (the structs are `repr(C)` copies of ggml-common.h).
 const Q8K_SIZE: usize = size_of::<BlockQ8K>();
 const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
@@ -247,7 +258,7 @@ fn iq2_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for k in 0..QK_K / 64 {
+        unroll!(k in [0, 1, 2, 3] {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
             // Two sub-blocks: per sub-block a word of 4 grid bytes, then 4x7 sign bits and a scale.
@@ -266,7 +277,7 @@ fn iq2_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let ls2 = (2 * (a3 >> 28) + 1) as i16;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -370,7 +381,7 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let scales16 = _mm256_cvtepi8_epi16(scales8);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib32 in (0..QK_K / 32).step_by(2) {
+        unroll!(ib32 in [0, 2, 4, 6] {
             let q8_1 = load256(yb, Q8K_QS + 32 * ib32);
             let q8_2 = load256(yb, Q8K_QS + 32 * ib32 + 32);
             let qs = &xb[QS + 4 * ib32..QS + 4 * ib32 + 8];
@@ -388,7 +399,7 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let p2 = _mm256_madd_epi16(dot2, _mm256_shuffle_epi8(scales16, sh2));
             sumi1 = _mm256_add_epi32(sumi1, p1);
             sumi2 = _mm256_add_epi32(sumi2, p2);
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -408,7 +419,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for k in 0..QK_K / 64 {
+        unroll!(k in [0, 1, 2, 3] {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
             let q3 = &xb[QS + 16 * k..QS + 16 * k + 16];
@@ -425,7 +436,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let ls2 = (2 * (a1 >> 28) + 1) as i16;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -447,7 +458,7 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib32 in (0..QK_K / 32).step_by(2) {
+        unroll!(ib32 in [0, 2, 4, 6] {
             let q8_1 = load256(yb, Q8K_QS + 32 * ib32);
             let q8_2 = load256(yb, Q8K_QS + 32 * ib32 + 32);
             let qs = &xb[QS + 8 * ib32..QS + 8 * ib32 + 16];
@@ -467,7 +478,7 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let ls2 = 2 * (sc >> 4) as i16 + 1;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -557,7 +568,7 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let mut scales_idx2 = _mm256_set1_epi16(0x0908);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib in (0..QK_K / 32).step_by(2) {
+        unroll!(ib in [0, 2, 4, 6] {
             let qs = &xb[QS + 4 * ib..QS + 4 * ib + 8];
             let qh = &xb[QH + 2 * ib..QH + 2 * ib + 4];
             let g = |l: usize| {
@@ -588,7 +599,7 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let p4 = _mm256_madd_epi16(dot4, scale2);
             sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p1, p2));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p3, p4));
-        }
+        });
         let d = _mm256_set1_ps(rd_f32(yb, 0) * fp16(scale as u32));
         accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), accum1);
         accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), accum2);
@@ -672,7 +683,7 @@ fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let mut sh = rd_u16(xb, SCALES_H);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib in (0..QK_K / 32).step_by(2) {
+        unroll!(ib in [0, 2, 4, 6] {
             let q4b_1 = iq4_values(values, load128(xb, QS + 16 * ib));
             let q4b_2 = iq4_values(values, load128(xb, QS + 16 * ib + 16));
             let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
@@ -685,7 +696,7 @@ fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             sh >>= 4;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(p16_1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(p16_2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accum = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accum);
