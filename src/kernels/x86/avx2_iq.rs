@@ -9,7 +9,8 @@
 //!
 //! Blocks are read straight from the byte slices, which may have any alignment: vectors with
 //! `loadu`, scalars with `from_le_bytes`. Each kernel walks `chunks_exact` of the block sizes, so a
-//! wrong length can only shorten the walk, never read out of bounds.
+//! wrong length can only shorten the walk, never read out of bounds. The unsafe code is the
+//! bounds-checked `loadu`/`storeu` helpers, one `vmovd` in `fp16` and the wrappers' calls.
 
 // ggml's names (`vec_dot_iq2_xxs_q8_K`) so the code reads next to ggml's.
 #![allow(non_snake_case)]
@@ -63,6 +64,17 @@ safe_wrappers! {
     vec_dot_iq4_xs_q8_K => iq4_xs_avx2;
 }
 
+/// Runs `$body` once for each listed value of `$k`, written out: the compiler keeps these short
+/// loops rolled, while ggml's unrolls them, and unrolled every offset and shuffle is a constant.
+macro_rules! unroll {
+    ($k:ident in [$($v:literal),*] $body:block) => {{
+        $({
+            let $k: usize = $v;
+            $body
+        })*
+    }};
+}
+
 // Byte offsets inside the blocks (the structs are `repr(C)` copies of ggml-common.h).
 const Q8K_SIZE: usize = size_of::<BlockQ8K>();
 const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
@@ -100,6 +112,14 @@ fn load256(b: &[u8], off: usize) -> __m256i {
     unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
 }
 
+/// Stores a vector into 16 u16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn store256(dst: &mut [u16; 16], v: __m256i) {
+    // SAFETY: `dst` is 32 writable bytes; `storeu` needs no alignment.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
+}
+
 /// 16 bytes of `b` from `off` as a vector (any alignment).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -109,14 +129,20 @@ fn load128(b: &[u8], off: usize) -> __m128i {
     unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
 }
 
+// Little-endian scalars at any alignment. Copying a whole sub-slice (rather than gathering
+// bytes) lets the compiler emit one load.
 #[inline(always)]
 fn rd_u16(b: &[u8], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b[off..off + 2]);
+    u16::from_le_bytes(a)
 }
 
 #[inline(always)]
 fn rd_u32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
 }
 
 #[inline(always)]
@@ -131,11 +157,23 @@ fn rd_f32(b: &[u8], off: usize) -> f32 {
     f32::from_bits(rd_u32(b, off))
 }
 
-/// IEEE half to single with the F16C instruction (ggml's `GGML_CPU_FP16_TO_FP32` on x86).
+/// The IEEE half in the low 16 bits of `w` as f32, with the F16C instruction (ggml's
+/// `GGML_CPU_FP16_TO_FP32` on x86).
+///
+/// The move into the vector register is written out: from `_mm_cvtsi32_si128` the compiler emits
+/// a 16-bit `vpinsrw`, which merges into (and so waits for) whatever register it picks, often the
+/// accumulator, and that chains every block's scale behind the previous block's `fmadd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn fp16(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+fn fp16(w: u32) -> f32 {
+    let v: __m128i;
+    // SAFETY: `vmovd` only reads a general register and writes a vector register; it touches no
+    // memory, stack or flags, and AVX is enabled for this function.
+    unsafe {
+        std::arch::asm!("vmovd {v}, {w:e}", v = out(xmm_reg) v, w = in(reg) w,
+            options(pure, nomem, nostack, preserves_flags));
+    }
+    _mm_cvtss_f32(_mm_cvtph_ps(v))
 }
 
 /// ggml's `hsum_float_8`, in its order.
@@ -160,23 +198,23 @@ fn mul_add_epi8(x: __m256i, y: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn set4(a: u64, b: u64, c: u64, d: u64) -> __m256i {
-    _mm256_set_epi64x(d as i64, c as i64, b as i64, a as i64)
+    // Two 128-bit halves, then one lane insert: the shape ggml's `_mm256_set_epi64x` compiles to.
+    let lo = _mm_insert_epi64(_mm_cvtsi64_si128(a as i64), b as i64, 1);
+    let hi = _mm_insert_epi64(_mm_cvtsi64_si128(c as i64), d as i64, 1);
+    _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1)
 }
 
 /// Eight 32-bit table entries as one vector, lowest first.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn set8(v: [u32; 8]) -> __m256i {
-    _mm256_set_epi32(
-        v[7] as i32,
-        v[6] as i32,
-        v[5] as i32,
-        v[4] as i32,
-        v[3] as i32,
-        v[2] as i32,
-        v[1] as i32,
-        v[0] as i32,
-    )
+    let half = |v: &[u32]| {
+        let x = _mm_cvtsi32_si128(v[0] as i32);
+        let x = _mm_insert_epi32(x, v[1] as i32, 1);
+        let x = _mm_insert_epi32(x, v[2] as i32, 2);
+        _mm_insert_epi32(x, v[3] as i32, 3)
+    };
+    _mm256_inserti128_si256(_mm256_castsi128_si256(half(&v[..4])), half(&v[4..]), 1)
 }
 
 /// The 32 sign bits in `bits` (bit `k` for byte `k`) as a byte mask, 0xff where set.
@@ -188,6 +226,17 @@ fn sign_mask_32(bits: u32) -> __m256i {
     let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf), sel);
     _mm256_cmpeq_epi8(b, sel)
+}
+
+/// Bytes `b` and `b + 1` of `v` as i16, each repeated over 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn widen_pair(v: __m128i, b: u64) -> __m256i {
+    let pick = _mm_set_epi64x(
+        ((b + 1) * 0x0101_0101_0101_0101) as i64,
+        (b * 0x0101_0101_0101_0101) as i64,
+    );
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(v, pick))
 }
 
 /// `q8` with the bytes negated where `mask` is 0xff.
@@ -206,29 +255,29 @@ fn iq2_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const QS: usize = offset_of!(BlockIQ2XXS, qs);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for k in 0..QK_K / 64 {
+        unroll!(k in [0, 1, 2, 3] {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
-            let a0 = rd_u32(xb, QS + 16 * k);
-            let a1 = rd_u32(xb, QS + 16 * k + 4);
-            let a2 = rd_u32(xb, QS + 16 * k + 8);
-            let a3 = rd_u32(xb, QS + 16 * k + 12);
-            let g = |a: u32, s: u32| IQ2XXS_GRID[(a >> s) as u8 as usize];
-            let q2_1 = set4(g(a0, 0), g(a0, 8), g(a0, 16), g(a0, 24));
-            let q2_2 = set4(g(a2, 0), g(a2, 8), g(a2, 16), g(a2, 24));
-            let s = |a: u32, s: u32| KEVEN_SIGNS[((a >> s) & 127) as usize];
-            let s2_1 = set4(s(a1, 0), s(a1, 7), s(a1, 14), s(a1, 21));
-            let s2_2 = set4(s(a3, 0), s(a3, 7), s(a3, 14), s(a3, 21));
+            // Two sub-blocks: per sub-block a word of 4 grid bytes, then 4x7 sign bits and a scale.
+            let w1 = rd_u64(xb, QS + 16 * k);
+            let w2 = rd_u64(xb, QS + 16 * k + 8);
+            let g = |w: u64, j: u32| IQ2XXS_GRID[(w >> (8 * j)) as u8 as usize];
+            let q2_1 = set4(g(w1, 0), g(w1, 1), g(w1, 2), g(w1, 3));
+            let q2_2 = set4(g(w2, 0), g(w2, 1), g(w2, 2), g(w2, 3));
+            let s = |w: u64, j: u32| KEVEN_SIGNS[((w >> (32 + 7 * j)) & 127) as usize];
+            let s2_1 = set4(s(w1, 0), s(w1, 1), s(w1, 2), s(w1, 3));
+            let s2_2 = set4(s(w2, 0), s(w2, 1), s(w2, 2), s(w2, 3));
+            let (a1, a3) = ((w1 >> 32) as u32, (w2 >> 32) as u32);
             let dot1 = _mm256_maddubs_epi16(q2_1, _mm256_sign_epi8(q8_1, s2_1));
             let dot2 = _mm256_maddubs_epi16(q2_2, _mm256_sign_epi8(q8_2, s2_2));
             let ls1 = (2 * (a1 >> 28) + 1) as i16;
             let ls2 = (2 * (a3 >> 28) + 1) as i16;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -255,10 +304,12 @@ fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         _mm256_set_epi64x(0x0606_0606_0606_0606, 0x0404_0404_0404_0404, 0x0202_0202_0202_0202, 0);
     let sign_shuffle_2 = _mm256_add_epi8(sign_shuffle_1, _mm256_set1_epi8(8));
     let bit_sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let m511 = _mm256_set1_epi16(511);
     let m4 = _mm_set1_epi8(0xf);
+    let mut gindex = [0u16; 16];
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         // Sub-block scales 2*s+1, interleaved: byte 2i the low nibble of sub-block i, 2i+1 the high.
         let stmp = _mm_set1_epi64x(rd_u64(xb, SCALES) as i64);
         let stmp =
@@ -268,44 +319,38 @@ fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let mut sumi2 = _mm256_setzero_si256();
         for k in 0..QK_K / 128 {
             let q2_data = load256(xb, QS + 32 * k);
-            // Sign bits 9..15 of each index word, plus the parity bit as bit 7.
+            // The 16 grid indices, masked in one vector operation (as ggml does).
+            store256(&mut gindex, _mm256_and_si256(q2_data, m511));
+            let gi = &gindex;
+            // Sign bits 9..15 of each index word, plus their parity as bit 7.
             let partial = _mm256_srli_epi16(q2_data, 9);
             let upper = _mm256_srli_epi16(q2_data, 13);
             let odd = _mm256_shuffle_epi8(bit_helper, _mm256_xor_si256(partial, upper));
             let full = _mm256_or_si256(partial, odd);
-            let full_1 = _mm256_permute4x64_epi64(full, 0x44);
-            let full_2 = _mm256_permute4x64_epi64(full, 0xee);
-            let g = |j: usize| IQ2XS_GRID[(rd_u16(xb, QS + 32 * k + 2 * j) & 511) as usize];
-            let q2 = [
-                set4(g(0), g(1), g(2), g(3)),
-                set4(g(4), g(5), g(6), g(7)),
-                set4(g(8), g(9), g(10), g(11)),
-                set4(g(12), g(13), g(14), g(15)),
-            ];
+            let full_1 = _mm256_permute2x128_si256(full, full, 0x00);
+            let full_2 = _mm256_permute2x128_si256(full, full, 0x11);
             let signs = [
                 _mm256_shuffle_epi8(full_1, sign_shuffle_1),
                 _mm256_shuffle_epi8(full_1, sign_shuffle_2),
                 _mm256_shuffle_epi8(full_2, sign_shuffle_1),
                 _mm256_shuffle_epi8(full_2, sign_shuffle_2),
             ];
+            let g = |j: usize| IQ2XS_GRID[(gi[j] & 511) as usize];
+            let mut dot = [_mm256_setzero_si256(); 4];
             for j in 0..4 {
+                let q2 = set4(g(4 * j), g(4 * j + 1), g(4 * j + 2), g(4 * j + 3));
                 let q8 = load256(yb, Q8K_QS + 128 * k + 32 * j);
                 let neg = _mm256_cmpeq_epi8(_mm256_and_si256(signs[j], bit_sel), bit_sel);
-                let dot = _mm256_maddubs_epi16(q2[j], apply_sign(q8, neg));
-                // Sub-block 4k+j: its low-nibble scale for the first 16 values, high for the rest.
-                let ib = (4 * k + j) as u64;
-                let pick = _mm_set_epi64x(
-                    ((2 * ib + 1) * 0x0101_0101_0101_0101) as i64,
-                    (2 * ib * 0x0101_0101_0101_0101) as i64,
-                );
-                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                let p = _mm256_madd_epi16(dot, sc);
-                if j % 2 == 0 {
-                    sumi1 = _mm256_add_epi32(sumi1, p);
-                } else {
-                    sumi2 = _mm256_add_epi32(sumi2, p);
-                }
+                dot[j] = _mm256_maddubs_epi16(q2, apply_sign(q8, neg));
             }
+            // Sub-block 4k+j: its low-nibble scale for the first 16 values, high for the rest.
+            let b = 8 * k as u64;
+            let p0 = _mm256_madd_epi16(dot[0], widen_pair(scales, b));
+            let p1 = _mm256_madd_epi16(dot[1], widen_pair(scales, b + 2));
+            let p2 = _mm256_madd_epi16(dot[2], widen_pair(scales, b + 4));
+            let p3 = _mm256_madd_epi16(dot[3], widen_pair(scales, b + 6));
+            sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p0, p2));
+            sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p1, p3));
         }
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
@@ -326,7 +371,7 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let m4 = _mm_set1_epi8(0xf);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let aux64 = rd_u64(xb, SCALES);
         // i16 lane i: 2*low nibble of scale i + 1; lane 8+i: the same for the high nibble.
         let scales8 = _mm_add_epi8(
@@ -336,7 +381,7 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let scales16 = _mm256_cvtepi8_epi16(scales8);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib32 in (0..QK_K / 32).step_by(2) {
+        unroll!(ib32 in [0, 2, 4, 6] {
             let q8_1 = load256(yb, Q8K_QS + 32 * ib32);
             let q8_2 = load256(yb, Q8K_QS + 32 * ib32 + 32);
             let qs = &xb[QS + 4 * ib32..QS + 4 * ib32 + 8];
@@ -354,7 +399,7 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let p2 = _mm256_madd_epi16(dot2, _mm256_shuffle_epi8(scales16, sh2));
             sumi1 = _mm256_add_epi32(sumi1, p1);
             sumi2 = _mm256_add_epi32(sumi2, p2);
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -371,27 +416,27 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const GAS: usize = QS + QK_K / 4;
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for k in 0..QK_K / 64 {
+        unroll!(k in [0, 1, 2, 3] {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
             let q3 = &xb[QS + 16 * k..QS + 16 * k + 16];
             let q2_1 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[j] as usize]));
             let q2_2 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[8 + j] as usize]));
-            let a0 = rd_u32(xb, GAS + 8 * k);
-            let a1 = rd_u32(xb, GAS + 8 * k + 4);
-            let s = |a: u32, s: u32| KEVEN_SIGNS[((a >> s) & 127) as usize];
-            let s2_1 = set4(s(a0, 0), s(a0, 7), s(a0, 14), s(a0, 21));
-            let s2_2 = set4(s(a1, 0), s(a1, 7), s(a1, 14), s(a1, 21));
+            let w = rd_u64(xb, GAS + 8 * k);
+            let s = |sh: u32| KEVEN_SIGNS[((w >> sh) & 127) as usize];
+            let s2_1 = set4(s(0), s(7), s(14), s(21));
+            let s2_2 = set4(s(32), s(39), s(46), s(53));
+            let (a0, a1) = (w as u32, (w >> 32) as u32);
             let dot1 = _mm256_maddubs_epi16(q2_1, _mm256_sign_epi8(q8_1, s2_1));
             let dot2 = _mm256_maddubs_epi16(q2_2, _mm256_sign_epi8(q8_2, s2_2));
             let ls1 = (2 * (a0 >> 28) + 1) as i16;
             let ls2 = (2 * (a1 >> 28) + 1) as i16;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -410,10 +455,10 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const SCALES: usize = offset_of!(BlockIQ3S, scales);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib32 in (0..QK_K / 32).step_by(2) {
+        unroll!(ib32 in [0, 2, 4, 6] {
             let q8_1 = load256(yb, Q8K_QS + 32 * ib32);
             let q8_2 = load256(yb, Q8K_QS + 32 * ib32 + 32);
             let qs = &xb[QS + 8 * ib32..QS + 8 * ib32 + 16];
@@ -433,7 +478,7 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let ls2 = 2 * (sc >> 4) as i16 + 1;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
@@ -477,7 +522,7 @@ fn iq1_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sgn(h1) * ls1 as i32
                 + (bs(2 * ib + 2) + bs(2 * ib + 3)) * sgn(h2) * ls2 as i32;
         }
-        let d = rd_f32(yb, 0) * fp16(rd_u16(xb, 0));
+        let d = rd_f32(yb, 0) * fp16(rd_u32(xb, 0));
         accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum);
         accum1 += d * sumi1 as f32;
     }
@@ -496,9 +541,18 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mask = _mm256_set1_epi16(0x7);
     let mone = _mm256_set1_epi16(1);
     let mone8 = _mm256_set1_epi8(1);
+    let mtwo8 = _mm256_set1_epi8(2);
     // Per 64-bit lane: the 3-bit scales of even sub-blocks' first halves, odd sub-blocks' first
     // halves (low 128 bits), then the second halves (high 128 bits).
     let scales_shift = _mm256_set_epi64x(9, 3, 6, 0);
+    let delta_shuf1 = _mm256_set_epi64x(0x0101_0101_0101_0101, 0x0101_0101_0101_0101, 0, 0);
+    let delta_shuf2 = _mm256_add_epi8(delta_shuf1, _mm256_set1_epi8(2));
+    let delta_bit = _mm256_set_epi64x(
+        0x8080_8080_8080_8080u64 as i64,
+        0x0808_0808_0808_0808,
+        0x8080_8080_8080_8080u64 as i64,
+        0x0808_0808_0808_0808,
+    );
     let mut accum1 = _mm256_setzero_ps();
     let mut accum2 = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
@@ -508,9 +562,13 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
         let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64 as i64), scales_shift);
         let scales = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(scales, mask), 1), mone);
+        // Shuffles repeating i16 lane ib/2 (first halves) and 4 + ib/2 (second halves) of each
+        // 128-bit half, moved on by one lane per step.
+        let mut scales_idx1 = _mm256_set1_epi16(0x0100);
+        let mut scales_idx2 = _mm256_set1_epi16(0x0908);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib in (0..QK_K / 32).step_by(2) {
+        unroll!(ib in [0, 2, 4, 6] {
             let qs = &xb[QS + 4 * ib..QS + 4 * ib + 8];
             let qh = &xb[QH + 2 * ib..QH + 2 * ib + 4];
             let g = |l: usize| {
@@ -519,28 +577,30 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             };
             let q1b_1 = set4(g(0), g(1), g(2), g(3));
             let q1b_2 = set4(g(4), g(5), g(6), g(7));
-            let dl = |h: u8, bit: u8| -> u64 {
-                if h & bit != 0 { 0xffff_ffff_ffff_ffff } else { 0x0101_0101_0101_0101 }
-            };
-            let delta1 = set4(dl(qh[0], 0x08), dl(qh[0], 0x80), dl(qh[1], 0x08), dl(qh[1], 0x80));
-            let delta2 = set4(dl(qh[2], 0x08), dl(qh[2], 0x80), dl(qh[3], 0x08), dl(qh[3], 0x80));
+            // Group l's delta sign is bit 3 (even l) or 7 (odd l) of qh[l / 2]: -1 or +1 bytes.
+            let qh32 = _mm256_set1_epi32(rd_u32(xb, QH + 2 * ib) as i32);
+            let bits1 = _mm256_and_si256(_mm256_shuffle_epi8(qh32, delta_shuf1), delta_bit);
+            let bits2 = _mm256_and_si256(_mm256_shuffle_epi8(qh32, delta_shuf2), delta_bit);
+            let delta1 = _mm256_or_si256(_mm256_cmpeq_epi8(bits1, delta_bit), mone8);
+            let delta2 = _mm256_or_si256(_mm256_cmpeq_epi8(bits2, delta_bit), mone8);
             let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
             let q8b_2 = load256(yb, Q8K_QS + 32 * ib + 32);
             let dot1 = mul_add_epi8(q1b_1, q8b_1);
             let dot2 = mul_add_epi8(q1b_2, q8b_2);
             let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_1, delta1));
             let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_2, delta2));
-            let k = ib as i16;
-            let scale1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((k + 1) << 8) | k));
-            let scale2 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((k + 9) << 8) | (k + 8)));
+            let scale1 = _mm256_shuffle_epi8(scales, scales_idx1);
+            let scale2 = _mm256_shuffle_epi8(scales, scales_idx2);
+            scales_idx1 = _mm256_add_epi8(scales_idx1, mtwo8);
+            scales_idx2 = _mm256_add_epi8(scales_idx2, mtwo8);
             let p1 = _mm256_madd_epi16(dot1, scale1);
             let p2 = _mm256_madd_epi16(dot2, scale2);
             let p3 = _mm256_madd_epi16(dot3, scale1);
             let p4 = _mm256_madd_epi16(dot4, scale2);
             sumi1 = _mm256_add_epi32(sumi1, _mm256_add_epi32(p1, p2));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_add_epi32(p3, p4));
-        }
-        let d = _mm256_set1_ps(rd_f32(yb, 0) * fp16(scale));
+        });
+        let d = _mm256_set1_ps(rd_f32(yb, 0) * fp16(scale as u32));
         accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), accum1);
         accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), accum2);
     }
@@ -580,8 +640,8 @@ fn iq4_nl_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let q8b_2 = load256(yb, Q8_0_SIZE + Y_QS);
         let p_1 = _mm256_madd_epi16(mul_add_epi8(q4b_1, q8b_1), mone);
         let p_2 = _mm256_madd_epi16(mul_add_epi8(q4b_2, q8b_2), mone);
-        let d1 = fp16(rd_u16(yb, 0)) * fp16(rd_u16(xb, 0));
-        let d2 = fp16(rd_u16(yb, Q8_0_SIZE)) * fp16(rd_u16(xb, XS));
+        let d1 = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
+        let d2 = fp16(rd_u32(yb, Q8_0_SIZE)) * fp16(rd_u32(xb, XS));
         accum1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p_1), accum1);
         accum2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), _mm256_cvtepi32_ps(p_2), accum2);
     }
@@ -590,7 +650,7 @@ fn iq4_nl_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     if let (Some(xb), Some(yb)) =
         (pairs_x.remainder().get(..XS), pairs_y.remainder().get(..Q8_0_SIZE))
     {
-        let d = fp16(rd_u16(yb, 0)) * fp16(rd_u16(xb, 0));
+        let d = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
         let (mut sumi1, mut sumi2) = (0i32, 0i32);
         for j in 0..QK4_NL / 2 {
             let q = xb[QS + j];
@@ -623,7 +683,7 @@ fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let mut sh = rd_u16(xb, SCALES_H);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for ib in (0..QK_K / 32).step_by(2) {
+        unroll!(ib in [0, 2, 4, 6] {
             let q4b_1 = iq4_values(values, load128(xb, QS + 16 * ib));
             let q4b_2 = iq4_values(values, load128(xb, QS + 16 * ib + 16));
             let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
@@ -636,8 +696,8 @@ fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             sh >>= 4;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(p16_1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(p16_2, _mm256_set1_epi16(ls2)));
-        }
-        let d = fp16(rd_u16(xb, 0)) * rd_f32(yb, 0);
+        });
+        let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accum = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accum);
     }
