@@ -131,6 +131,10 @@ fn vec_dot(ty: DType, n: usize, reps: usize) -> quantgraph::Result<()> {
         DType::F32 | DType::F16 | DType::BF16 => {
             quantgraph::quant::quantize_for_dot(ty, &x, &mut xq)?
         }
+        // iq1_s, iq2_xxs, iq2_xs need an importance matrix: a uniform one.
+        DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS => {
+            quantgraph::quant::quantize_with_imatrix(ty, &x, n, &vec![1.0; n], &mut xq)?
+        }
         _ => quantgraph::quant::quantize(ty, &x, &mut xq)?,
     }
     let vd = ty.vec_dot_type();
