@@ -206,6 +206,9 @@ pub struct KernelTable {
     pub(crate) exp_sub_sum_f32: ExpSubSum,
     pub(crate) f16_to_f32: F16ToF32,
     pub(crate) sum_sq_f64: fn(&[f32]) -> f64,
+    pub(crate) f16_bytes_to_f32: fn(&[u8], &mut [f32]),
+    pub(crate) mad_f16: fn(&mut [f32], &[u8], f32),
+    pub(crate) mad_f32: fn(&mut [f32], &[f32], f32),
 }
 
 impl KernelTable {
@@ -225,6 +228,9 @@ impl KernelTable {
             exp_sub_sum_f32: scalar::exp_sub_sum_f32,
             f16_to_f32: scalar::f16_to_f32,
             sum_sq_f64: scalar::sum_sq_f64,
+            f16_bytes_to_f32: scalar::f16_bytes_to_f32,
+            mad_f16: scalar::mad_f16,
+            mad_f32: scalar::mad_f32,
         };
         for d in DType::ALL {
             let f = crate::quant::format(d);

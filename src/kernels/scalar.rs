@@ -118,6 +118,33 @@ unary_kernels! {
     relu_f32 => relu;
 }
 
+/// f16 values stored as little-endian bytes (any alignment) to f32.
+pub(crate) fn f16_bytes_to_f32(src: &[u8], dst: &mut [f32]) {
+    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *d = crate::quant::util::fp16_to_fp32(u16::from_le_bytes([c[0], c[1]]));
+    }
+}
+
+/// acc[i] += f16(v[i]) * s, with `v` as little-endian bytes (any alignment).
+pub(crate) fn mad_f16(acc: &mut [f32], v: &[u8], s: f32) {
+    for (a, c) in acc.iter_mut().zip(v.chunks_exact(2)) {
+        *a = crate::quant::util::fp16_to_fp32(u16::from_le_bytes([c[0], c[1]])).mul_add(s, *a);
+    }
+}
+
+/// acc[i] += v[i] * s.
+#[inline(always)]
+pub(crate) fn mad_f32_body(acc: &mut [f32], v: &[f32], s: f32) {
+    for (a, &x) in acc.iter_mut().zip(v) {
+        *a = x.mul_add(s, *a);
+    }
+}
+
+/// acc[i] += v[i] * s.
+pub(crate) fn mad_f32(acc: &mut [f32], v: &[f32], s: f32) {
+    mad_f32_body(acc, v, s)
+}
+
 /// f16 bits to f32.
 pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
     for (d, &h) in dst.iter_mut().zip(src) {

@@ -142,7 +142,6 @@ fn attend(
         x += mv;
         // SAFETY: as for k; v has k's dims 1..3.
         let vrow = unsafe { std::slice::from_raw_parts(v.row(ic, ik2, ik3), vrow_bytes) };
-        v_to_f32(vrow, vbuf);
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if x > m {
             ms = (m - x).exp();
@@ -153,8 +152,11 @@ fn attend(
         } else {
             vs = (x - m).exp();
         }
-        for (a, &vv) in acc.iter_mut().zip(vbuf.iter()) {
-            *a = vv.mul_add(vs, *a);
+        if v.dtype == DType::F16 {
+            (kt.mad_f16)(acc, vrow, vs);
+        } else {
+            v_to_f32(vrow, vbuf);
+            (kt.mad_f32)(acc, vbuf, vs);
         }
         s = s * ms + vs;
     }

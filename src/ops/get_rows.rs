@@ -4,7 +4,7 @@
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::quant::util::{bf16_to_fp32, fp16_to_fp32};
+use crate::quant::util::bf16_to_fp32;
 
 /// Converts one row of `n` elements to f32.
 pub(crate) type RowToF32 = fn(src: &[u8], dst: &mut [f32]);
@@ -12,11 +12,6 @@ pub(crate) type RowToF32 = fn(src: &[u8], dst: &mut [f32]);
 fn f32_row(src: &[u8], dst: &mut [f32]) {
     for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
         *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-    }
-}
-fn f16_row(src: &[u8], dst: &mut [f32]) {
-    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = fp16_to_fp32(u16::from_le_bytes([c[0], c[1]]));
     }
 }
 fn bf16_row(src: &[u8], dst: &mut [f32]) {
@@ -29,7 +24,7 @@ fn bf16_row(src: &[u8], dst: &mut [f32]) {
 pub(crate) fn row_converter(dtype: DType) -> Option<RowToF32> {
     match dtype {
         DType::F32 => Some(f32_row),
-        DType::F16 => Some(f16_row),
+        DType::F16 => Some(crate::kernels::table().f16_bytes_to_f32),
         DType::BF16 => Some(bf16_row),
         d => crate::quant::format(d).dequantize,
     }

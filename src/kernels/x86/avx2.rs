@@ -164,6 +164,68 @@ fn f16_to_f32_avx2(src: &[u16], dst: &mut [f32]) {
     }
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f16_bytes_to_f32_avx2(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = (src.len() / 2).min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n: 16 bytes of src and 8 floats of dst are in bounds.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(2 * i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for k in i..n {
+        dst[k] = crate::quant::util::fp16_to_fp32(u16::from_le_bytes([src[2 * k], src[2 * k + 1]]));
+    }
+}
+
+/// f16 little-endian bytes to f32 with F16C.
+pub(crate) fn f16_bytes_to_f32(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { f16_bytes_to_f32_avx2(src, dst) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mad_f16_avx2(acc: &mut [f32], v: &[u8], s: f32) {
+    use std::arch::x86_64::*;
+    let n = (v.len() / 2).min(acc.len());
+    let vs = _mm256_set1_ps(s);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n: 16 bytes of v and 8 floats of acc are in bounds.
+        unsafe {
+            let h = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(2 * i) as *const __m128i));
+            let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+            _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(h, vs, a));
+        }
+        i += 8;
+    }
+    for k in i..n {
+        let h = crate::quant::util::fp16_to_fp32(u16::from_le_bytes([v[2 * k], v[2 * k + 1]]));
+        acc[k] = h.mul_add(s, acc[k]);
+    }
+}
+
+/// acc += f16(v) * s with F16C and FMA.
+pub(crate) fn mad_f16(acc: &mut [f32], v: &[u8], s: f32) {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { mad_f16_avx2(acc, v, s) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn mad_f32_avx2(acc: &mut [f32], v: &[f32], s: f32) {
+    scalar::mad_f32_body(acc, v, s)
+}
+
+/// acc += v * s (AVX2 build of the scalar body).
+pub(crate) fn mad_f32(acc: &mut [f32], v: &[f32], s: f32) {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { mad_f32_avx2(acc, v, s) }
+}
+
 /// f16 bits to f32 with F16C.
 pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
     // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
@@ -347,6 +409,36 @@ mod tests {
                     assert!(((y as f64 - want) / want).abs() < 3e-7, "exp({x}) = {y}, want {want}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn f16_rows_mad_and_sum_sq_match_scalar() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        for n in [0usize, 1, 7, 8, 9, 33, 128] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.913).cos() * 7.0).collect();
+            let h: Vec<u8> =
+                x.iter().flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes()).collect();
+            // Odd byte offset: the kernels must not assume alignment.
+            let mut hb = vec![0u8; h.len() + 1];
+            hb[1..].copy_from_slice(&h);
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            f16_bytes_to_f32(&hb[1..], &mut a);
+            scalar::f16_bytes_to_f32(&h, &mut b);
+            assert_eq!(a, b, "f16 row n={n}");
+            let (mut c, mut d) = (x.clone(), x.clone());
+            mad_f16(&mut c, &hb[1..], 0.37);
+            scalar::mad_f16(&mut d, &h, 0.37);
+            assert_eq!(c, d, "mad_f16 n={n}");
+            let (mut e, mut f) = (x.clone(), x.clone());
+            mad_f32(&mut e, &b, -1.5);
+            scalar::mad_f32(&mut f, &b, -1.5);
+            assert_eq!(e, f, "mad_f32 n={n}");
+            let (p, q) = (sum_sq_f64(&x), scalar::sum_sq_f64(&x));
+            assert!((p - q).abs() <= 1e-12 * q.abs(), "sum_sq n={n}: {p} vs {q}");
         }
     }
 

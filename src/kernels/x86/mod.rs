@@ -17,6 +17,9 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.exp_sub_sum_f32 = avx2::exp_sub_sum_f32;
     t.f16_to_f32 = avx2::f16_to_f32;
     t.sum_sq_f64 = avx2::sum_sq_f64;
+    t.f16_bytes_to_f32 = avx2::f16_bytes_to_f32;
+    t.mad_f16 = avx2::mad_f16;
+    t.mad_f32 = avx2::mad_f32;
     t.set_from_float(crate::dtype::DType::Q8_0, avx2::from_float_q8_0);
     t.set_from_float(crate::dtype::DType::Q8_1, avx2::from_float_q8_1);
     t.gelu_f32 = avx2::gelu_f32;
