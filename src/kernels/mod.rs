@@ -8,6 +8,7 @@
 //! The tier can be forced lower with the environment variable `QUANTGRAPH_ISA=scalar|avx2` (read
 //! once) or with [`set_isa`], so tests can run every tier the machine has in one binary.
 
+pub(crate) mod gemm;
 pub(crate) mod scalar;
 pub(crate) mod tables;
 #[cfg(target_arch = "x86_64")]
@@ -188,6 +189,15 @@ pub(crate) type F16ToF32 = fn(src: &[u16], dst: &mut [f32]);
 /// In-place `x = exp(x - max)` over `n` values, returning the f64 sum (softmax's inner loop).
 pub(crate) type ExpSubSum = unsafe fn(n: usize, dst: *mut f32, max: f32) -> f64;
 
+/// A register tile of dot products: `out[c * x.len() + r] = vec_dot(k, x[r], y[c])` for
+/// `x.len() <= GEMM_MR` weight rows and `y.len() <= GEMM_NR` activation rows in the weight type's
+/// vec-dot type. Each output is bitwise what the same tier's `vec_dot` returns for that pair.
+pub(crate) type GemmFn = fn(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]);
+/// Weight rows per gemm tile.
+pub(crate) const GEMM_MR: usize = 4;
+/// Activation rows (output columns) per gemm tile.
+pub(crate) const GEMM_NR: usize = 2;
+
 const N_TYPES: usize = 43;
 
 /// Function pointers for one ISA tier. Filled once; read through [`table`].
@@ -195,6 +205,7 @@ pub struct KernelTable {
     isa: Isa,
     vec_dot: [Option<VecDotFn>; N_TYPES],
     from_float: [Option<FromFloatFn>; N_TYPES],
+    gemm: [Option<GemmFn>; N_TYPES],
     pub(crate) dot_f32: DotF32,
     pub(crate) add_f32: BinaryF32,
     pub(crate) sub_f32: BinaryF32,
@@ -217,6 +228,7 @@ impl KernelTable {
             isa: Isa::Scalar,
             vec_dot: [None; N_TYPES],
             from_float: [None; N_TYPES],
+            gemm: [None; N_TYPES],
             dot_f32: scalar::dot_f32,
             add_f32: scalar::add_f32,
             sub_f32: scalar::sub_f32,
@@ -241,6 +253,8 @@ impl KernelTable {
                 t.set_from_float(d, v);
             }
         }
+        t.set_gemm(DType::Q4_0, gemm::gemm_q4_0_q8_0);
+        t.set_gemm(DType::Q8_0, gemm::gemm_q8_0_q8_0);
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx2 {
             x86::plug_avx2(&mut t);
@@ -262,6 +276,15 @@ impl KernelTable {
     /// The activation converter into vec-dot type `d`.
     pub(crate) fn activation_converter(&self, d: DType) -> Option<FromFloatFn> {
         self.from_float[d.ggml_id() as usize]
+    }
+
+    /// The register-tile kernel for weights of type `d` against `d.vec_dot_type()`, if any.
+    pub(crate) fn gemm(&self, d: DType) -> Option<GemmFn> {
+        self.gemm[d.ggml_id() as usize]
+    }
+
+    pub(crate) fn set_gemm(&mut self, d: DType, f: GemmFn) {
+        self.gemm[d.ggml_id() as usize] = Some(f);
     }
 
     pub(crate) fn set_vec_dot(&mut self, d: DType, f: VecDotFn) {

@@ -2,10 +2,13 @@
 //! (ggml's ggml_compute_forward_mul_mat). Phase 0 converts b's rows into a's vec-dot type in the
 //! work buffer (all threads); phase 1 hands out 16x16 output tiles through an atomic counter.
 //! Each output is one dot product of the full row, so results do not depend on the thread count.
+//! With two or more columns, types with a register-tile kernel (`KernelTable::gemm`) compute each
+//! 16x16 tile in small blocks that share loads; every output is still bitwise the tier's `vec_dot`.
 
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::{GEMM_MR, GEMM_NR};
 use crate::plan::{ExecNode, TView};
 use std::sync::atomic::Ordering;
 
@@ -90,7 +93,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         return convert(ctx, ith);
     }
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let dot = crate::kernels::table().vec_dot(a.dtype).ok_or_else(|| Error::Unsupported {
+    let table = crate::kernels::table();
+    let dot = table.vec_dot(a.dtype).ok_or_else(|| Error::Unsupported {
         op: "mul_mat",
         backend: "CPU".into(),
         msg: format!("no {} dot product", a.dtype),
@@ -106,6 +110,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     let tiles_n = n.div_ceil(TILE);
     let per_batch = tiles_m * tiles_n;
     let total = per_batch * d.ne[2] * d.ne[3];
+    // Decode (n == 1) keeps the plain dot products; the tile kernels pay off when columns share
+    // weight loads.
+    let gemm = if n >= 2 { table.gemm(a.dtype) } else { None };
     loop {
         let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
         if c >= total {
@@ -117,6 +124,45 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         let (tm, tn) = (t % tiles_m, t / tiles_m);
         let (i0s, i0e) = (tm * TILE, ((tm + 1) * TILE).min(m));
         let (j0, j1) = (tn * TILE, ((tn + 1) * TILE).min(n));
+        if let Some(gemm) = gemm {
+            let b_row = |j: usize| -> &[u8] {
+                // SAFETY: as in the loop below: j < n, and the row is `b_row_bytes` long.
+                unsafe {
+                    let p = if conv {
+                        ctx.work.add(((i3 * b.ne[2] + i2) * b.ne[1] + j) * rb)
+                    } else {
+                        b.row(j, i2, i3)
+                    };
+                    std::slice::from_raw_parts(p, b_row_bytes)
+                }
+            };
+            let a_row = |i: usize| -> &[u8] {
+                // SAFETY: as in the loop below: i < m and the broadcast indices are in range.
+                unsafe { std::slice::from_raw_parts(a.row(i, i2 / r2, i3 / r3), a_row_bytes) }
+            };
+            let mut j = j0;
+            while j < j1 {
+                let nc = (j1 - j).min(GEMM_NR);
+                let ys: [&[u8]; GEMM_NR] = std::array::from_fn(|c| b_row(j + c.min(nc - 1)));
+                let mut i = i0s;
+                while i < i0e {
+                    let nr = (i0e - i).min(GEMM_MR);
+                    let xs: [&[u8]; GEMM_MR] = std::array::from_fn(|r| a_row(i + r.min(nr - 1)));
+                    let mut out = [0.0f32; GEMM_MR * GEMM_NR];
+                    gemm(k, &xs[..nr], &ys[..nc], &mut out);
+                    for c in 0..nc {
+                        for r in 0..nr {
+                            // SAFETY: i + r < i0e <= m and j + c < j1 <= n: the element belongs
+                            // to this tile, which only this worker took.
+                            unsafe { *(dst_elem(d, i + r, j + c, i2, i3)) = out[c * nr + r] };
+                        }
+                    }
+                    i += nr;
+                }
+                j += nc;
+            }
+            continue;
+        }
         for j in j0..j1 {
             // SAFETY: j < n = b.ne[1], (i2, i3) < b's dims 2, 3; the converted row index is b's
             // flat row index, below nrows; rows are `b_row_bytes` long (contiguous per check).

@@ -125,7 +125,7 @@ wrappers! {
 /// # Safety
 /// `p` is valid for reading 2 bytes.
 #[inline(always)]
-unsafe fn rd_u16(p: *const u8) -> u16 {
+pub(super) unsafe fn rd_u16(p: *const u8) -> u16 {
     // SAFETY: the caller guarantees 2 readable bytes; `read_unaligned` needs no alignment.
     unsafe { p.cast::<u16>().read_unaligned() }
 }
@@ -160,7 +160,7 @@ unsafe fn rd_f32(p: *const u8) -> f32 {
 /// `GGML_CPU_FP16_TO_FP32` on an F16C machine (`_cvtsh_ss`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn fp16_to_fp32(h: u16) -> f32 {
+pub(super) fn fp16_to_fp32(h: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
@@ -215,7 +215,7 @@ fn fp16x2_to_fp32(a: u16, b: u16) -> (f32, f32) {
 /// `hsum_float_8`: the horizontal sum of 8 floats in ggml's order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn hsum_float_8(x: __m256) -> f32 {
+pub(super) fn hsum_float_8(x: __m256) -> f32 {
     let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
@@ -235,7 +235,7 @@ fn f32x8_reduce(s: [__m256; 4]) -> f32 {
 /// `bytes_from_nibbles_32`: 16 bytes of nibble pairs to 32 bytes in 0..=15, low nibbles first.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn bytes_from_nibbles_32(packed: __m128i) -> __m256i {
+pub(super) fn bytes_from_nibbles_32(packed: __m128i) -> __m256i {
     let bytes = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
     _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
 }
@@ -266,7 +266,7 @@ fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
 /// `mul_sum_i8_pairs_float`: signed times signed bytes, groups of four summed, as floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
+pub(super) fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
     mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
 

@@ -1,6 +1,7 @@
 //! x86-64 tiers. Each file is one tier with the same function names as `../scalar.rs`.
 
 pub(crate) mod avx2;
+mod avx2_gemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
 
@@ -26,4 +27,5 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.relu_f32 = avx2::relu_f32;
     avx2_quants::plug(t);
     avx2_iq::plug(t);
+    avx2_gemm::plug(t);
 }

@@ -1,0 +1,194 @@
+//! mul_mat of Q8_0 and Q4_0 weights with two or more columns, which runs the register-tile
+//! (gemm) kernels: accuracy against a dequantize-then-f64 reference on odd M/N tails and
+//! broadcasts, thread-count invariance, every ISA tier against the scalar one, and agreement with
+//! one `vec_dot` per output element.
+
+mod common;
+
+use common::{nmse, rand_f32};
+use quantgraph::kernels::{Isa, set_isa, vec_dot_with};
+use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
+use quantgraph::{CpuBackend, DType, Graph, Plan};
+use std::sync::Mutex;
+
+/// `set_isa` is process-wide: tests that switch tiers take this lock.
+static ISA_LOCK: Mutex<()> = Mutex::new(());
+
+const TYPES: [DType; 2] = [DType::Q8_0, DType::Q4_0];
+
+struct Case {
+    ty: DType,
+    ane: [usize; 4],
+    bne: [usize; 4],
+    a_f32: Vec<f32>,
+    a_q: Vec<u8>,
+    b: Vec<f32>,
+}
+
+fn case(ty: DType, ane: [usize; 4], bne: [usize; 4], seed: u64) -> Case {
+    let a_f32 = rand_f32(ane.iter().product(), seed);
+    let mut a_q = vec![0u8; ty.row_size(ane[0]).unwrap() * ane[1..].iter().product::<usize>()];
+    quantize(ty, &a_f32, &mut a_q).unwrap();
+    let b = rand_f32(bne.iter().product(), seed + 1);
+    Case { ty, ane, bne, a_f32, a_q, b }
+}
+
+fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
+    set_isa(isa).unwrap();
+    let be = CpuBackend::with_threads(threads).unwrap();
+    let mut g = Graph::new();
+    let a = g.input(c.ty, &c.ane).unwrap();
+    let b = g.input(DType::F32, &c.bne).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    g.set_output(y);
+    // Guard bytes around every tensor catch a tile writing outside its output.
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
+    p.set_input_bytes(a, &c.a_q).unwrap();
+    p.set_input(b, &c.b).unwrap();
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    let out = p.output::<f32>(y).unwrap().to_vec();
+    set_isa(Isa::best()).unwrap();
+    out
+}
+
+/// `out[i + m * (j + n * (i2 + ne2 * i3))] = sum_k a[k, i, i2 / r2, i3 / r3] * b[k, j, i2, i3]`.
+fn matmul_f64(a: &[f32], ane: [usize; 4], b: &[f32], bne: [usize; 4]) -> Vec<f64> {
+    let (k, m, n) = (ane[0], ane[1], bne[1]);
+    let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
+    let mut out = Vec::with_capacity(m * n * bne[2] * bne[3]);
+    for i3 in 0..bne[3] {
+        for i2 in 0..bne[2] {
+            for j in 0..n {
+                for i in 0..m {
+                    let ar = &a[((i3 / r3 * ane[2] + i2 / r2) * m + i) * k..][..k];
+                    let br = &b[((i3 * bne[2] + i2) * n + j) * k..][..k];
+                    out.push(ar.iter().zip(br).map(|(x, y)| *x as f64 * *y as f64).sum());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn tiers() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+}
+
+fn shapes() -> Vec<([usize; 4], [usize; 4])> {
+    let mut v = Vec::new();
+    for k in [64, 256] {
+        for n in [2, 3, 5, 7, 8, 9, 16] {
+            v.push(([k, 17, 1, 1], [k, n, 1, 1]));
+        }
+    }
+    // Broadcast over dims 2 and 3, and more than one 16x16 tile each way.
+    v.push(([64, 17, 2, 1], [64, 5, 4, 3]));
+    v.push(([256, 37, 1, 2], [256, 19, 3, 2]));
+    v
+}
+
+#[test]
+fn gemm_matches_dequantized_f64_reference_on_odd_tails() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (s, (ane, bne)) in shapes().into_iter().enumerate() {
+            let c = case(ty, ane, bne, 100 + s as u64);
+            let mut a_deq = vec![0f32; c.a_f32.len()];
+            dequantize(ty, &c.a_q, &mut a_deq).unwrap();
+            let want = matmul_f64(&a_deq, ane, &c.b, bne);
+            for isa in tiers() {
+                let got = run(&c, isa, 2);
+                let e = nmse(&got, &want);
+                assert!(e < 5e-4, "{ty} {} {ane:?} x {bne:?}: nmse {e}", isa.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_is_bitwise_identical_for_1_2_3_threads() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (ane, bne) in [([256, 67, 1, 1], [256, 37, 1, 1]), ([64, 17, 2, 1], [64, 9, 4, 1])] {
+            let c = case(ty, ane, bne, 7);
+            for isa in tiers() {
+                let one = run(&c, isa, 1);
+                for threads in [2, 3] {
+                    let got = run(&c, isa, threads);
+                    let same = one.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{ty} {} {ane:?} x {bne:?}: {threads} threads differ",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_tiers_agree_with_scalar() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (s, (ane, bne)) in shapes().into_iter().enumerate() {
+            let c = case(ty, ane, bne, 300 + s as u64);
+            let want = run(&c, Isa::Scalar, 2);
+            // Relative to the output's scale: single elements may cancel to near zero.
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for isa in tiers() {
+                let got = run(&c, isa, 2);
+                for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let rel = (g - w).abs() / scale;
+                    assert!(
+                        rel <= 1e-6,
+                        "{ty} {} {ane:?} x {bne:?} [{idx}]: {g} vs {w}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_one_vec_dot_per_element() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (s, (ane, bne)) in shapes().into_iter().enumerate() {
+            let c = case(ty, ane, bne, 500 + s as u64);
+            let k = ane[0];
+            let (ra, rb) = (ty.row_size(k).unwrap(), DType::Q8_0.row_size(k).unwrap());
+            let mut b_q = vec![0u8; rb * c.b.len() / k];
+            quantize_for_dot(DType::Q8_0, &c.b, &mut b_q).unwrap();
+            let (m, n) = (ane[1], bne[1]);
+            let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
+            for isa in tiers() {
+                let got = run(&c, isa, 2);
+                let mut idx = 0;
+                for i3 in 0..bne[3] {
+                    for i2 in 0..bne[2] {
+                        for j in 0..n {
+                            let yb = &b_q[((i3 * bne[2] + i2) * n + j) * rb..][..rb];
+                            for i in 0..m {
+                                let xa =
+                                    &c.a_q[((i3 / r3 * ane[2] + i2 / r2) * m + i) * ra..][..ra];
+                                let want = vec_dot_with(isa, ty, k, xa, yb).unwrap();
+                                let g = got[idx];
+                                // The tile kernels keep vec_dot's reduction order: equal bits.
+                                assert!(
+                                    g.to_bits() == want.to_bits()
+                                        || (g - want).abs() <= 1e-5 * want.abs(),
+                                    "{ty} {} {ane:?} x {bne:?} ({i}, {j}): {g} vs {want}",
+                                    isa.name()
+                                );
+                                idx += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
