@@ -454,3 +454,26 @@ fn soft_max_ext_with_sinks() {
     let bad = g.input(DType::F32, &[3]).unwrap();
     assert!(g.soft_max_ext_sinks(a, None, bad, 1.0, 0.0).is_err());
 }
+
+#[test]
+fn rope_odd_head_size_with_partial_rotation() {
+    let ne = [33usize, 2, 3, 1];
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        let p = RopeParams::new(16, mode, 10000.0);
+        let mut g = Graph::new();
+        let a = g.input(DType::F32, &ne).unwrap();
+        let pos = g.input(DType::I32, &[3]).unwrap();
+        let y = g.rope_ext(a, pos, None, p).unwrap();
+        g.set_output(y);
+        let x = rand_f32(ne.iter().product(), 24);
+        let got = compute(g, &[(a, x.clone())], &[(pos, vec![2, 9, 4])], y, 2);
+        let mut want = rope_ref(&x, ne, &[2, 9, 4], None, &p);
+        // Dims past n_dims pass through unchanged.
+        for (k, w) in want.iter_mut().enumerate() {
+            if k % 33 >= 16 {
+                *w = x[k] as f64;
+            }
+        }
+        assert!(nmse(&got, &want) < 1e-7, "{mode:?}");
+    }
+}

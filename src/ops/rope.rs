@@ -42,7 +42,8 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     (node.dst.ne[0] + 16) * 4 * nth
 }
 
-/// Fills `cache[i0], cache[i0 + 1]` with (cos, sin) for pair i0 of a token at `pos`.
+/// Fills `cache[i0 / 2]` (cos) and `cache[ceil(ne0 / 2) + i0 / 2]` (sin) for pair i0 of a token at
+/// `pos`: split halves so the rotation loops read them contiguously.
 fn fill_cache(
     cache: &mut [f32],
     pos: [i32; 4],
@@ -58,8 +59,8 @@ fn fill_cache(
         let mut theta = pos[0] as f32;
         for i0 in (0..ne0).step_by(2) {
             let (c, s) = rope_yarn(theta / factor(i0), p, corr, i0);
-            cache[i0] = c;
-            cache[i0 + 1] = s;
+            cache[i0 / 2] = c;
+            cache[ne0.div_ceil(2) + i0 / 2] = s;
             theta *= theta_scale;
         }
         return;
@@ -105,8 +106,8 @@ fn fill_cache(
             tt
         };
         let (c, s) = rope_yarn(theta / factor(i0), p, corr, i0);
-        cache[i0] = c;
-        cache[i0 + 1] = s;
+        cache[i0 / 2] = c;
+        cache[ne0.div_ceil(2) + i0 / 2] = s;
         tt *= theta_scale;
         th *= theta_scale;
         tw *= theta_scale;
@@ -124,21 +125,20 @@ fn rotate(
     get: impl Fn(usize) -> f32,
     mut put: impl FnMut(usize, f32),
 ) {
-    let pairs = |n: usize, off: usize, scale: usize, put: &mut dyn FnMut(usize, f32)| {
-        for i0 in (0..n).step_by(2) {
-            let ic = i0 / scale;
-            let (c, s) = (cache[i0], cache[i0 + 1]);
-            let (x0, x1) = (get(ic), get(ic + off));
-            put(ic, x0 * c - x1 * s);
-            put(ic + off, x0 * s + x1 * c);
-        }
+    let half = ne0.div_ceil(2);
+    let (cos, sin) = cache.split_at(half);
+    // (pairs, offset of the second element, divisor from pair index to first element)
+    let (n, off, scale) = match mode {
+        RopeMode::Normal => (n_dims, 1, 1),
+        RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope => (n_dims, n_dims / 2, 2),
+        RopeMode::Vision => (ne0, n_dims, 2),
     };
-    match mode {
-        RopeMode::Normal => pairs(n_dims, 1, 1, &mut put),
-        RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope => {
-            pairs(n_dims, n_dims / 2, 2, &mut put)
-        }
-        RopeMode::Vision => pairs(ne0, n_dims, 2, &mut put),
+    for i0 in (0..n).step_by(2) {
+        let ic = i0 / scale;
+        let (c, s) = (cos[i0 / 2], sin[i0 / 2]);
+        let (x0, x1) = (get(ic), get(ic + off));
+        put(ic, x0 * c - x1 * s);
+        put(ic + off, x0 * s + x1 * c);
     }
     if mode != RopeMode::Vision {
         for i0 in n_dims..ne0 {
@@ -159,8 +159,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<(
     let stride = (ne0 + 16) * 4;
     debug_assert!((ith + 1) * stride <= ctx.work_len);
     // SAFETY: the work buffer holds nth caches of ne0 + 16 f32 (work_size); this worker uses its own.
-    let cache =
-        unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
+    let cache = unsafe {
+        std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, 2 * ne0.div_ceil(2))
+    };
     let n2 = d.ne[2];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     let mut last_i2 = usize::MAX;
