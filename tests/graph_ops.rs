@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::{each, nmse, rand_f32};
 use quantgraph::{Backend, CpuBackend, DType, Error, Graph, Plan, TensorId};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,13 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Logical element (i0..i3) of a contiguous ggml-order array.
 fn at(v: &[f32], ne: [usize; 4], i: [usize; 4]) -> f64 {
     v[((i[3] * ne[2] + i[2]) * ne[1] + i[1]) * ne[0] + i[0]] as f64
-}
-
-fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
-    let n: usize = ne.iter().product();
-    (0..n).map(move |k| {
-        [k % ne[0], (k / ne[0]) % ne[1], (k / (ne[0] * ne[1])) % ne[2], k / (ne[0] * ne[1] * ne[2])]
-    })
 }
 
 fn run1(g: Graph, inputs: &[(TensorId, Vec<f32>)], out: TensorId, threads: usize) -> Vec<f32> {
@@ -454,4 +447,23 @@ fn backend_and_device_report_like_ggml() {
     assert!(be.set_n_threads(0).is_err());
     #[cfg(target_arch = "x86_64")]
     assert!(be.features().iter().any(|(n, _)| *n == "SSE3"));
+}
+
+#[test]
+fn huge_shapes_and_parameters_are_errors_not_panics() {
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[4, 3]).unwrap();
+    let big = usize::MAX / 2;
+    assert!(g.input(DType::F32, &[big, 4]).is_err());
+    assert!(g.input(DType::Q4_0, &[usize::MAX - 31]).is_err());
+    assert!(g.arange(0.0, 1e30, 1e-30).is_err());
+    assert!(g.repeat(a, [4 * (big / 4), 3, 1, 1]).is_err());
+    assert!(g.interpolate(a, [big, big, 1, 1], quantgraph::ScaleMode::Nearest).is_err());
+    assert!(g.pad(a, [big, big, 0, 0]).is_err());
+    assert!(g.timestep_embedding(a, big, 10000).is_err());
+    assert!(g.view_2d(a, [4, big], 16, 0).is_err());
+    assert!(g.view_3d(a, [4, 3, big], [16, 48], 0).is_err());
+    assert!(g.view_4d(a, [4, 1, 1, big], [16, 16, usize::MAX], 0).is_err());
+    assert!(g.reshape(a, &[big, 2]).is_err());
+    assert!(g.upscale(a, big, quantgraph::ScaleMode::Nearest).is_err());
 }

@@ -8,19 +8,12 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::{each, nmse, rand_f32};
 use half::f16;
 use quantgraph::{
     Buffer, CpuBackend, DType, Error, GluOp, Graph, Isa, Plan, SortOrder, TensorId, TriType,
     UnaryOp,
 };
-
-fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
-    let n: usize = ne.iter().product();
-    (0..n).map(move |k| {
-        [k % ne[0], (k / ne[0]) % ne[1], (k / (ne[0] * ne[1])) % ne[2], k / (ne[0] * ne[1] * ne[2])]
-    })
-}
 
 fn flat(ne: [usize; 4], i: [usize; 4]) -> usize {
     ((i[3] * ne[2] + i[2]) * ne[1] + i[1]) * ne[0] + i[0]

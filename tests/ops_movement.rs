@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::{each, nmse, rand_f32};
 use quantgraph::{Buffer, CpuBackend, DType, Error, Graph, Plan};
 
 /// F32 -> T -> F32 through graph copies equals quantize/dequantize through the quant API
@@ -147,13 +147,6 @@ fn set_rows_writes_a_kv_cache_and_checks_ids() {
 
 fn at(v: &[f32], ne: [usize; 4], i: [usize; 4]) -> f32 {
     v[((i[3] * ne[2] + i[2]) * ne[1] + i[1]) * ne[0] + i[0]]
-}
-
-fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
-    let n: usize = ne.iter().product();
-    (0..n).map(move |k| {
-        [k % ne[0], (k / ne[0]) % ne[1], (k / (ne[0] * ne[1])) % ne[2], k / (ne[0] * ne[1] * ne[2])]
-    })
 }
 
 fn run(

@@ -111,12 +111,14 @@ pub(crate) fn shape_str(ne: &[usize; MAX_DIMS]) -> String {
     format!("[{}, {}, {}, {}]", ne[0], ne[1], ne[2], ne[3])
 }
 
+/// Strides of a packed tensor. Saturates instead of overflowing: shapes that big are then refused
+/// by the size checks (`checked_shape`, `checked_nbytes`) rather than panicking here.
 pub(crate) fn contiguous_strides(dtype: DType, ne: &[usize; MAX_DIMS]) -> [usize; MAX_DIMS] {
     let mut nb = [0; MAX_DIMS];
     nb[0] = dtype.type_size();
-    nb[1] = dtype.row_bytes(ne[0]);
+    nb[1] = (ne[0] / dtype.block_size()).saturating_mul(dtype.type_size());
     for i in 2..MAX_DIMS {
-        nb[i] = nb[i - 1] * ne[i - 1];
+        nb[i] = nb[i - 1].saturating_mul(ne[i - 1]);
     }
     nb
 }
@@ -174,7 +176,9 @@ fn checked_shape(op: &'static str, dtype: DType, ne: &[usize]) -> Result<[usize;
             ),
         ));
     }
-    let mut bytes = dtype.row_bytes(out[0]);
+    let mut bytes = (out[0] / dtype.block_size())
+        .checked_mul(dtype.type_size())
+        .ok_or(Error::Overflow { what: "tensor size" })?;
     for &n in &out[1..] {
         bytes = bytes.checked_mul(n).ok_or(Error::Overflow { what: "tensor size" })?;
     }
@@ -415,6 +419,9 @@ impl Graph {
         ne: [usize; MAX_DIMS],
         srcs: &[Option<TensorId>],
     ) -> Result<TensorId> {
+        // Every result shape goes through the same size check as leaves, so no builder can make a
+        // tensor whose strides overflow, whatever parameters the caller gave.
+        let ne = checked_shape("node", dtype, &ne)?;
         let nb = contiguous_strides(dtype, &ne);
         let mut src = [None; MAX_SRC];
         src[..srcs.len()].copy_from_slice(srcs);
@@ -500,7 +507,8 @@ impl Graph {
         let full = [ne[0], ne[1], 1, 1];
         let mut nb = contiguous_strides(dt, &full);
         nb[1] = nb1;
-        nb[2] = nb1 * ne[1];
+        // Dims 2 and 3 have one element, so these strides never move a pointer.
+        nb[2] = nb1.saturating_mul(ne[1]);
         nb[3] = nb[2];
         self.make_view("view_2d", a, full, nb, offset, Op::View)
     }
@@ -518,7 +526,7 @@ impl Graph {
         let mut st = contiguous_strides(dt, &full);
         st[1] = nb[0];
         st[2] = nb[1];
-        st[3] = nb[1] * ne[2];
+        st[3] = nb[1].saturating_mul(ne[2]); // dim 3 has one element
         self.make_view("view_3d", a, full, st, offset, Op::View)
     }
 

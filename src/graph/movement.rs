@@ -279,7 +279,9 @@ impl Graph {
         if factor < 2 {
             return Err(Error::param("upscale", format!("scale factor {factor} must be > 1")));
         }
-        self.interpolate(a, [ne[0] * factor, ne[1] * factor, ne[2], ne[3]], mode)
+        let scaled =
+            |n: usize| n.checked_mul(factor).ok_or(Error::Overflow { what: "upscale size" });
+        self.interpolate(a, [scaled(ne[0])?, scaled(ne[1])?, ne[2], ne[3]], mode)
     }
 }
 

@@ -2,38 +2,10 @@
 //! with any layouts; block types row by row through f32 (dequantize, then ggml's CPU `from_float`
 //! or reference quantizer), or as raw bytes when both sides have the same type.
 
+use super::elementwise::{ld, st};
 use super::{NodeCtx, split, unravel_row};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::plan::{ExecNode, align_up};
-use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
-
-#[inline(always)]
-unsafe fn load(p: *const u8, dt: DType) -> f32 {
-    // SAFETY: the caller passes a pointer to one element of type `dt`.
-    unsafe {
-        match dt {
-            DType::F16 => fp16_to_fp32((p as *const u16).read_unaligned()),
-            DType::BF16 => bf16_to_fp32((p as *const u16).read_unaligned()),
-            DType::I32 => (p as *const i32).read_unaligned() as f32,
-            _ => (p as *const f32).read_unaligned(),
-        }
-    }
-}
-
-#[inline(always)]
-unsafe fn store(p: *mut u8, dt: DType, v: f32) {
-    // SAFETY: the caller passes a pointer to one element of type `dt`.
-    unsafe {
-        match dt {
-            DType::F16 => (p as *mut u16).write_unaligned(fp32_to_fp16(v)),
-            DType::BF16 => (p as *mut u16).write_unaligned(fp32_to_bf16(v)),
-            // ggml converts with a C cast; Rust's saturating cast avoids undefined behaviour.
-            DType::I32 => (p as *mut i32).write_unaligned(v as i32),
-            _ => (p as *mut f32).write_unaligned(v),
-        }
-    }
-}
 
 fn row_path(node: &ExecNode) -> bool {
     match (node.src[0].as_ref(), Some(&node.dst)) {
@@ -89,7 +61,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 if d.dtype.block_size() == 1 {
                     let ts = d.dtype.type_size();
                     for (i, &v) in tmp.iter().enumerate() {
-                        store(dst.as_mut_ptr().add(i * ts), d.dtype, v);
+                        st(dst.as_mut_ptr().add(i * ts), d.dtype, v);
                     }
                 } else if let Some(ff) = from_f32 {
                     ff(tmp, dst);
@@ -128,7 +100,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 if same {
                     std::ptr::copy_nonoverlapping(sp, dp, ts);
                 } else {
-                    store(dp, d.dtype, load(sp, a.dtype));
+                    st(dp, d.dtype, ld(sp, a.dtype));
                 }
                 j[0] += 1;
                 if j[0] == d.ne[0] {

@@ -8,36 +8,39 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Op;
 use crate::plan::TView;
-use crate::quant::util::{fp16_to_fp32, fp32_to_fp16};
+use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
-/// Loads one F32 or F16 element as f32.
+/// Loads one F32, F16, BF16 or I32 element as f32.
 ///
 /// # Safety
-/// `p` points at one readable element of type `dt` (F32 or F16).
+/// `p` points at one readable element of type `dt` (one of those four).
 #[inline(always)]
 pub(crate) unsafe fn ld(p: *const u8, dt: DType) -> f32 {
     // SAFETY: per the contract; unaligned reads tolerate any view offset.
     unsafe {
-        if dt == DType::F16 {
-            fp16_to_fp32((p as *const u16).read_unaligned())
-        } else {
-            (p as *const f32).read_unaligned()
+        match dt {
+            DType::F16 => fp16_to_fp32((p as *const u16).read_unaligned()),
+            DType::BF16 => bf16_to_fp32((p as *const u16).read_unaligned()),
+            DType::I32 => (p as *const i32).read_unaligned() as f32,
+            _ => (p as *const f32).read_unaligned(),
         }
     }
 }
 
-/// Stores an f32 as one F32 or F16 element (F16 rounded to nearest even, as ggml).
+/// Stores an f32 as one F32, F16, BF16 or I32 element (halves rounded to nearest even, as ggml).
 ///
 /// # Safety
-/// `p` points at one writable element of type `dt` (F32 or F16).
+/// `p` points at one writable element of type `dt` (one of those four).
 #[inline(always)]
 pub(crate) unsafe fn st(p: *mut u8, dt: DType, v: f32) {
     // SAFETY: per the contract.
     unsafe {
-        if dt == DType::F16 {
-            (p as *mut u16).write_unaligned(fp32_to_fp16(v))
-        } else {
-            (p as *mut f32).write_unaligned(v)
+        match dt {
+            DType::F16 => (p as *mut u16).write_unaligned(fp32_to_fp16(v)),
+            DType::BF16 => (p as *mut u16).write_unaligned(fp32_to_bf16(v)),
+            // ggml converts with a C cast; Rust's saturating cast avoids undefined behaviour.
+            DType::I32 => (p as *mut i32).write_unaligned(v as i32),
+            _ => (p as *mut f32).write_unaligned(v),
         }
     }
 }

@@ -94,19 +94,7 @@ fn attend(
     let iq2 = (row / sh.n_q) % sh.n_head;
     let iq3 = row / (sh.n_q * sh.n_head);
     let (ik2, ik3) = (iq2 / (q.ne[2] / k.ne[2]), iq3 / (q.ne[3] / k.ne[3]));
-    let n_head_log2 = 1u32 << (sh.n_head as u32).max(1).ilog2();
-    let slope = if p.max_bias > 0.0 {
-        let m0 = 2f32.powf(-p.max_bias / n_head_log2 as f32);
-        let m1 = 2f32.powf(-(p.max_bias / 2.0) / n_head_log2 as f32);
-        let h = iq2 as u32;
-        if h < n_head_log2 {
-            m0.powi(h as i32 + 1)
-        } else {
-            m1.powi(2 * (h - n_head_log2) as i32 + 1)
-        }
-    } else {
-        1.0
-    };
+    let slope = super::alibi_slope(p.max_bias, sh.n_head, iq2);
     let scale = if p.logit_softcap != 0.0 { p.scale / p.logit_softcap } else { p.scale };
     // SAFETY: (iq1, iq2, iq3) are below q's shape; q rows are contiguous F32 of dk values.
     let qrow = unsafe { std::slice::from_raw_parts(q.row(iq1, iq2, iq3) as *const f32, sh.dk) };

@@ -4,28 +4,15 @@
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::quant::util::bf16_to_fp32;
 
 /// Converts one row of `n` elements to f32.
 pub(crate) type RowToF32 = fn(src: &[u8], dst: &mut [f32]);
 
-fn f32_row(src: &[u8], dst: &mut [f32]) {
-    for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-    }
-}
-fn bf16_row(src: &[u8], dst: &mut [f32]) {
-    for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *d = bf16_to_fp32(u16::from_le_bytes([c[0], c[1]]));
-    }
-}
-
 /// The f32 converter for rows of `dtype`, if it has one.
 pub(crate) fn row_converter(dtype: DType) -> Option<RowToF32> {
     match dtype {
-        DType::F32 => Some(f32_row),
+        // F16 through the selected tier's converter (F16C); every other type from the format table.
         DType::F16 => Some(crate::kernels::table().f16_bytes_to_f32),
-        DType::BF16 => Some(bf16_row),
         d => crate::quant::format(d).dequantize,
     }
 }

@@ -54,6 +54,21 @@ pub(crate) fn split(n: usize, ith: usize, nth: usize) -> (usize, usize) {
     (start, (start + per).min(n))
 }
 
+/// ggml's ALiBi slope for head `h` of `n_head` (1 when `max_bias` is 0), as soft_max and
+/// flash_attn_ext compute it.
+pub(crate) fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
+    if max_bias <= 0.0 {
+        return 1.0;
+    }
+    let n_head_log2 = 1u32 << (n_head as u32).max(1).ilog2();
+    let h = h as u32;
+    if h < n_head_log2 {
+        2f32.powf(-max_bias / n_head_log2 as f32).powi(h as i32 + 1)
+    } else {
+        2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32).powi(2 * (h - n_head_log2) as i32 + 1)
+    }
+}
+
 /// Decomposes a flat row index into (i1, i2, i3).
 #[inline(always)]
 pub(crate) fn unravel_row(r: usize, ne: &[usize; 4]) -> (usize, usize, usize) {

@@ -32,23 +32,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, scale: f32, max_bias: f32) 
         }
         _ => &mut [],
     };
-    let n_head = d.ne[2] as u32;
-    let n_head_log2 = if n_head == 0 { 1 } else { 1u32 << n_head.ilog2() };
-    let m0 = 2f32.powf(-max_bias / n_head_log2 as f32);
-    let m1 = 2f32.powf(-(max_bias / 2.0) / n_head_log2 as f32);
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &d.ne);
-        let h = i2 as u32;
-        let slope = if max_bias > 0.0 {
-            if h < n_head_log2 {
-                m0.powi(h as i32 + 1)
-            } else {
-                m1.powi(2 * (h - n_head_log2) as i32 + 1)
-            }
-        } else {
-            1.0
-        };
+        let slope = super::alibi_slope(max_bias, d.ne[2], i2);
         // SAFETY: indices are below the shapes (the mask's dims 2, 3 reduced modulo its ne, its
         // row i1 < mask.ne[1] and ne0 <= mask.ne[0] by the build-time check); rows are contiguous
         // (build check); each worker writes its own dst rows; x[i] is read before dst[i] is

@@ -147,3 +147,11 @@ pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Every index (i0, i1, i2, i3) of a shape, i0 fastest (ggml's memory order).
+pub fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
+    let n: usize = ne.iter().product();
+    (0..n).map(move |k| {
+        [k % ne[0], (k / ne[0]) % ne[1], (k / (ne[0] * ne[1])) % ne[2], k / (ne[0] * ne[1] * ne[2])]
+    })
+}
