@@ -413,6 +413,49 @@ mod tests {
     }
 
     #[test]
+    fn elementwise_and_dot_match_scalar() {
+        if !Isa::Avx2.is_supported() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        type Bin = unsafe fn(usize, *mut f32, *const f32, *const f32);
+        type Un = unsafe fn(usize, *mut f32, *const f32);
+        let bins: [(&str, Bin, Bin); 4] = [
+            ("add", add_f32, scalar::add_f32),
+            ("sub", sub_f32, scalar::sub_f32),
+            ("mul", mul_f32, scalar::mul_f32),
+            ("div", div_f32, scalar::div_f32),
+        ];
+        let uns: [(&str, Un, Un); 2] =
+            [("gelu", gelu_f32, scalar::gelu_f32), ("relu", relu_f32, scalar::relu_f32)];
+        for n in [0usize, 1, 7, 8, 9, 31, 100] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 5.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| 1.5 + (i as f32 * 0.11).cos()).collect();
+            for (name, f, g) in bins {
+                let (mut x, mut y) = (vec![0f32; n], vec![0f32; n]);
+                // SAFETY: n elements behind every pointer; AVX2 checked above.
+                unsafe {
+                    f(n, x.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+                    g(n, y.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+                }
+                assert_eq!(x, y, "{name} n={n}");
+            }
+            for (name, f, g) in uns {
+                let (mut x, mut y) = (vec![0f32; n], vec![0f32; n]);
+                // SAFETY: as above.
+                unsafe {
+                    f(n, x.as_mut_ptr(), a.as_ptr());
+                    g(n, y.as_mut_ptr(), a.as_ptr());
+                }
+                assert_eq!(x, y, "{name} n={n}");
+            }
+            let (p, q) = (dot_f32(&a, &b), scalar::dot_f32(&a, &b));
+            let mag: f32 = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum();
+            assert!((p - q).abs() <= 1e-6 * mag.max(1e-30), "dot n={n}: {p} vs {q}");
+        }
+    }
+
+    #[test]
     fn f16_rows_mad_and_sum_sq_match_scalar() {
         if !Isa::Avx2.is_supported() {
             eprintln!("skipped: no AVX2");
