@@ -5,6 +5,7 @@
 //! cargo run --release --example bench -- plan-overhead NODES
 //! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS
 //! cargo run --release --example bench -- vec-dot TYPE N REPS
+//! cargo run --release --example bench -- peak THREADS
 //! ```
 //! Times are medians over repetitions; the machine is noisy, so compare ratios measured together.
 
@@ -353,6 +354,56 @@ fn model(which: &str, threads: usize, n_prompt: usize, n_gen: usize) -> quantgra
     Ok(())
 }
 
+/// The f32 FMA peak of `threads` threads: 12 independent 8-lane FMA chains per thread (AVX2),
+/// median of 5 runs of about 0.1 s. Prefill f32 matmul is compared against this number.
+fn fma_peak(threads: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    fn per_thread(iters: u64) -> u64 {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn chains(iters: u64) -> f32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm256_set1_ps(0.5); 12];
+            let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm256_fmadd_ps(*v, m, a);
+                }
+            }
+            let mut s = [0f32; 8];
+            let mut t = acc[0];
+            for v in &acc[1..] {
+                t = _mm256_add_ps(t, *v);
+            }
+            // SAFETY: `s` holds 8 f32.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), t) };
+            s.iter().sum()
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2/FMA detected just above.
+            let v = unsafe { chains(iters) };
+            std::hint::black_box(v);
+            iters * 12 * 8 * 2
+        } else {
+            0
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    fn per_thread(_iters: u64) -> u64 {
+        0
+    }
+    let iters = 5_000_000u64;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let flops: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(|| per_thread(iters))).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        runs.push(flops as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    median(runs)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -381,6 +432,11 @@ fn main() {
             args.get(3).and_then(|s| s.parse().ok()).unwrap_or(512),
             args.get(4).and_then(|s| s.parse().ok()).unwrap_or(16),
         ),
+        Some("peak") => {
+            let t: usize = arg(&args, 1, "THREADS");
+            println!("quantgraph peak threads={t} gflops={:.1}", fma_peak(t));
+            Ok(())
+        }
         Some("bandwidth") => {
             let t: usize = arg(&args, 1, "THREADS");
             println!("quantgraph bandwidth threads={t} gbps={:.1}", bandwidth(t));
@@ -397,7 +453,7 @@ fn main() {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
                  matmul TYPE M N K THREADS REPS | vec-dot TYPE N REPS | op NAME THREADS REPS | \
-                 bandwidth THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
+                 bandwidth THREADS | peak THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
             );
             std::process::exit(2)
         }

@@ -10,6 +10,7 @@
 
 pub(crate) mod gemm;
 pub(crate) mod scalar;
+pub(crate) mod sgemm;
 pub(crate) mod tables;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
@@ -220,6 +221,8 @@ pub struct KernelTable {
     pub(crate) f16_bytes_to_f32: fn(&[u8], &mut [f32]),
     pub(crate) mad_f16: fn(&mut [f32], &[u8], f32),
     pub(crate) mad_f32: fn(&mut [f32], &[f32], f32),
+    /// Float GEMM micro-kernel (F32/F16/BF16 `mul_mat` with several columns).
+    pub(crate) sgemm: sgemm::SgemmFn,
 }
 
 impl KernelTable {
@@ -243,6 +246,7 @@ impl KernelTable {
             f16_bytes_to_f32: scalar::f16_bytes_to_f32,
             mad_f16: scalar::mad_f16,
             mad_f32: scalar::mad_f32,
+            sgemm: sgemm::sgemm_6x16,
         };
         for d in DType::ALL {
             let f = crate::quant::format(d);

@@ -12,6 +12,7 @@ mod gather;
 mod get_rows;
 mod glu;
 mod mul_mat;
+mod mul_mat_f;
 mod norm;
 mod reduce;
 mod rope;

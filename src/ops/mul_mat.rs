@@ -23,7 +23,7 @@ fn needs_conversion(node: &ExecNode) -> bool {
 }
 
 pub(crate) fn phases(node: &ExecNode) -> u8 {
-    if needs_conversion(node) { 2 } else { 1 }
+    if super::mul_mat_f::applies(node) || needs_conversion(node) { 2 } else { 1 }
 }
 
 fn converted_row_bytes(node: &ExecNode) -> usize {
@@ -35,6 +35,9 @@ fn converted_row_bytes(node: &ExecNode) -> usize {
 }
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    if super::mul_mat_f::applies(node) {
+        return super::mul_mat_f::work_size(node, nth);
+    }
     if !needs_conversion(node) {
         return 0;
     }
@@ -88,6 +91,13 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
+    if super::mul_mat_f::applies(ctx.node) {
+        return if phase == 0 {
+            super::mul_mat_f::pack(ctx, ith)
+        } else {
+            super::mul_mat_f::compute(ctx, ith)
+        };
+    }
     let conv = needs_conversion(ctx.node);
     if conv && phase == 0 {
         return convert(ctx, ith);

@@ -4,6 +4,7 @@ pub(crate) mod avx2;
 mod avx2_gemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
+mod avx2_sgemm;
 
 use super::KernelTable;
 
@@ -28,4 +29,5 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     avx2_quants::plug(t);
     avx2_iq::plug(t);
     avx2_gemm::plug(t);
+    t.sgemm = avx2_sgemm::sgemm_6x16;
 }

@@ -1,0 +1,206 @@
+//! mul_mat of F32, F16 and BF16 weights with six or more columns, which runs the packed float
+//! GEMM (`ops/mul_mat_f.rs`): accuracy against an f64 reference over odd tails, several K blocks,
+//! more columns than one task holds, broadcasts and strided activations; thread-count invariance;
+//! every ISA tier against the scalar one; guard bytes around every tensor.
+
+mod common;
+
+use common::{nmse, rand_f32};
+use quantgraph::kernels::{Isa, set_isa};
+use quantgraph::quant::{dequantize, quantize_for_dot};
+use quantgraph::{CpuBackend, DType, Graph, Plan};
+use std::sync::Mutex;
+
+/// `set_isa` is process-wide: tests that switch tiers take this lock.
+static ISA_LOCK: Mutex<()> = Mutex::new(());
+
+const TYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+struct Case {
+    ty: DType,
+    ane: [usize; 4],
+    bne: [usize; 4],
+    /// Activations stored transposed ([n, k]) and viewed as [k, n]: a strided b.
+    b_transposed: bool,
+    b_type: DType,
+    a_bytes: Vec<u8>,
+    a_val: Vec<f32>,
+    b: Vec<f32>,
+}
+
+fn case(ty: DType, ane: [usize; 4], bne: [usize; 4], seed: u64) -> Case {
+    let a = rand_f32(ane.iter().product(), seed);
+    let mut a_bytes = vec![0u8; ty.row_size(ane[0]).unwrap() * ane[1..].iter().product::<usize>()];
+    if ty == DType::F32 {
+        a_bytes.copy_from_slice(bytemuck::cast_slice(&a));
+    } else {
+        quantize_for_dot(ty, &a, &mut a_bytes).unwrap();
+    }
+    let mut a_val = vec![0f32; a.len()];
+    dequantize(ty, &a_bytes, &mut a_val).unwrap();
+    let b = rand_f32(bne.iter().product(), seed + 1);
+    Case { ty, ane, bne, b_transposed: false, b_type: DType::F32, a_bytes, a_val, b }
+}
+
+fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
+    set_isa(isa).unwrap();
+    let be = CpuBackend::with_threads(threads).unwrap();
+    let mut g = Graph::new();
+    let a = g.input(c.ty, &c.ane).unwrap();
+    let (b_in, b) = if c.b_transposed {
+        assert_eq!(c.bne[2..], [1, 1]);
+        let t = g.input(DType::F32, &[c.bne[1], c.bne[0]]).unwrap();
+        (t, g.transpose(t).unwrap())
+    } else {
+        let t = g.input(DType::F32, &c.bne).unwrap();
+        let b = if c.b_type == DType::F32 { t } else { g.cast(t, c.b_type).unwrap() };
+        (t, b)
+    };
+    let y = g.mul_mat(a, b).unwrap();
+    g.set_output(y);
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
+    p.set_input_bytes(a, &c.a_bytes).unwrap();
+    if c.b_transposed {
+        let (k, n) = (c.bne[0], c.bne[1]);
+        let bt: Vec<f32> = (0..n * k).map(|i| c.b[(i % n) * k + i / n]).collect();
+        p.set_input(b_in, &bt).unwrap();
+    } else {
+        p.set_input(b_in, &c.b).unwrap();
+    }
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    let out = p.output::<f32>(y).unwrap().to_vec();
+    set_isa(Isa::best()).unwrap();
+    out
+}
+
+/// `out[i + m * (j + n * (i2 + ne2 * i3))] = sum_k a[k, i, i2 / r2, i3 / r3] * b[k, j, i2, i3]`.
+fn matmul_f64(a: &[f32], ane: [usize; 4], b: &[f32], bne: [usize; 4]) -> Vec<f64> {
+    let (k, m, n) = (ane[0], ane[1], bne[1]);
+    let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
+    let mut out = Vec::with_capacity(m * n * bne[2] * bne[3]);
+    for i3 in 0..bne[3] {
+        for i2 in 0..bne[2] {
+            for j in 0..n {
+                for i in 0..m {
+                    let ar = &a[((i3 / r3 * ane[2] + i2 / r2) * m + i) * k..][..k];
+                    let br = &b[((i3 * bne[2] + i2) * n + j) * k..][..k];
+                    out.push(ar.iter().zip(br).map(|(x, y)| *x as f64 * *y as f64).sum());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn tiers() -> Vec<Isa> {
+    Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+}
+
+/// Odd tails around the 6-row strip, the 16-column panel, the 48-row and 256-column task blocks
+/// and the 512-value K block.
+fn shapes() -> Vec<([usize; 4], [usize; 4])> {
+    let mut v = Vec::new();
+    for (k, m, n) in [
+        (1, 5, 6),
+        (7, 13, 7),
+        (64, 17, 16),
+        (256, 49, 17),
+        (511, 6, 33),
+        (1100, 11, 9),
+        (96, 50, 300),
+    ] {
+        v.push(([k, m, 1, 1], [k, n, 1, 1]));
+    }
+    // Broadcast over dims 2 and 3.
+    v.push(([64, 17, 2, 1], [64, 7, 4, 3]));
+    v.push(([40, 9, 1, 2], [40, 19, 3, 2]));
+    v
+}
+
+#[test]
+fn float_gemm_matches_f64_reference() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (s, (ane, bne)) in shapes().into_iter().enumerate() {
+            let c = case(ty, ane, bne, 100 + s as u64);
+            // F16/BF16 weights round the activations to their own precision, as ggml does.
+            let b_ref: Vec<f32> = match ty {
+                DType::F32 => c.b.clone(),
+                _ => {
+                    let mut q = vec![0u8; ty.row_size(c.b.len()).unwrap()];
+                    quantize_for_dot(ty, &c.b, &mut q).unwrap();
+                    let mut r = vec![0f32; c.b.len()];
+                    dequantize(ty, &q, &mut r).unwrap();
+                    r
+                }
+            };
+            let want = matmul_f64(&c.a_val, ane, &b_ref, bne);
+            for isa in tiers() {
+                let got = run(&c, isa, 2);
+                let e = nmse(&got, &want);
+                assert!(e < 1e-10, "{ty} {} {ane:?} x {bne:?}: nmse {e}", isa.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn float_gemm_takes_strided_and_half_precision_activations() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        let (ane, bne) = ([300, 13, 1, 1], [300, 21, 1, 1]);
+        let plain = case(ty, ane, bne, 9);
+        let want = run(&plain, Isa::best(), 2);
+        let strided = Case { b_transposed: true, ..case(ty, ane, bne, 9) };
+        assert_eq!(run(&strided, Isa::best(), 2), want, "{ty}: transposed b");
+        // b already in the weights' F16 / BF16: the same values as rounding an F32 b inside.
+        if ty != DType::F32 {
+            let half = Case { b_type: ty, ..case(ty, ane, bne, 9) };
+            assert_eq!(run(&half, Isa::best(), 2), want, "{ty} x {ty}");
+        }
+    }
+}
+
+#[test]
+fn float_gemm_is_bitwise_identical_for_1_2_3_threads() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (ane, bne) in [([600, 67, 1, 1], [600, 37, 1, 1]), ([64, 17, 2, 1], [64, 9, 4, 1])] {
+            let c = case(ty, ane, bne, 7);
+            for isa in tiers() {
+                let one = run(&c, isa, 1);
+                for threads in [2, 3] {
+                    let got = run(&c, isa, threads);
+                    let same = one.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{ty} {} {ane:?} x {bne:?}: {threads} threads", isa.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn float_gemm_tiers_agree_with_scalar() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (s, (ane, bne)) in shapes().into_iter().enumerate() {
+            let c = case(ty, ane, bne, 300 + s as u64);
+            let want = run(&c, Isa::Scalar, 2);
+            // Fused and separate multiply-adds round differently: compare relative to the
+            // output's scale (single elements may cancel to near zero).
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for isa in tiers() {
+                let got = run(&c, isa, 2);
+                for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let rel = (g - w).abs() / scale;
+                    assert!(
+                        rel <= 1e-5,
+                        "{ty} {} {ane:?} x {bne:?} [{idx}]: {g} vs {w}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
