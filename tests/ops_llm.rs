@@ -354,7 +354,7 @@ fn flash_attn_ext_every_kv_type() {
         let c = Attn {
             dk: 64,
             dv: 32,
-            n_q: 3,
+            n_q: 9,
             n_kv: 20,
             n_head: 2,
             n_head_kv: 1,
@@ -404,6 +404,60 @@ fn flash_attn_ext_decode_split_kv_with_sinks_alibi_softcap_is_thread_invariant()
     };
     let (got, want) = run_attn(&c2, 2);
     assert!(nmse(&got, &want) < 5e-4);
+}
+
+/// Eight or more queries per head with F32/F16/BF16 K/V take the tiled path (S and O through the
+/// float GEMM kernel, KV blocks of 96, query blocks of 48): tails of both, head sizes that are not
+/// multiples of 16, dk != dv, GQA, sinks, ALiBi, softcap, no mask, and 1/2/3 threads bitwise.
+#[test]
+fn flash_attn_ext_tiled_prefill_matches_reference_and_is_thread_invariant() {
+    let mut cases = Vec::new();
+    for (i, kv_type) in [DType::F16, DType::F32, DType::BF16].into_iter().enumerate() {
+        cases.push(Attn {
+            dk: 64,
+            dv: 40,
+            n_q: 49,
+            n_kv: 200,
+            n_head: 4,
+            n_head_kv: 2,
+            kv_type,
+            mask: true,
+            sinks: i == 0,
+            p: quantgraph::FlashAttnParams { scale: 0.125, max_bias: 0.0, logit_softcap: 0.0 },
+        });
+    }
+    cases.push(Attn {
+        dk: 40,
+        dv: 72,
+        n_q: 8,
+        n_kv: 97,
+        n_head: 2,
+        n_head_kv: 1,
+        kv_type: DType::F16,
+        mask: true,
+        sinks: true,
+        p: quantgraph::FlashAttnParams { scale: 0.09, max_bias: 8.0, logit_softcap: 20.0 },
+    });
+    cases.push(Attn {
+        dk: 128,
+        dv: 128,
+        n_q: 100,
+        n_kv: 100,
+        n_head: 2,
+        n_head_kv: 2,
+        kv_type: DType::F16,
+        mask: false,
+        sinks: false,
+        p: quantgraph::FlashAttnParams::new(0.088),
+    });
+    for c in &cases {
+        let (g1, want) = run_attn(c, 1);
+        let e = nmse(&g1, &want);
+        assert!(e < 5e-4, "{} dk {} n_q {}: nmse {e}", c.kv_type, c.dk, c.n_q);
+        for nth in [2, 3] {
+            assert_eq!(run_attn(c, nth).0, g1, "{} {nth} threads", c.kv_type);
+        }
+    }
 }
 
 #[test]

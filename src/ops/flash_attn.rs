@@ -20,6 +20,8 @@ use std::sync::atomic::Ordering;
 const KV_CHUNK: usize = 256;
 /// Below this many query rows a long KV is split into chunks.
 const SPLIT_ROWS: usize = 64;
+/// From this many queries per head, F32/F16/BF16 K/V take the tiled path.
+const TILED_ROWS: usize = 8;
 
 struct Shape {
     dk: usize,
@@ -56,7 +58,17 @@ fn partial_floats(s: &Shape) -> usize {
     s.dv + 2
 }
 
+/// Whether the tiled many-rows path (`flash_attn_tiled.rs`) runs this node.
+fn tiled(node: &ExecNode) -> bool {
+    shape(node).chunks == 1
+        && shape(node).n_q >= TILED_ROWS
+        && super::flash_attn_tiled::applies(node)
+}
+
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    if tiled(node) {
+        return nth * align_up(super::flash_attn_tiled::scratch_bytes(node), 64);
+    }
     let s = shape(node);
     let partials = if s.chunks > 1 { s.rows * s.chunks * partial_floats(&s) * 4 } else { 0 };
     align_up(partials, 64) + nth * scratch_bytes(node)
@@ -153,18 +165,23 @@ fn attend(
 
 /// Folds the sink logit of head `h` into (m, s, acc) as ggml does.
 fn add_sink(ctx: &NodeCtx<'_>, h: usize, r: &mut Row, acc: &mut [f32]) {
+    add_sink_to(ctx, h, &mut r.m, &mut r.s, acc)
+}
+
+/// [`add_sink`] on a bare (max, sum) pair.
+fn add_sink_to(ctx: &NodeCtx<'_>, h: usize, m: &mut f32, s: &mut f32, acc: &mut [f32]) {
     if let Some(sk) = ctx.node.src[4].as_ref() {
         // SAFETY: sinks is a contiguous F32 vector of n_head values (build check) and h < n_head.
         let x = unsafe { *(sk.ptr as *const f32).add(h) };
-        if x > r.m {
-            let ms = (r.m - x).exp();
-            r.m = x;
+        if x > *m {
+            let ms = (*m - x).exp();
+            *m = x;
             for a in acc.iter_mut() {
                 *a *= ms;
             }
-            r.s = r.s * ms + 1.0;
+            *s = *s * ms + 1.0;
         } else {
-            r.s += (x - r.m).exp();
+            *s += (x - *m).exp();
         }
     }
 }
@@ -185,6 +202,16 @@ fn write_out(d: &TView, sh: &Shape, row: usize, acc: &[f32], s: f32) {
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &FlashAttnParams) -> Result<()> {
+    if tiled(ctx.node) {
+        let sb = align_up(super::flash_attn_tiled::scratch_bytes(ctx.node), 64);
+        debug_assert!((ith + 1) * sb <= ctx.work_len);
+        // SAFETY: work_size reserved nth areas of `sb` bytes (64-byte aligned, as the work buffer
+        // is); this worker uses only area `ith`.
+        let scratch = unsafe { ctx.work.add(ith * sb) } as *mut f32;
+        return super::flash_attn_tiled::compute(ctx, p, scratch, |h, m, s, acc| {
+            add_sink_to(ctx, h, m, s, acc)
+        });
+    }
     let sh = shape(ctx.node);
     let d = ctx.dst();
     let pf = partial_floats(&sh);

@@ -8,6 +8,7 @@ mod cpy;
 mod custom;
 mod elementwise;
 mod flash_attn;
+mod flash_attn_tiled;
 mod gather;
 mod get_rows;
 mod glu;
