@@ -97,8 +97,8 @@ fn tiers() -> Vec<Isa> {
     Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
 }
 
-/// Odd tails around the 6-row strip, the 16-column panel, the 48-row and 256-column task blocks
-/// and the 512-value K block.
+/// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 512-column task blocks
+/// and the 256-value K block.
 fn shapes() -> Vec<([usize; 4], [usize; 4])> {
     let mut v = Vec::new();
     for (k, m, n) in [
@@ -109,6 +109,8 @@ fn shapes() -> Vec<([usize; 4], [usize; 4])> {
         (511, 6, 33),
         (1100, 11, 9),
         (96, 50, 300),
+        (32, 7, 520),
+        (64, 100, 7),
     ] {
         v.push(([k, m, 1, 1], [k, n, 1, 1]));
     }
@@ -200,6 +202,81 @@ fn float_gemm_tiers_agree_with_scalar() {
                         isa.name()
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Every quantized weight type with a dot product takes the same GEMM (dequantized strips, the
+/// activations rounded through the vec-dot type): against a dequantize-then-f64 product (NMSE
+/// 5e-4, the limit) and against one `vec_dot` per element (same products, another
+/// summation order), with 1 and 3 threads bitwise equal.
+#[test]
+fn quantized_gemm_matches_reference_for_every_type() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (k, m, n) = (512, 13, 17);
+    for ty in DType::ALL {
+        if ty.is_integer() || TYPES.contains(&ty) || ty.vec_dot_type() == ty {
+            continue;
+        }
+        let x = rand_f32(k * m, 77);
+        let mut a_bytes = vec![0u8; ty.row_size(k).unwrap() * m];
+        let quantized =
+            if matches!(ty, DType::IQ2_XXS | DType::IQ2_XS | DType::IQ1_S | DType::IQ1_M) {
+                let imatrix: Vec<f32> = (0..k).map(|i| 1.0 + (i % 7) as f32 * 0.1).collect();
+                quantgraph::quant::quantize_with_imatrix(ty, &x, k, &imatrix, &mut a_bytes)
+            } else {
+                quantgraph::quant::quantize(ty, &x, &mut a_bytes)
+            };
+        if quantized.is_err()
+            || quantgraph::quant::vec_dot(
+                ty,
+                k,
+                &a_bytes[..ty.row_size(k).unwrap()],
+                &vec![0u8; ty.vec_dot_type().row_size(k).unwrap()],
+            )
+            .is_err()
+        {
+            continue;
+        }
+        let mut a_val = vec![0f32; k * m];
+        dequantize(ty, &a_bytes, &mut a_val).unwrap();
+        let b = rand_f32(k * n, 78);
+        let c = Case {
+            ty,
+            ane: [k, m, 1, 1],
+            bne: [k, n, 1, 1],
+            b_transposed: false,
+            b_type: DType::F32,
+            a_bytes: a_bytes.clone(),
+            a_val: a_val.clone(),
+            b: b.clone(),
+        };
+        let got = run(&c, Isa::best(), 3);
+        let want = matmul_f64(&a_val, c.ane, &b, c.bne);
+        let e = nmse(&got, &want);
+        assert!(e < 5e-4, "{ty}: nmse {e}");
+        assert_eq!(run(&c, Isa::best(), 1), got, "{ty}: 1 vs 3 threads");
+        // One vec_dot per element against the same converted activations.
+        let vd = ty.vec_dot_type();
+        let (ra, rb) = (ty.row_size(k).unwrap(), vd.row_size(k).unwrap());
+        let mut b_q = vec![0u8; rb * n];
+        quantize_for_dot(vd, &b, &mut b_q).unwrap();
+        let scale = got.iter().fold(0f32, |mx, v| mx.max(v.abs()));
+        // Q8_1's vec_dot uses the block sum stored in f16 (ggml's `s`); the GEMM uses the exact
+        // sum of the converted values, so the two differ by that rounding.
+        let tol = if vd == DType::Q8_1 { 2e-3 } else { 2e-5 };
+        for j in 0..n {
+            for i in 0..m {
+                let want = quantgraph::quant::vec_dot(
+                    ty,
+                    k,
+                    &a_bytes[i * ra..(i + 1) * ra],
+                    &b_q[j * rb..(j + 1) * rb],
+                )
+                .unwrap();
+                let g = got[j * m + i];
+                assert!((g - want).abs() <= tol * scale, "{ty} ({i}, {j}): {g} vs {want}");
             }
         }
     }

@@ -1,5 +1,5 @@
 //! mul_mat of Q8_0 and Q4_0 weights with two or more columns, which runs the register-tile
-//! (gemm) kernels: accuracy against a dequantize-then-f64 reference on odd M/N tails and
+//! (gemm) kernels below 6 columns and the f32 GEMM on dequantized values from 6: accuracy against a dequantize-then-f64 reference on odd M/N tails and
 //! broadcasts, thread-count invariance, every ISA tier against the scalar one, and agreement with
 //! one `vec_dot` per output element.
 
@@ -166,6 +166,7 @@ fn gemm_matches_one_vec_dot_per_element() {
             let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
             for isa in tiers() {
                 let got = run(&c, isa, 2);
+                let scale = got.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let mut idx = 0;
                 for i3 in 0..bne[3] {
                     for i2 in 0..bne[2] {
@@ -176,10 +177,16 @@ fn gemm_matches_one_vec_dot_per_element() {
                                     &c.a_q[((i3 / r3 * ane[2] + i2 / r2) * m + i) * ra..][..ra];
                                 let want = vec_dot_with(isa, ty, k, xa, yb).unwrap();
                                 let g = got[idx];
-                                // The tile kernels keep vec_dot's reduction order: equal bits.
+                                // Fewer than 6 columns: the tile kernels keep vec_dot's reduction
+                                // order (equal bits). From 6 columns the f32 GEMM sums the same
+                                // products in another order: equal up to f32 rounding.
+                                let close = if n < 6 {
+                                    (g - want).abs() <= 1e-5 * want.abs()
+                                } else {
+                                    (g - want).abs() <= 1e-5 * scale
+                                };
                                 assert!(
-                                    g.to_bits() == want.to_bits()
-                                        || (g - want).abs() <= 1e-5 * want.abs(),
+                                    g.to_bits() == want.to_bits() || close,
                                     "{ty} {} {ane:?} x {bne:?} ({i}, {j}): {g} vs {want}",
                                     isa.name()
                                 );

@@ -201,7 +201,13 @@ pub(crate) fn compute(
             for st in 0..nj.div_ceil(SG_MR) {
                 for pq in 0..nq.div_ceil(SG_NR) {
                     let (a0, b0) = (l.ks + st * dk * SG_MR, l.qp + pq * dk * SG_NR);
-                    kernel(dk, &buf[a0..a0 + dk * SG_MR], &buf[b0..b0 + dk * SG_NR], &mut out);
+                    kernel(
+                        dk,
+                        &buf[a0..a0 + dk * SG_MR],
+                        &buf[b0..b0 + dk * SG_NR],
+                        &mut out,
+                        false,
+                    );
                     for rr in 0..SG_MR.min(nj - st * SG_MR) {
                         for cc in 0..SG_NR.min(nq - pq * SG_NR) {
                             let (c, j) = (pq * SG_NR + cc, st * SG_MR + rr);
@@ -268,7 +274,13 @@ pub(crate) fn compute(
             for qs in 0..nq.div_ceil(SG_MR) {
                 for pv in 0..dv16 / SG_NR {
                     let (a0, b0) = (l.ps + qs * KVB * SG_MR, l.vp + pv * KVB * SG_NR);
-                    kernel(nj, &buf[a0..a0 + nj * SG_MR], &buf[b0..b0 + nj * SG_NR], &mut out);
+                    kernel(
+                        nj,
+                        &buf[a0..a0 + nj * SG_MR],
+                        &buf[b0..b0 + nj * SG_NR],
+                        &mut out,
+                        false,
+                    );
                     for rr in 0..SG_MR.min(nq - qs * SG_MR) {
                         let orow = l.o + (qs * SG_MR + rr) * dv16 + pv * SG_NR;
                         for cc in 0..SG_NR {

@@ -1,28 +1,37 @@
-//! Float `mul_mat` for several columns: F32, F16 and BF16 weights against F32, F16 or BF16
-//! activations, as a cache-blocked GEMM on the `KernelTable::sgemm` micro-kernel.
+//! `mul_mat` with several columns as a cache-blocked f32 GEMM on the `KernelTable::sgemm`
+//! micro-kernel, for every weight type that has a dequantizer.
+//!
+//! The arithmetic is ggml's: activations are first rounded through the weight type's vec-dot type
+//! (Q8_0, Q8_1, Q8_K, F16, BF16: ggml's `from_float`), so each output is the sum over blocks of
+//! (weight value) x (converted activation value), the same products ggml's integer kernels form,
+//! summed in f32 instead of int32 and scaled per element instead of per block (differences of a
+//! few f32 roundings).
 //!
 //! Phase 0 packs the activations (all threads): each batch's columns in panels of 16, element `k`
-//! of the 16 columns side by side, in f32, rounded to F16/BF16 first for F16/BF16 weights (as
-//! ggml's conversion into the vec-dot type does). Phase 1 hands out blocks of
-//! `MC` weight rows by `NC` columns through the node's counter; a block walks K in steps of `KC`,
-//! packing strips of 6 weight rows (converted to f32, element k of the 6 rows side by side) and
-//! running the micro-kernel on each 16-column panel. Every output is the sum over K blocks, in K order, of
-//! the kernel's partial sums: the same operations whatever the thread count.
+//! of the 16 columns side by side, in f32. Phase 1 hands out blocks of `MC` weight rows by `NC`
+//! columns through the node's counter; a block walks K in steps of `KC`, dequantizing its weight
+//! rows into f32 strips of 6 (element k of the 6 rows side by side) and running the micro-kernel
+//! on every (16-column panel, strip) pair, panel by panel. Every output is the sum over K blocks, in K order, of the kernel's partial
+//! sums: the same operations whatever the thread count.
 
 use super::{NodeCtx, split};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::sgemm::{SG_MR, SG_NR};
 use crate::plan::{ExecNode, TView, align_up};
+use crate::quant::DequantizeFn;
 use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 use std::sync::atomic::Ordering;
 
-/// K values per block (a 16-column panel slice of 16 KiB, a weight strip of 6 KiB).
-const KC: usize = 512;
-/// Weight rows per task (8 strips of 6).
-const MC: usize = 48;
-/// Columns per task (8 panels).
-const NC: usize = 256;
+/// K values per block (a 16-column panel slice of 16 KiB stays in L1 while the task's strips,
+/// 96 KiB, come from L2); a multiple of every block size.
+const KC: usize = 256;
+/// Weight rows per task (16 strips of 6).
+const MC: usize = 96;
+/// Columns per task (32 panels).
+const NC: usize = 512;
+/// Tile accumulators per task.
+const C_TILES: usize = (MC / SG_MR) * (NC / SG_NR);
 /// Fewer columns than this use the dot-product path (the panels would be mostly padding).
 pub(crate) const MIN_N: usize = 6;
 
@@ -30,14 +39,34 @@ fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// Whether this node takes the float GEMM path.
-pub(crate) fn applies(node: &ExecNode) -> bool {
-    match (node.src[0].as_ref(), node.src[1].as_ref()) {
-        (Some(a), Some(b)) => {
-            is_float(a.dtype) && is_float(b.dtype) && node.dst.ne[1] >= MIN_N && a.ne[0] > 0
-        }
-        _ => false,
+/// f32 values of rows in the vec-dot type `vd`.
+fn vd_to_f32(vd: DType) -> Option<DequantizeFn> {
+    match vd {
+        DType::Q8_1 => Some(crate::quant::legacy::q8_1_values),
+        d => crate::quant::format(d).dequantize,
     }
+}
+
+/// Whether this node takes the GEMM path.
+pub(crate) fn applies(node: &ExecNode) -> bool {
+    let (Some(a), Some(b)) = (node.src[0].as_ref(), node.src[1].as_ref()) else {
+        return false;
+    };
+    if node.dst.ne[1] < MIN_N || a.ne[0] == 0 {
+        return false;
+    }
+    if is_float(a.dtype) {
+        return is_float(b.dtype);
+    }
+    let vd = a.dtype.vec_dot_type();
+    let f = crate::quant::format(a.dtype);
+    f.dequantize.is_some()
+        && f.vec_dot.is_some()
+        && KC % a.dtype.block_size() == 0
+        && KC % vd.block_size() == 0
+        && vd_to_f32(vd).is_some()
+        && (b.dtype == DType::F32 && crate::quant::format(vd).from_float.is_some()
+            || b.dtype == vd && b.nb[0] == vd.type_size())
 }
 
 fn panel_floats(k: usize) -> usize {
@@ -48,35 +77,72 @@ fn b_batches(b: &TView) -> usize {
     b.ne[2] * b.ne[3]
 }
 
-/// Per-thread scratch: the packed strip and one converted row.
-fn strip_bytes() -> usize {
-    align_up((SG_MR + 1) * KC * 4, 64)
+fn packed_bytes(b: &TView) -> usize {
+    align_up(b_batches(b) * b.ne[1].div_ceil(SG_NR) * panel_floats(b.ne[0]) * 4, 64)
 }
 
-fn packed_bytes(b: &TView) -> usize {
-    b_batches(b) * b.ne[1].div_ceil(SG_NR) * panel_floats(b.ne[0]) * 4
+/// Per-thread scratch: the packed strip and one dequantized row segment (phase 1), or one f32
+/// activation row and its vec-dot conversion (phase 0).
+fn scratch_bytes(node: &ExecNode) -> usize {
+    let (a, b) = (node.src[0].as_ref().expect("a"), node.src[1].as_ref().expect("b"));
+    let k = b.ne[0];
+    let strip = align_up((MC + 1) * KC * 4 + C_TILES * SG_MR * SG_NR * 4, 64);
+    let pack = align_up(k * 4, 64) + align_up(a.dtype.vec_dot_type().row_bytes(k), 64);
+    strip.max(pack)
 }
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     let b = node.src[1].as_ref().expect("mul_mat b");
-    align_up(packed_bytes(b), 64) + nth * strip_bytes()
+    packed_bytes(b) + nth * scratch_bytes(node)
 }
 
-/// Phase 0: packs b into 16-column f32 panels.
-pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+/// Worker `ith`'s scratch area.
+///
+/// # Safety
+/// Only worker `ith` calls this, once per phase (no other reference to the area exists).
+unsafe fn scratch<'a>(ctx: &NodeCtx<'_>, ith: usize) -> &'a mut [u8] {
     let b = ctx.src(1);
+    let sb = scratch_bytes(ctx.node);
+    let off = packed_bytes(b) + ith * sb;
+    debug_assert!(off + sb <= ctx.work_len);
+    // SAFETY: work_size reserved nth scratch areas of `sb` bytes after the packed area; worker
+    // `ith` alone uses area `ith` (the work buffer and every area are 64-byte aligned).
+    unsafe { std::slice::from_raw_parts_mut(ctx.work.add(off), sb) }
+}
+
+fn unsupported(what: String) -> Error {
+    Error::Unsupported { op: "mul_mat", backend: "CPU".into(), msg: what }
+}
+
+/// Phase 0: packs b into 16-column f32 panels, through the weight type's vec-dot type.
+pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, b) = (ctx.src(0), ctx.src(1));
     let (k, n) = (b.ne[0], b.ne[1]);
     let n16 = n.div_ceil(SG_NR);
     let units = b_batches(b) * n16;
-    debug_assert!(packed_bytes(b) <= ctx.work_len);
-    let contiguous_f32 = b.dtype == DType::F32 && b.nb[0] == 4;
-    // Activations take the weight type's precision, as ggml's conversion into the vec-dot type
-    // does (a product of two F16 or BF16 values is exact in f32).
-    let round: fn(f32) -> f32 = match ctx.src(0).dtype {
+    let vd = a.dtype.vec_dot_type();
+    let quant = !is_float(a.dtype);
+    let (to_vd, from_vd) = if quant {
+        let to = crate::kernels::table().activation_converter(vd);
+        let from = vd_to_f32(vd);
+        match (to, from) {
+            (Some(t), Some(f)) => (Some(t), Some(f)),
+            _ => return Err(unsupported(format!("no f32 <-> {vd} conversion"))),
+        }
+    } else {
+        (None, None)
+    };
+    // F16/BF16 weights: activations take that precision (a product of two such values is exact).
+    let round: fn(f32) -> f32 = match a.dtype {
         DType::F16 => |v| fp16_to_fp32(fp32_to_fp16(v)),
         DType::BF16 => |v| bf16_to_fp32(fp32_to_bf16(v)),
         _ => |v| v,
     };
+    // SAFETY: this is worker ith, in its one call for phase 0.
+    let sc = unsafe { scratch(ctx, ith) };
+    let (rowb, vdb) = sc.split_at_mut(align_up(k * 4, 64));
+    let rowf: &mut [f32] = bytemuck::cast_slice_mut(&mut rowb[..k * 4]);
+    let vdb = &mut vdb[..vd.row_bytes(k)];
     let (u0, u1) = split(units, ith, ctx.nth);
     for u in u0..u1 {
         let (batch, p) = (u / n16, u % n16);
@@ -97,21 +163,26 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 }
                 continue;
             }
-            // SAFETY: col < n = b.ne[1], (i2, i3) below b's dims 2 and 3; elements kk < k = ne[0]
-            // at stride nb[0] lie inside the row (extent validated at plan time).
+            // SAFETY: col < n = b.ne[1], (i2, i3) below b's dims 2 and 3; the row's elements
+            // (k values at stride nb[0], or vd.row_bytes(k) contiguous bytes) lie inside b
+            // (extent validated at plan time).
             unsafe {
                 let row = b.row(col, i2, i3);
-                if contiguous_f32 {
-                    let src = row as *const f32;
-                    for kk in 0..k {
-                        panel[kk * SG_NR + c] = round(src.add(kk).read_unaligned());
-                    }
+                if b.dtype == vd && quant {
+                    let bytes = std::slice::from_raw_parts(row, vd.row_bytes(k));
+                    from_vd.expect("quant")(bytes, rowf);
                 } else {
-                    for kk in 0..k {
-                        panel[kk * SG_NR + c] =
-                            round(super::elementwise::ld(row.add(kk * b.nb[0]), b.dtype));
+                    for (kk, v) in rowf.iter_mut().enumerate() {
+                        *v = super::elementwise::ld(row.add(kk * b.nb[0]), b.dtype);
+                    }
+                    if let (Some(t), Some(f)) = (to_vd, from_vd) {
+                        t(rowf, vdb);
+                        f(vdb, rowf);
                     }
                 }
+            }
+            for (kk, &v) in rowf.iter().enumerate() {
+                panel[kk * SG_NR + c] = round(v);
             }
         }
     }
@@ -121,8 +192,8 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 /// Phase 1: the blocked GEMM.
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let table = crate::kernels::table();
-    let kernel = table.sgemm;
+    let kernel = crate::kernels::table().sgemm;
+    let deq = row_loader(a.dtype).ok_or_else(|| unsupported(format!("no {} -> f32", a.dtype)))?;
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
     let n16 = n.div_ceil(SG_NR);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
@@ -130,18 +201,16 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let blocks_n = n.div_ceil(NC);
     let per_batch = blocks_m * blocks_n;
     let total = per_batch * d.ne[2] * d.ne[3];
-    let strip_off = align_up(packed_bytes(b), 64) + ith * strip_bytes();
-    debug_assert!(strip_off + strip_bytes() <= ctx.work_len);
-    // SAFETY: this thread's scratch ((SG_MR + 1) * KC f32) lies inside the work buffer
-    // (work_size) and no other thread touches it.
-    let scratch = unsafe {
-        std::slice::from_raw_parts_mut(ctx.work.add(strip_off) as *mut f32, (SG_MR + 1) * KC)
-    };
-    let (strip, row_buf) = scratch.split_at_mut(SG_MR * KC);
+    let (blck, ts) = (a.dtype.block_size(), a.dtype.type_size());
+    // SAFETY: this is worker ith, in its one call for phase 1.
+    let sc = unsafe { scratch(ctx, ith) };
+    let scf: &mut [f32] =
+        bytemuck::cast_slice_mut(&mut sc[..(MC + 1) * KC * 4 + C_TILES * SG_MR * SG_NR * 4]);
+    let (strips, rest) = scf.split_at_mut(MC * KC);
+    let (row_buf, ctiles) = rest.split_at_mut(KC);
     // SAFETY: phase 0 filled the packed area and the barrier between phases published it; it is
     // only read from now on.
     let packed = unsafe { std::slice::from_raw_parts(ctx.work as *const f32, packed_bytes(b) / 4) };
-    let mut out = [0.0f32; SG_MR * SG_NR];
     loop {
         let t = ctx.counter.fetch_add(1, Ordering::Relaxed);
         if t >= total {
@@ -157,78 +226,77 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let mut k0 = 0;
         while k0 < k {
             let kc = KC.min(k - k0);
-            let mut s = i0;
-            while s < i1 {
-                let rows = SG_MR.min(i1 - s);
-                // Strip layout: group k holds element k of the 6 rows (missing rows zero).
+            // Pack the task's weight rows: strip t holds rows i0 + 6t.., group kk of it element
+            // k0 + kk of its 6 rows (missing rows zero).
+            let n_strips = (i1 - i0).div_ceil(SG_MR);
+            for st in 0..n_strips {
+                let strip = &mut strips[st * SG_MR * KC..][..kc * SG_MR];
                 for r in 0..SG_MR {
-                    if r < rows {
-                        // SAFETY: row s + r < m of batch (ia2, ia3) exists and holds k >= k0 + kc
-                        // contiguous elements (plan-time extent check).
-                        unsafe { load_row(a, s + r, ia2, ia3, k0, &mut row_buf[..kc]) };
-                        for kk in 0..kc {
-                            strip[kk * SG_MR + r] = row_buf[kk];
+                    let i = i0 + st * SG_MR + r;
+                    if i < i1 {
+                        // SAFETY: row i < m of batch (ia2, ia3) exists and holds k elements in
+                        // whole blocks; k0 and kc are multiples of the block size (KC is), so
+                        // bytes [k0 / blck * ts, (k0 + kc) / blck * ts) lie inside the row.
+                        let bytes = unsafe {
+                            std::slice::from_raw_parts(
+                                a.row(i, ia2, ia3).add(k0 / blck * ts),
+                                kc / blck * ts,
+                            )
+                        };
+                        deq(bytes, &mut row_buf[..kc]);
+                        for (g, &v) in strip.chunks_exact_mut(SG_MR).zip(&row_buf[..kc]) {
+                            g[r] = v;
                         }
                     } else {
-                        for kk in 0..kc {
-                            strip[kk * SG_MR + r] = 0.0;
+                        for g in strip.chunks_exact_mut(SG_MR) {
+                            g[r] = 0.0;
                         }
                     }
                 }
-                let mut p = j0 / SG_NR;
-                while p * SG_NR < j1 {
-                    let base = (b_batch * n16 + p) * panel_floats(k) + k0 * SG_NR;
-                    kernel(kc, &strip[..kc * SG_MR], &packed[base..base + kc * SG_NR], &mut out);
-                    let cols = SG_NR.min(j1 - p * SG_NR);
-                    for c in 0..cols {
-                        let j = p * SG_NR + c;
-                        for r in 0..rows {
-                            // SAFETY: (s + r, j) is inside this task's block of dst, which only
-                            // this worker writes; the indices are below dst's shape.
-                            unsafe {
-                                let e = d.ptr.add(
-                                    (s + r) * d.nb[0] + j * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3],
-                                ) as *mut f32;
-                                let v = out[r * SG_NR + c];
-                                if k0 == 0 {
-                                    e.write_unaligned(v);
-                                } else {
-                                    e.write_unaligned(e.read_unaligned() + v);
-                                }
-                            }
-                        }
-                    }
-                    p += 1;
+            }
+            // Each 16-column panel slice stays in L1 while every strip passes over it; the
+            // partial sums go to the task's tile accumulators.
+            let p0 = j0 / SG_NR;
+            for p in p0..j1.div_ceil(SG_NR) {
+                let base = (b_batch * n16 + p) * panel_floats(k) + k0 * SG_NR;
+                let panel = &packed[base..base + kc * SG_NR];
+                for st in 0..n_strips {
+                    let tile = &mut ctiles[((p - p0) * (MC / SG_MR) + st) * SG_MR * SG_NR..]
+                        [..SG_MR * SG_NR];
+                    let tile: &mut [f32; SG_MR * SG_NR] = tile.try_into().expect("tile");
+                    kernel(kc, &strips[st * SG_MR * KC..][..kc * SG_MR], panel, tile, k0 > 0);
                 }
-                s += rows;
             }
             k0 += kc;
+        }
+        let p0 = j0 / SG_NR;
+        for p in p0..j1.div_ceil(SG_NR) {
+            let cols = SG_NR.min(j1 - p * SG_NR);
+            for st in 0..(i1 - i0).div_ceil(SG_MR) {
+                let s = i0 + st * SG_MR;
+                let rows = SG_MR.min(i1 - s);
+                let tile = &ctiles[((p - p0) * (MC / SG_MR) + st) * SG_MR * SG_NR..];
+                for c in 0..cols {
+                    let j = p * SG_NR + c;
+                    for r in 0..rows {
+                        // SAFETY: (s + r, j) is inside this task's block of dst, which only this
+                        // worker writes; the indices are below dst's shape.
+                        unsafe {
+                            let e = d
+                                .ptr
+                                .add((s + r) * d.nb[0] + j * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
+                                as *mut f32;
+                            e.write_unaligned(tile[r * SG_NR + c]);
+                        }
+                    }
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// Converts elements `[k0, k0 + dst.len())` of weight row `(i1, i2, i3)` to f32.
-///
-/// # Safety
-/// The row exists and holds at least `k0 + dst.len()` elements of `a.dtype` (contiguous).
-unsafe fn load_row(a: &TView, i1: usize, i2: usize, i3: usize, k0: usize, dst: &mut [f32]) {
-    let ts = a.dtype.type_size();
-    // SAFETY: per the contract.
-    unsafe {
-        let p = a.row(i1, i2, i3).add(k0 * ts);
-        match a.dtype {
-            DType::F16 => {
-                let bytes = std::slice::from_raw_parts(p, dst.len() * 2);
-                (crate::kernels::table().f16_bytes_to_f32)(bytes, dst);
-            }
-            DType::BF16 => {
-                for (i, o) in dst.iter_mut().enumerate() {
-                    let h = (p.add(2 * i) as *const u16).read_unaligned();
-                    *o = f32::from_bits((h as u32) << 16);
-                }
-            }
-            _ => std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr() as *mut u8, dst.len() * 4),
-        }
-    }
+/// Converts a run of whole blocks of `dtype` to f32 (F16 through the tier's F16C converter).
+fn row_loader(dtype: DType) -> Option<DequantizeFn> {
+    super::get_rows::row_converter(dtype)
 }

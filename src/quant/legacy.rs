@@ -836,6 +836,19 @@ pub(crate) const Q8_0_FNS: FormatFns = FormatFns {
 };
 
 /// Q8_1 is an activation format only: ggml has no `to_float` and `ggml_quantize_chunk` refuses it.
+/// The values `d * q` of Q8_1 blocks (ggml has no public Q8_1 dequantizer; the GEMM path of
+/// `mul_mat` uses this to expand converted activations). `src` holds whole blocks.
+pub(crate) fn q8_1_values(src: &[u8], dst: &mut [f32]) {
+    let bs = std::mem::size_of::<BlockQ8_1>();
+    for (raw, out) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(QK8_1)) {
+        let b: BlockQ8_1 = bytemuck::pod_read_unaligned(raw);
+        let d = fp16_to_fp32(b.d);
+        for (o, &q) in out.iter_mut().zip(&b.qs) {
+            *o = d * q as f32;
+        }
+    }
+}
+
 pub(crate) const Q8_1_FNS: FormatFns = FormatFns {
     quantize: None,
     requires_imatrix: false,

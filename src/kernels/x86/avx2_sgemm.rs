@@ -7,17 +7,23 @@ use std::arch::x86_64::*;
 use crate::kernels::sgemm::{SG_MR, SG_NR, check};
 
 /// See `crate::kernels::sgemm`. Installed by `plug_avx2` only on CPUs with AVX2 and FMA.
-pub(crate) fn sgemm_6x16(kc: usize, a: &[f32], bp: &[f32], out: &mut [f32; SG_MR * SG_NR]) {
+pub(crate) fn sgemm_6x16(
+    kc: usize,
+    a: &[f32],
+    bp: &[f32],
+    out: &mut [f32; SG_MR * SG_NR],
+    acc: bool,
+) {
     check(kc, a, bp);
     // SAFETY: `check` proved the strip holds `kc * 6` values and the panel `kc * 16`; `out`
     // holds 6 x 16. `plug_avx2` installs this function only after AVX2 and FMA were detected.
-    unsafe { tile(kc, a.as_ptr(), bp.as_ptr(), out.as_mut_ptr()) }
+    unsafe { tile(kc, a.as_ptr(), bp.as_ptr(), out.as_mut_ptr(), acc) }
 }
 
 /// # Safety
 /// AVX2 and FMA are available; `a` holds `kc * 6` f32, `bp` `kc * 16` and `out` `6 * 16`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile(kc: usize, a: *const f32, bp: *const f32, out: *mut f32) {
+unsafe fn tile(kc: usize, a: *const f32, bp: *const f32, out: *mut f32, acc: bool) {
     let mut c0 = [_mm256_setzero_ps(); SG_MR];
     let mut c1 = [_mm256_setzero_ps(); SG_MR];
     for k in 0..kc {
@@ -36,8 +42,14 @@ unsafe fn tile(kc: usize, a: *const f32, bp: *const f32, out: *mut f32) {
     for r in 0..SG_MR {
         // SAFETY: `out` holds 6 rows of 16 (contract).
         unsafe {
-            _mm256_storeu_ps(out.add(r * SG_NR), c0[r]);
-            _mm256_storeu_ps(out.add(r * SG_NR + 8), c1[r]);
+            let (o0, o1) = (out.add(r * SG_NR), out.add(r * SG_NR + 8));
+            if acc {
+                _mm256_storeu_ps(o0, _mm256_add_ps(_mm256_loadu_ps(o0), c0[r]));
+                _mm256_storeu_ps(o1, _mm256_add_ps(_mm256_loadu_ps(o1), c1[r]));
+            } else {
+                _mm256_storeu_ps(o0, c0[r]);
+                _mm256_storeu_ps(o1, c1[r]);
+            }
         }
     }
 }
