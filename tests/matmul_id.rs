@@ -7,17 +7,50 @@ mod common;
 
 use common::{each, nmse, rand_f32};
 use quantgraph::kernels::{Isa, vec_dot_with};
-use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix};
+use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
 use quantgraph::{CpuBackend, DType, Error, Graph, Plan, TensorId};
 
-/// `x` (whole rows of `n_per_row`) in type `ty`: the reference quantizer, a uniform importance
-/// matrix for the types ggml only quantizes with one, or the plain conversion for float types.
-fn encode(ty: DType, x: &[f32], n_per_row: usize) -> Option<Vec<u8>> {
+/// Types whose reference quantizer needs an importance matrix or builds grid tables that take
+/// seconds in a test build; their weights are random valid blocks instead.
+const RANDOM_BLOCK_TYPES: [DType; 5] =
+    [DType::IQ1_S, DType::IQ1_M, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S];
+
+/// Random blocks of `ty` whose dequantized values are finite and of moderate size (every index
+/// pattern of these formats is valid; only the f16 scales can be out of range).
+fn random_blocks(ty: DType, n: usize, seed: u64) -> Vec<u8> {
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n / bs * ts);
+    let mut vals = vec![0f32; bs];
+    for _ in 0..n / bs {
+        loop {
+            let block: Vec<u8> = (0..ts)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s >> 32) as u8
+                })
+                .collect();
+            dequantize(ty, &block, &mut vals).unwrap();
+            let max = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+            if vals.iter().all(|v| v.is_finite()) && max > 1e-3 && max < 1e3 {
+                out.extend(block);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// `x` in type `ty`: the reference quantizer, the plain conversion of float types, or (for
+/// [`RANDOM_BLOCK_TYPES`]) random valid blocks seeded from `x`; `None` when the type has none.
+fn encode(ty: DType, x: &[f32]) -> Option<Vec<u8>> {
+    if RANDOM_BLOCK_TYPES.contains(&ty) {
+        return Some(random_blocks(ty, x.len(), x.len() as u64 ^ x[0].to_bits() as u64));
+    }
     let mut q = vec![0u8; ty.row_size(x.len()).ok()?];
-    if quantize(ty, x, &mut q).is_ok()
-        || quantize_with_imatrix(ty, x, n_per_row, &vec![1.0; n_per_row], &mut q).is_ok()
-        || quantize_for_dot(ty, x, &mut q).is_ok()
-    {
+    if quantize(ty, x, &mut q).is_ok() || quantize_for_dot(ty, x, &mut q).is_ok() {
         Some(q)
     } else {
         None
@@ -43,7 +76,7 @@ fn has_dot(ty: DType) -> bool {
 fn weight_types() -> Vec<DType> {
     DType::ALL
         .into_iter()
-        .filter(|&t| has_dot(t) && encode(t, &rand_f32(256, 1), 256).is_some())
+        .filter(|&t| has_dot(t) && encode(t, &rand_f32(256, 1)).is_some())
         .collect()
 }
 
@@ -97,7 +130,7 @@ impl MoeCase {
         seed: u64,
     ) -> MoeCase {
         let x = rand_f32(k * m * n_mats, seed);
-        let as_q = encode(ty, &x, k).unwrap();
+        let as_q = encode(ty, &x).unwrap();
         let as_f = decode(ty, &as_q, x.len());
         let nb = if bcast { 1 } else { n_used };
         let b = rand_f32(k * nb * n, seed + 7);
@@ -191,10 +224,10 @@ impl MoeCase {
 
 #[test]
 fn mul_mat_id_accepts_exactly_the_types_with_a_dot_product() {
-    let types = weight_types();
-    for t in [DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q8_0, DType::Q4_K] {
-        assert!(types.contains(&t), "{t} missing from {types:?}");
-    }
+    // Every type with a dot product gets weights in the tests below.
+    let with_dot: Vec<DType> = DType::ALL.into_iter().filter(|&t| has_dot(t)).collect();
+    assert_eq!(weight_types(), with_dot);
+    assert!(with_dot.len() >= 25, "{with_dot:?}");
     for t in DType::ALL {
         let Ok(k) = t.row_size(256).map(|_| 256) else { continue };
         let mut g = Graph::new();
@@ -212,8 +245,13 @@ fn mul_mat_id_accepts_exactly_the_types_with_a_dot_product() {
 /// Every weight type on test-backend-ops' sweep shapes (n_mats 4, k 256), scaled down in m.
 #[test]
 fn mul_mat_id_every_type_matches_f64_and_per_expert_mul_mat() {
-    let combos: [(usize, bool, usize, usize); 5] =
-        [(1, false, 16, 1), (2, false, 33, 5), (4, true, 16, 17), (3, false, 17, 4), (2, true, 20, 33)];
+    let combos: [(usize, bool, usize, usize); 5] = [
+        (1, false, 16, 1),
+        (2, false, 33, 5),
+        (4, true, 16, 17),
+        (3, false, 17, 4),
+        (2, true, 20, 33),
+    ];
     for ty in weight_types() {
         for (ci, &(n_used, bcast, m, n)) in combos.iter().enumerate() {
             let c = MoeCase::new(ty, 4, n_used, bcast, m, n, 256, 100 + ci as u64);
@@ -223,7 +261,10 @@ fn mul_mat_id_every_type_matches_f64_and_per_expert_mul_mat() {
             assert!(e < 5e-4, "{ty} n_used={n_used} b={bcast} m={m} n={n}: nmse {e}");
             let mm = c.per_expert_mul_mat();
             let diff = got.iter().zip(&mm).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-            assert_eq!(diff, 0, "{ty} n_used={n_used} b={bcast} m={m} n={n}: {diff} elements differ from mul_mat");
+            assert_eq!(
+                diff, 0,
+                "{ty} n_used={n_used} b={bcast} m={m} n={n}: {diff} elements differ from mul_mat"
+            );
         }
     }
 }
@@ -318,10 +359,10 @@ fn mul_mat_id_rejects_bad_shapes_and_types_at_build() {
     let ids_3d = g.input(DType::I32, &[2, 5, 2]).unwrap();
     assert!(g.mul_mat_id(a, b, ids).is_ok());
     assert!(g.mul_mat_id(a, b1, ids).is_ok());
-    let shape = |r: quantgraph::Result<TensorId>| {
-        matches!(r, Err(Error::Shape { op: "mul_mat_id", .. }))
-    };
-    let ty = |r: quantgraph::Result<TensorId>| matches!(r, Err(Error::Type { op: "mul_mat_id", .. }));
+    let shape =
+        |r: quantgraph::Result<TensorId>| matches!(r, Err(Error::Shape { op: "mul_mat_id", .. }));
+    let ty =
+        |r: quantgraph::Result<TensorId>| matches!(r, Err(Error::Type { op: "mul_mat_id", .. }));
     assert!(ty(g.mul_mat_id(a, b, ids_f)));
     assert!(ty(g.mul_mat_id(a, b16, ids)));
     assert!(shape(g.mul_mat_id(a4, b, ids)));
@@ -333,27 +374,64 @@ fn mul_mat_id_rejects_bad_shapes_and_types_at_build() {
     let at = g.transpose(a32).unwrap();
     assert!(shape(g.mul_mat_id(at, b, ids)), "transposed experts");
     let msg = g.mul_mat_id(a, b_k, ids).unwrap_err().to_string();
-    assert!(msg.contains("mul_mat_id") && msg.contains("[256, 16, 4") && msg.contains("[128"), "{msg}");
+    assert!(
+        msg.contains("mul_mat_id") && msg.contains("[256, 16, 4") && msg.contains("[128"),
+        "{msg}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
 // out_prod
 
-/// Types ggml's CPU out_prod accepts for `a` that we can make data for.
+/// Types ggml's CPU out_prod runs for `a` (the cases of ggml_compute_forward_out_prod).
+const OUT_PROD_TYPES: [DType; 27] = [
+    DType::F32,
+    DType::F16,
+    DType::Q1_0,
+    DType::Q2_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::MXFP4,
+    DType::NVFP4,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::TQ1_0,
+    DType::TQ2_0,
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ3_XXS,
+    DType::IQ1_S,
+    DType::IQ1_M,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
+    DType::IQ3_S,
+    DType::IQ2_S,
+];
+
+/// Those we can make data for without an importance matrix.
 fn out_prod_types() -> Vec<DType> {
-    DType::ALL
-        .into_iter()
-        .filter(|&t| {
-            (t == DType::F32 || t == DType::F16 || t.is_quantized())
-                && !(t.is_integer() || t == DType::BF16)
-                && t.row_size(256).is_ok()
-                && encode(t, &rand_f32(256, 2), 256).is_some()
-                && {
-                    let mut v = vec![0f32; 256];
-                    dequantize(t, &vec![0u8; t.row_size(256).unwrap()], &mut v).is_ok()
-                }
-        })
-        .collect()
+    OUT_PROD_TYPES.into_iter().filter(|&t| encode(t, &rand_f32(256, 2)).is_some()).collect()
+}
+
+#[test]
+fn out_prod_accepts_exactly_ggml_cpu_types() {
+    for t in DType::ALL {
+        let Ok(m) = t.row_size(256).map(|_| 256) else { continue };
+        let mut g = Graph::new();
+        let a = g.input(t, &[m, 4, 2]).unwrap();
+        let b = g.input(DType::F32, &[3, 4, 2]).unwrap();
+        let r = g.out_prod(a, b);
+        assert_eq!(r.is_ok(), OUT_PROD_TYPES.contains(&t), "{t}: {r:?}");
+        if let Err(e) = r {
+            assert!(matches!(e, Error::Type { op: "out_prod", .. }), "{t}: {e}");
+        }
+    }
 }
 
 struct OutProdCase {
@@ -373,7 +451,7 @@ struct OutProdCase {
 impl OutProdCase {
     fn new(ty: DType, ane: [usize; 4], bne: [usize; 4], seed: u64) -> OutProdCase {
         let x = rand_f32(ane.iter().product(), seed);
-        let a_q = encode(ty, &x, ane[0]).unwrap();
+        let a_q = encode(ty, &x).unwrap();
         let a_f = decode(ty, &a_q, x.len());
         let b = rand_f32(bne.iter().product(), seed + 3);
         OutProdCase { ty, ane, bne, a_q, a_f, b, trans_b: false, perm_a: false }
@@ -485,11 +563,11 @@ fn out_prod_f32_broadcast_sweep() {
 #[test]
 fn out_prod_every_type_matches_f64() {
     let types = out_prod_types();
-    for t in [DType::F32, DType::F16, DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K] {
-        assert!(types.contains(&t), "{t} missing from {types:?}");
-    }
+    assert_eq!(types, OUT_PROD_TYPES, "every type ggml's CPU out_prod runs gets data");
     for ty in types {
-        for (i, (n, k, bs)) in [(16, 16, (1, 1)), (1, 16, (3, 1)), (16, 1, (1, 3))].into_iter().enumerate() {
+        for (i, (n, k, bs)) in
+            [(16, 16, (1, 1)), (1, 16, (3, 1)), (16, 1, (1, 3))].into_iter().enumerate()
+        {
             let c = OutProdCase::new(ty, [256, k, bs.0, bs.1], [n, k, bs.0, bs.1], 40 + i as u64);
             let e = nmse(&c.run(2), &c.reference());
             assert!(e < c.limit(), "{ty} n={n} k={k} bs={bs:?}: nmse {e}");
@@ -501,7 +579,8 @@ fn out_prod_every_type_matches_f64() {
 fn out_prod_transposed_b_and_permuted_a() {
     for ty in [DType::F32, DType::F16, DType::Q8_0] {
         for (trans_b, perm_a) in [(true, false), (false, true), (true, true)] {
-            let (bne, nr) = if ty == DType::F32 { ([16, 16, 6, 2], 2) } else { ([16, 16, 3, 2], 1) };
+            let (bne, nr) =
+                if ty == DType::F32 { ([16, 16, 6, 2], 2) } else { ([16, 16, 3, 2], 1) };
             let mut c = OutProdCase::new(ty, [256, 16, 3, 2], bne, 50);
             c.trans_b = trans_b;
             c.perm_a = perm_a;
@@ -544,7 +623,8 @@ fn out_prod_rejects_what_ggml_cpu_does_not_run() {
     let y = g.out_prod(a, b6).unwrap();
     assert_eq!(g.shape(y).unwrap(), [256, 8, 6, 1]);
     assert!(g.out_prod(a_q, b).is_ok());
-    let shape = |r: quantgraph::Result<TensorId>| matches!(r, Err(Error::Shape { op: "out_prod", .. }));
+    let shape =
+        |r: quantgraph::Result<TensorId>| matches!(r, Err(Error::Shape { op: "out_prod", .. }));
     let ty = |r: quantgraph::Result<TensorId>| matches!(r, Err(Error::Type { op: "out_prod", .. }));
     assert!(shape(g.out_prod(a, b4)), "3 does not divide 4");
     assert!(shape(g.out_prod(a, b_k)), "k differs");
@@ -554,4 +634,33 @@ fn out_prod_rejects_what_ggml_cpu_does_not_run() {
     assert!(ty(g.out_prod(a, b16)));
     let at = g.transpose(a).unwrap();
     assert!(g.out_prod(at, b).is_err());
+}
+
+#[test]
+fn empty_shapes_compute_nothing_without_failing() {
+    let be = CpuBackend::with_threads(2).unwrap();
+    let mut g = Graph::new();
+    let a = g.input(DType::Q4_0, &[256, 16, 4]).unwrap();
+    let b = g.input(DType::F32, &[256, 1, 0]).unwrap();
+    let ids = g.input(DType::I32, &[2, 0]).unwrap();
+    let y = g.mul_mat_id(a, b, ids).unwrap();
+    let qa = g.input(DType::Q8_0, &[64, 4, 0]).unwrap();
+    let qb = g.input(DType::F32, &[5, 4, 0]).unwrap();
+    let z = g.out_prod(qa, qb).unwrap();
+    let fa = g.input(DType::F32, &[8, 4]).unwrap();
+    let fb = g.input(DType::F32, &[0, 4]).unwrap();
+    let w = g.out_prod(fa, fb).unwrap();
+    for t in [y, z, w] {
+        g.set_output(t);
+    }
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
+    p.set_input_bytes(a, &vec![0u8; 256 / 32 * 18 * 16 * 4]).unwrap();
+    p.set_input(fa, &[1.0f32; 32]).unwrap();
+    for (id, n) in [(b, 0), (ids, 0), (qa, 0), (qb, 0), (fb, 0)] {
+        p.set_input_bytes(id, &vec![0u8; n]).unwrap();
+    }
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    assert!(p.output::<f32>(y).unwrap().is_empty());
+    assert!(p.output::<f32>(w).unwrap().is_empty());
 }

@@ -6,13 +6,40 @@ use super::{Graph, Op, TensorId};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Types ggml's CPU `out_prod` accepts for `a` (src0): F32, F16, and every quantized type that
-/// converts to f32 (`ggml_is_quantized`; BF16 is not one of them).
+/// Types ggml's CPU `out_prod` accepts for `a` (src0): F32, F16, and the quantized types its
+/// `ggml_compute_forward_out_prod` dequantizes (not BF16, nor the activation-only Q8_1 and Q8_K,
+/// on which ggml aborts).
 pub(crate) fn out_prod_type_ok(d: DType) -> bool {
-    match d {
-        DType::F32 | DType::F16 => true,
-        d => d.is_quantized() && crate::quant::format(d).dequantize.is_some(),
-    }
+    matches!(
+        d,
+        DType::F32
+            | DType::F16
+            | DType::Q1_0
+            | DType::Q2_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::MXFP4
+            | DType::NVFP4
+            | DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::TQ1_0
+            | DType::TQ2_0
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ3_XXS
+            | DType::IQ1_S
+            | DType::IQ1_M
+            | DType::IQ4_NL
+            | DType::IQ4_XS
+            | DType::IQ3_S
+            | DType::IQ2_S
+    ) && (d == DType::F32 || d == DType::F16 || crate::quant::format(d).dequantize.is_some())
 }
 
 impl Graph {

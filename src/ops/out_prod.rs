@@ -31,7 +31,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         msg: format!("no f32 conversion for {}", a.dtype),
     })?;
     let (m, n, k) = (d.ne[0], d.ne[1], a.ne[1]);
-    let (dps2, dps3) = (d.ne[2] / a.ne[2], d.ne[3] / a.ne[3]);
+    // max(1): an empty a (dims 2, 3 of 0) has an empty dst and no rows to walk.
+    let (dps2, dps3) = (d.ne[2] / a.ne[2].max(1), d.ne[3] / a.ne[3].max(1));
     let a_row_bytes = a.dtype.row_bytes(m);
     let nr = n * d.ne[2] * d.ne[3];
     let (r0, r1) = split(nr, ith, ctx.nth);
