@@ -6,9 +6,18 @@
 mod common;
 
 use common::{each, nmse, rand_f32};
-use quantgraph::kernels::{Isa, vec_dot_with};
+use quantgraph::kernels::{Isa, set_isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
 use quantgraph::{CpuBackend, DType, Error, Graph, Plan, TensorId};
+use std::sync::{Mutex, MutexGuard};
+
+/// `set_isa` is process-wide: the tier test and the tests that compare results bitwise take this
+/// lock so the tier cannot change between the runs they compare.
+static ISA_LOCK: Mutex<()> = Mutex::new(());
+
+fn isa_lock() -> MutexGuard<'static, ()> {
+    ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Types whose reference quantizer needs an importance matrix or builds grid tables that take
 /// seconds in a test build; their weights are random valid blocks instead.
@@ -245,6 +254,7 @@ fn mul_mat_id_accepts_exactly_the_types_with_a_dot_product() {
 /// Every weight type on test-backend-ops' sweep shapes (n_mats 4, k 256), scaled down in m.
 #[test]
 fn mul_mat_id_every_type_matches_f64_and_per_expert_mul_mat() {
+    let _tier = isa_lock();
     let combos: [(usize, bool, usize, usize); 5] = [
         (1, false, 16, 1),
         (2, false, 33, 5),
@@ -301,6 +311,7 @@ fn mul_mat_id_single_expert_and_all_tokens_on_one_expert() {
 
 #[test]
 fn mul_mat_id_is_thread_count_invariant() {
+    let _tier = isa_lock();
     for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::F16, DType::F32, DType::IQ4_NL] {
         let c = MoeCase::new(ty, 4, 2, false, 33, 17, 256, 9);
         let one = c.run(1);
@@ -312,6 +323,33 @@ fn mul_mat_id_is_thread_count_invariant() {
             );
         }
     }
+}
+
+/// Every SIMD tier this CPU has, against the f64 reference and bitwise against mul_mat on the
+/// same tier; out_prod against its reference on every tier.
+#[test]
+fn every_tier_matches_reference_and_mul_mat() {
+    let _tier = isa_lock();
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        set_isa(isa).unwrap();
+        for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::IQ4_NL, DType::F16, DType::F32] {
+            let c = MoeCase::new(ty, 4, 2, false, 33, 17, 256, 21);
+            let got = c.run(2);
+            let e = nmse(&got, &c.reference());
+            assert!(e < 5e-4, "{ty} on {isa:?}: nmse {e}");
+            let mm = c.per_expert_mul_mat();
+            assert!(
+                got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{ty} on {isa:?}: differs from mul_mat"
+            );
+        }
+        for ty in [DType::F32, DType::F16, DType::Q4_0] {
+            let c = OutProdCase::new(ty, [256, 16, 2, 1], [16, 16, 2, 1], 22);
+            let e = nmse(&c.run(2), &c.reference());
+            assert!(e < c.limit(), "out_prod {ty} on {isa:?}: nmse {e}");
+        }
+    }
+    set_isa(Isa::best()).unwrap();
 }
 
 #[test]
@@ -592,6 +630,7 @@ fn out_prod_transposed_b_and_permuted_a() {
 
 #[test]
 fn out_prod_is_thread_count_invariant() {
+    let _tier = isa_lock();
     for ty in [DType::F32, DType::F16, DType::Q4_K] {
         let bne = if ty == DType::F32 { [33, 16, 6, 1] } else { [33, 16, 3, 1] };
         let c = OutProdCase::new(ty, [256, 16, 3, 1], bne, 60);
