@@ -703,3 +703,35 @@ fn empty_shapes_compute_nothing_without_failing() {
     assert!(p.output::<f32>(y).unwrap().is_empty());
     assert!(p.output::<f32>(w).unwrap().is_empty());
 }
+
+/// b already in the weights' vec-dot type (F16 for F16, Q8_0 for Q4_0, Q8_K for Q4_K) skips the
+/// conversion and gives bitwise what F32 b converted by the op gives.
+#[test]
+fn mul_mat_id_b_in_vec_dot_type_matches_f32_b() {
+    let _tier = isa_lock();
+    for ty in [DType::F16, DType::Q4_0, DType::Q4_K] {
+        let c = MoeCase::new(ty, 4, 2, false, 20, 9, 256, 31);
+        let want = c.run(2);
+        let vd = ty.vec_dot_type();
+        let mut b_vd = vec![0u8; vd.row_size(c.b.len()).unwrap()];
+        quantize_for_dot(vd, &c.b, &mut b_vd).unwrap();
+        let mut g = Graph::new();
+        let a = g.input(ty, &[c.k, c.m, c.n_mats]).unwrap();
+        let b = g.input(vd, &[c.k, c.nb(), c.n]).unwrap();
+        let ids_in = g.input(DType::I32, &[c.n_mats, c.n]).unwrap();
+        let ids = g.view_2d(ids_in, [c.n_used, c.n], c.n_mats * 4, 0).unwrap();
+        let y = g.mul_mat_id(a, b, ids).unwrap();
+        g.set_output(y);
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
+        p.set_input_bytes(a, &c.as_q).unwrap();
+        p.set_input_bytes(b, &b_vd).unwrap();
+        p.set_input(ids_in, &c.ids).unwrap();
+        p.compute().unwrap();
+        p.check_guards().unwrap();
+        let got = p.output::<f32>(y).unwrap();
+        assert!(
+            got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{ty} with {vd} b differs from F32 b"
+        );
+    }
+}
