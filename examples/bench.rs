@@ -5,7 +5,6 @@
 //! cargo run --release --example bench -- plan-overhead NODES
 //! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS
 //! cargo run --release --example bench -- vec-dot TYPE N REPS
-//! cargo run --release --example bench -- mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS
 //! ```
 //! Times are medians over repetitions; the machine is noisy, so compare ratios measured together.
 
@@ -124,8 +123,9 @@ fn matmul(
     Ok(())
 }
 
-/// mul_mat_id as test-backend-ops times it: `as` [K, M, E] weights, b F32 [K, U, N] (one row per
-/// slot), ids [U, N] picking U distinct experts per token; flops = 2 M N K U.
+/// `bench mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS`: mul_mat_id as test-backend-ops
+/// times it: `as` [K, M, E] weights, b F32 [K, U, N] (one row per slot), ids [U, N] picking U
+/// distinct experts per token; flops = 2 M N K U.
 #[allow(clippy::too_many_arguments)]
 fn mul_mat_id(
     ty: DType,
@@ -470,8 +470,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
-                 matmul TYPE M N K THREADS REPS | \
-                 mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS | vec-dot TYPE N REPS | op NAME THREADS REPS | \
+                 matmul TYPE M N K THREADS REPS | vec-dot TYPE N REPS | op NAME THREADS REPS | \
                  bandwidth THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
             );
             std::process::exit(2)

@@ -12,15 +12,16 @@ mod gather;
 mod get_rows;
 mod glu;
 mod mul_mat;
-mod mul_mat_id;
 mod norm;
-mod out_prod;
 mod reduce;
 mod rope;
 mod set_rows;
 mod softmax;
 mod unary;
 mod upscale;
+// --- moe: mul_mat_id and out_prod ---
+mod mul_mat_id;
+mod out_prod;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
