@@ -1,5 +1,5 @@
 //! mul_mat_id and out_prod against plain f64 references with test-backend-ops' shapes and NMSE
-//! limits, for every weight type they accept; mul_mat_id also against per-expert mul_mat graphs,
+//! limits, for every weight type they accept; mul_mat_id also bitwise against one-column mul_mats,
 //! out-of-range ids, build-time shape and type errors, and thread-count invariance (1, 2 and 3
 //! threads bitwise). Every plan has guard bytes around its tensors.
 
@@ -200,34 +200,32 @@ impl MoeCase {
         out
     }
 
-    /// The same products through one mul_mat graph per expert (all b rows as columns).
-    fn per_expert_mul_mat(&self) -> Vec<f32> {
+    /// The same products as one single-column mul_mat per (slot, token), on views of the expert's
+    /// matrix and of the b row, all in one graph. A one-column mul_mat is one `vec_dot` per
+    /// output (ggml's decode path), which mul_mat_id must match bitwise.
+    fn single_column_mul_mats(&self) -> Vec<f32> {
         let (k, m) = (self.k, self.m);
-        let ncols = self.nb() * self.n;
         let row = self.ty.row_size(k).unwrap();
-        let be = CpuBackend::with_threads(2).unwrap();
-        let mut per_expert = Vec::new();
-        for e in 0..self.n_mats {
-            let mut g = Graph::new();
-            let a = g.input(self.ty, &[k, m]).unwrap();
-            let b = g.input(DType::F32, &[k, ncols]).unwrap();
-            let y = g.mul_mat(a, b).unwrap();
-            g.set_output(y);
-            let mut p = Plan::with_guards(g, &be, 64).unwrap();
-            p.set_input_bytes(a, &self.as_q[e * m * row..][..m * row]).unwrap();
-            p.set_input(b, &self.b).unwrap();
-            p.compute().unwrap();
-            p.check_guards().unwrap();
-            per_expert.push(p.output::<f32>(y).unwrap().to_vec());
-        }
-        let mut out = Vec::with_capacity(m * self.n_used * self.n);
+        let mut g = Graph::new();
+        let a = g.input(self.ty, &[k, m, self.n_mats]).unwrap();
+        let b = g.input(DType::F32, &[k, self.nb(), self.n]).unwrap();
+        let mut outs = Vec::new();
         for t in 0..self.n {
             for s in 0..self.n_used {
+                let ae = g.view_2d(a, [k, m], row, self.id(s, t) * m * row).unwrap();
                 let col = t * self.nb() + s % self.nb();
-                out.extend_from_slice(&per_expert[self.id(s, t)][col * m..][..m]);
+                let bc = g.view_2d(b, [k, 1], k * 4, col * k * 4).unwrap();
+                let y = g.mul_mat(ae, bc).unwrap();
+                g.set_output(y);
+                outs.push(y);
             }
         }
-        out
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
+        p.set_input_bytes(a, &self.as_q).unwrap();
+        p.set_input(b, &self.b).unwrap();
+        p.compute().unwrap();
+        p.check_guards().unwrap();
+        outs.iter().flat_map(|&y| p.output::<f32>(y).unwrap().to_vec()).collect()
     }
 }
 
@@ -253,7 +251,7 @@ fn mul_mat_id_accepts_exactly_the_types_with_a_dot_product() {
 
 /// Every weight type on test-backend-ops' sweep shapes (n_mats 4, k 256), scaled down in m.
 #[test]
-fn mul_mat_id_every_type_matches_f64_and_per_expert_mul_mat() {
+fn mul_mat_id_every_type_matches_f64_and_single_column_mul_mat() {
     let _tier = isa_lock();
     let combos: [(usize, bool, usize, usize); 5] = [
         (1, false, 16, 1),
@@ -269,11 +267,11 @@ fn mul_mat_id_every_type_matches_f64_and_per_expert_mul_mat() {
             let want = c.reference();
             let e = nmse(&got, &want);
             assert!(e < 5e-4, "{ty} n_used={n_used} b={bcast} m={m} n={n}: nmse {e}");
-            let mm = c.per_expert_mul_mat();
+            let mm = c.single_column_mul_mats();
             let diff = got.iter().zip(&mm).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
             assert_eq!(
                 diff, 0,
-                "{ty} n_used={n_used} b={bcast} m={m} n={n}: {diff} elements differ from mul_mat"
+                "{ty} n_used={n_used} b={bcast} m={m} n={n}: {diff} elements differ from one-column mul_mat"
             );
         }
     }
@@ -325,8 +323,8 @@ fn mul_mat_id_is_thread_count_invariant() {
     }
 }
 
-/// Every SIMD tier this CPU has, against the f64 reference and bitwise against mul_mat on the
-/// same tier; out_prod against its reference on every tier.
+/// Every SIMD tier this CPU has, against the f64 reference and bitwise against one-column
+/// mul_mats on the same tier; out_prod against its reference on every tier.
 #[test]
 fn every_tier_matches_reference_and_mul_mat() {
     let _tier = isa_lock();
@@ -337,7 +335,7 @@ fn every_tier_matches_reference_and_mul_mat() {
             let got = c.run(2);
             let e = nmse(&got, &c.reference());
             assert!(e < 5e-4, "{ty} on {isa:?}: nmse {e}");
-            let mm = c.per_expert_mul_mat();
+            let mm = c.single_column_mul_mats();
             assert!(
                 got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()),
                 "{ty} on {isa:?}: differs from mul_mat"
