@@ -124,6 +124,64 @@ fn matmul(
     Ok(())
 }
 
+/// `bench mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS`: mul_mat_id as test-backend-ops
+/// times it: `as` [K, M, E] weights, b F32 [K, U, N] (one row per slot), ids [U, N] picking U
+/// distinct experts per token; flops = 2 M N K U.
+#[allow(clippy::too_many_arguments)]
+fn mul_mat_id(
+    ty: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    experts: usize,
+    used: usize,
+    threads: usize,
+    reps: usize,
+) -> quantgraph::Result<()> {
+    if used == 0 || used > experts {
+        return Err(quantgraph::Error::InvalidArgument(format!(
+            "mul_mat_id bench: need 1 <= N_USED ({used}) <= N_EXPERT ({experts})"
+        )));
+    }
+    let be = CpuBackend::with_threads(threads)?;
+    let a = rand_vec(m * k * experts, 1);
+    let mut bytes = vec![0u8; ty.row_size(k)? * m * experts];
+    match ty {
+        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
+        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
+        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
+    }
+    let wbuf = Buffer::from_host(bytes);
+    let mut g = Graph::new();
+    let w = g.weight(ty, &[k, m, experts], &wbuf, 0)?;
+    let x = g.input(DType::F32, &[k, used, n])?;
+    let ids = g.input(DType::I32, &[used, n])?;
+    let y = g.mul_mat_id(w, x, ids)?;
+    g.set_output(y);
+    let mut plan = Plan::new(g, &be)?;
+    plan.set_input(x, &rand_vec(k * used * n, 2))?;
+    // Token t uses experts t, t + 1, ... (mod E): every expert gets work as in a real batch.
+    let ids_v: Vec<i32> =
+        (0..n).flat_map(|t| (0..used).map(move |s| ((t + s) % experts) as i32)).collect();
+    plan.set_input(ids, &ids_v)?;
+    plan.compute()?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        plan.compute()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let t = median(times);
+    let gflops = 2.0 * (m * n * k * used) as f64 / t / 1e9;
+    println!(
+        "quantgraph mul_mat_id {} {m} {n} {k} experts={experts} used={used} threads={} median_ms={:.3} gflops={gflops:.1}",
+        ty.name(),
+        be.n_threads(),
+        t * 1e3
+    );
+    Ok(())
+}
+
 fn vec_dot(ty: DType, n: usize, reps: usize) -> quantgraph::Result<()> {
     let x = rand_vec(n, 1);
     let y = rand_vec(n, 2);
@@ -419,6 +477,22 @@ fn main() {
                     arg(&args, 4, "K"),
                     arg(&args, 5, "THREADS"),
                     arg(&args, 6, "REPS"),
+                ),
+                None => Err(quantgraph::Error::UnknownType(ty)),
+            }
+        }
+        Some("mul_mat_id") => {
+            let ty: String = arg(&args, 1, "TYPE");
+            match DType::from_name(&ty) {
+                Some(t) => mul_mat_id(
+                    t,
+                    arg(&args, 2, "M"),
+                    arg(&args, 3, "N"),
+                    arg(&args, 4, "K"),
+                    arg(&args, 5, "N_EXPERT"),
+                    arg(&args, 6, "N_USED"),
+                    arg(&args, 7, "THREADS"),
+                    arg(&args, 8, "REPS"),
                 ),
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }

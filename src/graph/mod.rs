@@ -6,6 +6,7 @@
 mod attention;
 mod custom;
 mod elementwise;
+mod moe;
 mod movement;
 mod ops;
 mod rope;

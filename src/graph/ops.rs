@@ -196,6 +196,12 @@ pub enum Op {
     Argsort(super::SortOrder),
     /// Indices of the `k` largest elements of each row (I32; order not significant, as ggml).
     TopK { k: usize },
+    // --- moe: mul_mat_id and out_prod (src/graph/moe.rs) ---
+    /// Per-token expert matmul: src0 [k, m, n_expert] x src1 [k, 1 or n_used, n_tokens] with the
+    /// experts named by the I32 ids in src2 [n_used, n_tokens] -> [m, n_used, n_tokens].
+    MulMatId,
+    /// Outer products summed over k: src0 [m, k] x src1 [n, k] -> [m, n], broadcasting dims 2, 3.
+    OutProd,
 }
 
 impl Op {
@@ -260,6 +266,9 @@ impl Op {
             Op::CountEqual => "count_equal",
             Op::Argsort(_) => "argsort",
             Op::TopK { .. } => "top_k",
+            // --- moe (src/graph/moe.rs) ---
+            Op::MulMatId => "mul_mat_id",
+            Op::OutProd => "out_prod",
         }
     }
 

@@ -21,6 +21,9 @@ mod set_rows;
 mod softmax;
 mod unary;
 mod upscale;
+// --- moe: mul_mat_id and out_prod ---
+mod mul_mat_id;
+mod out_prod;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
@@ -102,6 +105,12 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> Result<()> {
             }
             Ok(())
         }
+        // --- moe (src/ops/mul_mat_id.rs) ---
+        Op::MulMatId => {
+            let a = graph.t(t.src[0].expect("mul_mat_id as"));
+            let b = graph.t(t.src[1].expect("mul_mat_id b"));
+            mul_mat_id::check_kernels(a.dtype, b.dtype).map_err(unsupported)
+        }
         _ => Ok(()),
     }
 }
@@ -114,6 +123,8 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
         Op::Set { .. } => 2,
         // ops1: copy then accumulate; count then add the per-thread counts.
         Op::Acc { .. } | Op::CountEqual => 2,
+        // --- moe: convert b and group by expert, then the expert chunks ---
+        Op::MulMatId => mul_mat_id::phases(node),
         _ => 1,
     }
 }
@@ -129,6 +140,9 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
         // ops1
         Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
+        // --- moe ---
+        Op::MulMatId => mul_mat_id::work_size(node, nth),
+        Op::OutProd => out_prod::work_size(node, nth),
         _ => 0,
     }
 }
@@ -190,5 +204,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::CountEqual => reduce::count_equal(ctx, phase, ith),
         Op::Argsort(order) => reduce::argsort(ctx, ith, *order),
         Op::TopK { k } => reduce::top_k(ctx, ith, *k),
+        // --- moe: mul_mat_id and out_prod ---
+        Op::MulMatId => mul_mat_id::compute(ctx, phase, ith),
+        Op::OutProd => out_prod::compute(ctx, ith),
     }
 }
