@@ -342,7 +342,7 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     }
     let t = median(times);
     println!(
-        "quantgraph op {name} threads={threads} median_ms={:.3} gbps={:.1} machine_gbps={:.1}",
+        "quantgraph op {name} threads={threads} median_ms={:.3} gbytes_per_s={:.1} machine_gbytes_per_s={:.1}",
         t * 1e3,
         bytes as f64 / t / 1e9,
         bandwidth(threads)

@@ -122,7 +122,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     let total = per_batch * d.ne[2] * d.ne[3];
     // Decode (n == 1) keeps the plain dot products; the tile kernels pay off when columns share
     // weight loads.
-    let gemm = if n >= 2 { table.gemm(a.dtype) } else { None };
+    let gemm = table.gemm(a.dtype);
     loop {
         let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
         if c >= total {
