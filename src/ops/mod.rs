@@ -19,6 +19,11 @@ mod set_rows;
 mod softmax;
 mod unary;
 mod upscale;
+// --- ssm: state-space, recurrent and misc forward ops ---
+mod delta_net;
+mod dsv4;
+mod rwkv;
+mod ssm;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
@@ -127,6 +132,9 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
         // ops1
         Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
+        // --- ssm ---
+        Op::GatedDeltaNet { .. } => delta_net::gdn_work_size(node, nth),
+        Op::LightningIndexer => dsv4::li_work_size(node, nth),
         _ => 0,
     }
 }
@@ -188,5 +196,17 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::CountEqual => reduce::count_equal(ctx, phase, ith),
         Op::Argsort(order) => reduce::argsort(ctx, ith, *order),
         Op::TopK { k } => reduce::top_k(ctx, ith, *k),
+        // --- ssm: state-space, recurrent and misc forward ops ---
+        Op::SsmConv => ssm::ssm_conv(ctx, ith),
+        Op::SsmScan { k } => ssm::ssm_scan(ctx, ith, *k),
+        Op::RwkvWkv6 => rwkv::wkv6(ctx, ith),
+        Op::GatedLinearAttn { scale } => rwkv::gla(ctx, ith, *scale),
+        Op::RwkvWkv7 => rwkv::wkv7(ctx, ith),
+        Op::SolveTri => delta_net::solve_tri(ctx, ith),
+        Op::GatedDeltaNet { k } => delta_net::gated_delta_net(ctx, ith, *k),
+        Op::LightningIndexer => dsv4::lightning_indexer(ctx, ith),
+        Op::Dsv4HcComb { eps, n_iter } => dsv4::hc_comb(ctx, ith, *eps, *n_iter),
+        Op::Dsv4HcPre => dsv4::hc_pre(ctx, ith),
+        Op::Dsv4HcPost => dsv4::hc_post(ctx, ith),
     }
 }
