@@ -105,7 +105,12 @@ fn ssm_conv_matches_reference() {
         let (da, dw) = (Data::F32(a.clone()), Data::F32(w.clone()));
         let inputs = [(sx, &da), (c, &dw)];
         let got = if i % 4 == 0 { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
-        check(&format!("ssm_conv {ne_a:?} d_conv {d_conv}"), &got, &ssm_conv_ref(&a, &w, ne_a, d_conv), 1e-7);
+        check(
+            &format!("ssm_conv {ne_a:?} d_conv {d_conv}"),
+            &got,
+            &ssm_conv_ref(&a, &w, ne_a, d_conv),
+            1e-7,
+        );
     }
 }
 
@@ -199,7 +204,12 @@ fn ssm_scan_case(p: &Scan, overlap: bool, seed: u64, threads: bool) -> Vec<f32> 
     let ad = uniform(a_ne0 * nh, seed + 2, -1.0, -0.5);
     // ids: a permutation of 0..ns
     let idd: Vec<i32> = (0..ns as i32).map(|i| (i * 3 + 1) % ns as i32).collect();
-    let mut datas = vec![(s, Data::F32(sd.clone())), (dt, Data::F32(dtd.clone())), (a, Data::F32(ad.clone())), (ids, Data::I32(idd.clone()))];
+    let mut datas = vec![
+        (s, Data::F32(sd.clone())),
+        (dt, Data::F32(dtd.clone())),
+        (a, Data::F32(ad.clone())),
+        (ids, Data::I32(idd.clone())),
+    ];
     let (x, b, c, want) = if overlap {
         // x, B and C are overlapping views of one tensor, as test-backend-ops' xbc_overlap.
         assert_eq!(nr, nc);
@@ -251,7 +261,10 @@ fn ssm_scan_case(p: &Scan, overlap: bool, seed: u64, threads: bool) -> Vec<f32> 
     let got = if threads { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
     let limit = if nr > 1 { 2e-7 } else { 1e-7 };
     check(
-        &format!("ssm_scan d_state {nc} head_dim {nr} n_head {nh} n_group {ng} tokens {nt} seqs {ns} K {} overlap {overlap}", p.k),
+        &format!(
+            "ssm_scan d_state {nc} head_dim {nr} n_head {nh} n_group {ng} tokens {nt} seqs {ns} K {} overlap {overlap}",
+            p.k
+        ),
         &got,
         &want,
         limit,
@@ -308,7 +321,9 @@ fn ssm_scan_snapshots_equal_prefix_states() {
         let ids = g.input(DType::I32, &[ns]).unwrap();
         let y = g.ssm_scan(s, x, dt, a, b, c, ids, k).unwrap();
         let prefix = |v: &[f32], per_tok: usize| -> Vec<f32> {
-            (0..ns).flat_map(|q| v[q * nt * per_tok..(q * nt + tokens) * per_tok].to_vec()).collect()
+            (0..ns)
+                .flat_map(|q| v[q * nt * per_tok..(q * nt + tokens) * per_tok].to_vec())
+                .collect()
         };
         let d = [
             (s, Data::F32(sd.clone())),
@@ -399,11 +414,13 @@ fn linear_attn_ref(
     out
 }
 
-const RWKV_SHAPES: [(usize, usize, usize, usize); 4] = [(32, 64, 1, 1), (32, 64, 32, 1), (32, 64, 32, 4), (32, 64, 128, 4)];
+const RWKV_SHAPES: [(usize, usize, usize, usize); 4] =
+    [(32, 64, 1, 1), (32, 64, 32, 1), (32, 64, 32, 4), (32, 64, 128, 4)];
 
 #[test]
 fn rwkv_wkv6_matches_reference() {
-    for (i, &(h, s, n_seq_tokens, n_seqs)) in RWKV_SHAPES.iter().chain(&[(3, 19, 5, 2)]).enumerate() {
+    for (i, &(h, s, n_seq_tokens, n_seqs)) in RWKV_SHAPES.iter().chain(&[(3, 19, 5, 2)]).enumerate()
+    {
         let t = n_seq_tokens * n_seqs;
         let mut g = Graph::new();
         let ins: Vec<TensorId> = (0..4).map(|_| g.input(DType::F32, &[s, h, t]).unwrap()).collect();
@@ -426,16 +443,25 @@ fn rwkv_wkv6_matches_reference() {
                 }
             }
         });
-        let datas: Vec<Data> = d.iter().map(|v| Data::F32(v.clone())).chain([Data::F32(tfd), Data::F32(sd)]).collect();
-        let inputs: Vec<(TensorId, &Data)> = [k, v, r, td, tf, st].into_iter().zip(datas.iter()).collect();
-        let got = if i == 2 || i == 4 { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
-        check(&format!("rwkv_wkv6 H {h} S {s} tokens {n_seq_tokens} seqs {n_seqs}"), &got, &want, 1e-7);
+        let datas: Vec<Data> =
+            d.iter().map(|v| Data::F32(v.clone())).chain([Data::F32(tfd), Data::F32(sd)]).collect();
+        let inputs: Vec<(TensorId, &Data)> =
+            [k, v, r, td, tf, st].into_iter().zip(datas.iter()).collect();
+        let got =
+            if i == 2 || i == 4 { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
+        check(
+            &format!("rwkv_wkv6 H {h} S {s} tokens {n_seq_tokens} seqs {n_seqs}"),
+            &got,
+            &want,
+            1e-7,
+        );
     }
 }
 
 #[test]
 fn gated_linear_attn_matches_reference() {
-    for (i, &(h, s, n_seq_tokens, n_seqs)) in RWKV_SHAPES.iter().chain(&[(3, 19, 5, 2)]).enumerate() {
+    for (i, &(h, s, n_seq_tokens, n_seqs)) in RWKV_SHAPES.iter().chain(&[(3, 19, 5, 2)]).enumerate()
+    {
         let t = n_seq_tokens * n_seqs;
         let scale = (s as f32).powf(-0.5);
         let mut g = Graph::new();
@@ -447,7 +473,8 @@ fn gated_linear_attn_matches_reference() {
         let sd = rand_f32(s * s * h * n_seqs, 9);
         let want = linear_attn_ref(s, h, t, n_seqs, &sd, |st, o, _, y| {
             for i in 0..s {
-                let (kk, qq, gv) = (d[0][o + i] as f64, (d[2][o + i] * scale) as f64, d[3][o + i] as f64);
+                let (kk, qq, gv) =
+                    (d[0][o + i] as f64, (d[2][o + i] * scale) as f64, d[3][o + i] as f64);
                 for j in 0..s {
                     let temp = st[i * s + j] * gv + kk * d[1][o + j] as f64;
                     y[j] += temp * qq;
@@ -455,10 +482,18 @@ fn gated_linear_attn_matches_reference() {
                 }
             }
         });
-        let datas: Vec<Data> = d.iter().map(|v| Data::F32(v.clone())).chain([Data::F32(sd)]).collect();
-        let inputs: Vec<(TensorId, &Data)> = [k, v, q, gg, st].into_iter().zip(datas.iter()).collect();
-        let got = if i == 2 || i == 4 { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
-        check(&format!("gated_linear_attn H {h} S {s} tokens {n_seq_tokens} seqs {n_seqs}"), &got, &want, 1e-7);
+        let datas: Vec<Data> =
+            d.iter().map(|v| Data::F32(v.clone())).chain([Data::F32(sd)]).collect();
+        let inputs: Vec<(TensorId, &Data)> =
+            [k, v, q, gg, st].into_iter().zip(datas.iter()).collect();
+        let got =
+            if i == 2 || i == 4 { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
+        check(
+            &format!("gated_linear_attn H {h} S {s} tokens {n_seq_tokens} seqs {n_seqs}"),
+            &got,
+            &want,
+            1e-7,
+        );
     }
 }
 
@@ -474,14 +509,22 @@ fn l2_rows(v: &mut [f32], n: usize) {
 
 #[test]
 fn rwkv_wkv7_matches_reference() {
-    let shapes = [(32usize, 64usize, 1usize, 1usize), (32, 64, 1, 4), (32, 64, 32, 1), (32, 64, 32, 4), (32, 64, 128, 4), (3, 19, 5, 2)];
+    let shapes = [
+        (32usize, 64usize, 1usize, 1usize),
+        (32, 64, 1, 4),
+        (32, 64, 32, 1),
+        (32, 64, 32, 4),
+        (32, 64, 128, 4),
+        (3, 19, 5, 2),
+    ];
     for (i, &(h, s, n_seq_tokens, n_seqs)) in shapes.iter().enumerate() {
         let t = n_seq_tokens * n_seqs;
         let mut g = Graph::new();
         let ins: Vec<TensorId> = (0..6).map(|_| g.input(DType::F32, &[s, h, t]).unwrap()).collect();
         let st = g.input(DType::F32, &[s * s * h, n_seqs]).unwrap();
         let y = g.rwkv_wkv7(ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], st).unwrap();
-        let mut d: Vec<Vec<f32>> = (0..6).map(|j| rand_f32(s * h * t, 300 * i as u64 + j)).collect();
+        let mut d: Vec<Vec<f32>> =
+            (0..6).map(|j| rand_f32(s * h * t, 300 * i as u64 + j)).collect();
         // test-backend-ops l2-normalises a and b (the state can blow up otherwise).
         l2_rows(&mut d[4], s);
         l2_rows(&mut d[5], s);
@@ -500,11 +543,18 @@ fn rwkv_wkv7_matches_reference() {
                 y[i] = res;
             }
         });
-        let datas: Vec<Data> = d.iter().map(|v| Data::F32(v.clone())).chain([Data::F32(sd)]).collect();
+        let datas: Vec<Data> =
+            d.iter().map(|v| Data::F32(v.clone())).chain([Data::F32(sd)]).collect();
         let ids: Vec<TensorId> = ins.iter().copied().chain([st]).collect();
         let inputs: Vec<(TensorId, &Data)> = ids.into_iter().zip(datas.iter()).collect();
-        let got = if i == 3 || i == 5 { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
-        check(&format!("rwkv_wkv7 H {h} S {s} tokens {n_seq_tokens} seqs {n_seqs}"), &got, &want, 5e-3);
+        let got =
+            if i == 3 || i == 5 { run_threads(&g, &inputs, y) } else { run(&g, &inputs, y, 2) };
+        check(
+            &format!("rwkv_wkv7 H {h} S {s} tokens {n_seq_tokens} seqs {n_seqs}"),
+            &got,
+            &want,
+            5e-3,
+        );
     }
 }
 
@@ -573,7 +623,8 @@ fn solve_tri_matches_reference() {
                     for t in 0..row {
                         sum += am[row * n + t] as f64 * xm[t * kc + col];
                     }
-                    xm[row * kc + col] = (bm[row * kc + col] as f64 - sum) / am[row * n + row] as f64;
+                    xm[row * kc + col] =
+                        (bm[row * kc + col] as f64 - sum) / am[row * n + row] as f64;
                 }
             }
         }
@@ -727,7 +778,16 @@ fn gdn_case(p: &Gdn, seed: u64, threads: bool) {
 #[test]
 fn gated_delta_net_matches_reference() {
     #[allow(clippy::too_many_arguments)]
-    let c = |heads, s, nt, ns, v_repeat, permuted, kda, k| Gdn { heads, s, nt, ns, v_repeat, permuted, kda, k };
+    let c = |heads, s, nt, ns, v_repeat, permuted, kda, k| Gdn {
+        heads,
+        s,
+        nt,
+        ns,
+        v_repeat,
+        permuted,
+        kda,
+        k,
+    };
     let cases = [
         c(32, 128, 1, 1, 1, false, false, 1),
         c(32, 16, 1, 1, 1, true, true, 1),
@@ -769,9 +829,18 @@ fn gated_delta_net_rejects_bad_inputs() {
     assert!(matches!(g.gated_delta_net(q3, q3, v, gate, beta, st, 1), Err(Error::Shape { .. })));
     assert!(matches!(g.gated_delta_net(q_s, q_s, v, gate, beta, st, 1), Err(Error::Shape { .. })));
     assert!(matches!(g.gated_delta_net(qk, q3, v, gate, beta, st, 1), Err(Error::Shape { .. })));
-    assert!(matches!(g.gated_delta_net(qk, qk, v, gate_bad, beta, st, 1), Err(Error::Shape { .. })));
-    assert!(matches!(g.gated_delta_net(qk, qk, v, gate, gate_bad, st, 1), Err(Error::Shape { .. })));
-    assert!(matches!(g.gated_delta_net(qk, qk, v, gate, beta, st_bad, 1), Err(Error::Shape { .. })));
+    assert!(matches!(
+        g.gated_delta_net(qk, qk, v, gate_bad, beta, st, 1),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        g.gated_delta_net(qk, qk, v, gate, gate_bad, st, 1),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        g.gated_delta_net(qk, qk, v, gate, beta, st_bad, 1),
+        Err(Error::Shape { .. })
+    ));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -786,7 +855,16 @@ fn k_bytes(dt: DType, v: &[f32]) -> (Vec<u8>, Vec<f32>) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn lightning_case(hsk: usize, nh: usize, kv: usize, nb: usize, ns: usize, nm: usize, tk: DType, threads: bool) {
+fn lightning_case(
+    hsk: usize,
+    nh: usize,
+    kv: usize,
+    nb: usize,
+    ns: usize,
+    nm: usize,
+    tk: DType,
+    threads: bool,
+) {
     let mut g = Graph::new();
     let q = g.input(DType::F32, &[hsk, nh, nb, ns]).unwrap();
     let k = g.input(tk, &[hsk, 1, kv, ns]).unwrap();
@@ -798,7 +876,8 @@ fn lightning_case(hsk: usize, nh: usize, kv: usize, nb: usize, ns: usize, nm: us
     let qd = rand_f32(hsk * nh * nb * ns, seed);
     let (kb, kd) = k_bytes(tk, &rand_f32(hsk * kv * ns, seed + 1));
     let wd = rand_f32(nh * nb * ns, seed + 2);
-    let md: Vec<half::f16> = rand_f32(kv * nb * nm, seed + 3).iter().map(|&x| half::f16::from_f32(x)).collect();
+    let md: Vec<half::f16> =
+        rand_f32(kv * nb * nm, seed + 3).iter().map(|&x| half::f16::from_f32(x)).collect();
     let mut want = vec![0f64; kv * nb * ns];
     for s in 0..ns {
         for t in 0..nb {
@@ -815,10 +894,16 @@ fn lightning_case(hsk: usize, nh: usize, kv: usize, nb: usize, ns: usize, nm: us
         }
     }
     let mb: Vec<u8> = md.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
-    let datas = [(q, Data::F32(qd)), (k, Data::Bytes(kb)), (w, Data::F32(wd)), (m, Data::Bytes(mb))];
+    let datas =
+        [(q, Data::F32(qd)), (k, Data::Bytes(kb)), (w, Data::F32(wd)), (m, Data::Bytes(mb))];
     let inputs: Vec<(TensorId, &Data)> = datas.iter().map(|(id, d)| (*id, d)).collect();
     let got = if threads { run_threads(&g, &inputs, out) } else { run(&g, &inputs, out, 2) };
-    check(&format!("lightning_indexer {hsk} {nh} kv {kv} nb {nb} ns {ns} nm {nm} {tk}"), &got, &want, 1e-6);
+    check(
+        &format!("lightning_indexer {hsk} {nh} kv {kv} nb {nb} ns {ns} nm {nm} {tk}"),
+        &got,
+        &want,
+        1e-6,
+    );
 }
 
 #[test]
@@ -840,7 +925,16 @@ fn lightning_indexer_matches_reference_for_every_k_type() {
         }
     }
     for kv in [1usize, 7, 8, 63, 64, 65] {
-        lightning_case(128, 64, kv, 32, 4, 1, if kv % 2 == 0 { DType::Q8_0 } else { DType::F16 }, kv == 7);
+        lightning_case(
+            128,
+            64,
+            kv,
+            32,
+            4,
+            1,
+            if kv % 2 == 0 { DType::Q8_0 } else { DType::F16 },
+            kv == 7,
+        );
     }
 }
 
@@ -887,7 +981,10 @@ fn dsv4_hc_comb_matches_reference() {
             let mut c = [[0f64; HC]; HC]; // c[s][d]
             for s in 0..HC {
                 let l: Vec<f64> = (0..HC)
-                    .map(|d| md[t * 24 + 8 + d + HC * s] as f64 * sd[2] as f64 + bd[8 + d + HC * s] as f64)
+                    .map(|d| {
+                        md[t * 24 + 8 + d + HC * s] as f64 * sd[2] as f64
+                            + bd[8 + d + HC * s] as f64
+                    })
                     .collect();
                 let mx = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = l.iter().map(|v| (v - mx).exp()).sum();
@@ -950,12 +1047,14 @@ fn dsv4_hc_pre_and_post_match_reference() {
         let mut want_post = vec![0f64; n_embd * HC * nt];
         for t in 0..nt {
             for i in 0..n_embd {
-                want_pre[t * n_embd + i] =
-                    (0..HC).map(|h| xd[(t * HC + h) * n_embd + i] as f64 * wd[t * HC + h] as f64).sum();
+                want_pre[t * n_embd + i] = (0..HC)
+                    .map(|h| xd[(t * HC + h) * n_embd + i] as f64 * wd[t * HC + h] as f64)
+                    .sum();
                 for d in 0..HC {
                     let mut sum = x2d[t * n_embd + i] as f64 * pd[t * HC + d] as f64;
                     for s in 0..HC {
-                        sum += xd[(t * HC + s) * n_embd + i] as f64 * cd[(t * HC + s) * HC + d] as f64;
+                        sum +=
+                            xd[(t * HC + s) * n_embd + i] as f64 * cd[(t * HC + s) * HC + d] as f64;
                     }
                     want_post[(t * HC + d) * n_embd + i] = sum;
                 }
@@ -1049,7 +1148,9 @@ fn mamba2_block_matches_f64_reference() {
     let y = g.mul(y, zs).unwrap();
     let out = g.mul_mat(w_out, y).unwrap(); // [dm, nt]
 
-    let sc = |n: usize, seed: u64, s: f32| -> Vec<f32> { rand_f32(n, seed).iter().map(|v| v * s).collect() };
+    let sc = |n: usize, seed: u64, s: f32| -> Vec<f32> {
+        rand_f32(n, seed).iter().map(|v| v * s).collect()
+    };
     let d_xin = rand_f32(dm * nt, 1);
     let d_wx = sc(dm * di, 2, 0.2);
     let d_wz = sc(dm * di, 3, 0.2);
@@ -1073,14 +1174,24 @@ fn mamba2_block_matches_f64_reference() {
         r
     };
     let silu = |v: f64| v / (1.0 + (-v).exp());
-    let (rx, rz, rb, rc, rdt) = (mm(&d_wx, dm, di), mm(&d_wz, dm, di), mm(&d_wb, dm, ds), mm(&d_wc, dm, ds), mm(&d_wdt, dm, nh));
+    let (rx, rz, rb, rc, rdt) = (
+        mm(&d_wx, dm, di),
+        mm(&d_wz, dm, di),
+        mm(&d_wb, dm, ds),
+        mm(&d_wc, dm, ds),
+        mm(&d_wdt, dm, nh),
+    );
     let mut xconv = vec![0f64; di * nt];
     for t in 0..nt {
         for i in 0..di {
             let mut sum = 0f64;
             for kk in 0..dc {
                 let pos = t + kk; // position in [conv_state | x]
-                let v = if pos < dc - 1 { d_cs[i * (dc - 1) + pos] as f64 } else { rx[(pos - (dc - 1)) * di + i] };
+                let v = if pos < dc - 1 {
+                    d_cs[i * (dc - 1) + pos] as f64
+                } else {
+                    rx[(pos - (dc - 1)) * di + i]
+                };
                 sum += v * d_cw[i * dc + kk] as f64;
             }
             xconv[t * di + i] = silu(sum);

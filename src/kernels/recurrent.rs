@@ -9,18 +9,28 @@
 //! [`recurrent_kernels`] picks the set for the selected tier once per node; no feature check runs
 //! inside a loop.
 
+/// Mamba-2 state row: `s[i] = s[i] * da + b[i] * x_dt`, returns `sum_i s[i] * c[i]`.
+pub(crate) type SsmScanRowFn = fn(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32;
+/// RWKV-6 state row `i` of a head: for every `j`, `kv = v[j] * k`,
+/// `out[j] += (kv * tf + s[j]) * r`, `s[j] = s[j] * td + kv`.
+pub(crate) type Wkv6RowFn =
+    fn(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32);
+/// Gated linear attention state row: `t = s[j] * g + v[j] * k`, `out[j] += t * q`, `s[j] = t`.
+pub(crate) type GlaRowFn = fn(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32);
+/// RWKV-7 state row: `sa = sum_j a[j] s[j]`, `s[j] = s[j] w[j] + v k[j] + sa b[j]`, returns
+/// `sum_j s[j] r[j]`; the rows are `[r, w, k, a, b]`.
+pub(crate) type Wkv7RowFn = fn(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32;
+
 /// Function pointers for one tier.
 pub(crate) struct RecurrentKernels {
-    /// Mamba-2 state row: `s[i] = s[i] * da + b[i] * x_dt`, returns `sum_i s[i] * c[i]`.
-    pub ssm_scan_row: fn(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32,
-    /// RWKV-6 state row `i` of a head: for every `j`, `kv = v[j] * k`,
-    /// `out[j] += (kv * tf + s[j]) * r`, `s[j] = s[j] * td + kv`.
-    pub wkv6_row: fn(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32),
-    /// Gated linear attention state row: `t = s[j] * g + v[j] * k`, `out[j] += t * q`, `s[j] = t`.
-    pub gla_row: fn(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32),
-    /// RWKV-7 state row: `sa = sum_j a[j] s[j]`, `s[j] = s[j] w[j] + v k[j] + sa b[j]`, returns
-    /// `sum_j s[j] r[j]`.
-    pub wkv7_row: fn(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32,
+    /// See [`SsmScanRowFn`].
+    pub ssm_scan_row: SsmScanRowFn,
+    /// See [`Wkv6RowFn`].
+    pub wkv6_row: Wkv6RowFn,
+    /// See [`GlaRowFn`].
+    pub gla_row: GlaRowFn,
+    /// See [`Wkv7RowFn`].
+    pub wkv7_row: Wkv7RowFn,
 }
 
 const LANES: usize = 16;
