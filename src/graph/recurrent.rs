@@ -392,6 +392,9 @@ impl Graph {
         }
         let [sv, h, nt, ns] = tv.ne;
         let bad = |msg: String| Err(Error::shape(OP, msg));
+        if sv == 0 {
+            return bad(format!("v {} has head size 0", tv.describe(v)));
+        }
         if tq.ne != tk.ne
             || tq.ne[0] != sv
             || tq.ne[1] == 0

@@ -102,24 +102,34 @@ fn wkv7_row_body(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
     let n = s.len().min(r.len()).min(w.len()).min(k.len()).min(a.len()).min(b.len());
     let (s, r, w, k, a, b) = (&mut s[..n], &r[..n], &w[..n], &k[..n], &a[..n], &b[..n]);
     let full = n / LANES * LANES;
+    // sa = a . s, lane l summing the elements l, l + 16, ... in order.
     let mut acc = [0f32; LANES];
-    for i in 0..full {
-        acc[i % LANES] = a[i].mul_add(s[i], acc[i % LANES]);
+    for (ac, sc) in a[..full].chunks_exact(LANES).zip(s[..full].chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] = ac[l].mul_add(sc[l], acc[l]);
+        }
     }
     for i in full..n {
         acc[i - full] = a[i].mul_add(s[i], acc[i - full]);
     }
     let sa = reduce16(acc);
+    // s = s * w + v k + sa b (ggml's two FMAs), y = s . r.
     let mut acc = [0f32; LANES];
-    for i in 0..full {
-        let kv = v * k[i];
-        let st = sa.mul_add(b[i], s[i].mul_add(w[i], kv));
-        s[i] = st;
-        acc[i % LANES] = st.mul_add(r[i], acc[i % LANES]);
+    let rows = s[..full]
+        .chunks_exact_mut(LANES)
+        .zip(r.chunks_exact(LANES))
+        .zip(w.chunks_exact(LANES))
+        .zip(k.chunks_exact(LANES))
+        .zip(b.chunks_exact(LANES));
+    for ((((sc, rc), wc), kc), bc) in rows {
+        for l in 0..LANES {
+            let st = sa.mul_add(bc[l], sc[l].mul_add(wc[l], v * kc[l]));
+            sc[l] = st;
+            acc[l] = st.mul_add(rc[l], acc[l]);
+        }
     }
     for i in full..n {
-        let kv = v * k[i];
-        let st = sa.mul_add(b[i], s[i].mul_add(w[i], kv));
+        let st = sa.mul_add(b[i], s[i].mul_add(w[i], v * k[i]));
         s[i] = st;
         acc[i - full] = st.mul_add(r[i], acc[i - full]);
     }

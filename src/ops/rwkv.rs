@@ -9,14 +9,6 @@ use super::{NodeCtx, split};
 use crate::error::Result;
 use crate::kernels::recurrent::recurrent_kernels;
 
-/// Geometry of one of these nodes.
-struct Dims {
-    s: usize,
-    h: usize,
-    t: usize,
-    n_seqs: usize,
-}
-
 /// Runs `token(state_of_head, y_of_token_and_head, t, h)` for every token of every sequence over
 /// this worker's heads, with the state initialised from source `state_src`.
 fn drive(
@@ -26,8 +18,7 @@ fn drive(
     mut token: impl FnMut(&mut [f32], &mut [f32], usize, usize),
 ) -> Result<()> {
     let (v, st, d) = (ctx.src(1), ctx.src(state_src), ctx.dst());
-    let dims = Dims { s: v.ne[0], h: v.ne[1], t: v.ne[2], n_seqs: st.ne[1] };
-    let Dims { s, h, t, n_seqs } = dims;
+    let (s, h, t, n_seqs) = (v.ne[0], v.ne[1], v.ne[2], st.ne[1]);
     let c = s * h;
     let per_seq = t / n_seqs;
     let head_state = s * s;
