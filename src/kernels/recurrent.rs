@@ -15,6 +15,17 @@ pub(crate) type SsmScanRowFn = fn(s: &mut [f32], b: &[f32], c: &[f32], da: f32, 
 /// `out[j] += (kv * tf + s[j]) * r`, `s[j] = s[j] * td + kv`.
 pub(crate) type Wkv6RowFn =
     fn(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32);
+/// Four consecutive RWKV-6 state rows `i..i+4` (`s` holds 4 rows of `out.len()`): the same
+/// operations as four [`Wkv6RowFn`] calls in row order, with `out` and `v` loaded once per element.
+pub(crate) type Wkv6Rows4Fn = fn(
+    s: &mut [f32],
+    out: &mut [f32],
+    v: &[f32],
+    k: [f32; 4],
+    r: [f32; 4],
+    tf: [f32; 4],
+    td: [f32; 4],
+);
 /// Gated linear attention state row: `t = s[j] * g + v[j] * k`, `out[j] += t * q`, `s[j] = t`.
 pub(crate) type GlaRowFn = fn(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32);
 /// RWKV-7 state row: `sa = sum_j a[j] s[j]`, `s[j] = s[j] w[j] + v k[j] + sa b[j]`, returns
@@ -27,6 +38,8 @@ pub(crate) struct RecurrentKernels {
     pub ssm_scan_row: SsmScanRowFn,
     /// See [`Wkv6RowFn`].
     pub wkv6_row: Wkv6RowFn,
+    /// See [`Wkv6Rows4Fn`].
+    pub wkv6_rows4: Wkv6Rows4Fn,
     /// See [`GlaRowFn`].
     pub gla_row: GlaRowFn,
     /// See [`Wkv7RowFn`].
@@ -82,6 +95,34 @@ fn wkv6_row_body(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: 
         let temp = kv.mul_add(tf, prev);
         *oj = temp.mul_add(r, *oj);
         *sj = prev.mul_add(td, kv);
+    }
+}
+
+#[inline(always)]
+fn wkv6_rows4_body(
+    s: &mut [f32],
+    out: &mut [f32],
+    v: &[f32],
+    k: [f32; 4],
+    r: [f32; 4],
+    tf: [f32; 4],
+    td: [f32; 4],
+) {
+    let n = out.len().min(v.len()).min(s.len() / 4);
+    let (s0, rest) = s.split_at_mut(n);
+    let (s1, rest) = rest.split_at_mut(n);
+    let (s2, rest) = rest.split_at_mut(n);
+    let s3 = &mut rest[..n];
+    let rows = s0.iter_mut().zip(s1.iter_mut()).zip(s2.iter_mut()).zip(s3.iter_mut());
+    for ((((a, b), c), d), (oj, &vj)) in rows.zip(out[..n].iter_mut().zip(&v[..n])) {
+        let mut o = *oj;
+        for (q, sj) in [a, b, c, d].into_iter().enumerate() {
+            let kv = vj * k[q];
+            let prev = *sj;
+            o = kv.mul_add(tf[q], prev).mul_add(r[q], o);
+            *sj = prev.mul_add(td[q], kv);
+        }
+        *oj = o;
     }
 }
 
@@ -142,6 +183,17 @@ fn ssm_scan_row(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32 
 fn wkv6_row(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32) {
     wkv6_row_body(s, out, v, k, r, tf, td)
 }
+fn wkv6_rows4(
+    s: &mut [f32],
+    out: &mut [f32],
+    v: &[f32],
+    k: [f32; 4],
+    r: [f32; 4],
+    tf: [f32; 4],
+    td: [f32; 4],
+) {
+    wkv6_rows4_body(s, out, v, k, r, tf, td)
+}
 fn gla_row(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32) {
     gla_row_body(s, out, v, k, q, g)
 }
@@ -149,7 +201,8 @@ fn wkv7_row(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
     wkv7_row_body(s, rwkab, v)
 }
 
-static SCALAR: RecurrentKernels = RecurrentKernels { ssm_scan_row, wkv6_row, gla_row, wkv7_row };
+static SCALAR: RecurrentKernels =
+    RecurrentKernels { ssm_scan_row, wkv6_row, wkv6_rows4, gla_row, wkv7_row };
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -204,6 +257,18 @@ mod avx2 {
         wkv6_row_body(s, out, v, k, r, tf, td)
     }
     #[target_feature(enable = "avx2,fma")]
+    fn wkv6_rows4_avx2(
+        s: &mut [f32],
+        out: &mut [f32],
+        v: &[f32],
+        k: [f32; 4],
+        r: [f32; 4],
+        tf: [f32; 4],
+        td: [f32; 4],
+    ) {
+        wkv6_rows4_body(s, out, v, k, r, tf, td)
+    }
+    #[target_feature(enable = "avx2,fma")]
     fn gla_row_avx2(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32) {
         gla_row_body(s, out, v, k, q, g)
     }
@@ -220,6 +285,18 @@ mod avx2 {
         // SAFETY: as above.
         unsafe { wkv6_row_avx2(s, out, v, k, r, tf, td) }
     }
+    fn wkv6_rows4(
+        s: &mut [f32],
+        out: &mut [f32],
+        v: &[f32],
+        k: [f32; 4],
+        r: [f32; 4],
+        tf: [f32; 4],
+        td: [f32; 4],
+    ) {
+        // SAFETY: as above.
+        unsafe { wkv6_rows4_avx2(s, out, v, k, r, tf, td) }
+    }
     fn gla_row(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32) {
         // SAFETY: as above.
         unsafe { gla_row_avx2(s, out, v, k, q, g) }
@@ -230,7 +307,7 @@ mod avx2 {
     }
 
     pub(super) static AVX2: RecurrentKernels =
-        RecurrentKernels { ssm_scan_row, wkv6_row, gla_row, wkv7_row };
+        RecurrentKernels { ssm_scan_row, wkv6_row, wkv6_rows4, gla_row, wkv7_row };
 }
 
 /// The kernel set of the selected tier.
@@ -276,6 +353,28 @@ mod tests {
                 (a.wkv6_row)(&mut s1, &mut o1, &v, 0.5, -0.25, 0.75, 0.9);
                 (sc.wkv6_row)(&mut s2, &mut o2, &v, 0.5, -0.25, 0.75, 0.9);
                 assert_eq!((&s1, &o1), (&s2, &o2), "wkv6_row n={n}");
+                // four rows at once == four single rows
+                let (mut s4a, mut s4b) = (data(4 * n, 9), data(4 * n, 9));
+                let (mut o4a, mut o4b) = (data(n, 10), data(n, 10));
+                let (kk, rr, uu, ww) = (
+                    [0.5, -0.3, 0.2, 0.9],
+                    [0.1, 0.7, -0.6, 0.4],
+                    [0.3, 0.2, -0.1, 0.8],
+                    [0.9, 0.5, 0.7, 0.2],
+                );
+                (a.wkv6_rows4)(&mut s4a, &mut o4a, &v, kk, rr, uu, ww);
+                for q in 0..4 {
+                    (sc.wkv6_row)(
+                        &mut s4b[q * n..(q + 1) * n],
+                        &mut o4b,
+                        &v,
+                        kk[q],
+                        rr[q],
+                        uu[q],
+                        ww[q],
+                    );
+                }
+                assert_eq!((&s4a, &o4a), (&s4b, &o4b), "wkv6_rows4 n={n}");
                 (a.gla_row)(&mut s1, &mut o1, &v, 0.5, -0.25, 0.9);
                 (sc.gla_row)(&mut s2, &mut o2, &v, 0.5, -0.25, 0.9);
                 assert_eq!((&s1, &o1), (&s2, &o2), "gla_row n={n}");

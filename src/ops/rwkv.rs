@@ -75,7 +75,22 @@ pub(crate) fn wkv6(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         y.fill(0.0);
         let o = t * s * h + hh * s;
         let vv = &v[o..o + s];
-        for i in 0..s {
+        // Four rows at a time (y and v loaded once), the same order as one row at a time.
+        let at = |x: &[f32], b: usize| [x[b], x[b + 1], x[b + 2], x[b + 3]];
+        let mut i = 0;
+        while i + 4 <= s {
+            (rk.wkv6_rows4)(
+                &mut state[i * s..(i + 4) * s],
+                y,
+                vv,
+                at(k, o + i),
+                at(r, o + i),
+                at(tf, hh * s + i),
+                at(td, o + i),
+            );
+            i += 4;
+        }
+        for i in i..s {
             (rk.wkv6_row)(
                 &mut state[i * s..(i + 1) * s],
                 y,
