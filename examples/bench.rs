@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS
 //! cargo run --release --example bench -- vec-dot TYPE N REPS
 //! cargo run --release --example bench -- peak THREADS
+//! cargo run --release --example bench -- op ssm_scan|rwkv_wkv6[_decode] THREADS REPS
 //! ```
 //! Times are medians over repetitions; the machine is noisy, so compare ratios measured together.
 
@@ -264,6 +265,9 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     };
     // (output, bytes moved per run)
     let (out, bytes) = match name {
+        "ssm_scan" | "ssm_scan_decode" | "rwkv_wkv6" | "rwkv_wkv6_decode" => {
+            return recurrent_op(name, threads, reps);
+        }
         "rms_norm" => {
             let a = input(&mut g, &[4096, 512])?;
             (g.rms_norm(a, 1e-5)?, 2 * 4096 * 512 * 4)
@@ -346,6 +350,71 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
         t * 1e3,
         bytes as f64 / t / 1e9,
         bandwidth(threads)
+    );
+    Ok(())
+}
+
+/// The recurrent ops on model shapes, in GFLOPS (their state stays in cache, so flops, not
+/// bytes, bound them):
+/// - `ssm_scan`: Mamba-2 prefill, d_state 128, head_dim 64, 32 heads (d_inner 2048), 1 group,
+///   512 tokens, 1 sequence; 5 flops per state element per token. `ssm_scan_decode`: 1 token.
+/// - `rwkv_wkv6`: 32 heads of 64 (C = 2048), 512 tokens, 1 sequence; 7 flops per state element
+///   per token. `rwkv_wkv6_decode`: 1 token.
+fn recurrent_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
+    let be = CpuBackend::with_threads(threads)?;
+    let mut g = Graph::new();
+    let mut inputs: Vec<(quantgraph::TensorId, Vec<f32>)> = Vec::new();
+    let mut input = |g: &mut Graph, ne: &[usize], lo: f32, hi: f32| {
+        let t = g.input(DType::F32, ne)?;
+        let n = ne.iter().product::<usize>();
+        let v = rand_vec(n, inputs.len() as u64 + 1);
+        inputs.push((t, v.iter().map(|x| lo + (x + 1.0) * 0.5 * (hi - lo)).collect()));
+        Ok::<_, quantgraph::Error>(t)
+    };
+    let decode = name.ends_with("_decode");
+    let n_tok = if decode { 1 } else { 512 };
+    let mut ids = None;
+    let (out, flops) = if name.starts_with("ssm_scan") {
+        let (ds, hd, nh, ng) = (128, 64, 32, 1);
+        let s = input(&mut g, &[ds, hd, nh, 1], -1.0, 1.0)?;
+        let x = input(&mut g, &[hd, nh, n_tok, 1], -1.0, 1.0)?;
+        let dt = input(&mut g, &[nh, n_tok, 1], -1.0, 1.0)?;
+        let a = input(&mut g, &[1, nh], -1.0, -0.5)?;
+        let b = input(&mut g, &[ds, ng, n_tok, 1], -1.0, 1.0)?;
+        let c = input(&mut g, &[ds, ng, n_tok, 1], -1.0, 1.0)?;
+        let id = g.input(DType::I32, &[1])?;
+        ids = Some(id);
+        (g.ssm_scan(s, x, dt, a, b, c, id, 1)?, 5.0 * (ds * hd * nh * n_tok) as f64)
+    } else {
+        let (h, sz) = (32, 64);
+        let k = input(&mut g, &[sz, h, n_tok], -1.0, 1.0)?;
+        let v = input(&mut g, &[sz, h, n_tok], -1.0, 1.0)?;
+        let r = input(&mut g, &[sz, h, n_tok], -1.0, 1.0)?;
+        let tf = input(&mut g, &[sz, h], -1.0, 1.0)?;
+        let td = input(&mut g, &[sz, h, n_tok], 0.0, 1.0)?;
+        let st = input(&mut g, &[sz * sz * h, 1], -1.0, 1.0)?;
+        (g.rwkv_wkv6(k, v, r, tf, td, st)?, 7.0 * (sz * sz * h * n_tok) as f64)
+    };
+    g.set_output(out);
+    let mut plan = Plan::new(g, &be)?;
+    for (t, v) in &inputs {
+        plan.set_input(*t, v)?;
+    }
+    if let Some(id) = ids {
+        plan.set_input(id, &[0i32])?;
+    }
+    plan.compute()?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        plan.compute()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let t = median(times);
+    println!(
+        "quantgraph op {name} threads={threads} median_ms={:.3} gflops={:.2}",
+        t * 1e3,
+        flops / t / 1e9
     );
     Ok(())
 }

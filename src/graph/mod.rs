@@ -9,6 +9,7 @@ mod elementwise;
 mod moe;
 mod movement;
 mod ops;
+mod recurrent;
 mod rope;
 
 pub use attention::FlashAttnParams;
@@ -25,8 +26,8 @@ use crate::error::{Error, Result};
 
 /// Maximum number of dimensions (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: usize = 4;
-/// Maximum number of source tensors of one node.
-pub const MAX_SRC: usize = 6;
+/// Maximum number of source tensors of one node (ggml's `GGML_MAX_SRC`).
+pub const MAX_SRC: usize = 10;
 
 /// A handle to a tensor inside one [`Graph`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -480,7 +481,7 @@ impl Graph {
             ne,
             nb,
             op: kind,
-            src: [Some(a), None, None, None, None, None],
+            src: [Some(a), None, None, None, None, None, None, None, None, None],
             view_src: Some(root),
             view_offs: offs,
             leaf: Leaf::None,

@@ -202,6 +202,29 @@ pub enum Op {
     MulMatId,
     /// Outer products summed over k: src0 [m, k] x src1 [n, k] -> [m, n], broadcasting dims 2, 3.
     OutProd,
+    // --- ssm: state-space, recurrent and misc forward ops (src/graph/recurrent.rs) ---
+    /// Depthwise causal 1-D convolution over tokens (Mamba's conv1d).
+    SsmConv,
+    /// Selective state-space scan (Mamba-1 and Mamba-2 layouts); `k` state snapshot slots.
+    SsmScan { k: usize },
+    /// RWKV-6 time-mix recurrence (output and new state).
+    RwkvWkv6,
+    /// Gated linear attention recurrence with query scale `scale`.
+    GatedLinearAttn { scale: f32 },
+    /// RWKV-7 generalised delta-rule recurrence.
+    RwkvWkv7,
+    /// Solves A X = B for lower-triangular A (left, lower, non-unit diagonal).
+    SolveTri,
+    /// Gated delta rule recurrence (Qwen3-Next / Kimi linear); `k` state snapshot slots.
+    GatedDeltaNet { k: usize },
+    /// DeepSeek sparse-attention lightning indexer scores.
+    LightningIndexer,
+    /// DeepSeek-V4 hyper-connection combination matrices (Sinkhorn normalised).
+    Dsv4HcComb { eps: f32, n_iter: u32 },
+    /// DeepSeek-V4 hyper-connection pre-mix (weighted sum of streams).
+    Dsv4HcPre,
+    /// DeepSeek-V4 hyper-connection post-mix (streams recombined with the layer output).
+    Dsv4HcPost,
 }
 
 impl Op {
@@ -269,6 +292,18 @@ impl Op {
             // --- moe (src/graph/moe.rs) ---
             Op::MulMatId => "mul_mat_id",
             Op::OutProd => "out_prod",
+            // --- ssm (src/graph/recurrent.rs) ---
+            Op::SsmConv => "ssm_conv",
+            Op::SsmScan { .. } => "ssm_scan",
+            Op::RwkvWkv6 => "rwkv_wkv6",
+            Op::GatedLinearAttn { .. } => "gated_linear_attn",
+            Op::RwkvWkv7 => "rwkv_wkv7",
+            Op::SolveTri => "solve_tri",
+            Op::GatedDeltaNet { .. } => "gated_delta_net",
+            Op::LightningIndexer => "lightning_indexer",
+            Op::Dsv4HcComb { .. } => "dsv4_hc_comb",
+            Op::Dsv4HcPre => "dsv4_hc_pre",
+            Op::Dsv4HcPost => "dsv4_hc_post",
         }
     }
 
@@ -578,7 +613,7 @@ impl Graph {
             ne,
             nb,
             op: Op::Cpy,
-            src: [Some(a), Some(dst), None, None, None, None],
+            src: [Some(a), Some(dst), None, None, None, None, None, None, None, None],
             view_src: Some(root),
             view_offs: offs,
             leaf: super::Leaf::None,

@@ -9,6 +9,7 @@
 //! once) or with [`set_isa`], so tests can run every tier the machine has in one binary.
 
 pub(crate) mod gemm;
+pub(crate) mod recurrent;
 pub(crate) mod scalar;
 pub(crate) mod sgemm;
 pub(crate) mod tables;

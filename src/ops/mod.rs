@@ -24,6 +24,11 @@ mod upscale;
 // --- moe: mul_mat_id and out_prod ---
 mod mul_mat_id;
 mod out_prod;
+// --- ssm: state-space, recurrent and misc forward ops ---
+mod delta_net;
+mod dsv4;
+mod rwkv;
+mod ssm;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
@@ -143,6 +148,9 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         // --- moe ---
         Op::MulMatId => mul_mat_id::work_size(node, nth),
         Op::OutProd => out_prod::work_size(node, nth),
+        // --- ssm ---
+        Op::GatedDeltaNet { .. } => delta_net::gdn_work_size(node, nth),
+        Op::LightningIndexer => dsv4::li_work_size(node, nth),
         _ => 0,
     }
 }
@@ -207,5 +215,17 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         // --- moe: mul_mat_id and out_prod ---
         Op::MulMatId => mul_mat_id::compute(ctx, phase, ith),
         Op::OutProd => out_prod::compute(ctx, ith),
+        // --- ssm: state-space, recurrent and misc forward ops ---
+        Op::SsmConv => ssm::ssm_conv(ctx, ith),
+        Op::SsmScan { k } => ssm::ssm_scan(ctx, ith, *k),
+        Op::RwkvWkv6 => rwkv::wkv6(ctx, ith),
+        Op::GatedLinearAttn { scale } => rwkv::gla(ctx, ith, *scale),
+        Op::RwkvWkv7 => rwkv::wkv7(ctx, ith),
+        Op::SolveTri => delta_net::solve_tri(ctx, ith),
+        Op::GatedDeltaNet { k } => delta_net::gated_delta_net(ctx, ith, *k),
+        Op::LightningIndexer => dsv4::lightning_indexer(ctx, ith),
+        Op::Dsv4HcComb { eps, n_iter } => dsv4::hc_comb(ctx, ith, *eps, *n_iter),
+        Op::Dsv4HcPre => dsv4::hc_pre(ctx, ith),
+        Op::Dsv4HcPost => dsv4::hc_post(ctx, ith),
     }
 }
