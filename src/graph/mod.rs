@@ -9,6 +9,7 @@ mod elementwise;
 mod movement;
 mod ops;
 mod rope;
+mod train;
 
 pub use attention::FlashAttnParams;
 pub use custom::{CustomArgs, CustomFn, CustomOp};
@@ -17,6 +18,7 @@ pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
+pub use train::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams, PoolOp};
 
 use crate::backend::Buffer;
 use crate::dtype::DType;

@@ -3,6 +3,7 @@
 //! when the graph was built, so drivers only `debug_assert!`; what only the data can tell (an index
 //! out of range) returns `Err`.
 
+mod backward;
 mod binary;
 mod cpy;
 mod custom;
@@ -17,6 +18,7 @@ mod reduce;
 mod rope;
 mod set_rows;
 mod softmax;
+mod train;
 mod unary;
 mod upscale;
 
@@ -112,6 +114,8 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
         Op::Set { .. } => 2,
         // ops1: copy then accumulate; count then add the per-thread counts.
         Op::Acc { .. } | Op::CountEqual => 2,
+        // train: per-row loss terms, then their sum in row order.
+        Op::CrossEntropyLoss => 2,
         _ => 1,
     }
 }
@@ -127,6 +131,10 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
         // ops1
         Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
+        // train
+        Op::CrossEntropyLoss => train::work_size(node, nth),
+        Op::RopeBack(_) => rope::work_size(node, nth),
+        Op::FlashAttnBack { .. } => backward::flash_attn_back_work_size(node, nth),
         _ => 0,
     }
 }
@@ -188,5 +196,18 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::CountEqual => reduce::count_equal(ctx, phase, ith),
         Op::Argsort(order) => reduce::argsort(ctx, ith, *order),
         Op::TopK { k } => reduce::top_k(ctx, ith, *k),
+        // train: losses, optimizer steps and backward ops
+        Op::CrossEntropyLoss => train::cross_entropy_loss(ctx, phase, ith),
+        Op::CrossEntropyLossBack => train::cross_entropy_loss_back(ctx, ith),
+        Op::OptStepAdamw => train::opt_step_adamw(ctx, ith),
+        Op::OptStepSgd => train::opt_step_sgd(ctx, ith),
+        Op::SiluBack => backward::silu_back(ctx, ith),
+        Op::RmsNormBack { eps } => backward::rms_norm_back(ctx, ith, *eps),
+        Op::SoftMaxBack { scale, .. } => backward::soft_max_back(ctx, ith, *scale),
+        Op::RopeBack(p) => rope::compute_back(ctx, ith, p),
+        Op::GetRowsBack => backward::get_rows_back(ctx, ith),
+        Op::Im2colBack(p) => backward::im2col_back(ctx, ith, p),
+        Op::Pool2dBack(p) => backward::pool_2d_back(ctx, ith, p),
+        Op::FlashAttnBack { masked } => backward::flash_attn_back(ctx, ith, *masked),
     }
 }

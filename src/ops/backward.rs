@@ -1,0 +1,445 @@
+//! ggml's dedicated backward ops on the CPU: silu_back, rms_norm_back, soft_max_back,
+//! get_rows_back, im2col_back, pool_2d_back and flash_attn_back (rope_back lives in rope.rs,
+//! sharing the forward's cos/sin cache). Every output element is produced by one worker in a
+//! fixed order, so results do not depend on the thread count.
+
+use super::{NodeCtx, split, unravel_row};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::graph::{Im2colBackParams, Pool2dParams, PoolOp};
+use crate::plan::{ExecNode, align_up};
+use crate::quant::util::{fp16_to_fp32, fp32_to_fp16};
+
+#[inline(always)]
+fn silu_grad(x: f32, dy: f32) -> f32 {
+    let s = 1.0 / (1.0 + (-x).exp());
+    dy * s * (1.0 + x * (1.0 - s))
+}
+
+pub(crate) fn silu_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (g, x, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let nc = d.ne[0];
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        // SAFETY: same shapes, contiguous rows (build check); each worker writes its own dst rows
+        // (a fresh node, not aliasing the sources).
+        unsafe {
+            let (pg, px, pd) = (g.row(i1, i2, i3), x.row(i1, i2, i3), d.row(i1, i2, i3));
+            if d.dtype == DType::F16 {
+                let (gs, xs) = (pg as *const u16, px as *const u16);
+                let ds = pd as *mut u16;
+                for i in 0..nc {
+                    let v = silu_grad(fp16_to_fp32(*xs.add(i)), fp16_to_fp32(*gs.add(i)));
+                    *ds.add(i) = fp32_to_fp16(v);
+                }
+            } else {
+                let gs = std::slice::from_raw_parts(pg as *const f32, nc);
+                let xs = std::slice::from_raw_parts(px as *const f32, nc);
+                let ds = std::slice::from_raw_parts_mut(pd as *mut f32, nc);
+                for i in 0..nc {
+                    ds[i] = silu_grad(xs[i], gs[i]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn rms_norm_back(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
+    let (g, x, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let nc = d.ne[0];
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        // SAFETY: same shapes, contiguous F32 rows (build check); own dst rows, fresh node.
+        let (dz, xs, dx) = unsafe {
+            (
+                std::slice::from_raw_parts(g.row(i1, i2, i3) as *const f32, nc),
+                std::slice::from_raw_parts(x.row(i1, i2, i3) as *const f32, nc),
+                std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut f32, nc),
+            )
+        };
+        let (mut sum_xx, mut sum_xdz) = (0f64, 0f64);
+        for i in 0..nc {
+            sum_xx += (xs[i] * xs[i]) as f64;
+            sum_xdz += (xs[i] * dz[i]) as f64;
+        }
+        let mean_eps = sum_xx as f32 / nc as f32 + eps;
+        let sum_eps = sum_xx as f32 + eps * nc as f32;
+        let rrms = 1.0 / mean_eps.sqrt();
+        let scale_x = (-sum_xdz) as f32 / sum_eps;
+        for i in 0..nc {
+            dx[i] = (dz[i] + xs[i] * scale_x) * rrms;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn soft_max_back(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result<()> {
+    let (g, y, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let nc = d.ne[0];
+    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        // SAFETY: same shapes, contiguous F32 (build check); own dst rows, fresh node.
+        let (dy, ys, dx) = unsafe {
+            (
+                std::slice::from_raw_parts(g.row(i1, i2, i3) as *const f32, nc),
+                std::slice::from_raw_parts(y.row(i1, i2, i3) as *const f32, nc),
+                std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut f32, nc),
+            )
+        };
+        let mut dot = 0f64;
+        for i in 0..nc {
+            dot += (ys[i] * dy[i]) as f64;
+        }
+        let dot = dot as f32;
+        for i in 0..nc {
+            dx[i] = (dy[i] - dot) * ys[i] * scale;
+        }
+    }
+    Ok(())
+}
+
+/// Each worker zeroes its own result rows, then adds every grad row whose id falls among them,
+/// in id order (ggml runs this op on one thread).
+pub(crate) fn get_rows_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (g, ids, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let nc = d.ne[0];
+    let m = d.ne[1];
+    // SAFETY: ids is a contiguous I32 vector (build check).
+    let ids = unsafe { std::slice::from_raw_parts(ids.ptr as *const i32, ids.ne[0]) };
+    if let Some(&bad) = ids.iter().find(|&&r| r < 0 || r as usize >= m) {
+        return Err(Error::IndexOutOfRange {
+            op: "get_rows_back",
+            tensor: ctx.node.label(),
+            index: bad as i64,
+            limit: m,
+        });
+    }
+    let (r0, r1) = split(m, ith, ctx.nth);
+    for r in r0..r1 {
+        // SAFETY: r < m; dst is a fresh contiguous F32 [nc, m]; own rows.
+        unsafe { std::slice::from_raw_parts_mut(d.row(r, 0, 0) as *mut f32, nc) }.fill(0.0);
+    }
+    for (i, &r) in ids.iter().enumerate() {
+        let r = r as usize;
+        if r < r0 || r >= r1 {
+            continue;
+        }
+        // SAFETY: r is in this worker's rows (checked above); i < g.ne[1] (one id per grad row,
+        // build check); grad rows are contiguous.
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(d.row(r, 0, 0) as *mut f32, nc);
+            let src = g.row(i, 0, 0);
+            if g.dtype == DType::F16 {
+                let s = src as *const u16;
+                for j in 0..nc {
+                    out[j] += fp16_to_fp32(*s.add(j));
+                }
+            } else {
+                let s = std::slice::from_raw_parts(src as *const f32, nc);
+                for j in 0..nc {
+                    out[j] += s[j];
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every input element sums the im2col columns it was copied to (ggml's
+/// ggml_compute_forward_im2col_back_f32); work split over (image, channel) planes.
+pub(crate) fn im2col_back(ctx: &NodeCtx<'_>, ith: usize, p: &Im2colBackParams) -> Result<()> {
+    let (g, k, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let ne = d.ne;
+    let (n, ic, ih, iw) =
+        if p.is_2d { (ne[3], ne[2], ne[1], ne[0]) } else { (ne[2], ne[1], 1, ne[0]) };
+    let (kh, kw) = if p.is_2d { (k.ne[1], k.ne[0]) } else { (1, k.ne[0]) };
+    let (oh, ow) = if p.is_2d { (g.ne[2] as i64, g.ne[1] as i64) } else { (1, g.ne[1] as i64) };
+    let (s0, s1, p0, p1, d0, d1) =
+        (p.s0 as i64, p.s1 as i64, p.p0 as i64, p.p1 as i64, p.d0 as i64, p.d1 as i64);
+    let cols = ic * kh * kw;
+    // SAFETY: grad is contiguous F32 of [cols, ow, oh, n] (build check).
+    let grad = unsafe { std::slice::from_raw_parts(g.ptr as *const f32, g.nelements()) };
+    let (c0, c1) = split(n * ic, ith, ctx.nth);
+    for plane in c0..c1 {
+        let (b, c) = (plane / ic, plane % ic);
+        // SAFETY: dst is a fresh contiguous F32 tensor; plane (b, c) holds ih * iw elements at
+        // index plane * ih * iw in either layout ([iw, ih, ic, n] or [iw, ic, n]); own planes.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut((d.ptr as *mut f32).add(plane * ih * iw), ih * iw)
+        };
+        for y in 0..ih as i64 {
+            for x in 0..iw as i64 {
+                let mut acc = 0f32;
+                for ky in 0..kh as i64 {
+                    let oy = if p.is_2d {
+                        let t = y + p1 - ky * d1;
+                        if t % s1 != 0 {
+                            continue;
+                        }
+                        t / s1
+                    } else {
+                        0
+                    };
+                    if oy < 0 || oy >= oh {
+                        continue;
+                    }
+                    for kx in 0..kw as i64 {
+                        let t = x + p0 - kx * d0;
+                        if t % s0 != 0 {
+                            continue;
+                        }
+                        let ox = t / s0;
+                        if ox < 0 || ox >= ow {
+                            continue;
+                        }
+                        let col = ((b as i64 * oh + oy) * ow + ox) as usize * cols;
+                        acc += grad[col + (c * kh + ky as usize) * kw + kx as usize];
+                    }
+                }
+                out[y as usize * iw + x as usize] = acc;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// ggml's ggml_compute_forward_pool_2d_back, split over (channel, sample) planes.
+pub(crate) fn pool_2d_back(ctx: &NodeCtx<'_>, ith: usize, p: &Pool2dParams) -> Result<()> {
+    let (g, f, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let (iw, ih) = (d.ne[0] as i64, d.ne[1] as i64);
+    let (ow, oh) = (g.ne[0], g.ne[1]);
+    let planes = d.ne[2] * d.ne[3];
+    let ka = (p.k0 * p.k1) as f32;
+    let f16 = f.dtype == DType::F16;
+    let (r0, r1) = split(planes, ith, ctx.nth);
+    for plane in r0..r1 {
+        let (i2, i3) = (plane % d.ne[2], plane / d.ne[2]);
+        // SAFETY: dst is a fresh contiguous F32 tensor of `planes` planes of iw * ih; own planes.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(
+                (d.ptr as *mut f32).add(plane * (iw * ih) as usize),
+                (iw * ih) as usize,
+            )
+        };
+        out.fill(0.0);
+        // SAFETY: grad is contiguous F32 [ow, oh, planes] (build check).
+        let gp = unsafe {
+            std::slice::from_raw_parts((g.ptr as *const f32).add(plane * ow * oh), ow * oh)
+        };
+        // Forward input element (x, y) of this plane.
+        let fin = |x: i64, y: i64| -> f32 {
+            // SAFETY: 0 <= x < iw, 0 <= y < ih (callers check); af has contiguous rows and the
+            // plan validated its extent.
+            unsafe {
+                let row = f.row(y as usize, i2, i3);
+                if f16 {
+                    fp16_to_fp32(*(row as *const u16).add(x as usize))
+                } else {
+                    *(row as *const f32).add(x as usize)
+                }
+            }
+        };
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let grad0 = gp[oy * ow + ox];
+                let ix = ox as i64 * p.s0 as i64 - p.p0 as i64;
+                let iy = oy as i64 * p.s1 as i64 - p.p1 as i64;
+                match p.op {
+                    PoolOp::Max => {
+                        let mut best: Option<(i64, i64)> = None;
+                        let mut maxval = -f32::MAX;
+                        for ky in 0..p.k1 as i64 {
+                            let y = iy + ky;
+                            if y < 0 || y >= ih {
+                                continue;
+                            }
+                            for kx in 0..p.k0 as i64 {
+                                let x = ix + kx;
+                                if x < 0 || x >= iw {
+                                    continue;
+                                }
+                                let v = fin(x, y);
+                                if v <= maxval {
+                                    continue;
+                                }
+                                maxval = v;
+                                best = Some((x, y));
+                            }
+                        }
+                        if let Some((x, y)) = best {
+                            out[(y * iw + x) as usize] += grad0;
+                        }
+                    }
+                    PoolOp::Avg => {
+                        let gr = grad0 / ka;
+                        for ky in 0..p.k1 as i64 {
+                            let y = iy + ky;
+                            if y < 0 || y >= ih {
+                                continue;
+                            }
+                            for kx in 0..p.k0 as i64 {
+                                let x = ix + kx;
+                                if x < 0 || x >= iw {
+                                    continue;
+                                }
+                                out[(y * iw + x) as usize] += gr;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Per-thread S and SM rows of M floats.
+pub(crate) fn flash_attn_back_work_size(node: &ExecNode, nth: usize) -> usize {
+    let m = node.src[1].as_ref().map_or(0, |k| k.ne[1]);
+    nth * 2 * align_up(m * 4, 64)
+}
+
+/// ggml's ggml_compute_forward_flash_attn_back_f32, split over (kv head, batch) like ggml: each
+/// worker owns the q heads that share its kv head, so all its writes are disjoint from others'.
+pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Result<()> {
+    let (q, k, v, dd, dst) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.src(3), ctx.dst());
+    let (dh, n, m) = (q.ne[0], q.ne[1], k.ne[1]);
+    let (h, hkv, nb) = (q.ne[2], k.ne[2], q.ne[3]);
+    let p = m - n;
+    let lay = crate::graph::FlashAttnBackLayout::new(q.nelements(), k.nelements(), v.nelements())?;
+    let base = dst.ptr as *mut f32;
+    let stride = align_up(m * 4, 64);
+    debug_assert!((ith + 1) * 2 * stride <= ctx.work_len);
+    // SAFETY: the work buffer holds nth pairs of M-float rows (work size); this pair is ours.
+    let (s, sm) = unsafe {
+        let w = ctx.work.add(ith * 2 * stride);
+        (
+            std::slice::from_raw_parts_mut(w as *mut f32, m),
+            std::slice::from_raw_parts_mut(w.add(stride) as *mut f32, m),
+        )
+    };
+    // Packed result: gq [dh, n, h, nb], gk [dh, m, hkv, nb], gv [m, dh, hkv, nb].
+    let gq = |i1: usize, i2: usize, i3: usize| ((i3 * h + i2) * n + i1) * dh;
+    let gk = |i1: usize, i2: usize, i3: usize| lay.offs_k / 4 + ((i3 * hkv + i2) * m + i1) * dh;
+    let gv = |i1: usize, i2: usize, i3: usize| lay.offs_v / 4 + ((i3 * hkv + i2) * dh + i1) * m;
+    if ith == 0 {
+        // Zero the alignment gaps between the blocks (no worker owns them).
+        let gaps = [
+            (q.nelements(), lay.offs_k / 4),
+            (lay.offs_k / 4 + k.nelements(), lay.offs_v / 4),
+            (lay.offs_v / 4 + v.nelements(), lay.n_elements),
+        ];
+        for (a, b) in gaps {
+            for i in a..b {
+                // SAFETY: i < n_elements, the result's length; no worker writes the gaps.
+                unsafe { *base.add(i) = 0.0 };
+            }
+        }
+    }
+    let nrep = h / hkv;
+    let scale = 1.0 / (dh as f32).sqrt();
+    let (r0, r1) = split(hkv * nb, ith, ctx.nth);
+    for ir in r0..r1 {
+        let (ik2, ik3) = (ir % hkv, ir / hkv);
+        // SAFETY (every block below): indices stay below the shapes checked at build time; rows
+        // are contiguous F32; this worker owns gk/gv blocks (ik2, ik3) and the gq blocks of q
+        // heads ik2 + irep * hkv, which no other worker touches.
+        unsafe {
+            for j in 0..m {
+                std::slice::from_raw_parts_mut(base.add(gk(j, ik2, ik3)), dh).fill(0.0);
+            }
+            for c in 0..dh {
+                std::slice::from_raw_parts_mut(base.add(gv(c, ik2, ik3)), m).fill(0.0);
+            }
+            for irep in 0..nrep {
+                let iq2 = ik2 + irep * hkv;
+                for i1 in 0..n {
+                    std::slice::from_raw_parts_mut(base.add(gq(i1, iq2, ik3)), dh).fill(0.0);
+                }
+            }
+        }
+        for irep in 0..nrep {
+            let iq2 = ik2 + irep * hkv;
+            for iq1 in 0..n {
+                // SAFETY: see above.
+                let qrow =
+                    unsafe { std::slice::from_raw_parts(q.row(iq1, iq2, ik3) as *const f32, dh) };
+                let krow = |j: usize| -> &[f32] {
+                    // SAFETY: j < m, see above.
+                    unsafe { std::slice::from_raw_parts(k.row(j, ik2, ik3) as *const f32, dh) }
+                };
+                let vrow = |c: usize| -> &[f32] {
+                    // SAFETY: c < dh, see above.
+                    unsafe { std::slice::from_raw_parts(v.row(c, ik2, ik3) as *const f32, m) }
+                };
+                let dval = |c: usize| -> f32 {
+                    // SAFETY: c < dh, see above (d may have any element stride).
+                    unsafe { *(dd.row(iq1, iq2, ik3).add(c * dd.nb[0]) as *const f32) }
+                };
+                let mb = if masked { p + iq1 + 1 } else { m };
+                // S = k . q * scale, softmax over the visible keys.
+                let mut max = f32::NEG_INFINITY;
+                for j in 0..mb {
+                    let mut acc = 0f64;
+                    for (a, b) in krow(j).iter().zip(qrow) {
+                        acc += (a * b) as f64;
+                    }
+                    s[j] = acc as f32 * scale;
+                    max = max.max(s[j]);
+                }
+                let mut sum = 0f64;
+                for j in 0..mb {
+                    sm[j] = (s[j] - max).exp();
+                    sum += sm[j] as f64;
+                }
+                let inv = (1.0 / sum) as f32;
+                for x in &mut sm[..mb] {
+                    *x *= inv;
+                }
+                // S = d @ v (the gradient of SM), then S = SM * (S - dot(SM, S)) * scale.
+                s[..mb].fill(0.0);
+                for c in 0..dh {
+                    let dc = dval(c);
+                    for (sj, &vj) in s[..mb].iter_mut().zip(&vrow(c)[..mb]) {
+                        *sj += vj * dc;
+                    }
+                }
+                let mut dot = 0f64;
+                for j in 0..mb {
+                    dot += (sm[j] * s[j]) as f64;
+                }
+                let dot = dot as f32;
+                for j in 0..mb {
+                    s[j] = (s[j] - dot) * sm[j] * scale;
+                }
+                // SAFETY: see above; the gq, gk and gv rows are disjoint blocks of the result.
+                unsafe {
+                    let oq = std::slice::from_raw_parts_mut(base.add(gq(iq1, iq2, ik3)), dh);
+                    for j in 0..mb {
+                        for (o, &kv) in oq.iter_mut().zip(krow(j)) {
+                            *o += s[j] * kv;
+                        }
+                    }
+                    for j in 0..mb {
+                        let ok = std::slice::from_raw_parts_mut(base.add(gk(j, ik2, ik3)), dh);
+                        for (o, &qv) in ok.iter_mut().zip(qrow) {
+                            *o += s[j] * qv;
+                        }
+                    }
+                    for c in 0..dh {
+                        let dc = dval(c);
+                        let ov = std::slice::from_raw_parts_mut(base.add(gv(c, ik2, ik3)), mb);
+                        for (o, &x) in ov.iter_mut().zip(&sm[..mb]) {
+                            *o += x * dc;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
