@@ -961,7 +961,8 @@ fn im2col_ref(
 #[test]
 fn im2col_back_matches_finite_differences_of_im2col() {
     // (input, kernel, s, p, d, 2-D): test_im2col's small cases and odd strides and dilations.
-    let cases: [([usize; 4], [usize; 4], [usize; 2], [usize; 2], [usize; 2], bool); 5] = [
+    type Im2colCase = ([usize; 4], [usize; 4], [usize; 2], [usize; 2], [usize; 2], bool);
+    let cases: [Im2colCase; 5] = [
         ([10, 10, 3, 1], [3, 3, 3, 1], [1, 1], [1, 1], [1, 1], true),
         ([5, 5, 1, 2], [3, 4, 1, 2], [1, 1], [0, 0], [1, 1], true),
         ([9, 7, 2, 2], [3, 2, 2, 1], [2, 3], [1, 2], [2, 1], true),

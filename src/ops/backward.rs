@@ -345,9 +345,10 @@ pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Re
     let (r0, r1) = split(hkv * nb, ith, ctx.nth);
     for ir in r0..r1 {
         let (ik2, ik3) = (ir % hkv, ir / hkv);
-        // SAFETY (every block below): indices stay below the shapes checked at build time; rows
-        // are contiguous F32; this worker owns gk/gv blocks (ik2, ik3) and the gq blocks of q
-        // heads ik2 + irep * hkv, which no other worker touches.
+        // Every unsafe block below relies on the same facts: indices stay below the shapes checked
+        // at build time; rows are contiguous F32; this worker owns the gk/gv blocks (ik2, ik3) and
+        // the gq blocks of q heads ik2 + irep * hkv, which no other worker touches.
+        // SAFETY: zeroing this worker's own gk, gv and gq blocks (see above).
         unsafe {
             for j in 0..m {
                 std::slice::from_raw_parts_mut(base.add(gk(j, ik2, ik3)), dh).fill(0.0);
