@@ -18,6 +18,7 @@ fn silu_grad(x: f32, dy: f32) -> f32 {
 
 pub(crate) fn silu_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (g, x, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let kt = crate::kernels::table();
     let nc = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -37,8 +38,14 @@ pub(crate) fn silu_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 let gs = std::slice::from_raw_parts(pg as *const f32, nc);
                 let xs = std::slice::from_raw_parts(px as *const f32, nc);
                 let ds = std::slice::from_raw_parts_mut(pd as *mut f32, nc);
+                // exp(-x) through the selected exp kernel, then the rest elementwise.
+                for (o, &v) in ds.iter_mut().zip(xs) {
+                    *o = -v;
+                }
+                (kt.exp_sub_sum_f32)(nc, ds.as_mut_ptr(), 0.0);
                 for i in 0..nc {
-                    ds[i] = silu_grad(xs[i], gs[i]);
+                    let s = 1.0 / (1.0 + ds[i]);
+                    ds[i] = gs[i] * s * (1.0 + xs[i] * (1.0 - s));
                 }
             }
         }
@@ -149,15 +156,16 @@ pub(crate) fn get_rows_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     Ok(())
 }
 
-/// Every input element sums the im2col columns it was copied to (ggml's
-/// ggml_compute_forward_im2col_back_f32); work split over (image, channel) planes.
+/// The gradient of im2col (ggml's ggml_compute_forward_im2col_back_f32), computed by scattering
+/// each column entry back onto the input element it was copied from, so no division is needed.
+/// Work is split over (image, channel) planes; each plane is summed in one fixed order.
 pub(crate) fn im2col_back(ctx: &NodeCtx<'_>, ith: usize, p: &Im2colBackParams) -> Result<()> {
     let (g, k, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let ne = d.ne;
     let (n, ic, ih, iw) =
         if p.is_2d { (ne[3], ne[2], ne[1], ne[0]) } else { (ne[2], ne[1], 1, ne[0]) };
     let (kh, kw) = if p.is_2d { (k.ne[1], k.ne[0]) } else { (1, k.ne[0]) };
-    let (oh, ow) = if p.is_2d { (g.ne[2] as i64, g.ne[1] as i64) } else { (1, g.ne[1] as i64) };
+    let (oh, ow) = if p.is_2d { (g.ne[2], g.ne[1]) } else { (1, g.ne[1]) };
     let (s0, s1, p0, p1, d0, d1) =
         (p.s0 as i64, p.s1 as i64, p.p0 as i64, p.p1 as i64, p.d0 as i64, p.d1 as i64);
     let cols = ic * kh * kw;
@@ -171,36 +179,24 @@ pub(crate) fn im2col_back(ctx: &NodeCtx<'_>, ith: usize, p: &Im2colBackParams) -
         let out = unsafe {
             std::slice::from_raw_parts_mut((d.ptr as *mut f32).add(plane * ih * iw), ih * iw)
         };
-        for y in 0..ih as i64 {
-            for x in 0..iw as i64 {
-                let mut acc = 0f32;
-                for ky in 0..kh as i64 {
-                    let oy = if p.is_2d {
-                        let t = y + p1 - ky * d1;
-                        if t % s1 != 0 {
-                            continue;
-                        }
-                        t / s1
-                    } else {
-                        0
-                    };
-                    if oy < 0 || oy >= oh {
+        out.fill(0.0);
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let col = ((b * oh + oy) * ow + ox) * cols + c * kh * kw;
+                let taps = &grad[col..col + kh * kw];
+                for ky in 0..kh {
+                    let y = if p.is_2d { oy as i64 * s1 + ky as i64 * d1 - p1 } else { 0 };
+                    if y < 0 || y >= ih as i64 {
                         continue;
                     }
-                    for kx in 0..kw as i64 {
-                        let t = x + p0 - kx * d0;
-                        if t % s0 != 0 {
-                            continue;
+                    let orow = &mut out[y as usize * iw..(y as usize + 1) * iw];
+                    for kx in 0..kw {
+                        let x = ox as i64 * s0 + kx as i64 * d0 - p0;
+                        if x >= 0 && x < iw as i64 {
+                            orow[x as usize] += taps[ky * kw + kx];
                         }
-                        let ox = t / s0;
-                        if ox < 0 || ox >= ow {
-                            continue;
-                        }
-                        let col = ((b as i64 * oh + oy) * ow + ox) as usize * cols;
-                        acc += grad[col + (c * kh + ky as usize) * kw + kx as usize];
                     }
                 }
-                out[y as usize * iw + x as usize] = acc;
             }
         }
     }
@@ -310,6 +306,7 @@ pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Re
     let (dh, n, m) = (q.ne[0], q.ne[1], k.ne[1]);
     let (h, hkv, nb) = (q.ne[2], k.ne[2], q.ne[3]);
     let p = m - n;
+    let kt = crate::kernels::table();
     let lay = crate::graph::FlashAttnBackLayout::new(q.nelements(), k.nelements(), v.nelements())?;
     let base = dst.ptr as *mut f32;
     let stride = align_up(m * 4, 64);
@@ -385,11 +382,7 @@ pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Re
                 // S = k . q * scale, softmax over the visible keys.
                 let mut max = f32::NEG_INFINITY;
                 for j in 0..mb {
-                    let mut acc = 0f64;
-                    for (a, b) in krow(j).iter().zip(qrow) {
-                        acc += (a * b) as f64;
-                    }
-                    s[j] = acc as f32 * scale;
+                    s[j] = (kt.dot_f32)(krow(j), qrow) * scale;
                     max = max.max(s[j]);
                 }
                 let mut sum = 0f64;
@@ -404,10 +397,7 @@ pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Re
                 // S = d @ v (the gradient of SM), then S = SM * (S - dot(SM, S)) * scale.
                 s[..mb].fill(0.0);
                 for c in 0..dh {
-                    let dc = dval(c);
-                    for (sj, &vj) in s[..mb].iter_mut().zip(&vrow(c)[..mb]) {
-                        *sj += vj * dc;
-                    }
+                    (kt.mad_f32)(&mut s[..mb], &vrow(c)[..mb], dval(c));
                 }
                 let mut dot = 0f64;
                 for j in 0..mb {
@@ -421,22 +411,15 @@ pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Re
                 unsafe {
                     let oq = std::slice::from_raw_parts_mut(base.add(gq(iq1, iq2, ik3)), dh);
                     for j in 0..mb {
-                        for (o, &kv) in oq.iter_mut().zip(krow(j)) {
-                            *o += s[j] * kv;
-                        }
+                        (kt.mad_f32)(oq, krow(j), s[j]);
                     }
                     for j in 0..mb {
                         let ok = std::slice::from_raw_parts_mut(base.add(gk(j, ik2, ik3)), dh);
-                        for (o, &qv) in ok.iter_mut().zip(qrow) {
-                            *o += s[j] * qv;
-                        }
+                        (kt.mad_f32)(ok, qrow, s[j]);
                     }
                     for c in 0..dh {
-                        let dc = dval(c);
                         let ov = std::slice::from_raw_parts_mut(base.add(gv(c, ik2, ik3)), mb);
-                        for (o, &x) in ov.iter_mut().zip(&sm[..mb]) {
-                            *o += x * dc;
-                        }
+                        (kt.mad_f32)(ov, &sm[..mb], dval(c));
                     }
                 }
             }

@@ -7,10 +7,10 @@ use super::{NodeCtx, split, unravel_row};
 use crate::error::Result;
 use crate::plan::{ExecNode, TView, align_up};
 
-/// One f32 partial sum per row.
-pub(crate) fn work_size(node: &ExecNode, _nth: usize) -> usize {
+/// One f32 partial sum per row, then one scratch row per thread.
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     match node.src[0].as_ref() {
-        Some(a) => align_up(a.nrows() * 4, 64),
+        Some(a) => align_up(a.nrows() * 4, 64) + nth * align_up(a.ne[0] * 4, 64),
         None => 0,
     }
 }
@@ -27,13 +27,13 @@ unsafe fn row_f32<'a>(t: &TView, r: usize) -> &'a [f32] {
     unsafe { std::slice::from_raw_parts(t.row(i1, i2, i3) as *const f32, t.ne[0]) }
 }
 
-/// ggml's per-row term: sum(labels * (logits - max - log(sum(exp(logits - max))))).
-fn loss_row(x: &[f32], y: &[f32]) -> f32 {
+/// ggml's per-row term: sum(labels * (logits - max - log(sum(exp(logits - max))))); `st` is
+/// scratch of the row's length.
+fn loss_row(x: &[f32], y: &[f32], st: &mut [f32]) -> f32 {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
-    for &v in x {
-        sum += ((v - max).exp()) as f64;
-    }
+    st.copy_from_slice(x);
+    // SAFETY: `st` holds x.len() f32.
+    let sum = unsafe { (crate::kernels::table().exp_sub_sum_f32)(st.len(), st.as_mut_ptr(), max) };
     let lse = (sum as f32).ln();
     let mut acc = 0f64;
     for (&v, &l) in x.iter().zip(y) {
@@ -48,11 +48,16 @@ pub(crate) fn cross_entropy_loss(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Re
     debug_assert!(nr * 4 <= ctx.work_len);
     let sums = ctx.work as *mut f32;
     if phase == 0 {
+        let stride = align_up(a.ne[0] * 4, 64);
+        let off = align_up(nr * 4, 64) + ith * stride;
+        debug_assert!(off + stride <= ctx.work_len);
+        // SAFETY: the work buffer holds nth scratch rows after the sums (work_size); ours is ith.
+        let st = unsafe { std::slice::from_raw_parts_mut(ctx.work.add(off) as *mut f32, a.ne[0]) };
         let (r0, r1) = split(nr, ith, ctx.nth);
         for r in r0..r1 {
             // SAFETY: r < nrows of both (same shape, build check); rows contiguous; read only.
             let (x, y) = unsafe { (row_f32(a, r), row_f32(b, r)) };
-            let s = loss_row(x, y);
+            let s = loss_row(x, y, st);
             // SAFETY: the work buffer holds nr f32 (work_size); each worker writes its own rows.
             unsafe { *sums.add(r) = s };
         }
@@ -76,6 +81,7 @@ pub(crate) fn cross_entropy_loss_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<(
     let nr = a.nrows();
     // SAFETY: grad is an F32 scalar (build check).
     let d_by_nr = unsafe { *(g.ptr as *const f32) } / nr as f32;
+    let kt = crate::kernels::table();
     let (r0, r1) = split(nr, ith, ctx.nth);
     let nc = a.ne[0];
     for r in r0..r1 {
@@ -90,11 +96,9 @@ pub(crate) fn cross_entropy_loss_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<(
             )
         };
         let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f64;
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = (v - max).exp();
-            sum += *o as f64;
-        }
+        out.copy_from_slice(x);
+        // SAFETY: `out` holds nc f32.
+        let sum = unsafe { (kt.exp_sub_sum_f32)(nc, out.as_mut_ptr(), max) };
         let inv = (1.0 / sum) as f32;
         for (o, &l) in out.iter_mut().zip(y) {
             *o = (*o * inv - l) * d_by_nr;
