@@ -172,28 +172,43 @@ pub(crate) fn im2col_back(ctx: &NodeCtx<'_>, ith: usize, p: &Im2colBackParams) -
     // SAFETY: grad is contiguous F32 of [cols, ow, oh, n] (build check).
     let grad = unsafe { std::slice::from_raw_parts(g.ptr as *const f32, g.nelements()) };
     let (c0, c1) = split(n * ic, ith, ctx.nth);
-    for plane in c0..c1 {
-        let (b, c) = (plane / ic, plane % ic);
-        // SAFETY: dst is a fresh contiguous F32 tensor; plane (b, c) holds ih * iw elements at
-        // index plane * ih * iw in either layout ([iw, ih, ic, n] or [iw, ic, n]); own planes.
-        let out = unsafe {
-            std::slice::from_raw_parts_mut((d.ptr as *mut f32).add(plane * ih * iw), ih * iw)
-        };
-        out.fill(0.0);
+    if c0 >= c1 {
+        return Ok(());
+    }
+    let plane_len = ih * iw;
+    // SAFETY: dst is a fresh contiguous F32 tensor whose (image, channel) planes of ih * iw
+    // elements sit at index plane * ih * iw in either layout ([iw, ih, ic, n] or [iw, ic, n]);
+    // this worker owns planes c0..c1.
+    let out = unsafe {
+        std::slice::from_raw_parts_mut(
+            (d.ptr as *mut f32).add(c0 * plane_len),
+            (c1 - c0) * plane_len,
+        )
+    };
+    out.fill(0.0);
+    // Columns outer and channels inner, so the gradient is read in memory order; each plane
+    // still receives its terms in (oy, ox, ky, kx) order whatever the split.
+    for b in c0 / ic..=(c1 - 1) / ic {
+        let lo = c0.max(b * ic) - b * ic;
+        let hi = c1.min((b + 1) * ic) - b * ic;
         for oy in 0..oh {
             for ox in 0..ow {
-                let col = ((b * oh + oy) * ow + ox) * cols + c * kh * kw;
-                let taps = &grad[col..col + kh * kw];
-                for ky in 0..kh {
-                    let y = if p.is_2d { oy as i64 * s1 + ky as i64 * d1 - p1 } else { 0 };
-                    if y < 0 || y >= ih as i64 {
-                        continue;
-                    }
-                    let orow = &mut out[y as usize * iw..(y as usize + 1) * iw];
-                    for kx in 0..kw {
-                        let x = ox as i64 * s0 + kx as i64 * d0 - p0;
-                        if x >= 0 && x < iw as i64 {
-                            orow[x as usize] += taps[ky * kw + kx];
+                let col = ((b * oh + oy) * ow + ox) * cols;
+                for c in lo..hi {
+                    let taps = &grad[col + c * kh * kw..col + (c + 1) * kh * kw];
+                    let po = (b * ic + c - c0) * plane_len;
+                    let plane = &mut out[po..po + plane_len];
+                    for ky in 0..kh {
+                        let y = if p.is_2d { oy as i64 * s1 + ky as i64 * d1 - p1 } else { 0 };
+                        if y < 0 || y >= ih as i64 {
+                            continue;
+                        }
+                        let orow = &mut plane[y as usize * iw..(y as usize + 1) * iw];
+                        for kx in 0..kw {
+                            let x = ox as i64 * s0 + kx as i64 * d0 - p0;
+                            if x >= 0 && x < iw as i64 {
+                                orow[x as usize] += taps[ky * kw + kx];
+                            }
                         }
                     }
                 }
