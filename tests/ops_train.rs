@@ -1251,6 +1251,10 @@ fn backward_ops_reject_bad_shapes_and_types() {
     assert!(g.im2col_back(grad, k, [6, 6, 3, 1], 1, 1, 1, 1, 1, 1, true).is_err(), "channels");
     assert!(g.im2col_back(grad, k, [6, 6, 2, 1], 0, 1, 1, 1, 1, 1, true).is_err(), "stride 0");
     assert!(g.im2col_back(h, k, [6, 6, 2, 1], 1, 1, 1, 1, 1, 1, true).is_err());
+    let big = usize::MAX;
+    assert!(g.im2col_back(grad, k, [6, 6, 2, 1], big, big, big, big, big, big, true).is_err());
+    assert!(g.im2col_back(grad, k, [big, 6, 2, 1], 1, 1, 1, 1, 1, 1, true).is_err());
+    assert!(g.pool_2d_back(grad, grad, PoolOp::Max, big, 1, big, 1, 0.0, 0.0).is_err());
 
     // pool_2d_back: the grad must have pool_2d's output shape.
     let af = g.input(DType::F32, &[10, 10, 3]).unwrap();

@@ -89,9 +89,15 @@ impl FlashAttnBackLayout {
     }
 }
 
-/// ggml_calc_conv_output_size, in signed arithmetic (C's truncating division).
+/// ggml_calc_conv_output_size, in checked signed arithmetic (C's truncating division); 0 when
+/// the parameters are too large to mean anything.
 fn conv_out(ins: usize, ks: usize, s: usize, p: usize, d: usize) -> i64 {
-    (ins as i64 + 2 * p as i64 - d as i64 * (ks as i64 - 1) - 1) / s as i64 + 1
+    let (ins, ks, s, p, d) = (ins as i128, ks as i128, s as i128, p as i128, d as i128);
+    let num = d.checked_mul(ks - 1).and_then(|dk| (ins + 2 * p).checked_sub(dk + 1));
+    match num {
+        Some(num) if s > 0 => i64::try_from(num / s + 1).unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// ggml_calc_pool_output_size with its float padding.
@@ -512,12 +518,19 @@ impl Graph {
         let kernel_ic = if is_2d { tb.ne[2] } else { tb.ne[1] };
         let ow = conv_out(iw, kw, s0, p0, d0);
         let oh = if is_2d { conv_out(ih, kh, s1, p1, d1) } else { 1 };
+        let cols = ic.checked_mul(kh).and_then(|v| v.checked_mul(kw)).unwrap_or(0);
         let want = if is_2d {
-            [ic * kh * kw, ow.max(0) as usize, oh.max(0) as usize, n]
+            [cols, ow.max(0) as usize, oh.max(0) as usize, n]
         } else {
-            [ic * kw, ow.max(0) as usize, n, 1]
+            [cols, ow.max(0) as usize, n, 1]
         };
-        if (!is_2d && ne[3] != 1) || kernel_ic != ic || ow <= 0 || oh <= 0 || ta.ne != want {
+        if (!is_2d && ne[3] != 1)
+            || kernel_ic != ic
+            || cols == 0
+            || ow <= 0
+            || oh <= 0
+            || ta.ne != want
+        {
             return Err(Error::shape(
                 OP,
                 format!(
