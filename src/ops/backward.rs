@@ -85,6 +85,7 @@ pub(crate) fn rms_norm_back(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<(
 
 pub(crate) fn soft_max_back(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result<()> {
     let (g, y, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let kt = crate::kernels::table();
     let nc = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -97,11 +98,8 @@ pub(crate) fn soft_max_back(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result
                 std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut f32, nc),
             )
         };
-        let mut dot = 0f64;
-        for i in 0..nc {
-            dot += (ys[i] * dy[i]) as f64;
-        }
-        let dot = dot as f32;
+        // ggml's ggml_vec_dot_f32, through the selected kernel.
+        let dot = (kt.dot_f32)(ys, dy);
         for i in 0..nc {
             dx[i] = (dy[i] - dot) * ys[i] * scale;
         }
