@@ -1263,6 +1263,16 @@ fn backward_ops_reject_bad_shapes_and_types() {
     assert!(g.pool_2d_back(pg, af, PoolOp::Max, 3, 3, 2, 2, 1.0, 0.0).is_err());
     assert!(g.pool_2d_back(pg, af, PoolOp::Avg, 0, 3, 2, 2, 0.0, 0.0).is_err());
     assert!(g.pool_2d_back(pg, af, PoolOp::Avg, 3, 3, 2, 2, f32::NAN, 0.0).is_err());
+    // Padding wider than the window: whole windows in the padding get no gradient.
+    for op in [PoolOp::Avg, PoolOp::Max] {
+        let mut g2 = Graph::new();
+        let af = g2.input(DType::F32, &[4, 3]).unwrap();
+        let pg = g2.input(DType::F32, &[12, 11]).unwrap();
+        let out = g2.pool_2d_back(pg, af, op, 1, 1, 1, 1, 4.0, 4.0).unwrap();
+        let mut c = Case::new(g2, out);
+        c.f32s = vec![(af, uniform(12, 1, -1.0, 1.0)), (pg, vec![1.0; 132])];
+        assert_eq!(c.run_threads("pool_2d_back wide padding"), vec![1.0; 12], "{op:?}");
+    }
 
     // flash_attn_back: v must be [M, D, ...], M >= N, heads divisible.
     let q = g.input(DType::F32, &[8, 3, 4]).unwrap();

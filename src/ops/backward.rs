@@ -239,63 +239,52 @@ pub(crate) fn pool_2d_back(ctx: &NodeCtx<'_>, ith: usize, p: &Pool2dParams) -> R
         let gp = unsafe {
             std::slice::from_raw_parts((g.ptr as *const f32).add(plane * ow * oh), ow * oh)
         };
-        // Forward input element (x, y) of this plane.
-        let fin = |x: i64, y: i64| -> f32 {
-            // SAFETY: 0 <= x < iw, 0 <= y < ih (callers check); af has contiguous rows and the
-            // plan validated its extent.
-            unsafe {
-                let row = f.row(y as usize, i2, i3);
-                if f16 {
-                    fp16_to_fp32(*(row as *const u16).add(x as usize))
-                } else {
-                    *(row as *const f32).add(x as usize)
-                }
-            }
-        };
         for oy in 0..oh {
+            let iy = oy as i64 * p.s1 as i64 - p.p1 as i64;
+            // Window rows and columns clamped to the input (padding contributes nothing).
+            let (ky0, ky1) = ((-iy).max(0), (ih - iy).min(p.k1 as i64));
             for ox in 0..ow {
                 let grad0 = gp[oy * ow + ox];
                 let ix = ox as i64 * p.s0 as i64 - p.p0 as i64;
-                let iy = oy as i64 * p.s1 as i64 - p.p1 as i64;
+                let (kx0, kx1) = ((-ix).max(0), (iw - ix).min(p.k0 as i64));
                 match p.op {
                     PoolOp::Max => {
-                        let mut best: Option<(i64, i64)> = None;
+                        let mut best: Option<usize> = None;
                         let mut maxval = -f32::MAX;
-                        for ky in 0..p.k1 as i64 {
-                            let y = iy + ky;
-                            if y < 0 || y >= ih {
-                                continue;
-                            }
-                            for kx in 0..p.k0 as i64 {
-                                let x = ix + kx;
-                                if x < 0 || x >= iw {
-                                    continue;
+                        for ky in ky0..ky1 {
+                            let y = (iy + ky) as usize;
+                            // SAFETY: 0 <= y < ih (clamped); af has contiguous rows and the plan
+                            // validated its extent.
+                            let row = unsafe { f.row(y, i2, i3) };
+                            for kx in kx0..kx1 {
+                                let x = (ix + kx) as usize;
+                                // SAFETY: 0 <= x < iw (clamped), inside the row.
+                                let v = unsafe {
+                                    if f16 {
+                                        fp16_to_fp32(*(row as *const u16).add(x))
+                                    } else {
+                                        *(row as *const f32).add(x)
+                                    }
+                                };
+                                // The first largest element wins, as in ggml.
+                                if v > maxval {
+                                    maxval = v;
+                                    best = Some(y * iw as usize + x);
                                 }
-                                let v = fin(x, y);
-                                if v <= maxval {
-                                    continue;
-                                }
-                                maxval = v;
-                                best = Some((x, y));
                             }
                         }
-                        if let Some((x, y)) = best {
-                            out[(y * iw + x) as usize] += grad0;
+                        if let Some(i) = best {
+                            out[i] += grad0;
                         }
                     }
                     PoolOp::Avg => {
                         let gr = grad0 / ka;
-                        for ky in 0..p.k1 as i64 {
-                            let y = iy + ky;
-                            if y < 0 || y >= ih {
-                                continue;
-                            }
-                            for kx in 0..p.k0 as i64 {
-                                let x = ix + kx;
-                                if x < 0 || x >= iw {
-                                    continue;
-                                }
-                                out[(y * iw + x) as usize] += gr;
+                        for ky in ky0..ky1 {
+                            let o = (iy + ky) as usize * iw as usize;
+                            let x0 = (ix + kx0).clamp(0, iw);
+                            let (x0, x1) = (x0 as usize, (ix + kx1).clamp(x0, iw) as usize);
+                            for v in &mut out[o + x0..o + x1] {
+                                *v += gr;
                             }
                         }
                     }
