@@ -151,9 +151,9 @@ impl Graph {
     }
 
     /// ggml_cross_entropy_loss: `-1/nrows * sum(labels * log_softmax(logits))` over rows, as an
-    /// F32 scalar of shape `[1]`. `a` (logits) and `b` (labels, rows usually summing to 1) are F32 with the
-    /// same shape and contiguous rows. The sum runs in a fixed row order, so the result does not
-    /// depend on the thread count.
+    /// F32 scalar of shape `[1]`. `a` (logits) and `b` (labels, rows usually summing to 1) are
+    /// F32 with the same shape and contiguous rows. The sum runs in a fixed row order, so the
+    /// result does not depend on the thread count.
     pub fn cross_entropy_loss(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         const OP: &str = "cross_entropy_loss";
         self.check_f32(OP, "logits", a)?;
