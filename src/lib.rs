@@ -50,5 +50,6 @@ pub use graph::{
     CustomArgs, CustomFn, FlashAttnParams, Gather, GluOp, Graph, Op, RopeMode, RopeParams,
     ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
 };
+pub use graph::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams, PoolOp};
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

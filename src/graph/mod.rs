@@ -11,6 +11,7 @@ mod movement;
 mod ops;
 mod recurrent;
 mod rope;
+mod train;
 
 pub use attention::FlashAttnParams;
 pub use custom::{CustomArgs, CustomFn, CustomOp};
@@ -19,6 +20,7 @@ pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
+pub use train::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams, PoolOp};
 
 use crate::backend::Buffer;
 use crate::dtype::DType;

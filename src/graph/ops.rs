@@ -225,6 +225,31 @@ pub enum Op {
     Dsv4HcPre,
     /// DeepSeek-V4 hyper-connection post-mix (streams recombined with the layer output).
     Dsv4HcPost,
+    // --- train: losses, optimizer steps and backward ops (src/graph/train.rs) ---
+    /// -mean over rows of sum(labels * log_softmax(logits)) (F32 scalar).
+    CrossEntropyLoss,
+    /// Gradient of cross_entropy_loss with respect to the logits.
+    CrossEntropyLossBack,
+    /// One AdamW step, in place on the params (src 0) and moments (src 2, 3).
+    OptStepAdamw,
+    /// One SGD step with weight decay, in place on the params (src 0).
+    OptStepSgd,
+    /// Gradient of silu: src0 is the output gradient, src1 silu's input.
+    SiluBack,
+    /// Gradient of rms_norm: src0 is the output gradient, src1 rms_norm's input.
+    RmsNormBack { eps: f32 },
+    /// Gradient of soft_max_ext: src0 is the output gradient, src1 the softmax output.
+    SoftMaxBack { scale: f32, max_bias: f32 },
+    /// Gradient of rope: rotation by -theta.
+    RopeBack(Box<super::RopeParams>),
+    /// Gradient of get_rows: rows of src0 summed into the rows picked by the ids in src1.
+    GetRowsBack,
+    /// Gradient of im2col with respect to its input.
+    Im2colBack(super::Im2colBackParams),
+    /// Gradient of pool_2d with respect to its input (src1).
+    Pool2dBack(super::Pool2dParams),
+    /// Gradients of q, k and v of (pre-flash_attn_ext) attention, packed in one vector.
+    FlashAttnBack { masked: bool },
 }
 
 impl Op {
@@ -304,6 +329,19 @@ impl Op {
             Op::Dsv4HcComb { .. } => "dsv4_hc_comb",
             Op::Dsv4HcPre => "dsv4_hc_pre",
             Op::Dsv4HcPost => "dsv4_hc_post",
+            // --- train (src/graph/train.rs) ---
+            Op::CrossEntropyLoss => "cross_entropy_loss",
+            Op::CrossEntropyLossBack => "cross_entropy_loss_back",
+            Op::OptStepAdamw => "opt_step_adamw",
+            Op::OptStepSgd => "opt_step_sgd",
+            Op::SiluBack => "silu_back",
+            Op::RmsNormBack { .. } => "rms_norm_back",
+            Op::SoftMaxBack { .. } => "soft_max_back",
+            Op::RopeBack(_) => "rope_back",
+            Op::GetRowsBack => "get_rows_back",
+            Op::Im2colBack(_) => "im2col_back",
+            Op::Pool2dBack(_) => "pool_2d_back",
+            Op::FlashAttnBack { .. } => "flash_attn_back",
         }
     }
 

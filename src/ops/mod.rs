@@ -3,6 +3,7 @@
 //! when the graph was built, so drivers only `debug_assert!`; what only the data can tell (an index
 //! out of range) returns `Err`.
 
+mod backward;
 mod binary;
 mod cpy;
 mod custom;
@@ -19,6 +20,7 @@ mod reduce;
 mod rope;
 mod set_rows;
 mod softmax;
+mod train;
 mod unary;
 mod upscale;
 // --- moe: mul_mat_id and out_prod ---
@@ -130,6 +132,8 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
         Op::Acc { .. } | Op::CountEqual => 2,
         // --- moe: convert b and group by expert, then the expert chunks ---
         Op::MulMatId => mul_mat_id::phases(node),
+        // train: per-row loss terms, then their sum in row order.
+        Op::CrossEntropyLoss => 2,
         _ => 1,
     }
 }
@@ -151,6 +155,10 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         // --- ssm ---
         Op::GatedDeltaNet { .. } => delta_net::gdn_work_size(node, nth),
         Op::LightningIndexer => dsv4::li_work_size(node, nth),
+        // train
+        Op::CrossEntropyLoss => train::work_size(node, nth),
+        Op::RopeBack(_) => rope::work_size(node, nth),
+        Op::FlashAttnBack { .. } => backward::flash_attn_back_work_size(node, nth),
         _ => 0,
     }
 }
@@ -227,5 +235,18 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::Dsv4HcComb { eps, n_iter } => dsv4::hc_comb(ctx, ith, *eps, *n_iter),
         Op::Dsv4HcPre => dsv4::hc_pre(ctx, ith),
         Op::Dsv4HcPost => dsv4::hc_post(ctx, ith),
+        // train: losses, optimizer steps and backward ops
+        Op::CrossEntropyLoss => train::cross_entropy_loss(ctx, phase, ith),
+        Op::CrossEntropyLossBack => train::cross_entropy_loss_back(ctx, ith),
+        Op::OptStepAdamw => train::opt_step_adamw(ctx, ith),
+        Op::OptStepSgd => train::opt_step_sgd(ctx, ith),
+        Op::SiluBack => backward::silu_back(ctx, ith),
+        Op::RmsNormBack { eps } => backward::rms_norm_back(ctx, ith, *eps),
+        Op::SoftMaxBack { scale, .. } => backward::soft_max_back(ctx, ith, *scale),
+        Op::RopeBack(p) => rope::compute_back(ctx, ith, p),
+        Op::GetRowsBack => backward::get_rows_back(ctx, ith),
+        Op::Im2colBack(p) => backward::im2col_back(ctx, ith, p),
+        Op::Pool2dBack(p) => backward::pool_2d_back(ctx, ith, p),
+        Op::FlashAttnBack { masked } => backward::flash_attn_back(ctx, ith, *masked),
     }
 }

@@ -43,13 +43,15 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
 }
 
 /// Fills `cache[i0 / 2]` (cos) and `cache[ceil(ne0 / 2) + i0 / 2]` (sin) for pair i0 of a token at
-/// `pos`: split halves so the rotation loops read them contiguously.
+/// `pos`: split halves so the rotation loops read them contiguously. `sin_sign` is -1 for
+/// rope_back (a rotation by -theta), as ggml's cache init takes it.
 fn fill_cache(
     cache: &mut [f32],
     pos: [i32; 4],
     p: &RopeParams,
     ff: Option<&[f32]>,
     corr: [f32; 2],
+    sin_sign: f32,
 ) {
     let ne0 = cache.len();
     let theta_scale = p.freq_base.powf(-2.0 / p.n_dims as f32);
@@ -60,7 +62,7 @@ fn fill_cache(
         for i0 in (0..ne0).step_by(2) {
             let (c, s) = rope_yarn(theta / factor(i0), p, corr, i0);
             cache[i0 / 2] = c;
-            cache[ne0.div_ceil(2) + i0 / 2] = s;
+            cache[ne0.div_ceil(2) + i0 / 2] = s * sin_sign;
             theta *= theta_scale;
         }
         return;
@@ -107,7 +109,7 @@ fn fill_cache(
         };
         let (c, s) = rope_yarn(theta / factor(i0), p, corr, i0);
         cache[i0 / 2] = c;
-        cache[ne0.div_ceil(2) + i0 / 2] = s;
+        cache[ne0.div_ceil(2) + i0 / 2] = s * sin_sign;
         tt *= theta_scale;
         th *= theta_scale;
         tw *= theta_scale;
@@ -148,6 +150,15 @@ fn rotate(
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<()> {
+    compute_dir(ctx, ith, p, 1.0)
+}
+
+/// rope_back (ggml's ggml_compute_forward_rope_back): the same rotation with sin negated.
+pub(crate) fn compute_back(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<()> {
+    compute_dir(ctx, ith, p, -1.0)
+}
+
+fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> Result<()> {
     let (a, posv, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let ff_view = ctx.node.src[2].as_ref();
     let ne0 = d.ne[0];
@@ -175,7 +186,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams) -> Result<(
             } else {
                 [pos[i2], 0, 0, 0]
             };
-            fill_cache(cache, pp, p, ff, corr);
+            fill_cache(cache, pp, p, ff, corr, sin_sign);
             last_i2 = i2;
         }
         // SAFETY: row indices are below the shared shape; rows hold ne0 contiguous elements

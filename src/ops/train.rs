@@ -1,0 +1,166 @@
+//! Losses and optimizer steps (ggml's ggml_compute_forward_cross_entropy_loss{,_back} and
+//! ggml_compute_forward_opt_step_{adamw,sgd}), split by rows. The loss keeps one partial sum per
+//! row in the work buffer and adds them in row order, so it does not depend on the thread count
+//! (ggml adds per-thread sums, which does).
+
+use super::{NodeCtx, split, unravel_row};
+use crate::error::Result;
+use crate::plan::{ExecNode, TView, align_up};
+
+/// One f32 partial sum per row, then one scratch row per thread.
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    match node.src[0].as_ref() {
+        Some(a) => align_up(a.nrows() * 4, 64) + nth * align_up(a.ne[0] * 4, 64),
+        None => 0,
+    }
+}
+
+/// Row `r` of an F32 tensor with contiguous rows, as a slice.
+///
+/// # Safety
+/// `r` is below `t.nrows()`, rows hold `ne[0]` contiguous f32 (build check), and nothing writes
+/// the row while the slice lives.
+#[inline(always)]
+unsafe fn row_f32<'a>(t: &TView, r: usize) -> &'a [f32] {
+    let (i1, i2, i3) = unravel_row(r, &t.ne);
+    // SAFETY: per the contract.
+    unsafe { std::slice::from_raw_parts(t.row(i1, i2, i3) as *const f32, t.ne[0]) }
+}
+
+/// ggml's per-row term: sum(labels * (logits - max - log(sum(exp(logits - max))))); `st` is
+/// scratch of the row's length.
+fn loss_row(x: &[f32], y: &[f32], st: &mut [f32]) -> f32 {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    st.copy_from_slice(x);
+    // SAFETY: `st` holds x.len() f32.
+    let sum = unsafe { (crate::kernels::table().exp_sub_sum_f32)(st.len(), st.as_mut_ptr(), max) };
+    let lse = (sum as f32).ln();
+    let mut acc = 0f64;
+    for (&v, &l) in x.iter().zip(y) {
+        acc += (((v - max) - lse) * l) as f64;
+    }
+    acc as f32
+}
+
+pub(crate) fn cross_entropy_loss(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let nr = a.nrows();
+    debug_assert!(nr * 4 <= ctx.work_len);
+    let sums = ctx.work as *mut f32;
+    if phase == 0 {
+        let stride = align_up(a.ne[0] * 4, 64);
+        let off = align_up(nr * 4, 64) + ith * stride;
+        debug_assert!(off + stride <= ctx.work_len);
+        // SAFETY: the work buffer holds nth scratch rows after the sums (work_size); ours is ith.
+        let st = unsafe { std::slice::from_raw_parts_mut(ctx.work.add(off) as *mut f32, a.ne[0]) };
+        let (r0, r1) = split(nr, ith, ctx.nth);
+        for r in r0..r1 {
+            // SAFETY: r < nrows of both (same shape, build check); rows contiguous; read only.
+            let (x, y) = unsafe { (row_f32(a, r), row_f32(b, r)) };
+            let s = loss_row(x, y, st);
+            // SAFETY: the work buffer holds nr f32 (work_size); each worker writes its own rows.
+            unsafe { *sums.add(r) = s };
+        }
+        return Ok(());
+    }
+    if ith == 0 {
+        let mut total = 0f64;
+        for r in 0..nr {
+            // SAFETY: written in phase 0 (a barrier separates the phases), r < nr.
+            total += unsafe { *sums.add(r) } as f64;
+        }
+        let v = total as f32 * (-1.0 / nr as f32);
+        // SAFETY: dst is an F32 scalar.
+        unsafe { *(d.ptr as *mut f32) = v };
+    }
+    Ok(())
+}
+
+pub(crate) fn cross_entropy_loss_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (g, a, b, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
+    let nr = a.nrows();
+    // SAFETY: grad is an F32 scalar (build check).
+    let d_by_nr = unsafe { *(g.ptr as *const f32) } / nr as f32;
+    let kt = crate::kernels::table();
+    let (r0, r1) = split(nr, ith, ctx.nth);
+    let nc = a.ne[0];
+    for r in r0..r1 {
+        // SAFETY: r < nrows; all three contiguous with the same shape (build check); each worker
+        // writes its own dst rows, which do not alias the sources (dst is a fresh node).
+        let (x, y, out) = unsafe {
+            let (i1, i2, i3) = unravel_row(r, &d.ne);
+            (
+                row_f32(a, r),
+                row_f32(b, r),
+                std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut f32, nc),
+            )
+        };
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        out.copy_from_slice(x);
+        // SAFETY: `out` holds nc f32.
+        let sum = unsafe { (kt.exp_sub_sum_f32)(nc, out.as_mut_ptr(), max) };
+        let inv = (1.0 / sum) as f32;
+        for (o, &l) in out.iter_mut().zip(y) {
+            *o = (*o * inv - l) * d_by_nr;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn opt_step_adamw(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (w, g, m, v, pp) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.src(3), ctx.src(4));
+    // SAFETY: adamw_params is a contiguous F32 tensor of 7 values (build check).
+    let p = unsafe { std::slice::from_raw_parts(pp.ptr as *const f32, 7) };
+    let (alpha, beta1, beta2, eps, wd, beta1h, beta2h) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
+    let keep = 1.0 - alpha * wd;
+    let nc = w.ne[0];
+    let (r0, r1) = split(w.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &w.ne);
+        // SAFETY: the four tensors share one shape with contiguous rows (build check); params, m
+        // and v are distinct non-overlapping state ranges and grad does not overlap them (build
+        // check), so these slices do not alias; each worker owns its rows.
+        let (ws, gs, ms, vs) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(w.row(i1, i2, i3) as *mut f32, nc),
+                std::slice::from_raw_parts(g.row(i1, i2, i3) as *const f32, nc),
+                std::slice::from_raw_parts_mut(m.row(i1, i2, i3) as *mut f32, nc),
+                std::slice::from_raw_parts_mut(v.row(i1, i2, i3) as *mut f32, nc),
+            )
+        };
+        for i in 0..nc {
+            let gi = gs[i];
+            ms[i] = ms[i] * beta1 + gi * (1.0 - beta1);
+            vs[i] = vs[i] * beta2 + gi * gi * (1.0 - beta2);
+            let mh = ms[i] * beta1h;
+            let vh = (vs[i] * beta2h).sqrt() + eps;
+            ws[i] = ws[i] * keep - alpha * mh / vh;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn opt_step_sgd(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (w, g, pp) = (ctx.src(0), ctx.src(1), ctx.src(2));
+    // SAFETY: sgd_params is a contiguous F32 tensor of 2 values (build check).
+    let p = unsafe { std::slice::from_raw_parts(pp.ptr as *const f32, 2) };
+    let alpha = p[0];
+    let keep = 1.0 - alpha * p[1];
+    let nc = w.ne[0];
+    let (r0, r1) = split(w.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &w.ne);
+        // SAFETY: same shapes with contiguous rows; grad does not overlap the params (build
+        // check); each worker owns its rows.
+        let (ws, gs) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(w.row(i1, i2, i3) as *mut f32, nc),
+                std::slice::from_raw_parts(g.row(i1, i2, i3) as *const f32, nc),
+            )
+        };
+        for (wi, &gi) in ws.iter_mut().zip(gs) {
+            *wi = *wi * keep - alpha * gi;
+        }
+    }
+    Ok(())
+}
