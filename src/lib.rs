@@ -50,5 +50,7 @@ pub use graph::{
     CustomArgs, CustomFn, FlashAttnParams, Gather, GluOp, Graph, Op, RopeMode, RopeParams,
     ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
 };
+// vision ops (src/graph/vision.rs)
+pub use graph::{Conv2dParams, Conv3dParams, PoolOp};
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

@@ -9,6 +9,7 @@ mod elementwise;
 mod movement;
 mod ops;
 mod rope;
+mod vision;
 
 pub use attention::FlashAttnParams;
 pub use custom::{CustomArgs, CustomFn, CustomOp};
@@ -17,6 +18,7 @@ pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
+pub use vision::{Conv2dParams, Conv3dParams, PoolOp};
 
 use crate::backend::Buffer;
 use crate::dtype::DType;
