@@ -182,6 +182,65 @@ impl Patch {
     }
 }
 
+impl Patch {
+    /// The patch of output position `q` as f32 values (F32 input), row by row: the in-range
+    /// columns of each (channel, kd, kh) row are one strided (or, for unit stride and dilation,
+    /// contiguous) copy, the rest zeros.
+    ///
+    /// # Safety
+    /// As [`Patch::fill`], with an F32 input; `out.len() == row_len()`.
+    unsafe fn fill_f32(&self, base: *const u8, q: usize, out: &mut [f32]) {
+        let (n, oz, oy, ox) = self.unravel(q);
+        let kw = self.kw;
+        let x0 = ox as i64 * self.s[0] - self.p[0];
+        let d0 = self.d[0];
+        // kx is in range when 0 <= x0 + kx*d0 < iw.
+        let lo = if x0 >= 0 { 0 } else { ((-x0 + d0 - 1) / d0).min(kw as i64) as usize };
+        let hi =
+            if x0 >= self.iw { 0 } else { (((self.iw - 1 - x0) / d0) + 1).min(kw as i64) as usize };
+        let hi = hi.max(lo);
+        let contiguous = d0 == 1 && self.sx == 4;
+        let mut k = 0;
+        for c in 0..self.ic {
+            // SAFETY: n < batch and c < channels: the plane start is inside the input.
+            let pc = unsafe { base.add(n * self.sn + c * self.sc) };
+            for kz in 0..self.kd {
+                let z = oz as i64 * self.s[2] + kz as i64 * self.d[2] - self.p[2];
+                let zin = (0..self.id).contains(&z);
+                for ky in 0..self.kh {
+                    let y = oy as i64 * self.s[1] + ky as i64 * self.d[1] - self.p[1];
+                    let row = &mut out[k..k + kw];
+                    k += kw;
+                    if !(zin && (0..self.ih).contains(&y)) || lo == hi {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    row[..lo].fill(0.0);
+                    row[hi..].fill(0.0);
+                    // SAFETY: y and z are in range; for lo <= kx < hi, x = x0 + kx*d0 is in
+                    // 0..iw by the choice of lo and hi.
+                    unsafe {
+                        let pr = pc.add(z as usize * self.sz + y as usize * self.sy);
+                        if contiguous {
+                            let src = pr.add((x0 + lo as i64) as usize * 4);
+                            std::ptr::copy_nonoverlapping(
+                                src,
+                                row[lo..hi].as_mut_ptr() as *mut u8,
+                                (hi - lo) * 4,
+                            );
+                        } else {
+                            for kx in lo..hi {
+                                let x = (x0 + kx as i64 * d0) as usize;
+                                row[kx] = (pr.add(x * self.sx) as *const f32).read_unaligned();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[inline(always)]
 fn round_f16(v: f32) -> f32 {
     fp16_to_fp32(fp32_to_fp16(v))
@@ -203,37 +262,53 @@ unsafe fn load(p: *const u8, dt: DType, i: usize) -> f32 {
     }
 }
 
+/// Work bytes of im2col / im2col_3d: one f32 row per thread when F32 input becomes F16.
+pub(crate) fn im2col_work_size(node: &ExecNode, nth: usize) -> usize {
+    match node.src[1].as_ref() {
+        Some(b) if b.dtype == DType::F32 && node.dst.dtype == DType::F16 => {
+            nth * align_up(node.dst.ne[0] * 4, 64)
+        }
+        _ => 0,
+    }
+}
+
 /// im2col and im2col_3d: one output row per output position, rows split over threads.
 fn im2col_rows(ctx: &NodeCtx<'_>, ith: usize, g: Patch) -> Result<()> {
     let (b, d) = (ctx.src(1), ctx.dst());
     let k = g.row_len();
     debug_assert_eq!(k, d.ne[0]);
     let (r0, r1) = split(g.positions(), ith, ctx.nth);
+    let to_f16 = crate::kernels::table().activation_converter(DType::F16);
     for q in r0..r1 {
         // Output rows are contiguous and numbered like the output positions.
-        // SAFETY: q < positions = dst rows (dst is a fresh contiguous tensor); the row holds k
-        // elements of dst's type; this worker owns rows r0..r1.
+        // SAFETY: q < positions = dst rows (dst is a fresh contiguous, 64-byte aligned tensor, so
+        // every f32 row is aligned); the row holds k elements of dst's type; this worker owns
+        // rows r0..r1 and its own scratch row in the work buffer (im2col_work_size).
         unsafe {
             let row = d.ptr.add(q * d.nb[1]);
-            match (d.dtype, b.dtype) {
-                (DType::F32, _) => {
-                    let out = row as *mut f32;
-                    g.fill(b.ptr, q, |i, s| {
-                        let v = s.map_or(0.0, |s| (s as *const f32).read_unaligned());
-                        out.add(i).write_unaligned(v);
-                    });
+            match (d.dtype, b.dtype, to_f16) {
+                (DType::F32, _, _) => {
+                    let out = std::slice::from_raw_parts_mut(row as *mut f32, k);
+                    g.fill_f32(b.ptr, q, out);
                 }
-                (_, DType::F32) => {
-                    let out = row as *mut u16;
-                    g.fill(b.ptr, q, |i, s| {
-                        let v = s.map_or(0, |s| fp32_to_fp16((s as *const f32).read_unaligned()));
-                        out.add(i).write_unaligned(v);
-                    });
+                (_, DType::F32, Some(conv)) => {
+                    debug_assert!(im2col_work_size(ctx.node, ctx.nth) <= ctx.work_len);
+                    let scratch = std::slice::from_raw_parts_mut(
+                        ctx.work.add(ith * align_up(k * 4, 64)) as *mut f32,
+                        k,
+                    );
+                    g.fill_f32(b.ptr, q, scratch);
+                    conv(scratch, std::slice::from_raw_parts_mut(row, 2 * k));
                 }
                 _ => {
                     let out = row as *mut u16;
+                    let f32_in = b.dtype == DType::F32;
                     g.fill(b.ptr, q, |i, s| {
-                        let v = s.map_or(0, |s| (s as *const u16).read_unaligned());
+                        let v = match s {
+                            None => 0,
+                            Some(s) if f32_in => fp32_to_fp16((s as *const f32).read_unaligned()),
+                            Some(s) => (s as *const u16).read_unaligned(),
+                        };
                         out.add(i).write_unaligned(v);
                     });
                 }
@@ -318,7 +393,8 @@ fn conv_kernel_bytes(node: &ExecNode) -> usize {
 }
 
 fn conv_tile_bytes(node: &ExecNode) -> usize {
-    align_up(TILE_P * conv_dims(node).1 * 4, 64)
+    // TILE_P f32 patch rows, then one f16 row for rounding (F16 kernels).
+    align_up(TILE_P * conv_dims(node).1 * 4 + conv_dims(node).1 * 2, 64)
 }
 
 pub(crate) fn conv_work_size(node: &ExecNode, nth: usize) -> usize {
@@ -351,16 +427,19 @@ fn conv_nd(
         }
         return Ok(());
     }
-    let dot = crate::kernels::table().dot_f32;
-    let f16 = a.dtype == DType::F16;
+    let table = crate::kernels::table();
+    let dot = table.dot_f32;
+    let to_f16 = if a.dtype == DType::F16 { table.activation_converter(DType::F16) } else { None };
     // SAFETY: the kernel block (phase 0, finished before the barrier) holds oc*kn f32 values,
     // read-only from now on.
     let kernel = unsafe { std::slice::from_raw_parts(kernel_ptr as *const f32, oc * kn) };
-    // SAFETY: each thread's scratch is a disjoint TILE_P*kn f32 block after the kernel block.
-    let tile = unsafe {
-        std::slice::from_raw_parts_mut(
-            ctx.work.add(conv_kernel_bytes(ctx.node) + ith * conv_tile_bytes(ctx.node)) as *mut f32,
-            TILE_P * kn,
+    // SAFETY: each thread's scratch is a disjoint block after the kernel block: TILE_P*kn f32,
+    // then kn f16 (conv_tile_bytes).
+    let (tile, half_row) = unsafe {
+        let t = ctx.work.add(conv_kernel_bytes(ctx.node) + ith * conv_tile_bytes(ctx.node));
+        (
+            std::slice::from_raw_parts_mut(t as *mut f32, TILE_P * kn),
+            std::slice::from_raw_parts_mut(t.add(TILE_P * kn * 4), kn * 2),
         )
     };
     let total = g.positions();
@@ -374,12 +453,12 @@ fn conv_nd(
         let (q0, q1) = (c * TILE_P, ((c + 1) * TILE_P).min(total));
         for q in q0..q1 {
             let row = &mut tile[(q - q0) * kn..(q - q0 + 1) * kn];
-            // SAFETY: q < positions; b is the node's input described by g.
-            unsafe {
-                g.fill(b.ptr, q, |i, s| {
-                    let v = s.map_or(0.0, |s| (s as *const f32).read_unaligned());
-                    row[i] = if f16 { round_f16(v) } else { v };
-                });
+            // SAFETY: q < positions; b is the node's F32 input described by g.
+            unsafe { g.fill_f32(b.ptr, q, row) };
+            if let Some(conv) = to_f16 {
+                // ggml multiplies in the kernel's type: the patch goes through f16.
+                conv(row, half_row);
+                (table.f16_bytes_to_f32)(half_row, row);
             }
         }
         let np = q1 - q0;

@@ -137,6 +137,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
         // vision
         Op::Conv2d(_) | Op::Conv3d(_) => conv::conv_work_size(node, nth),
+        Op::Im2col { .. } | Op::Im2col3d(_) => conv::im2col_work_size(node, nth),
         Op::ConvTranspose1d { .. } | Op::ConvTranspose2d { .. } => conv::convt_work_size(node, nth),
         _ => 0,
     }
