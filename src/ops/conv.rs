@@ -212,16 +212,16 @@ impl Patch {
                     let row = &mut out[k..k + kw];
                     k += kw;
                     if !(zin && (0..self.ih).contains(&y)) || lo == hi {
-                        row.fill(0.0);
+                        row.iter_mut().for_each(|v| *v = 0.0);
                         continue;
                     }
-                    row[..lo].fill(0.0);
-                    row[hi..].fill(0.0);
                     // SAFETY: y and z are in range; for lo <= kx < hi, x = x0 + kx*d0 is in
                     // 0..iw by the choice of lo and hi.
                     unsafe {
                         let pr = pc.add(z as usize * self.sz + y as usize * self.sy);
-                        if contiguous {
+                        if contiguous && hi - lo >= 16 {
+                            row[..lo].iter_mut().for_each(|v| *v = 0.0);
+                            row[hi..].iter_mut().for_each(|v| *v = 0.0);
                             let src = pr.add((x0 + lo as i64) as usize * 4);
                             std::ptr::copy_nonoverlapping(
                                 src,
@@ -229,9 +229,14 @@ impl Patch {
                                 (hi - lo) * 4,
                             );
                         } else {
-                            for kx in lo..hi {
-                                let x = (x0 + kx as i64 * d0) as usize;
-                                row[kx] = (pr.add(x * self.sx) as *const f32).read_unaligned();
+                            // Small kernels: a plain loop beats a memcpy call per row.
+                            for (kx, v) in row.iter_mut().enumerate() {
+                                *v = if kx >= lo && kx < hi {
+                                    let x = (x0 + kx as i64 * d0) as usize;
+                                    (pr.add(x * self.sx) as *const f32).read_unaligned()
+                                } else {
+                                    0.0
+                                };
                             }
                         }
                     }

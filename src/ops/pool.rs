@@ -76,6 +76,24 @@ pub(crate) fn pool_2d(
     s: [usize; 2],
     p: [f32; 2],
 ) -> Result<()> {
+    // One monomorphised loop per (input type, op): no type or op branch per element.
+    match (ctx.src(0).dtype == DType::F32, op) {
+        (true, PoolOp::Max) => pool_2d_impl::<true, true>(ctx, ith, k, s, p),
+        (true, PoolOp::Avg) => pool_2d_impl::<true, false>(ctx, ith, k, s, p),
+        (false, PoolOp::Max) => pool_2d_impl::<false, true>(ctx, ith, k, s, p),
+        (false, PoolOp::Avg) => pool_2d_impl::<false, false>(ctx, ith, k, s, p),
+    }
+}
+
+fn pool_2d_impl<const F32: bool, const MAX: bool>(
+    ctx: &NodeCtx<'_>,
+    ith: usize,
+    k: [usize; 2],
+    s: [usize; 2],
+    p: [f32; 2],
+) -> Result<()> {
+    let op = if MAX { PoolOp::Max } else { PoolOp::Avg };
+    let dt = if F32 { DType::F32 } else { DType::F16 };
     let (a, d) = (ctx.src(0), ctx.dst());
     // ggml stores the float padding in an int32 parameter: truncation.
     let (p0, p1) = (p[0] as i64, p[1] as i64);
@@ -103,7 +121,7 @@ pub(crate) fn pool_2d(
                         continue;
                     }
                     // SAFETY: 0 <= x < ne[0]; contiguous rows (build check).
-                    let v = unsafe { at(src, a.dtype, x as usize) };
+                    let v = unsafe { at(src, dt, x as usize) };
                     match op {
                         PoolOp::Avg => res += v,
                         // std::max(v, res) as ggml: NaN inputs propagate.
