@@ -440,13 +440,20 @@ fn conv_nd(
     let kernel = unsafe { std::slice::from_raw_parts(kernel_ptr as *const f32, oc * kn) };
     // SAFETY: each thread's scratch is a disjoint block after the kernel block: TILE_P*kn f32,
     // then kn f16 (conv_tile_bytes).
-    let (tile, half_row) = unsafe {
+    let (tile_rows, half_row) = unsafe {
         let t = ctx.work.add(conv_kernel_bytes(ctx.node) + ith * conv_tile_bytes(ctx.node));
         (
             std::slice::from_raw_parts_mut(t as *mut f32, TILE_P * kn),
             std::slice::from_raw_parts_mut(t.add(TILE_P * kn * 4), kn * 2),
         )
     };
+    // The AVX2 tier's 4x2 register tile (dispatch once per node, not per chunk).
+    type Tile = unsafe fn(usize, [&[f32]; 4], [&[f32]; 2], &mut [f32; 8]);
+    #[cfg(target_arch = "x86_64")]
+    let tile: Option<Tile> = (table.isa() >= crate::kernels::Isa::Avx2)
+        .then_some(crate::kernels::x86::avx2_conv::tile_f32_4x2 as Tile);
+    #[cfg(not(target_arch = "x86_64"))]
+    let tile: Option<Tile> = None;
     let total = g.positions();
     let chunks = total.div_ceil(TILE_P);
     let [sx, sy, sz, soc, sn] = out_strides;
@@ -457,11 +464,17 @@ fn conv_nd(
         }
         let (q0, q1) = (c * TILE_P, ((c + 1) * TILE_P).min(total));
         for q in q0..q1 {
-            let row = &mut tile[(q - q0) * kn..(q - q0 + 1) * kn];
+            let row = &mut tile_rows[(q - q0) * kn..(q - q0 + 1) * kn];
             // SAFETY: q < positions; b is the node's F32 input described by g.
             unsafe { g.fill_f32(b.ptr, q, row) };
             if let Some(conv) = to_f16 {
                 // ggml multiplies in the kernel's type: the patch goes through f16.
+                #[cfg(target_arch = "x86_64")]
+                if tile.is_some() {
+                    // SAFETY: `tile` is only set on the AVX2 tier (AVX2, FMA, F16C detected).
+                    unsafe { crate::kernels::x86::avx2_conv::round_f16(row) };
+                    continue;
+                }
                 conv(row, half_row);
                 (table.f16_bytes_to_f32)(half_row, row);
             }
@@ -472,9 +485,32 @@ fn conv_nd(
             let (n, oz, oy, ox) = g.unravel(q0 + j);
             *o = ox * sx + oy * sy + oz * sz + n * sn;
         }
+        if let Some(tile4x2) = tile {
+            let krow = |o: usize| &kernel[o * kn..(o + 1) * kn];
+            let prow = |j: usize| &tile_rows[j * kn..(j + 1) * kn];
+            for o in (0..oc).step_by(4) {
+                let a4: [&[f32]; 4] = std::array::from_fn(|r| krow((o + r).min(oc - 1)));
+                for j in (0..np).step_by(2) {
+                    let b2: [&[f32]; 2] = std::array::from_fn(|c| prow((j + c).min(np - 1)));
+                    let mut out = [0f32; 8];
+                    // SAFETY: `tile` is only set when the selected tier is AVX2 (CPU checked).
+                    unsafe { tile4x2(kn, a4, b2, &mut out) };
+                    for r in 0..(oc - o).min(4) {
+                        for c in 0..(np - j).min(2) {
+                            // SAFETY: as below: in-range indices, positions owned by this chunk.
+                            unsafe {
+                                (d.ptr.add(offs[j + c] + (o + r) * soc) as *mut f32)
+                                    .write_unaligned(out[r * 2 + c])
+                            };
+                        }
+                    }
+                }
+            }
+            continue;
+        }
         for (o, krow) in kernel.chunks_exact(kn).enumerate() {
             for j in 0..np {
-                let v = dot(krow, &tile[j * kn..(j + 1) * kn]);
+                let v = dot(krow, &tile_rows[j * kn..(j + 1) * kn]);
                 // SAFETY: (position, channel) indices are below dst's shape; each position belongs
                 // to exactly one chunk, taken by one worker.
                 unsafe { (d.ptr.add(offs[j] + o * soc) as *mut f32).write_unaligned(v) };
