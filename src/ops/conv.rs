@@ -14,7 +14,7 @@ use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16}
 use std::sync::atomic::Ordering;
 
 /// Output positions per work chunk of conv_2d / conv_3d.
-const TILE_P: usize = 16;
+const TILE_P: usize = 8;
 
 /// Where the patch of one output position lies in the input: sizes, strides (bytes) and the
 /// convolution parameters, with depth and height degenerate (size 1) for 2D and 1D.
