@@ -945,6 +945,10 @@ fn bad_shapes_types_and_params_are_refused_at_build_time() {
     g.add_rel_pos(sc, pw, pw).unwrap();
     expect_err(g.add_rel_pos(sc, pw, ph), "pw == ph");
     expect_err(g.add_rel_pos(img, pw, pw), "add_rel_pos");
+    let empty = g.input(DType::F32, &[0, 3, 1, 1]).unwrap();
+    expect_err(g.conv_transpose_1d(kt1, empty, 1, 0, 1), "empty");
+    expect_err(g.pool_1d(empty, PoolOp::Avg, 1, 1, 0), "empty");
+    expect_err(g.im2col(k, empty, p, false, DType::F32), "empty");
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -102,6 +102,17 @@ fn check_padding(op: &'static str, what: &[(&str, usize)]) -> Result<()> {
 }
 
 impl Graph {
+    /// Every vision op refuses empty tensors (ggml's size formulas assume at least one element).
+    fn non_empty(&self, op: &'static str, ids: &[TensorId]) -> Result<()> {
+        for &id in ids {
+            let t = self.get(op, id)?;
+            if t.nelements() == 0 {
+                return Err(Error::shape(op, format!("{} is empty", t.describe(id))));
+            }
+        }
+        Ok(())
+    }
+
     fn float_kernel(&self, op: &'static str, a: TensorId, what: &str) -> Result<DType> {
         let t = self.get(op, a)?;
         if !matches!(t.dtype, DType::F32 | DType::F16) {
@@ -142,6 +153,7 @@ impl Graph {
         dst_type: DType,
     ) -> Result<TensorId> {
         const OP: &str = "im2col";
+        self.non_empty(OP, &[a, b])?;
         let (ta, tb) = (self.get(OP, a)?, self.get(OP, b)?);
         match (dst_type, tb.dtype) {
             (DType::F32, DType::F32) | (DType::F16, DType::F32 | DType::F16) => {}
@@ -213,6 +225,7 @@ impl Graph {
         dst_type: DType,
     ) -> Result<TensorId> {
         const OP: &str = "im2col_3d";
+        self.non_empty(OP, &[a, b])?;
         let (ta, tb) = (self.get(OP, a)?, self.get(OP, b)?);
         if !matches!(dst_type, DType::F32 | DType::F16) || tb.dtype != DType::F32 {
             return Err(Error::ty(
@@ -252,6 +265,7 @@ impl Graph {
     /// `p0` from both sides. Sums in f32.
     pub fn col2im_1d(&mut self, a: TensorId, s0: usize, oc: usize, p0: usize) -> Result<TensorId> {
         const OP: &str = "col2im_1d";
+        self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
         if !matches!(ta.dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(Error::ty(OP, format!("{} must be F32, F16 or BF16", ta.describe(a))));
@@ -282,8 +296,30 @@ impl Graph {
     /// ggml_conv_2d_direct: kernel `a` [KW, KH, IC, OC] (F32 or F16, contiguous), input `b`
     /// [W, H, IC, N] (F32, any strides, e.g. a CWHN permutation) -> [OW, OH, OC, N] F32.
     /// With an F16 kernel the input is rounded to F16 (ggml multiplies in the kernel's type).
+    ///
+    /// ```
+    /// use quantgraph::{Conv2dParams, CpuBackend, DType, Graph, Plan};
+    /// let mut g = Graph::new();
+    /// let x = g.input(DType::F32, &[4, 4, 1, 1])?; // a 4x4 image, one channel
+    /// let k = g.input(DType::F32, &[3, 3, 1, 2])?; // two 3x3 filters
+    /// let y = g.conv_2d(k, x, Conv2dParams::square(1, 1, 1))?; // stride 1, pad 1, dilation 1
+    /// assert_eq!(g.shape(y)?, [4, 4, 2, 1]);
+    /// g.set_output(y);
+    /// let mut plan = Plan::new(g, &CpuBackend::with_threads(1)?)?;
+    /// plan.set_input(x, &[1.0f32; 16])?;
+    /// let mut w = vec![0.0f32; 18];
+    /// w[4] = 1.0; // filter 0: identity
+    /// w[9..].fill(1.0); // filter 1: 3x3 box sum
+    /// plan.set_input(k, &w)?;
+    /// plan.compute()?;
+    /// let out = plan.output::<f32>(y)?;
+    /// assert_eq!(out[5], 1.0);
+    /// assert_eq!((out[16], out[16 + 5]), (4.0, 9.0)); // corner and interior box sums
+    /// # Ok::<(), quantgraph::Error>(())
+    /// ```
     pub fn conv_2d(&mut self, a: TensorId, b: TensorId, p: Conv2dParams) -> Result<TensorId> {
         const OP: &str = "conv_2d";
+        self.non_empty(OP, &[a, b])?;
         self.float_kernel(OP, a, "kernel")?;
         self.f32_input(OP, b, "input")?;
         let (ta, tb) = (self.t(a), self.t(b));
@@ -315,6 +351,7 @@ impl Graph {
     /// [W, H, D, N*C] (F32) -> [OW, OH, OD, N*OC] F32, with `p.c`, `p.n`, `p.oc` as in ggml.
     pub fn conv_3d(&mut self, a: TensorId, b: TensorId, p: Conv3dParams) -> Result<TensorId> {
         const OP: &str = "conv_3d";
+        self.non_empty(OP, &[a, b])?;
         self.float_kernel(OP, a, "kernel")?;
         self.f32_input(OP, b, "input")?;
         let (ta, tb) = (self.t(a), self.t(b));
@@ -355,6 +392,7 @@ impl Graph {
     /// gives a CWHN result (a permuted, non-contiguous tensor, as in ggml).
     pub fn conv_2d_dw(&mut self, a: TensorId, b: TensorId, p: Conv2dParams) -> Result<TensorId> {
         const OP: &str = "conv_2d_dw";
+        self.non_empty(OP, &[a, b])?;
         self.float_kernel(OP, a, "kernel")?;
         self.f32_input(OP, b, "input")?;
         let (ta, tb) = (self.t(a), self.t(b));
@@ -417,6 +455,7 @@ impl Graph {
         d0: usize,
     ) -> Result<TensorId> {
         const OP: &str = "conv_transpose_1d";
+        self.non_empty(OP, &[a, b])?;
         self.float_kernel(OP, a, "kernel")?;
         self.f32_input(OP, b, "input")?;
         let (ta, tb) = (self.t(a), self.t(b));
@@ -455,6 +494,7 @@ impl Graph {
         stride: usize,
     ) -> Result<TensorId> {
         const OP: &str = "conv_transpose_2d";
+        self.non_empty(OP, &[a, b])?;
         self.float_kernel(OP, a, "kernel")?;
         self.f32_input(OP, b, "input")?;
         let (ta, tb) = (self.t(a), self.t(b));
@@ -490,6 +530,7 @@ impl Graph {
         p0: usize,
     ) -> Result<TensorId> {
         const OP: &str = "pool_1d";
+        self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
         if !matches!(ta.dtype, DType::F32 | DType::F16) || !ta.rows_contiguous() {
             return Err(Error::ty(
@@ -525,6 +566,7 @@ impl Graph {
         p1: f32,
     ) -> Result<TensorId> {
         const OP: &str = "pool_2d";
+        self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
         if !matches!(ta.dtype, DType::F32 | DType::F16) || !ta.rows_contiguous() {
             return Err(Error::ty(
@@ -557,6 +599,7 @@ impl Graph {
     /// -> [C, w, w, npx*npy], window index `py*npx + px`.
     pub fn win_part(&mut self, a: TensorId, w: usize) -> Result<TensorId> {
         const OP: &str = "win_part";
+        self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
         if ta.dtype != DType::F32 || ta.ne[3] != 1 {
             return Err(Error::ty(OP, format!("{} must be F32 with ne[3] == 1", ta.describe(a))));
@@ -573,6 +616,7 @@ impl Graph {
     /// [C, w0, h0], dropping the padding. `np` must cover ceil(w0/w) * ceil(h0/w) windows.
     pub fn win_unpart(&mut self, a: TensorId, w0: usize, h0: usize, w: usize) -> Result<TensorId> {
         const OP: &str = "win_unpart";
+        self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
         if ta.dtype != DType::F32 {
             return Err(Error::ty(OP, format!("{} must be F32", ta.describe(a))));
@@ -598,6 +642,7 @@ impl Graph {
     /// ggml requires `qh == kh`.
     pub fn get_rel_pos(&mut self, a: TensorId, qh: usize, kh: usize) -> Result<TensorId> {
         const OP: &str = "get_rel_pos";
+        self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
         if ta.dtype != DType::F16 || !ta.rows_contiguous() {
             return Err(Error::ty(
@@ -624,6 +669,7 @@ impl Graph {
     /// give `out[kh*W + kw, r, b] = a[kh*W + kw, r, b] + ph[kh, r, b] + pw[kw, r, b]`.
     pub fn add_rel_pos(&mut self, a: TensorId, pw: TensorId, ph: TensorId) -> Result<TensorId> {
         const OP: &str = "add_rel_pos";
+        self.non_empty(OP, &[a, pw, ph])?;
         let (ta, tw, th) = (self.get(OP, a)?, self.get(OP, pw)?, self.get(OP, ph)?);
         for (t, id) in [(ta, a), (tw, pw), (th, ph)] {
             if t.dtype != DType::F32 || !t.is_contiguous() {
