@@ -1,6 +1,8 @@
 //! Convolutions (ggml's ops.cpp): im2col (1D, 2D) and im2col_3d, col2im_1d, the direct conv_2d
-//! and conv_3d (im2col of a tile of output positions into the work buffer, then one f32 dot
-//! product per output element against the packed kernel), depthwise conv_2d_dw (WHCN and CWHN),
+//! and conv_3d (the kernel packed as f32 rows into the work buffer; then tiles of 8 output
+//! positions unfolded into per-thread scratch and multiplied with every kernel row: the AVX2
+//! tier's 4x2 register tile, or one `dot_f32` per output on the scalar tier), depthwise
+//! conv_2d_dw (WHCN and CWHN),
 //! and conv_transpose_1d / conv_transpose_2d (operands permuted into the work buffer, then each
 //! thread accumulates whole output planes in ggml's order). Every output element is produced by
 //! one thread with a fixed operation order, so results do not depend on the thread count.
