@@ -248,6 +248,67 @@ impl Patch {
     }
 }
 
+impl Patch {
+    /// [`Patch::fill_f32`] for `np <= TILE_P` consecutive output positions `q0..q0 + np` of one
+    /// output row (same batch, z and y): each (channel, kd, kh) input row is located once for the
+    /// whole tile, and the column bounds of every position are computed once.
+    ///
+    /// # Safety
+    /// As [`Patch::fill_f32`]; `unravel(q0).3 + np <= ow` and `tile.len() >= np * row_len()`.
+    unsafe fn fill_tile_f32(&self, base: *const u8, q0: usize, np: usize, tile: &mut [f32]) {
+        let (n, oz, oy, ox0) = self.unravel(q0);
+        debug_assert!(ox0 + np <= self.ow && np <= TILE_P);
+        let (kw, kn, d0) = (self.kw, self.row_len(), self.d[0]);
+        let mut x0 = [0i64; TILE_P];
+        let mut lo = [0usize; TILE_P];
+        let mut hi = [0usize; TILE_P];
+        for j in 0..np {
+            let x = (ox0 + j) as i64 * self.s[0] - self.p[0];
+            let l = if x >= 0 { 0 } else { ((-x + d0 - 1) / d0).min(kw as i64) as usize };
+            let h = if x >= self.iw {
+                0
+            } else {
+                (((self.iw - 1 - x) / d0) + 1).min(kw as i64) as usize
+            };
+            (x0[j], lo[j], hi[j]) = (x, l, h.max(l));
+        }
+        let mut k = 0;
+        for c in 0..self.ic {
+            // SAFETY: n < batch and c < channels: the plane start is inside the input.
+            let pc = unsafe { base.add(n * self.sn + c * self.sc) };
+            for kz in 0..self.kd {
+                let z = oz as i64 * self.s[2] + kz as i64 * self.d[2] - self.p[2];
+                let zin = (0..self.id).contains(&z);
+                for ky in 0..self.kh {
+                    let y = oy as i64 * self.s[1] + ky as i64 * self.d[1] - self.p[1];
+                    let inside = zin && (0..self.ih).contains(&y);
+                    for j in 0..np {
+                        let row = &mut tile[j * kn + k..j * kn + k + kw];
+                        if !inside {
+                            row.iter_mut().for_each(|v| *v = 0.0);
+                            continue;
+                        }
+                        // SAFETY: y and z are in range; for lo[j] <= kx < hi[j] the column
+                        // x0[j] + kx*d0 is in 0..iw by the choice of the bounds.
+                        unsafe {
+                            let pr = pc.add(z as usize * self.sz + y as usize * self.sy);
+                            for (kx, v) in row.iter_mut().enumerate() {
+                                *v = if kx >= lo[j] && kx < hi[j] {
+                                    let x = (x0[j] + kx as i64 * d0) as usize;
+                                    (pr.add(x * self.sx) as *const f32).read_unaligned()
+                                } else {
+                                    0.0
+                                };
+                            }
+                        }
+                    }
+                    k += kw;
+                }
+            }
+        }
+    }
+}
+
 #[inline(always)]
 fn round_f16(v: f32) -> f32 {
     fp16_to_fp32(fp32_to_fp16(v))
@@ -465,10 +526,19 @@ fn conv_nd(
             break;
         }
         let (q0, q1) = (c * TILE_P, ((c + 1) * TILE_P).min(total));
+        // Positions of one output row share their input rows: unfold them together (small
+        // kernels), else one at a time.
+        let one_row = g.unravel(q0).3 + (q1 - q0) <= g.ow && g.kw < 16;
+        if one_row {
+            // SAFETY: q0..q1 lie in one output row (checked above); b is the node's F32 input.
+            unsafe { g.fill_tile_f32(b.ptr, q0, q1 - q0, tile_rows) };
+        }
         for q in q0..q1 {
             let row = &mut tile_rows[(q - q0) * kn..(q - q0 + 1) * kn];
-            // SAFETY: q < positions; b is the node's F32 input described by g.
-            unsafe { g.fill_f32(b.ptr, q, row) };
+            if !one_row {
+                // SAFETY: q < positions; b is the node's F32 input described by g.
+                unsafe { g.fill_f32(b.ptr, q, row) };
+            }
             if let Some(conv) = to_f16 {
                 // ggml multiplies in the kernel's type: the patch goes through f16.
                 #[cfg(target_arch = "x86_64")]
