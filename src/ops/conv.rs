@@ -346,7 +346,16 @@ fn im2col_rows(ctx: &NodeCtx<'_>, ith: usize, g: Patch) -> Result<()> {
     let k = g.row_len();
     debug_assert_eq!(k, d.ne[0]);
     let (r0, r1) = split(g.positions(), ith, ctx.nth);
-    let to_f16 = crate::kernels::table().activation_converter(DType::F16);
+    let table = crate::kernels::table();
+    let mut to_f16 = table.activation_converter(DType::F16);
+    #[cfg(target_arch = "x86_64")]
+    if table.isa() >= crate::kernels::Isa::Avx2 {
+        fn f16c(src: &[f32], dst: &mut [u8]) {
+            // SAFETY: only chosen below when the selected tier is AVX2 (AVX2, FMA, F16C present).
+            unsafe { crate::kernels::x86::avx2_conv::to_f16(src, dst) }
+        }
+        to_f16 = Some(f16c);
+    }
     for q in r0..r1 {
         // Output rows are contiguous and numbered like the output positions.
         // SAFETY: q < positions = dst rows (dst is a fresh contiguous, 64-byte aligned tensor, so

@@ -83,8 +83,55 @@ pub(crate) unsafe fn round_f16(x: &mut [f32]) {
     unsafe { round_f16_avx2(x) }
 }
 
+#[target_feature(enable = "avx2,fma,f16c")]
+fn to_f16_avx2(src: &[f32], dst: &mut [u8]) {
+    let n = src.len().min(dst.len() / 2);
+    let n8 = n & !7;
+    let mut i = 0;
+    while i < n8 {
+        // SAFETY: i + 8 <= n: 8 floats of src and 16 bytes of dst are in bounds.
+        unsafe {
+            let h =
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+            _mm_storeu_si128(dst.as_mut_ptr().add(2 * i) as *mut __m128i, h);
+        }
+        i += 8;
+    }
+    for j in n8..n {
+        let h = crate::quant::util::fp32_to_fp16(src[j]);
+        dst[2 * j..2 * j + 2].copy_from_slice(&h.to_le_bytes());
+    }
+}
+
+/// F32 to F16 (little-endian bytes) with F16C, round to nearest even (ggml's
+/// `GGML_CPU_FP32_TO_FP16` on x86); converts `min(src.len(), dst.len() / 2)` values.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C (the caller checked the selected tier).
+pub(crate) unsafe fn to_f16(src: &[f32], dst: &mut [u8]) {
+    // SAFETY: the caller guarantees the features.
+    unsafe { to_f16_avx2(src, dst) }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn to_f16_matches_the_portable_conversion() {
+        if !crate::kernels::Isa::Avx2.is_supported() {
+            return;
+        }
+        let x: Vec<f32> = (0..1003)
+            .map(|i| (i as f32 - 500.0) * 1.37e-2 + (i as f32).cos() * 9e4 / (1 + i) as f32)
+            .collect();
+        let mut got = vec![0u8; 2 * x.len()];
+        // SAFETY: AVX2 (with F16C, part of the tier) checked above.
+        unsafe { super::to_f16(&x, &mut got) };
+        for (i, &v) in x.iter().enumerate() {
+            let h = crate::quant::util::fp32_to_fp16(v);
+            assert_eq!(&got[2 * i..2 * i + 2], &h.to_le_bytes(), "{v}");
+        }
+    }
+
     #[test]
     fn round_f16_matches_the_portable_conversion() {
         if !crate::kernels::Isa::Avx2.is_supported() {
