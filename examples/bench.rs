@@ -673,6 +673,74 @@ fn fma_peak(threads: usize) -> f64 {
     median(runs)
 }
 
+/// Vision ops (issue #7): conv_2d (3x3, 64->64 channels, 64x64 image, batch 1, stride 1, pad 1;
+/// `conv_2d_f16` with an F16 kernel), im2col of the same shapes (F32 and `im2col_f16` results)
+/// and a 2x2 max pool_2d (stride 2) over 64 channels of 128x128. Prints GFLOPS for the
+/// convolutions and GB/s of tensor traffic for the memory-bound ones.
+fn vision_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
+    use quantgraph::{Conv2dParams, PoolOp};
+    let be = CpuBackend::with_threads(threads)?;
+    let mut g = Graph::new();
+    let p = Conv2dParams::square(1, 1, 1);
+    let (w, h, c, oc) = (64usize, 64usize, 64usize, 64usize);
+    let mut inputs = Vec::new();
+    // (output, flops, bytes)
+    let (out, flops, bytes) = match name {
+        "conv_2d" | "conv_2d_f16" | "im2col" | "im2col_f16" => {
+            let x = g.input(DType::F32, &[w, h, c, 1])?;
+            let kt = if name.ends_with("f16") { DType::F16 } else { DType::F32 };
+            let k = g.input(kt, &[3, 3, c, oc])?;
+            inputs.push((x, DType::F32, w * h * c));
+            inputs.push((k, kt, 9 * c * oc));
+            if name.starts_with("conv") {
+                (g.conv_2d(k, x, p)?, 2.0 * (w * h * oc * c * 9) as f64, 0)
+            } else {
+                let o = g.im2col(k, x, p, true, kt)?;
+                (o, 0.0, w * h * c * 4 + w * h * c * 9 * kt.type_size())
+            }
+        }
+        "pool_2d" => {
+            let x = g.input(DType::F32, &[128, 128, 64, 1])?;
+            inputs.push((x, DType::F32, 128 * 128 * 64));
+            (g.pool_2d(x, PoolOp::Max, 2, 2, 2, 2, 0.0, 0.0)?, 0.0, 128 * 128 * 64 * 4 * 5 / 4)
+        }
+        _ => return Err(quantgraph::Error::InvalidArgument(format!("unknown op bench {name}"))),
+    };
+    g.set_output(out);
+    let mut plan = Plan::new(g, &be)?;
+    for (i, (t, dt, n)) in inputs.iter().enumerate() {
+        let v = rand_vec(*n, 11 + i as u64);
+        if *dt == DType::F16 {
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            plan.set_input(*t, &h)?;
+        } else {
+            plan.set_input(*t, &v)?;
+        }
+    }
+    plan.compute()?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        plan.compute()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let t = median(times);
+    if flops > 0.0 {
+        println!(
+            "quantgraph op {name} threads={threads} median_ms={:.3} gflops={:.1}",
+            t * 1e3,
+            flops / t / 1e9
+        );
+    } else {
+        println!(
+            "quantgraph op {name} threads={threads} median_ms={:.3} gbytes_per_s={:.1}",
+            t * 1e3,
+            bytes as f64 / t / 1e9
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
@@ -707,6 +775,18 @@ fn main() {
                 ),
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }
+        }
+        Some("op")
+            if matches!(
+                args.get(1).map(String::as_str),
+                Some("conv_2d" | "conv_2d_f16" | "im2col" | "im2col_f16" | "pool_2d")
+            ) =>
+        {
+            vision_op(
+                &arg::<String>(&args, 1, "NAME"),
+                arg(&args, 2, "THREADS"),
+                arg(&args, 3, "REPS"),
+            )
         }
         Some("op") => {
             op(&arg::<String>(&args, 1, "NAME"), arg(&args, 2, "THREADS"), arg(&args, 3, "REPS"))

@@ -12,6 +12,7 @@ mod ops;
 mod recurrent;
 mod rope;
 mod train;
+mod vision;
 
 pub use attention::FlashAttnParams;
 pub use custom::{CustomArgs, CustomFn, CustomOp};
@@ -20,7 +21,8 @@ pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
 pub use ops::{Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
-pub use train::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams, PoolOp};
+pub use train::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams};
+pub use vision::{Conv2dParams, Conv3dParams, PoolOp};
 
 use crate::backend::Buffer;
 use crate::dtype::DType;

@@ -250,6 +250,35 @@ pub enum Op {
     Pool2dBack(super::Pool2dParams),
     /// Gradients of q, k and v of (pre-flash_attn_ext) attention, packed in one vector.
     FlashAttnBack { masked: bool },
+    // --- vision: convolution, pooling, windows (src/graph/vision.rs) ---
+    /// Patches of src1 unfolded into rows (1D or 2D), shaped by the kernel src0.
+    Im2col { p: super::Conv2dParams, is_2d: bool },
+    /// Patches of a 3D input unfolded into rows.
+    Im2col3d(super::Conv3dParams),
+    /// GEMM columns scatter-added back into a 1D signal.
+    Col2im1d { s0: usize, oc: usize, p0: usize },
+    /// Direct 2D convolution (kernel src0, input src1).
+    Conv2d(super::Conv2dParams),
+    /// Direct 3D convolution.
+    Conv3d(super::Conv3dParams),
+    /// Depthwise 2D convolution (WHCN or CWHN input).
+    Conv2dDw(super::Conv2dParams),
+    /// Transposed 1D convolution (padding 0, dilation 1).
+    ConvTranspose1d { s0: usize },
+    /// Transposed 2D convolution, padding 0.
+    ConvTranspose2d { stride: usize },
+    /// 1D pooling along dim 0.
+    Pool1d { op: super::PoolOp, k0: usize, s0: usize, p0: usize },
+    /// 2D pooling over dims 0 and 1 (padding is a float, as ggml's parameter).
+    Pool2d { op: super::PoolOp, k: [usize; 2], s: [usize; 2], p: [f32; 2] },
+    /// Split into zero-padded square windows.
+    WinPart { npx: usize, npy: usize, w: usize },
+    /// Join square windows back.
+    WinUnpart { w: usize },
+    /// Relative position embeddings per (query, key) pair.
+    GetRelPos,
+    /// Decomposed relative positions added to attention scores.
+    AddRelPos,
 }
 
 impl Op {
@@ -342,6 +371,21 @@ impl Op {
             Op::Im2colBack(_) => "im2col_back",
             Op::Pool2dBack(_) => "pool_2d_back",
             Op::FlashAttnBack { .. } => "flash_attn_back",
+            // --- vision (src/graph/vision.rs) ---
+            Op::Im2col { .. } => "im2col",
+            Op::Im2col3d(_) => "im2col_3d",
+            Op::Col2im1d { .. } => "col2im_1d",
+            Op::Conv2d(_) => "conv_2d",
+            Op::Conv3d(_) => "conv_3d",
+            Op::Conv2dDw(_) => "conv_2d_dw",
+            Op::ConvTranspose1d { .. } => "conv_transpose_1d",
+            Op::ConvTranspose2d { .. } => "conv_transpose_2d",
+            Op::Pool1d { .. } => "pool_1d",
+            Op::Pool2d { .. } => "pool_2d",
+            Op::WinPart { .. } => "win_part",
+            Op::WinUnpart { .. } => "win_unpart",
+            Op::GetRelPos => "get_rel_pos",
+            Op::AddRelPos => "add_rel_pos",
         }
     }
 
@@ -369,6 +413,8 @@ impl Op {
                 | Op::Sqrt
                 | Op::Log
                 | Op::RmsNormMul { .. }
+                // vision (ggml_add_rel_pos_inplace)
+                | Op::AddRelPos
         )
     }
 }

@@ -8,14 +8,7 @@ use super::{Graph, Leaf, MAX_SRC, Op, RopeParams, Tensor, TensorId, shape_str};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Pooling function of pool_2d / pool_2d_back (ggml's `enum ggml_op_pool`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PoolOp {
-    /// Largest element of the window (`GGML_OP_POOL_MAX`).
-    Max,
-    /// Mean over the whole window, padding included (`GGML_OP_POOL_AVG`).
-    Avg,
-}
+pub use super::vision::PoolOp;
 
 /// Parameters of an im2col_back node (ggml's op_params `s0, s1, p0, p1, d0, d1, is_2D`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -31,6 +31,10 @@ mod delta_net;
 mod dsv4;
 mod rwkv;
 mod ssm;
+// vision
+mod conv;
+mod pool;
+mod window;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
@@ -134,6 +138,10 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
         Op::MulMatId => mul_mat_id::phases(node),
         // train: per-row loss terms, then their sum in row order.
         Op::CrossEntropyLoss => 2,
+        // vision: pack operands into the work buffer, then compute.
+        Op::Conv2d(_) | Op::Conv3d(_) | Op::ConvTranspose1d { .. } | Op::ConvTranspose2d { .. } => {
+            2
+        }
         _ => 1,
     }
 }
@@ -159,6 +167,10 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::CrossEntropyLoss => train::work_size(node, nth),
         Op::RopeBack(_) => rope::work_size(node, nth),
         Op::FlashAttnBack { .. } => backward::flash_attn_back_work_size(node, nth),
+        // vision
+        Op::Conv2d(_) | Op::Conv3d(_) => conv::conv_work_size(node, nth),
+        Op::Im2col { .. } | Op::Im2col3d(_) => conv::im2col_work_size(node, nth),
+        Op::ConvTranspose1d { .. } | Op::ConvTranspose2d { .. } => conv::convt_work_size(node, nth),
         _ => 0,
     }
 }
@@ -248,5 +260,20 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::Im2colBack(p) => backward::im2col_back(ctx, ith, p),
         Op::Pool2dBack(p) => backward::pool_2d_back(ctx, ith, p),
         Op::FlashAttnBack { masked } => backward::flash_attn_back(ctx, ith, *masked),
+        // vision: convolution, pooling, windows
+        Op::Im2col { p, is_2d } => conv::im2col(ctx, ith, p, *is_2d),
+        Op::Im2col3d(p) => conv::im2col_3d(ctx, ith, p),
+        Op::Col2im1d { s0, oc, p0 } => conv::col2im_1d(ctx, ith, *s0, *oc, *p0),
+        Op::Conv2d(p) => conv::conv_2d(ctx, phase, ith, p),
+        Op::Conv3d(p) => conv::conv_3d(ctx, phase, ith, p),
+        Op::Conv2dDw(p) => conv::conv_2d_dw(ctx, ith, p),
+        Op::ConvTranspose1d { s0 } => conv::conv_transpose_1d(ctx, phase, ith, *s0),
+        Op::ConvTranspose2d { stride } => conv::conv_transpose_2d(ctx, phase, ith, *stride),
+        Op::Pool1d { op, k0, s0, p0 } => pool::pool_1d(ctx, ith, *op, *k0, *s0, *p0),
+        Op::Pool2d { op, k, s, p } => pool::pool_2d(ctx, ith, *op, *k, *s, *p),
+        Op::WinPart { npx, w, .. } => window::win_part(ctx, ith, *npx, *w),
+        Op::WinUnpart { w } => window::win_unpart(ctx, ith, *w),
+        Op::GetRelPos => window::get_rel_pos(ctx, ith),
+        Op::AddRelPos => window::add_rel_pos(ctx, ith),
     }
 }

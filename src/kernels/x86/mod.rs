@@ -1,6 +1,7 @@
 //! x86-64 tiers. Each file is one tier with the same function names as `../scalar.rs`.
 
 pub(crate) mod avx2;
+pub(crate) mod avx2_conv; // vision: conv_2d / conv_3d register tile
 mod avx2_gemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
