@@ -453,6 +453,7 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const QH: usize = offset_of!(BlockIQ3S, qh);
     const SIGNS: usize = offset_of!(BlockIQ3S, signs);
     const SCALES: usize = offset_of!(BlockIQ3S, scales);
+    let idx_shift = _mm256_set_epi32(1, 2, 3, 4, 5, 6, 7, 8);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
@@ -461,14 +462,32 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         unroll!(ib32 in [0, 2, 4, 6] {
             let q8_1 = load256(yb, Q8K_QS + 32 * ib32);
             let q8_2 = load256(yb, Q8K_QS + 32 * ib32 + 32);
-            let qs = &xb[QS + 8 * ib32..QS + 8 * ib32 + 16];
-            let (h1, h2) = (xb[QH + ib32] as usize, xb[QH + ib32 + 1] as usize);
-            // Bit k of the qh byte is bit 8 of the k-th index of the sub-block.
-            let q2_1 =
-                set8(std::array::from_fn(|k| IQ3S_GRID[qs[k] as usize | ((h1 << (8 - k)) & 256)]));
-            let q2_2 = set8(std::array::from_fn(|k| {
-                IQ3S_GRID[qs[8 + k] as usize | ((h2 << (8 - k)) & 256)]
-            }));
+            // The 16 grid indices at once (as ggml): bit k of the qh byte, moved to bit 8, joins
+            // the k-th low byte; then 16 table reads through memory.
+            let idx_l = _mm256_cvtepu8_epi16(load128(xb, QS + 8 * ib32));
+            let h = |b: u8| {
+                _mm256_and_si256(
+                    _mm256_sllv_epi32(_mm256_set1_epi32(b as i32), idx_shift),
+                    _mm256_set1_epi32(256),
+                )
+            };
+            let i1 = _mm256_or_si256(
+                h(xb[QH + ib32]),
+                _mm256_cvtepi16_epi32(_mm256_castsi256_si128(idx_l)),
+            );
+            let i2 = _mm256_or_si256(
+                h(xb[QH + ib32 + 1]),
+                _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(idx_l)),
+            );
+            let mut idx = [0u32; 16];
+            // SAFETY: `idx` is 64 writable bytes; `storeu` needs no alignment.
+            unsafe {
+                _mm256_storeu_si256(idx.as_mut_ptr().cast(), i1);
+                _mm256_storeu_si256(idx.as_mut_ptr().add(8).cast(), i2);
+            }
+            // Indices are below 512 by construction; the mask lets the compiler drop the checks.
+            let q2_1 = set8(std::array::from_fn(|k| IQ3S_GRID[idx[k] as usize & 511]));
+            let q2_2 = set8(std::array::from_fn(|k| IQ3S_GRID[idx[8 + k] as usize & 511]));
             let s2_1 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32));
             let s2_2 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32 + 4));
             let dot1 = _mm256_maddubs_epi16(q2_1, apply_sign(q8_1, s2_1));

@@ -747,7 +747,8 @@ unsafe fn vec_dot_nvfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
 unsafe fn vec_dot_q1_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ1_0>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let twos = _mm256_set1_epi8(2);
+    let (zero, ones_8, ones_16) =
+        (_mm256_setzero_si256(), _mm256_set1_epi8(1), _mm256_set1_epi16(1));
     let byte_shuf = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
         3, 3,
@@ -772,16 +773,20 @@ unsafe fn vec_dot_q1_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
                     _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
                 )
             };
-            // x = 2 b - 1 for sign bit b: 2 where the bit is set, offset by -1. (ggml negates y
-            // where it is clear, which wraps a -128.)
-            let set = _mm256_cmpeq_epi8(
+            // x = +1 where the bit is set, -1 where it is clear; x * y as |y| * (x * sign(y)),
+            // exact for every y (ggml negates y where the bit is clear, which wraps a -128).
+            let clear = _mm256_cmpeq_epi8(
                 _mm256_and_si256(
                     _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), byte_shuf),
                     bit_masks,
                 ),
-                bit_masks,
+                zero,
             );
-            let s32 = mul_sum_offset_u8_i8(_mm256_and_si256(set, twos), 1, qy);
+            let xs = _mm256_or_si256(clear, ones_8);
+            let s32 = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_abs_epi8(qy), _mm256_sign_epi8(xs, qy)),
+                ones_16,
+            );
             let dy = fp16_splat(yd);
             acc_block = if k == 0 {
                 _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
