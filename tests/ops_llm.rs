@@ -407,8 +407,9 @@ fn flash_attn_ext_decode_split_kv_with_sinks_alibi_softcap_is_thread_invariant()
 }
 
 /// Eight or more queries per head with F32/F16/BF16 K/V take the tiled path (S and O through the
-/// float GEMM kernel, KV blocks of 96, query blocks of 48): tails of both, head sizes that are not
-/// multiples of 16, dk != dv, GQA, sinks, ALiBi, softcap, no mask, and 1/2/3 threads bitwise.
+/// float GEMM kernel, KV blocks of 96, query blocks of 96; K/V packed per task, or once per head
+/// in a first phase from 97 queries): tails of both, head sizes that are not multiples of 16,
+/// dk != dv, GQA, sinks, ALiBi, softcap, no mask, and 1/2/3 threads bitwise.
 #[test]
 fn flash_attn_ext_tiled_prefill_matches_reference_and_is_thread_invariant() {
     let mut cases = Vec::new();
@@ -449,6 +450,18 @@ fn flash_attn_ext_tiled_prefill_matches_reference_and_is_thread_invariant() {
         mask: false,
         sinks: false,
         p: quantgraph::FlashAttnParams::new(0.088),
+    });
+    cases.push(Attn {
+        dk: 64,
+        dv: 40,
+        n_q: 200,
+        n_kv: 203,
+        n_head: 4,
+        n_head_kv: 2,
+        kv_type: DType::BF16,
+        mask: true,
+        sinks: true,
+        p: quantgraph::FlashAttnParams { scale: 0.125, max_bias: 2.0, logit_softcap: 0.0 },
     });
     for c in &cases {
         let (g1, want) = run_attn(c, 1);

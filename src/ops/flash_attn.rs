@@ -44,6 +44,9 @@ fn shape(node: &ExecNode) -> Shape {
 }
 
 pub(crate) fn phases(node: &ExecNode) -> u8 {
+    if tiled(node) {
+        return if super::flash_attn_tiled::prepack_bytes(node) > 0 { 2 } else { 1 };
+    }
     if shape(node).chunks > 1 { 2 } else { 1 }
 }
 
@@ -67,7 +70,8 @@ fn tiled(node: &ExecNode) -> bool {
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     if tiled(node) {
-        return nth * align_up(super::flash_attn_tiled::scratch_bytes(node), 64);
+        return super::flash_attn_tiled::prepack_bytes(node)
+            + nth * align_up(super::flash_attn_tiled::scratch_bytes(node), 64);
     }
     let s = shape(node);
     let partials = if s.chunks > 1 { s.rows * s.chunks * partial_floats(&s) * 4 } else { 0 };
@@ -203,11 +207,15 @@ fn write_out(d: &TView, sh: &Shape, row: usize, acc: &[f32], s: f32) {
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &FlashAttnParams) -> Result<()> {
     if tiled(ctx.node) {
+        let pre = super::flash_attn_tiled::prepack_bytes(ctx.node);
+        if pre > 0 && phase == 0 {
+            return super::flash_attn_tiled::pack_kv(ctx, ith);
+        }
         let sb = align_up(super::flash_attn_tiled::scratch_bytes(ctx.node), 64);
-        debug_assert!((ith + 1) * sb <= ctx.work_len);
-        // SAFETY: work_size reserved nth areas of `sb` bytes (64-byte aligned, as the work buffer
-        // is); this worker uses only area `ith`.
-        let scratch = unsafe { ctx.work.add(ith * sb) } as *mut f32;
+        debug_assert!(pre + (ith + 1) * sb <= ctx.work_len);
+        // SAFETY: work_size reserved the prepacked area, then nth areas of `sb` bytes (64-byte
+        // aligned, as the work buffer is); this worker uses only area `ith`.
+        let scratch = unsafe { ctx.work.add(pre + ith * sb) } as *mut f32;
         return super::flash_attn_tiled::compute(ctx, p, scratch, |h, m, s, acc| {
             add_sink_to(ctx, h, m, s, acc)
         });

@@ -80,6 +80,117 @@ pub(crate) fn scratch_bytes(node: &ExecNode) -> usize {
     layout(node).total * 4
 }
 
+/// With more than one query block per head, K and V of every KV head are packed once (phase 0)
+/// when they take at most this many bytes; otherwise each task packs the blocks it reads.
+const PREPACK_MAX: usize = 128 << 20;
+
+/// The prepacked K/V layout, in f32 units: per head, `n6 / 6` K strips of `dk * 6`, then per
+/// head `dv16 / 16` V panels of `n6 * 16` (kv rows padded to a multiple of 6 with zeros).
+struct Prepack {
+    heads: usize,
+    n6: usize,
+    k_head: usize,
+    v_head: usize,
+    v_off: usize,
+}
+
+fn prepack(node: &ExecNode) -> Option<Prepack> {
+    let (q, k, v) = (node.src[0].as_ref()?, node.src[1].as_ref()?, node.src[2].as_ref()?);
+    if q.ne[1] <= QB {
+        // One query block per head: each task packs its K/V blocks once anyway.
+        return None;
+    }
+    let (dk, dv16) = (k.ne[0], v.ne[0].div_ceil(SG_NR) * SG_NR);
+    let heads = k.ne[2] * k.ne[3];
+    let n6 = k.ne[1].div_ceil(SG_MR) * SG_MR;
+    let (k_head, v_head) = (n6 * dk, n6 * dv16);
+    let v_off = align_up(heads * k_head, 16);
+    let total = (v_off + heads * v_head) * 4;
+    (total <= PREPACK_MAX).then_some(Prepack { heads, n6, k_head, v_head, v_off })
+}
+
+/// Bytes of the prepacked K/V area at the start of the work buffer (0: tasks pack their own).
+pub(crate) fn prepack_bytes(node: &ExecNode) -> usize {
+    prepack(node).map_or(0, |pp| align_up((pp.v_off + pp.heads * pp.v_head) * 4, 64))
+}
+
+/// Phase 0 (when `prepack_bytes > 0`): K strips and V panels of every KV head.
+pub(crate) fn pack_kv(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (k, v) = (ctx.src(1), ctx.src(2));
+    let pp = prepack(ctx.node).expect("prepacked layout");
+    let (dk, dv, n_kv) = (k.ne[0], v.ne[0], k.ne[1]);
+    let dv16 = dv.div_ceil(SG_NR) * SG_NR;
+    let unsupported = |t: DType| Error::Unsupported {
+        op: "flash_attn_ext",
+        backend: "CPU".into(),
+        msg: format!("no {t} -> f32"),
+    };
+    let k_to_f32 = super::get_rows::row_converter(k.dtype).ok_or_else(|| unsupported(k.dtype))?;
+    let v_to_f32 = super::get_rows::row_converter(v.dtype).ok_or_else(|| unsupported(v.dtype))?;
+    let strips = pp.n6 / SG_MR;
+    let (u0, u1) = super::split(pp.heads * strips, ith, ctx.nth);
+    // The conversion row lives in this worker's scratch area (after the prepacked area).
+    let l = layout(ctx.node);
+    let at = prepack_bytes(ctx.node) + ith * align_up(scratch_bytes(ctx.node), 64);
+    debug_assert!(at + l.total * 4 <= ctx.work_len);
+    // SAFETY: work_size reserved nth scratch areas after the prepacked area; area `ith` is this
+    // worker's, and its row region holds max(6 dk, dv16) f32.
+    let row = unsafe {
+        std::slice::from_raw_parts_mut((ctx.work.add(at) as *mut f32).add(l.row), dk.max(dv16))
+    };
+    for u in u0..u1 {
+        let (h, st) = (u / strips, u % strips);
+        let (ik2, ik3) = (h % k.ne[2], h / k.ne[2]);
+        // SAFETY: unit u owns K strip `st` of head h and rows 6 st..6 st + 6 of each of the
+        // head's V panels; all lie inside the prepacked area (prepack_bytes) at the start of the
+        // work buffer, and no other worker writes them.
+        let kstrip = unsafe {
+            std::slice::from_raw_parts_mut(
+                (ctx.work as *mut f32).add(h * pp.k_head + st * dk * SG_MR),
+                dk * SG_MR,
+            )
+        };
+        for r in 0..SG_MR {
+            let j = st * SG_MR + r;
+            if j < n_kv {
+                // SAFETY: kv row j < n_kv of (ik2, ik3) exists with dk (dv) contiguous
+                // elements of k's (v's) type (build check).
+                let kr = unsafe {
+                    std::slice::from_raw_parts(k.row(j, ik2, ik3), k.dtype.row_bytes(dk))
+                };
+                k_to_f32(kr, &mut row[..dk]);
+            } else {
+                row[..dk].fill(0.0);
+            }
+            for (g, &x) in kstrip.chunks_exact_mut(SG_MR).zip(&row[..dk]) {
+                g[r] = x;
+            }
+            if j < n_kv {
+                // SAFETY: as above.
+                let vr = unsafe {
+                    std::slice::from_raw_parts(v.row(j, ik2, ik3), v.dtype.row_bytes(dv))
+                };
+                v_to_f32(vr, &mut row[..dv]);
+                row[dv..dv16].fill(0.0);
+            } else {
+                row[..dv16].fill(0.0);
+            }
+            for pv in 0..dv16 / SG_NR {
+                // SAFETY: see the strip above: row j of panel pv of head h belongs to this unit.
+                unsafe {
+                    let at = pp.v_off + h * pp.v_head + pv * pp.n6 * SG_NR + j * SG_NR;
+                    std::ptr::copy_nonoverlapping(
+                        row[pv * SG_NR..].as_ptr(),
+                        (ctx.work as *mut f32).add(at),
+                        SG_NR,
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs this worker's tasks. `scratch` is its own area of `scratch_bytes` (64-byte aligned).
 pub(crate) fn compute(
     ctx: &NodeCtx<'_>,
@@ -103,6 +214,15 @@ pub(crate) fn compute(
     // SAFETY: the caller hands this worker its own scratch of `l.total` f32.
     let buf = unsafe { std::slice::from_raw_parts_mut(scratch, l.total) };
     let (n_q, n_head, n_batch, n_kv) = (q.ne[1], q.ne[2], q.ne[3], k.ne[1]);
+    let pre = prepack(ctx.node);
+    let packed: &[f32] = match &pre {
+        // SAFETY: with a prepacked layout, phase 0 filled that area and the barrier published
+        // it; it is only read from now on, and it does not overlap the worker scratch areas.
+        Some(pp) => unsafe {
+            std::slice::from_raw_parts(ctx.work as *const f32, pp.v_off + pp.heads * pp.v_head)
+        },
+        None => &[],
+    };
     let q_blocks = n_q.div_ceil(QB);
     let tasks = q_blocks * n_head * n_batch;
     let scale = if p.logit_softcap != 0.0 { p.scale / p.logit_softcap } else { p.scale };
@@ -170,7 +290,8 @@ pub(crate) fn compute(
                 continue;
             }
             // Pack K: strip r / 6 holds element d of kv rows at [d * 6 + r % 6] (missing 0).
-            for st in 0..nj.div_ceil(SG_MR) {
+            let kv_head = ik3 * k.ne[2] + ik2;
+            for st in 0..if pre.is_some() { 0 } else { nj.div_ceil(SG_MR) } {
                 let tmp = &mut buf[l.row..l.row + SG_MR * dk];
                 for r in 0..SG_MR {
                     let j = st * SG_MR + r;
@@ -200,14 +321,15 @@ pub(crate) fn compute(
             }
             for st in 0..nj.div_ceil(SG_MR) {
                 for pq in 0..nq.div_ceil(SG_NR) {
-                    let (a0, b0) = (l.ks + st * dk * SG_MR, l.qp + pq * dk * SG_NR);
-                    kernel(
-                        dk,
-                        &buf[a0..a0 + dk * SG_MR],
-                        &buf[b0..b0 + dk * SG_NR],
-                        &mut out,
-                        false,
-                    );
+                    let b0 = l.qp + pq * dk * SG_NR;
+                    let kstrip = match &pre {
+                        Some(pp) => {
+                            let a0 = kv_head * pp.k_head + (j0 / SG_MR + st) * dk * SG_MR;
+                            &packed[a0..a0 + dk * SG_MR]
+                        }
+                        None => &buf[l.ks + st * dk * SG_MR..l.ks + (st + 1) * dk * SG_MR],
+                    };
+                    kernel(dk, kstrip, &buf[b0..b0 + dk * SG_NR], &mut out, false);
                     for rr in 0..SG_MR.min(nj - st * SG_MR) {
                         for cc in 0..SG_NR.min(nq - pq * SG_NR) {
                             let (c, j) = (pq * SG_NR + cc, st * SG_MR + rr);
@@ -256,7 +378,7 @@ pub(crate) fn compute(
                 }
             }
             // Pack V: panel d / 16 holds element d of kv row j at [j * 16 + d % 16].
-            for j in 0..nj {
+            for j in 0..if pre.is_some() { 0 } else { nj } {
                 // SAFETY: kv row j0 + j < n_kv of (ik2, ik3) exists with dv elements of
                 // v.dtype, contiguous (build check).
                 let vr = unsafe {
@@ -273,14 +395,16 @@ pub(crate) fn compute(
             // O += P V.
             for qs in 0..nq.div_ceil(SG_MR) {
                 for pv in 0..dv16 / SG_NR {
-                    let (a0, b0) = (l.ps + qs * KVB * SG_MR, l.vp + pv * KVB * SG_NR);
-                    kernel(
-                        nj,
-                        &buf[a0..a0 + nj * SG_MR],
-                        &buf[b0..b0 + nj * SG_NR],
-                        &mut out,
-                        false,
-                    );
+                    let a0 = l.ps + qs * KVB * SG_MR;
+                    let vpanel = match &pre {
+                        Some(pp) => {
+                            let b0 =
+                                pp.v_off + kv_head * pp.v_head + pv * pp.n6 * SG_NR + j0 * SG_NR;
+                            &packed[b0..b0 + nj * SG_NR]
+                        }
+                        None => &buf[l.vp + pv * KVB * SG_NR..l.vp + pv * KVB * SG_NR + nj * SG_NR],
+                    };
+                    kernel(nj, &buf[a0..a0 + nj * SG_MR], vpanel, &mut out, false);
                     for rr in 0..SG_MR.min(nq - qs * SG_MR) {
                         let orow = l.o + (qs * SG_MR + rr) * dv16 + pv * SG_NR;
                         for cc in 0..SG_NR {
