@@ -31,6 +31,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// One warm-up compute, then the median wall time of `reps` computes, in seconds.
+fn median_compute_secs(plan: &mut Plan, reps: usize) -> quantgraph::Result<f64> {
+    plan.compute()?;
+    let mut times = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        plan.compute()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(median(times))
+}
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
     args.get(i).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         eprintln!("missing or bad argument {i}: {what}");
@@ -108,14 +120,7 @@ fn matmul(
     g.set_output(y);
     let mut plan = Plan::new(g, &be)?;
     plan.set_input(x, &rand_vec(k * n, 2))?;
-    plan.compute()?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        plan.compute()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let t = median(times);
+    let t = median_compute_secs(&mut plan, reps)?;
     let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
     println!(
         "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}",
@@ -166,14 +171,7 @@ fn mul_mat_id(
     let ids_v: Vec<i32> =
         (0..n).flat_map(|t| (0..used).map(move |s| ((t + s) % experts) as i32)).collect();
     plan.set_input(ids, &ids_v)?;
-    plan.compute()?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        plan.compute()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let t = median(times);
+    let t = median_compute_secs(&mut plan, reps)?;
     let gflops = 2.0 * (m * n * k * used) as f64 / t / 1e9;
     println!(
         "quantgraph mul_mat_id {} {m} {n} {k} experts={experts} used={used} threads={} median_ms={:.3} gflops={gflops:.1}",
@@ -338,14 +336,7 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     for (t, v) in &i32_inputs {
         plan.set_input(*t, v)?;
     }
-    plan.compute()?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        plan.compute()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let t = median(times);
+    let t = median_compute_secs(&mut plan, reps)?;
     println!(
         "quantgraph op {name} threads={threads} median_ms={:.3} gbytes_per_s={:.1} machine_gbytes_per_s={:.1}",
         t * 1e3,
@@ -404,14 +395,7 @@ fn recurrent_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<(
     if let Some(id) = ids {
         plan.set_input(id, &[0i32])?;
     }
-    plan.compute()?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        plan.compute()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let t = median(times);
+    let t = median_compute_secs(&mut plan, reps)?;
     println!(
         "quantgraph op {name} threads={threads} median_ms={:.3} gflops={:.2}",
         t * 1e3,
@@ -545,16 +529,9 @@ fn train_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     for (t, v) in &i32_inputs {
         plan.set_input(*t, v)?;
     }
-    plan.compute()?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        plan.compute()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let t = median(times);
+    let t = median_compute_secs(&mut plan, reps)?;
     println!(
-        "quantgraph train-op {name} threads={threads} median_ms={:.3} gbps={:.1}",
+        "quantgraph train-op {name} threads={threads} median_ms={:.3} gbytes_per_s={:.1}",
         t * 1e3,
         bytes as f64 / t / 1e9
     );
@@ -717,14 +694,7 @@ fn vision_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> 
             plan.set_input(*t, &v)?;
         }
     }
-    plan.compute()?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        plan.compute()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    let t = median(times);
+    let t = median_compute_secs(&mut plan, reps)?;
     if flops > 0.0 {
         println!(
             "quantgraph op {name} threads={threads} median_ms={:.3} gflops={:.1}",

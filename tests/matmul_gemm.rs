@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::{matmul_f64, nmse, rand_f32};
 use quantgraph::kernels::{Isa, set_isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
 use quantgraph::{CpuBackend, DType, Graph, Plan};
@@ -49,25 +49,6 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
     p.check_guards().unwrap();
     let out = p.output::<f32>(y).unwrap().to_vec();
     set_isa(Isa::best()).unwrap();
-    out
-}
-
-/// `out[i + m * (j + n * (i2 + ne2 * i3))] = sum_k a[k, i, i2 / r2, i3 / r3] * b[k, j, i2, i3]`.
-fn matmul_f64(a: &[f32], ane: [usize; 4], b: &[f32], bne: [usize; 4]) -> Vec<f64> {
-    let (k, m, n) = (ane[0], ane[1], bne[1]);
-    let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
-    let mut out = Vec::with_capacity(m * n * bne[2] * bne[3]);
-    for i3 in 0..bne[3] {
-        for i2 in 0..bne[2] {
-            for j in 0..n {
-                for i in 0..m {
-                    let ar = &a[((i3 / r3 * ane[2] + i2 / r2) * m + i) * k..][..k];
-                    let br = &b[((i3 * bne[2] + i2) * n + j) * k..][..k];
-                    out.push(ar.iter().zip(br).map(|(x, y)| *x as f64 * *y as f64).sum());
-                }
-            }
-        }
-    }
     out
 }
 

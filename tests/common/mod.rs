@@ -155,3 +155,22 @@ pub fn each(ne: [usize; 4]) -> impl Iterator<Item = [usize; 4]> {
         [k % ne[0], (k / ne[0]) % ne[1], (k / (ne[0] * ne[1])) % ne[2], k / (ne[0] * ne[1] * ne[2])]
     })
 }
+
+/// `out[i + m * (j + n * (i2 + ne2 * i3))] = sum_k a[k, i, i2 / r2, i3 / r3] * b[k, j, i2, i3]`.
+pub fn matmul_f64(a: &[f32], ane: [usize; 4], b: &[f32], bne: [usize; 4]) -> Vec<f64> {
+    let (k, m, n) = (ane[0], ane[1], bne[1]);
+    let (r2, r3) = (bne[2] / ane[2], bne[3] / ane[3]);
+    let mut out = Vec::with_capacity(m * n * bne[2] * bne[3]);
+    for i3 in 0..bne[3] {
+        for i2 in 0..bne[2] {
+            for j in 0..n {
+                for i in 0..m {
+                    let ar = &a[((i3 / r3 * ane[2] + i2 / r2) * m + i) * k..][..k];
+                    let br = &b[((i3 * bne[2] + i2) * n + j) * k..][..k];
+                    out.push(ar.iter().zip(br).map(|(x, y)| *x as f64 * *y as f64).sum());
+                }
+            }
+        }
+    }
+    out
+}
