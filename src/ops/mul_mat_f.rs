@@ -34,6 +34,9 @@ const NC: usize = 512;
 const C_TILES: usize = (MC / SG_MR) * (NC / SG_NR);
 /// Fewer columns than this use the dot-product path (the panels would be mostly padding).
 pub(crate) const MIN_N: usize = 6;
+/// Packed activations larger than this (4 bytes per element of b) use the dot-product path, whose
+/// work buffer holds b in the vec-dot type, so a huge batch does not need a huge work buffer.
+const MAX_PACKED: usize = 256 << 20;
 
 fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
@@ -52,7 +55,7 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
     let (Some(a), Some(b)) = (node.src[0].as_ref(), node.src[1].as_ref()) else {
         return false;
     };
-    if node.dst.ne[1] < MIN_N || a.ne[0] == 0 {
+    if node.dst.ne[1] < MIN_N || a.ne[0] == 0 || packed_bytes(b) > MAX_PACKED {
         return false;
     }
     if is_float(a.dtype) {
