@@ -1,5 +1,5 @@
 //! mul_mat_id and out_prod against plain f64 references with test-backend-ops' shapes and NMSE
-//! limits, for every weight type they accept; mul_mat_id also bitwise against one-column mul_mats,
+//! limits, for every weight type they accept; mul_mat_id also bitwise against per-expert mul_mats,
 //! out-of-range ids, build-time shape and type errors, and thread-count invariance (1, 2 and 3
 //! threads bitwise). Every plan has guard bytes around its tensors.
 
@@ -200,32 +200,42 @@ impl MoeCase {
         out
     }
 
-    /// The same products as one single-column mul_mat per (slot, token), on views of the expert's
-    /// matrix and of the b row, all in one graph. A one-column mul_mat is one `vec_dot` per
-    /// output (ggml's decode path), which mul_mat_id must match bitwise.
-    fn single_column_mul_mats(&self) -> Vec<f32> {
+    /// The same products as one mul_mat per expert over the b rows of that expert's (slot,
+    /// token) pairs, gathered in mul_mat_id's order: one column runs `vec_dot`, two to five the
+    /// register tiles (bitwise `vec_dot`), six or more the GEMM; mul_mat_id takes the same path
+    /// per expert and must match bitwise.
+    fn per_expert_mul_mats(&self) -> Vec<f32> {
         let (k, m) = (self.k, self.m);
         let row = self.ty.row_size(k).unwrap();
-        let mut g = Graph::new();
-        let a = g.input(self.ty, &[k, m, self.n_mats]).unwrap();
-        let b = g.input(DType::F32, &[k, self.nb(), self.n]).unwrap();
-        let mut outs = Vec::new();
-        for t in 0..self.n {
-            for s in 0..self.n_used {
-                let ae = g.view_2d(a, [k, m], row, self.id(s, t) * m * row).unwrap();
-                let col = t * self.nb() + s % self.nb();
-                let bc = g.view_2d(b, [k, 1], k * 4, col * k * 4).unwrap();
-                let y = g.mul_mat(ae, bc).unwrap();
-                g.set_output(y);
-                outs.push(y);
+        let mut out = vec![f32::NAN; m * self.n_used * self.n];
+        for e in 0..self.n_mats {
+            let pairs: Vec<(usize, usize)> = (0..self.n)
+                .flat_map(|t| (0..self.n_used).map(move |s| (s, t)))
+                .filter(|&(s, t)| self.id(s, t) == e)
+                .collect();
+            if pairs.is_empty() {
+                continue;
+            }
+            let mut g = Graph::new();
+            let a = g.input(self.ty, &[k, m]).unwrap();
+            let b = g.input(DType::F32, &[k, pairs.len()]).unwrap();
+            let y = g.mul_mat(a, b).unwrap();
+            g.set_output(y);
+            let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
+            p.set_input_bytes(a, &self.as_q[e * m * row..(e + 1) * m * row]).unwrap();
+            let bv: Vec<f32> = pairs
+                .iter()
+                .flat_map(|&(s, t)| self.b[(t * self.nb() + s % self.nb()) * k..][..k].to_vec())
+                .collect();
+            p.set_input(b, &bv).unwrap();
+            p.compute().unwrap();
+            p.check_guards().unwrap();
+            let o = p.output::<f32>(y).unwrap();
+            for (j, &(s, t)) in pairs.iter().enumerate() {
+                out[(t * self.n_used + s) * m..][..m].copy_from_slice(&o[j * m..(j + 1) * m]);
             }
         }
-        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
-        p.set_input_bytes(a, &self.as_q).unwrap();
-        p.set_input(b, &self.b).unwrap();
-        p.compute().unwrap();
-        p.check_guards().unwrap();
-        outs.iter().flat_map(|&y| p.output::<f32>(y).unwrap().to_vec()).collect()
+        out
     }
 }
 
@@ -251,7 +261,7 @@ fn mul_mat_id_accepts_exactly_the_types_with_a_dot_product() {
 
 /// Every weight type on test-backend-ops' sweep shapes (n_mats 4, k 256), scaled down in m.
 #[test]
-fn mul_mat_id_every_type_matches_f64_and_single_column_mul_mat() {
+fn mul_mat_id_every_type_matches_f64_and_per_expert_mul_mat() {
     let _tier = isa_lock();
     let combos: [(usize, bool, usize, usize); 5] = [
         (1, false, 16, 1),
@@ -267,11 +277,11 @@ fn mul_mat_id_every_type_matches_f64_and_single_column_mul_mat() {
             let want = c.reference();
             let e = nmse(&got, &want);
             assert!(e < 5e-4, "{ty} n_used={n_used} b={bcast} m={m} n={n}: nmse {e}");
-            let mm = c.single_column_mul_mats();
+            let mm = c.per_expert_mul_mats();
             let diff = got.iter().zip(&mm).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
             assert_eq!(
                 diff, 0,
-                "{ty} n_used={n_used} b={bcast} m={m} n={n}: {diff} elements differ from one-column mul_mat"
+                "{ty} n_used={n_used} b={bcast} m={m} n={n}: {diff} elements differ from per-expert mul_mat"
             );
         }
     }
@@ -323,7 +333,23 @@ fn mul_mat_id_is_thread_count_invariant() {
     }
 }
 
-/// Every SIMD tier this CPU has, against the f64 reference and bitwise against one-column
+/// Experts with more weight rows than one GEMM block (96) and more pairs than one block of
+/// columns (512): the chunks cover every output once, bitwise as the per-expert mul_mat.
+#[test]
+fn mul_mat_id_gemm_blocks_cover_many_rows_and_pairs() {
+    let _tier = isa_lock();
+    for ty in [DType::Q4_0, DType::F16] {
+        let c = MoeCase::new(ty, 2, 2, false, 100, 600, 64, 5);
+        let got = c.run(3);
+        let e = nmse(&got, &c.reference());
+        assert!(e < 5e-4, "{ty}: nmse {e}");
+        let mm = c.per_expert_mul_mats();
+        assert!(got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty}");
+        assert_eq!(c.run(1), got, "{ty}: 1 vs 3 threads");
+    }
+}
+
+/// Every SIMD tier this CPU has, against the f64 reference and bitwise against per-expert
 /// mul_mats on the same tier; out_prod against its reference on every tier.
 #[test]
 fn every_tier_matches_reference_and_mul_mat() {
@@ -335,7 +361,7 @@ fn every_tier_matches_reference_and_mul_mat() {
             let got = c.run(2);
             let e = nmse(&got, &c.reference());
             assert!(e < 5e-4, "{ty} on {isa:?}: nmse {e}");
-            let mm = c.single_column_mul_mats();
+            let mm = c.per_expert_mul_mats();
             assert!(
                 got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()),
                 "{ty} on {isa:?}: differs from mul_mat"

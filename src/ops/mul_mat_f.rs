@@ -27,23 +27,23 @@ use std::sync::atomic::Ordering;
 /// 96 KiB, come from L2); a multiple of every block size.
 const KC: usize = 256;
 /// Weight rows per task (16 strips of 6).
-const MC: usize = 96;
+pub(crate) const MC: usize = 96;
 /// Columns per task (32 panels).
-const NC: usize = 512;
+pub(crate) const NC: usize = 512;
 /// Tile accumulators per task.
 const C_TILES: usize = (MC / SG_MR) * (NC / SG_NR);
 /// Fewer columns than this use the dot-product path (the panels would be mostly padding).
 pub(crate) const MIN_N: usize = 6;
 /// Packed activations larger than this (4 bytes per element of b) use the dot-product path, whose
 /// work buffer holds b in the vec-dot type, so a huge batch does not need a huge work buffer.
-const MAX_PACKED: usize = 256 << 20;
+pub(crate) const MAX_PACKED: usize = 256 << 20;
 
 fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
 }
 
 /// f32 values of rows in the vec-dot type `vd`.
-fn vd_to_f32(vd: DType) -> Option<DequantizeFn> {
+pub(crate) fn vd_to_f32(vd: DType) -> Option<DequantizeFn> {
     match vd {
         DType::Q8_1 => Some(crate::quant::legacy::q8_1_values),
         d => crate::quant::format(d).dequantize,
@@ -58,21 +58,26 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
     if node.dst.ne[1] < MIN_N || a.ne[0] == 0 || packed_bytes(b) > MAX_PACKED {
         return false;
     }
-    if is_float(a.dtype) {
-        return is_float(b.dtype);
-    }
-    let vd = a.dtype.vec_dot_type();
-    let f = crate::quant::format(a.dtype);
-    f.dequantize.is_some()
-        && f.vec_dot.is_some()
-        && KC % a.dtype.block_size() == 0
-        && KC % vd.block_size() == 0
-        && vd_to_f32(vd).is_some()
-        && (b.dtype == DType::F32 && crate::quant::format(vd).from_float.is_some()
-            || b.dtype == vd && b.nb[0] == vd.type_size())
+    types_ok(a.dtype, b.dtype) && (b.dtype == DType::F32 || b.nb[0] == b.dtype.type_size())
 }
 
-fn panel_floats(k: usize) -> usize {
+/// Whether weights of type `a` against activations of type `b` can take the GEMM (b F32, or F16
+/// / BF16 for float weights, or already in the vec-dot type).
+pub(crate) fn types_ok(a: DType, b: DType) -> bool {
+    if is_float(a) {
+        return is_float(b);
+    }
+    let vd = a.vec_dot_type();
+    let f = crate::quant::format(a);
+    f.dequantize.is_some()
+        && f.vec_dot.is_some()
+        && KC % a.block_size() == 0
+        && KC % vd.block_size() == 0
+        && vd_to_f32(vd).is_some()
+        && (b == DType::F32 && crate::quant::format(vd).from_float.is_some() || b == vd)
+}
+
+pub(crate) fn panel_floats(k: usize) -> usize {
     k * SG_NR
 }
 
@@ -89,7 +94,7 @@ fn packed_bytes(b: &TView) -> usize {
 fn scratch_bytes(node: &ExecNode) -> usize {
     let (a, b) = (node.src[0].as_ref().expect("a"), node.src[1].as_ref().expect("b"));
     let k = b.ne[0];
-    let strip = align_up((MC + 1) * KC * 4 + C_TILES * SG_MR * SG_NR * 4, 64);
+    let strip = align_up(BLOCK_SCRATCH * 4, 64);
     let pack = align_up(k * 4, 64) + align_up(a.dtype.vec_dot_type().row_bytes(k), 64);
     strip.max(pack)
 }
@@ -192,11 +197,93 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     Ok(())
 }
 
-/// Phase 1: the blocked GEMM.
+/// Per-thread scratch of [`gemm_block`] in f32: strips, one dequantized row, tile accumulators.
+pub(crate) const BLOCK_SCRATCH: usize = (MC + 1) * KC + C_TILES * SG_MR * SG_NR;
+
+/// One task of the GEMM: weight rows `i0..i1` (at most `MC`; `a_row(i)` is row i's first byte,
+/// `k` elements of `dtype` in whole blocks) times the `ncols` columns packed in `panels` (at most
+/// `NC`; panel p at `p * k * 16`), each result handed to `store(i, column, value)` once. Walks K
+/// in steps of `KC`, summing the kernel's partial sums in K order.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_block(
+    dtype: DType,
+    k: usize,
+    i0: usize,
+    i1: usize,
+    a_row: impl Fn(usize) -> *const u8,
+    panels: &[f32],
+    ncols: usize,
+    scratch: &mut [f32],
+    mut store: impl FnMut(usize, usize, f32),
+) -> Result<()> {
+    debug_assert!(
+        i1 - i0 <= MC && ncols <= NC && panels.len() >= ncols.div_ceil(SG_NR) * k * SG_NR
+    );
+    let kernel = crate::kernels::table().sgemm;
+    let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
+    let (blck, ts) = (dtype.block_size(), dtype.type_size());
+    let (strips, rest) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
+    let (row_buf, ctiles) = rest.split_at_mut(KC);
+    let n_strips = (i1 - i0).div_ceil(SG_MR);
+    let n_panels = ncols.div_ceil(SG_NR);
+    let mut k0 = 0;
+    while k0 < k {
+        let kc = KC.min(k - k0);
+        // Pack the rows: strip t holds rows i0 + 6t.., group kk of it element k0 + kk of its 6
+        // rows (missing rows zero).
+        for st in 0..n_strips {
+            let strip = &mut strips[st * SG_MR * KC..][..kc * SG_MR];
+            for r in 0..SG_MR {
+                let i = i0 + st * SG_MR + r;
+                if i < i1 {
+                    // SAFETY: `a_row(i)` starts a row of k elements in whole blocks (caller);
+                    // k0 and kc are multiples of the block size (KC is), so bytes
+                    // [k0 / blck * ts, (k0 + kc) / blck * ts) lie inside it.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(a_row(i).add(k0 / blck * ts), kc / blck * ts)
+                    };
+                    deq(bytes, &mut row_buf[..kc]);
+                    for (g, &v) in strip.chunks_exact_mut(SG_MR).zip(&row_buf[..kc]) {
+                        g[r] = v;
+                    }
+                } else {
+                    for g in strip.chunks_exact_mut(SG_MR) {
+                        g[r] = 0.0;
+                    }
+                }
+            }
+        }
+        // Each 16-column panel slice stays in L1 while every strip passes over it; the partial
+        // sums go to the tile accumulators.
+        for p in 0..n_panels {
+            let base = p * panel_floats(k) + k0 * SG_NR;
+            let panel = &panels[base..base + kc * SG_NR];
+            for st in 0..n_strips {
+                let tile = &mut ctiles[(p * (MC / SG_MR) + st) * SG_MR * SG_NR..][..SG_MR * SG_NR];
+                let tile: &mut [f32; SG_MR * SG_NR] = tile.try_into().expect("tile");
+                kernel(kc, &strips[st * SG_MR * KC..][..kc * SG_MR], panel, tile, k0 > 0);
+            }
+        }
+        k0 += kc;
+    }
+    for p in 0..n_panels {
+        let cols = SG_NR.min(ncols - p * SG_NR);
+        for st in 0..n_strips {
+            let s = i0 + st * SG_MR;
+            let tile = &ctiles[(p * (MC / SG_MR) + st) * SG_MR * SG_NR..];
+            for c in 0..cols {
+                for r in 0..SG_MR.min(i1 - s) {
+                    store(s + r, p * SG_NR + c, tile[r * SG_NR + c]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Phase 1: the blocked GEMM, one `MC x NC` block per task.
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let kernel = crate::kernels::table().sgemm;
-    let deq = row_loader(a.dtype).ok_or_else(|| unsupported(format!("no {} -> f32", a.dtype)))?;
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
     let n16 = n.div_ceil(SG_NR);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
@@ -204,20 +291,16 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let blocks_n = n.div_ceil(NC);
     let per_batch = blocks_m * blocks_n;
     let total = per_batch * d.ne[2] * d.ne[3];
-    let (blck, ts) = (a.dtype.block_size(), a.dtype.type_size());
     // SAFETY: this is worker ith, in its one call for phase 1.
     let sc = unsafe { scratch(ctx, ith) };
-    let scf: &mut [f32] =
-        bytemuck::cast_slice_mut(&mut sc[..(MC + 1) * KC * 4 + C_TILES * SG_MR * SG_NR * 4]);
-    let (strips, rest) = scf.split_at_mut(MC * KC);
-    let (row_buf, ctiles) = rest.split_at_mut(KC);
+    let scf: &mut [f32] = bytemuck::cast_slice_mut(&mut sc[..BLOCK_SCRATCH * 4]);
     // SAFETY: phase 0 filled the packed area and the barrier between phases published it; it is
     // only read from now on.
     let packed = unsafe { std::slice::from_raw_parts(ctx.work as *const f32, packed_bytes(b) / 4) };
     loop {
         let t = ctx.counter.fetch_add(1, Ordering::Relaxed);
         if t >= total {
-            break;
+            return Ok(());
         }
         let batch = t / per_batch;
         let (bm, bn) = ((t % per_batch) % blocks_m, (t % per_batch) / blocks_m);
@@ -225,78 +308,20 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let (ia2, ia3) = (i2 / r2, i3 / r3);
         let (i0, i1) = (bm * MC, ((bm + 1) * MC).min(m));
         let (j0, j1) = (bn * NC, ((bn + 1) * NC).min(n));
-        let b_batch = i3 * b.ne[2] + i2;
-        let mut k0 = 0;
-        while k0 < k {
-            let kc = KC.min(k - k0);
-            // Pack the task's weight rows: strip t holds rows i0 + 6t.., group kk of it element
-            // k0 + kk of its 6 rows (missing rows zero).
-            let n_strips = (i1 - i0).div_ceil(SG_MR);
-            for st in 0..n_strips {
-                let strip = &mut strips[st * SG_MR * KC..][..kc * SG_MR];
-                for r in 0..SG_MR {
-                    let i = i0 + st * SG_MR + r;
-                    if i < i1 {
-                        // SAFETY: row i < m of batch (ia2, ia3) exists and holds k elements in
-                        // whole blocks; k0 and kc are multiples of the block size (KC is), so
-                        // bytes [k0 / blck * ts, (k0 + kc) / blck * ts) lie inside the row.
-                        let bytes = unsafe {
-                            std::slice::from_raw_parts(
-                                a.row(i, ia2, ia3).add(k0 / blck * ts),
-                                kc / blck * ts,
-                            )
-                        };
-                        deq(bytes, &mut row_buf[..kc]);
-                        for (g, &v) in strip.chunks_exact_mut(SG_MR).zip(&row_buf[..kc]) {
-                            g[r] = v;
-                        }
-                    } else {
-                        for g in strip.chunks_exact_mut(SG_MR) {
-                            g[r] = 0.0;
-                        }
-                    }
-                }
+        let base = ((i3 * b.ne[2] + i2) * n16 + j0 / SG_NR) * panel_floats(k);
+        let panels = &packed[base..base + (j1 - j0).div_ceil(SG_NR) * panel_floats(k)];
+        // SAFETY: rows i < m of batch (ia2, ia3) exist and hold k elements (plan-time checks).
+        let a_row = |i: usize| unsafe { a.row(i, ia2, ia3) as *const u8 };
+        gemm_block(a.dtype, k, i0, i1, a_row, panels, j1 - j0, scf, |i, c, v| {
+            // SAFETY: (i, j0 + c) is inside this task's block of dst, which only this worker
+            // writes; the indices are below dst's shape.
+            unsafe {
+                let e = d.ptr.add(i * d.nb[0] + (j0 + c) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
+                    as *mut f32;
+                e.write_unaligned(v);
             }
-            // Each 16-column panel slice stays in L1 while every strip passes over it; the
-            // partial sums go to the task's tile accumulators.
-            let p0 = j0 / SG_NR;
-            for p in p0..j1.div_ceil(SG_NR) {
-                let base = (b_batch * n16 + p) * panel_floats(k) + k0 * SG_NR;
-                let panel = &packed[base..base + kc * SG_NR];
-                for st in 0..n_strips {
-                    let tile = &mut ctiles[((p - p0) * (MC / SG_MR) + st) * SG_MR * SG_NR..]
-                        [..SG_MR * SG_NR];
-                    let tile: &mut [f32; SG_MR * SG_NR] = tile.try_into().expect("tile");
-                    kernel(kc, &strips[st * SG_MR * KC..][..kc * SG_MR], panel, tile, k0 > 0);
-                }
-            }
-            k0 += kc;
-        }
-        let p0 = j0 / SG_NR;
-        for p in p0..j1.div_ceil(SG_NR) {
-            let cols = SG_NR.min(j1 - p * SG_NR);
-            for st in 0..(i1 - i0).div_ceil(SG_MR) {
-                let s = i0 + st * SG_MR;
-                let rows = SG_MR.min(i1 - s);
-                let tile = &ctiles[((p - p0) * (MC / SG_MR) + st) * SG_MR * SG_NR..];
-                for c in 0..cols {
-                    let j = p * SG_NR + c;
-                    for r in 0..rows {
-                        // SAFETY: (s + r, j) is inside this task's block of dst, which only this
-                        // worker writes; the indices are below dst's shape.
-                        unsafe {
-                            let e = d
-                                .ptr
-                                .add((s + r) * d.nb[0] + j * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
-                                as *mut f32;
-                            e.write_unaligned(tile[r * SG_NR + c]);
-                        }
-                    }
-                }
-            }
-        }
+        })?;
     }
-    Ok(())
 }
 
 /// Converts a run of whole blocks of `dtype` to f32 (F16 through the tier's F16C converter).

@@ -4,13 +4,19 @@
 //! Phase 0: every thread converts its share of b's rows into the weights' vec-dot type in the work
 //! buffer (once, however many experts read a row), and worker 0 groups the (slot, token) pairs by
 //! expert with a counting sort over the ids (checking every id) and lays out the chunk list.
-//! Phase 1: chunks (an expert and a tile of its weight rows x its pairs) are handed out through the
-//! node's atomic counter. Every output is one full-length dot product by the tier's kernel (or the
-//! register-tile kernel, bitwise the same), so results do not depend on the thread count.
+//! Experts with `MIN_N` pairs or more (prefill) take the GEMM of `mul_mat_f`: an extra phase packs
+//! their pairs' activations into f32 panels, and their chunks are `gemm_block`s of 96 weight rows
+//! by up to 512 pairs (each output bitwise what `mul_mat`'s GEMM gives for that column).
+//! Last phase: chunks (an expert and a tile of its weight rows x its pairs) are handed out through
+//! the node's atomic counter. Every other output is one full-length dot product by the tier's
+//! kernel (or the register-tile kernel, bitwise the same), so results do not depend on the thread
+//! count.
 
+use super::mul_mat_f::{self, MIN_N};
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::sgemm::SG_NR;
 use crate::kernels::{GEMM_MR, GEMM_NR};
 use crate::plan::{ExecNode, align_up};
 use std::sync::atomic::Ordering;
@@ -33,6 +39,12 @@ struct Layout {
     counts: usize,
     /// `n_as + 1` chunk starts (usize): expert e owns chunks `starts[e]..starts[e + 1]`.
     starts: usize,
+    /// Whether experts with at least `MIN_N` pairs take the GEMM (`mul_mat_f::gemm_block`).
+    gemm: bool,
+    /// f32 activation panels of those experts (`mul_mat_f` layout, 16 pairs per panel).
+    panels: usize,
+    /// Per-thread f32 scratch of the GEMM (`gemm_scratch` floats each).
+    gemm_scratch: usize,
     /// `n_as + 1` pair offsets (usize) into `pairs`.
     offsets: usize,
     /// `n_used * n_tokens` (slot, token) pairs (two u32), grouped by expert.
@@ -65,12 +77,143 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
     let offsets = off;
     off = align_up(off + (n_as + 1) * 8, 64);
     let pairs = off;
-    off = align_up(off + ids.ne[0] * ids.ne[1] * 8, 64);
-    Some(Layout { conv, rb, scratch, scratch_stride, counts, starts, offsets, pairs, end: off })
+    let n_pairs = ids.ne[0] * ids.ne[1];
+    off = align_up(off + n_pairs * 8, 64);
+    // At most n_pairs / 16 + (experts with MIN_N pairs or more) panels.
+    let n_panels = n_pairs / SG_NR + n_as.min(n_pairs / MIN_N);
+    let panel_bytes = n_panels * mul_mat_f::panel_floats(k) * 4;
+    let gemm = n_pairs >= MIN_N
+        && panel_bytes <= mul_mat_f::MAX_PACKED
+        && mul_mat_f::types_ok(a.dtype, b.dtype);
+    let panels = off;
+    let gemm_scratch = off;
+    let mut l = Layout {
+        conv,
+        rb,
+        scratch,
+        scratch_stride,
+        counts,
+        starts,
+        gemm,
+        panels,
+        gemm_scratch,
+        offsets,
+        pairs,
+        end: off,
+    };
+    if gemm {
+        l.panels = off;
+        off = align_up(off + panel_bytes, 64);
+        l.gemm_scratch = off;
+        off += nth * gemm_scratch_bytes(k);
+    }
+    l.end = off;
+    Some(l)
 }
 
-pub(crate) fn phases(_node: &ExecNode) -> u8 {
-    2
+/// Per-thread GEMM scratch: `gemm_block`'s, or one f32 activation row while packing.
+fn gemm_scratch_bytes(k: usize) -> usize {
+    align_up(mul_mat_f::BLOCK_SCRATCH.max(k) * 4, 64)
+}
+
+/// Whether expert chunks of `count` pairs take the GEMM.
+fn gemm_expert(l: &Layout, count: usize) -> bool {
+    l.gemm && count >= MIN_N
+}
+
+/// The first panel of expert `e` in the panel area (`e == n_as`: the number of panels).
+fn first_panel(l: &Layout, offsets: &[usize], e: usize) -> usize {
+    (0..e)
+        .map(|x| offsets[x + 1] - offsets[x])
+        .filter(|&count| gemm_expert(l, count))
+        .map(|count| count.div_ceil(SG_NR))
+        .sum()
+}
+
+/// Address of the activation row of pair (slot s, token t) in the vec-dot type: converted in the
+/// work buffer, or b's own row.
+///
+/// # Safety
+/// s < ids.ne[0], t < ids.ne[1] (== b.ne[2]); phase 0 has converted the rows when `l.conv`.
+unsafe fn b_row_ptr(ctx: &NodeCtx<'_>, l: &Layout, p: [u32; 2]) -> *const u8 {
+    let b = ctx.src(1);
+    let (s, t) = (p[0] as usize, p[1] as usize);
+    let ne11 = b.ne[1];
+    // SAFETY: per the contract, s % ne11 < b.ne[1] and t < b.ne[2]; the converted row index
+    // t * ne11 + s % ne11 is below b's row count.
+    unsafe {
+        if l.conv { ctx.work.add((t * ne11 + s % ne11) * l.rb) } else { b.row(s % ne11, t, 0) }
+    }
+}
+
+/// Phase 1 with the GEMM: the activation panels of every GEMM expert (16 of its pairs each).
+fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
+    let (a, ids) = (ctx.src(0), ctx.src(2));
+    let (k, n_as) = (a.ne[0], a.ne[2]);
+    let vd = a.dtype.vec_dot_type();
+    let from = mul_mat_f::vd_to_f32(vd).ok_or_else(|| unsupported(format!("no {vd} -> f32")))?;
+    let pf = mul_mat_f::panel_floats(k);
+    let n_pairs = ids.ne[0] * ids.ne[1];
+    // SAFETY: worker 0 filled offsets and pairs in phase 0 and the barrier published them; the
+    // panel area and this worker's scratch lie inside the work buffer (layout), and each panel
+    // below is written by the one worker whose share holds it.
+    let (offsets, pairs, rowf) = unsafe {
+        (
+            std::slice::from_raw_parts(ctx.work.add(l.offsets) as *const usize, n_as + 1),
+            std::slice::from_raw_parts(ctx.work.add(l.pairs) as *const [u32; 2], n_pairs),
+            std::slice::from_raw_parts_mut(
+                ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)) as *mut f32,
+                k,
+            ),
+        )
+    };
+    let total = first_panel(l, offsets, n_as);
+    let (u0, u1) = split(total, ith, ctx.nth);
+    let (mut e, mut at) = (0, 0);
+    for u in u0..u1 {
+        // The expert owning panel u (experts are walked in order; u only grows).
+        loop {
+            let count = offsets[e + 1] - offsets[e];
+            let np = if gemm_expert(l, count) { count.div_ceil(SG_NR) } else { 0 };
+            if u < at + np {
+                break;
+            }
+            at += np;
+            e += 1;
+        }
+        let group = &pairs[offsets[e]..offsets[e + 1]];
+        let pi = u - at;
+        // SAFETY: panel u < total lies inside the panel area; only this worker writes it.
+        let panel = unsafe {
+            std::slice::from_raw_parts_mut((ctx.work.add(l.panels) as *mut f32).add(u * pf), pf)
+        };
+        for c in 0..SG_NR {
+            match group.get(pi * SG_NR + c) {
+                Some(&p) => {
+                    // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row holds
+                    // vd.row_bytes(k) bytes.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(b_row_ptr(ctx, l, p), vd.row_bytes(k))
+                    };
+                    from(bytes, rowf);
+                    for (kk, &v) in rowf.iter().enumerate() {
+                        panel[kk * SG_NR + c] = v;
+                    }
+                }
+                None => {
+                    for kk in 0..k {
+                        panel[kk * SG_NR + c] = 0.0;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn phases(node: &ExecNode) -> u8 {
+    // Convert and group; pack the GEMM experts' activations; the chunks.
+    if layout(node, 1).is_some_and(|l| l.gemm) { 3 } else { 2 }
 }
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
@@ -86,8 +229,14 @@ fn row_tile(count: usize) -> usize {
     if count == 1 { TILE_ONE } else { TILE }
 }
 
-fn chunks_of(m: usize, count: usize) -> usize {
-    if count == 0 { 0 } else { m.div_ceil(row_tile(count)) * count.div_ceil(TILE) }
+fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
+    if count == 0 {
+        0
+    } else if gemm_expert(l, count) {
+        m.div_ceil(mul_mat_f::MC) * count.div_ceil(mul_mat_f::NC)
+    } else {
+        m.div_ceil(row_tile(count)) * count.div_ceil(TILE)
+    }
 }
 
 fn convert(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
@@ -159,7 +308,7 @@ fn group(ctx: &NodeCtx<'_>, l: &Layout) -> Result<()> {
     starts[0] = 0;
     for e in 0..n_as {
         offsets[e + 1] = offsets[e] + counts[e];
-        starts[e + 1] = starts[e] + chunks_of(m, counts[e]);
+        starts[e + 1] = starts[e] + chunks_of(l, m, counts[e]);
     }
     // Reuse counts as fill cursors.
     counts.copy_from_slice(&offsets[..n_as]);
@@ -184,6 +333,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             group(ctx, &l)?;
         }
         return Ok(());
+    }
+    if l.gemm && phase == 1 {
+        return pack_panels(ctx, &l, ith);
     }
     let (a, b, ids, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
     let table = crate::kernels::table();
@@ -233,9 +385,50 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         // no chunks, so their start equals the next one's).
         let e = starts.partition_point(|&s| s <= c) - 1;
         let group = &pairs[offsets[e]..offsets[e + 1]];
+        let local = c - starts[e];
+        if gemm_expert(&l, group.len()) {
+            let blocks_m = m.div_ceil(mul_mat_f::MC);
+            let (tm, tn) = (local % blocks_m, local / blocks_m);
+            let (i0, i1) = (tm * mul_mat_f::MC, ((tm + 1) * mul_mat_f::MC).min(m));
+            let cols = &group[tn * mul_mat_f::NC..((tn + 1) * mul_mat_f::NC).min(group.len())];
+            let pf = mul_mat_f::panel_floats(k);
+            let p0 = first_panel(&l, offsets, e) + tn * mul_mat_f::NC / SG_NR;
+            // SAFETY: phase 1 packed these panels and the barrier published them; the scratch
+            // area is this worker's (layout).
+            let (panels, scratch) = unsafe {
+                (
+                    std::slice::from_raw_parts(
+                        (ctx.work.add(l.panels) as *const f32).add(p0 * pf),
+                        cols.len().div_ceil(SG_NR) * pf,
+                    ),
+                    std::slice::from_raw_parts_mut(
+                        ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)) as *mut f32,
+                        mul_mat_f::BLOCK_SCRATCH,
+                    ),
+                )
+            };
+            // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
+            // hold k elements in whole blocks (build check).
+            let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
+            mul_mat_f::gemm_block(
+                a.dtype,
+                k,
+                i0,
+                i1,
+                a_row,
+                panels,
+                cols.len(),
+                scratch,
+                |i, j, v| {
+                    // SAFETY: (i, pair cols[j]) belongs to this chunk, which only this worker took;
+                    // each pair appears once in `pairs`.
+                    unsafe { *dst_at(i, cols[j]) = v }
+                },
+            )?;
+            continue;
+        }
         let rt = row_tile(group.len());
         let tiles_m = m.div_ceil(rt);
-        let local = c - starts[e];
         let (tm, tn) = (local % tiles_m, local / tiles_m);
         let (i0, i1) = (tm * rt, ((tm + 1) * rt).min(m));
         let cols = &group[tn * TILE..((tn + 1) * TILE).min(group.len())];
