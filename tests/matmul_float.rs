@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{matmul_f64, nmse, rand_f32};
+use common::{assert_close_to_scale, matmul_f64, nmse, rand_f32, tiers};
 use quantgraph::kernels::{Isa, set_isa};
 use quantgraph::quant::{dequantize, quantize_for_dot};
 use quantgraph::{CpuBackend, DType, Graph, Plan};
@@ -72,10 +72,6 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
     let out = p.output::<f32>(y).unwrap().to_vec();
     set_isa(Isa::best()).unwrap();
     out
-}
-
-fn tiers() -> Vec<Isa> {
-    Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
 }
 
 /// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 512-column task blocks
@@ -172,17 +168,10 @@ fn float_gemm_tiers_agree_with_scalar() {
             let want = run(&c, Isa::Scalar, 2);
             // Fused and separate multiply-adds round differently: compare relative to the
             // output's scale (single elements may cancel to near zero).
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             for isa in tiers() {
                 let got = run(&c, isa, 2);
-                for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let rel = (g - w).abs() / scale;
-                    assert!(
-                        rel <= 1e-5,
-                        "{ty} {} {ane:?} x {bne:?} [{idx}]: {g} vs {w}",
-                        isa.name()
-                    );
-                }
+                let what = format!("{ty} {} {ane:?} x {bne:?}", isa.name());
+                assert_close_to_scale(&got, &want, 1e-5, &what);
             }
         }
     }

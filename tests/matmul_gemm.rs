@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{matmul_f64, nmse, rand_f32};
+use common::{assert_close_to_scale, matmul_f64, nmse, rand_f32, tiers};
 use quantgraph::kernels::{Isa, set_isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
 use quantgraph::{CpuBackend, DType, Graph, Plan};
@@ -50,10 +50,6 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
     let out = p.output::<f32>(y).unwrap().to_vec();
     set_isa(Isa::best()).unwrap();
     out
-}
-
-fn tiers() -> Vec<Isa> {
-    Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
 }
 
 fn shapes() -> Vec<([usize; 4], [usize; 4])> {
@@ -117,17 +113,10 @@ fn gemm_tiers_agree_with_scalar() {
             let c = case(ty, ane, bne, 300 + s as u64);
             let want = run(&c, Isa::Scalar, 2);
             // Relative to the output's scale: single elements may cancel to near zero.
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             for isa in tiers() {
                 let got = run(&c, isa, 2);
-                for (idx, (g, w)) in got.iter().zip(&want).enumerate() {
-                    let rel = (g - w).abs() / scale;
-                    assert!(
-                        rel <= 1e-6,
-                        "{ty} {} {ane:?} x {bne:?} [{idx}]: {g} vs {w}",
-                        isa.name()
-                    );
-                }
+                let what = format!("{ty} {} {ane:?} x {bne:?}", isa.name());
+                assert_close_to_scale(&got, &want, 1e-6, &what);
             }
         }
     }

@@ -174,3 +174,18 @@ pub fn matmul_f64(a: &[f32], ane: [usize; 4], b: &[f32], bne: [usize; 4]) -> Vec
     }
     out
 }
+
+/// Every SIMD tier this CPU supports (the scalar one included).
+pub fn tiers() -> Vec<quantgraph::kernels::Isa> {
+    quantgraph::kernels::Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+}
+
+/// Asserts `|got - want| <= tol * max|want|` elementwise: tiers and kernels that round
+/// differently compared relative to the output's scale (single elements may cancel to near zero).
+pub fn assert_close_to_scale(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (idx, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * scale, "{what} [{idx}]: {g} vs {w}");
+    }
+}
