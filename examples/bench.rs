@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example bench -- node-overhead NODES THREADS
 //! cargo run --release --example bench -- plan-overhead NODES
-//! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS
+//! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS [--repack]
 //! cargo run --release --example bench -- vec-dot TYPE N REPS
 //! cargo run --release --example bench -- peak THREADS
 //! cargo run --release --example bench -- op ssm_scan|rwkv_wkv6[_decode] THREADS REPS
@@ -11,7 +11,7 @@
 //! ```
 //! Times are medians over repetitions; the machine is noisy, so compare ratios measured together.
 
-use quantgraph::{Backend, Buffer, CpuBackend, DType, Graph, Plan};
+use quantgraph::{Backend, Buffer, BufferType, CpuBackend, DType, Graph, Plan};
 use std::time::Instant;
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
@@ -102,6 +102,7 @@ fn matmul(
     k: usize,
     threads: usize,
     reps: usize,
+    repack: bool,
 ) -> quantgraph::Result<()> {
     let be = CpuBackend::with_threads(threads)?;
     let a = rand_vec(m * k, 1);
@@ -112,7 +113,16 @@ fn matmul(
         DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
         _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
     }
-    let wbuf = Buffer::from_host(bytes);
+    // With --repack the weights go into the CPU_REPACK buffer type (repacked on the way in; the
+    // plain bytes are dropped right after, so only one copy stays alive).
+    let wbuf = if repack {
+        let b = quantgraph::CpuRepackBufferType.alloc(bytes.len())?;
+        b.set_tensor(0, ty, &[k, m], &bytes)?;
+        drop(bytes);
+        b
+    } else {
+        Buffer::from_host(bytes)
+    };
     let mut g = Graph::new();
     let w = g.weight(ty, &[k, m], &wbuf, 0)?;
     let x = g.input(DType::F32, &[k, n])?;
@@ -122,8 +132,13 @@ fn matmul(
     plan.set_input(x, &rand_vec(k * n, 2))?;
     let t = median_compute_secs(&mut plan, reps)?;
     let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
+    let suffix = if repack {
+        format!(" buffer=CPU_REPACK weight_bytes={}", wbuf.len())
+    } else {
+        String::new()
+    };
     println!(
-        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}",
+        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}{suffix}",
         ty.name(),
         be.n_threads(),
         t * 1e3
@@ -712,7 +727,9 @@ fn vision_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> 
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let repack = args.iter().any(|a| a == "--repack");
+    args.retain(|a| a != "--repack");
     let r = match args.first().map(String::as_str) {
         Some("node-overhead") => node_overhead(arg(&args, 1, "NODES"), arg(&args, 2, "THREADS")),
         Some("plan-overhead") => plan_overhead(arg(&args, 1, "NODES")),
@@ -726,6 +743,7 @@ fn main() {
                     arg(&args, 4, "K"),
                     arg(&args, 5, "THREADS"),
                     arg(&args, 6, "REPS"),
+                    repack,
                 ),
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }
@@ -792,7 +810,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
-                 matmul TYPE M N K THREADS REPS | vec-dot TYPE N REPS | op NAME THREADS REPS | \
+                 matmul TYPE M N K THREADS REPS [--repack] | vec-dot TYPE N REPS | op NAME THREADS REPS | \
                  train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
             );
             std::process::exit(2)

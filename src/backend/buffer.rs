@@ -9,7 +9,18 @@ use crate::error::{Error, Result};
 use std::alloc::Layout;
 use std::any::Any;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicIsize, Ordering};
+
+use crate::dtype::DType;
+
+/// A tensor stored in a CPU_REPACK buffer by [`Buffer::set_tensor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RepackEntry {
+    pub offset: usize,
+    pub dtype: DType,
+    pub ne: [usize; 4],
+}
 
 /// Alignment of buffers allocated by the CPU buffer type.
 pub const BUFFER_ALIGNMENT: usize = 64;
@@ -27,6 +38,8 @@ struct Inner {
     name: String,
     /// > 0: that many readers; -1: one writer; 0: free.
     state: AtomicIsize,
+    /// `Some` for CPU_REPACK buffers: the tensors stored (repacked) so far.
+    repack: Option<Mutex<Vec<RepackEntry>>>,
 }
 
 // SAFETY: the memory behind `ptr` is owned by `Inner` (or by `_owner`, which is Send + Sync) and
@@ -69,6 +82,14 @@ impl Buffer {
     }
 
     pub(crate) fn alloc_named(len: usize, name: &str) -> Result<Buffer> {
+        Buffer::alloc_with(len, name, None)
+    }
+
+    fn alloc_with(
+        len: usize,
+        name: &str,
+        repack: Option<Mutex<Vec<RepackEntry>>>,
+    ) -> Result<Buffer> {
         let layout = Layout::from_size_align(len.max(1), BUFFER_ALIGNMENT)
             .map_err(|_| Error::Buffer(format!("cannot allocate {len} bytes")))?;
         // SAFETY: the layout has a non-zero size.
@@ -84,8 +105,98 @@ impl Buffer {
                 storage: Storage::Owned { layout },
                 name: name.into(),
                 state: AtomicIsize::new(0),
+                repack,
             }),
         })
+    }
+
+    /// A CPU_REPACK buffer: tensors are stored with [`Buffer::set_tensor`], which rearranges them
+    /// into the interleaved layout the repacked matmul kernels read.
+    pub(crate) fn alloc_repack(len: usize) -> Result<Buffer> {
+        Buffer::alloc_with(len, super::repack::REPACK_NAME, Some(Mutex::new(Vec::new())))
+    }
+
+    /// True for buffers of the CPU_REPACK type (weights stored in an interleaved layout).
+    pub fn is_repacked(&self) -> bool {
+        self.inner.repack.is_some()
+    }
+
+    /// Stores a tensor of `dtype` and shape `ne` (ggml order) at byte `offset`. `data` holds the
+    /// tensor in ggml's plain layout (rows of blocks). A plain buffer copies it; a CPU_REPACK
+    /// buffer rearranges it into the interleaved layout on the way in (no second copy is kept)
+    /// and fails for tensors it cannot hold (see [`CpuRepackBufferType`](super::CpuRepackBufferType)).
+    pub fn set_tensor(&self, offset: usize, dtype: DType, ne: &[usize], data: &[u8]) -> Result<()> {
+        let ne4 = super::repack::shape4(ne)?;
+        let need = super::repack::plain_bytes(dtype, &ne4)?;
+        if data.len() != need {
+            return Err(Error::Buffer(format!(
+                "set_tensor: {dtype} {ne:?} needs {need} bytes, got {}",
+                data.len()
+            )));
+        }
+        let Some(entries) = &self.inner.repack else {
+            return self.write(offset, data);
+        };
+        super::repack::check(dtype, &ne4)?;
+        self.check_range(offset, need)?;
+        let _g = self.lock_write()?;
+        // SAFETY: the range is inside the allocation (checked above) and the write lock excludes
+        // every other reader and writer while the slice lives.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.inner.ptr.add(offset), need) };
+        super::repack::repack(dtype, &ne4, data, dst)?;
+        let mut list = match entries.lock() {
+            Ok(l) => l,
+            Err(e) => e.into_inner(),
+        };
+        list.retain(|e| {
+            let end = e.offset + super::repack::plain_bytes(e.dtype, &e.ne).unwrap_or(0);
+            end <= offset || e.offset >= offset + need
+        });
+        list.push(RepackEntry { offset, dtype, ne: ne4 });
+        Ok(())
+    }
+
+    /// Reads a tensor of `dtype` and shape `ne` stored at byte `offset` into `out`, in ggml's plain
+    /// layout (a CPU_REPACK buffer un-interleaves it).
+    pub fn get_tensor(
+        &self,
+        offset: usize,
+        dtype: DType,
+        ne: &[usize],
+        out: &mut [u8],
+    ) -> Result<()> {
+        let ne4 = super::repack::shape4(ne)?;
+        let need = super::repack::plain_bytes(dtype, &ne4)?;
+        if out.len() != need {
+            return Err(Error::Buffer(format!(
+                "get_tensor: {dtype} {ne:?} needs {need} bytes, got {}",
+                out.len()
+            )));
+        }
+        if !self.is_repacked() {
+            return self.read(offset, out);
+        }
+        if !self.holds_repacked(offset, dtype, &ne4) {
+            return Err(Error::Buffer(format!(
+                "get_tensor: no {dtype} {ne:?} was stored at offset {offset} of '{}'",
+                self.inner.name
+            )));
+        }
+        self.check_range(offset, need)?;
+        let _g = self.lock_read()?;
+        // SAFETY: in range (checked above); the read lock excludes writers while the slice lives.
+        let src = unsafe { std::slice::from_raw_parts(self.inner.ptr.add(offset), need) };
+        super::repack::unpack(dtype, &ne4, src, out)
+    }
+
+    /// True when `set_tensor` stored exactly this tensor at `offset` of this CPU_REPACK buffer.
+    pub(crate) fn holds_repacked(&self, offset: usize, dtype: DType, ne: &[usize; 4]) -> bool {
+        let Some(entries) = &self.inner.repack else { return false };
+        let list = match entries.lock() {
+            Ok(l) => l,
+            Err(e) => e.into_inner(),
+        };
+        list.contains(&RepackEntry { offset, dtype, ne: *ne })
     }
 
     /// A read-only buffer over memory the caller owns (a `Vec<u8>`, a memory map, ...), without
@@ -105,6 +216,7 @@ impl Buffer {
                 storage: Storage::Borrowed { _owner: boxed },
                 name: "CPU_Host".into(),
                 state: AtomicIsize::new(0),
+                repack: None,
             }),
         }
     }
@@ -120,6 +232,7 @@ impl Buffer {
                 storage: Storage::Borrowed { _owner: Box::new(v) },
                 name: "CPU_Host".into(),
                 state: AtomicIsize::new(0),
+                repack: None,
             }),
         }
     }
@@ -163,6 +276,7 @@ impl Buffer {
 
     /// Copies `data` into the buffer at `offset`. Fails when read-only or in use by a compute.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.no_raw_writes()?;
         if !self.inner.writable {
             return Err(Error::Buffer(format!("buffer '{}' is read-only", self.inner.name)));
         }
@@ -203,12 +317,23 @@ impl Buffer {
 
     /// Fills the whole buffer with `byte`.
     pub fn fill(&self, byte: u8) -> Result<()> {
+        self.no_raw_writes()?;
         if !self.inner.writable {
             return Err(Error::Buffer(format!("buffer '{}' is read-only", self.inner.name)));
         }
         let _g = self.lock_write()?;
         // SAFETY: whole allocation, write lock held.
         unsafe { std::ptr::write_bytes(self.inner.ptr, byte, self.inner.len) };
+        Ok(())
+    }
+
+    fn no_raw_writes(&self) -> Result<()> {
+        if self.is_repacked() {
+            return Err(Error::Buffer(format!(
+                "buffer '{}' holds repacked weights: store tensors with set_tensor",
+                self.inner.name
+            )));
+        }
         Ok(())
     }
 

@@ -82,13 +82,13 @@ impl Device for CpuDevice {
         crate::ops::supports(graph, node).is_ok()
     }
     fn supports_buft(&self, buft: &dyn BufferType) -> bool {
-        buft.is_host()
+        buft.is_host() || buft.name() == super::repack::REPACK_NAME
     }
     fn default_buffer_type(&self) -> Arc<dyn BufferType> {
         Arc::new(CpuBufferType)
     }
     fn extra_buffer_types(&self) -> Vec<Arc<dyn BufferType>> {
-        Vec::new()
+        vec![Arc::new(CpuRepackBufferType)]
     }
     fn init_backend(&self) -> Result<CpuBackend> {
         CpuBackend::new()
@@ -114,6 +114,50 @@ impl BufferType for CpuBufferType {
     }
     fn alloc(&self, size: usize) -> Result<Buffer> {
         Buffer::alloc_named(size, "CPU")
+    }
+}
+
+/// Repacked weights (ggml's CPU_REPACK): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K and Q2_K matrices with a
+/// multiple of 8 rows, stored 8 rows interleaved for the repacked matmul kernels. Store tensors
+/// with [`Buffer::set_tensor`] (it repacks on the way in, keeping no plain copy), then bind them
+/// with `Graph::weight`; such weights can only feed `mul_mat` as its first source, with F32
+/// activations. Same size as the plain layout.
+///
+/// ```
+/// use quantgraph::{Buffer, BufferType, CpuRepackBufferType, DType, Graph};
+/// let buft = CpuRepackBufferType;
+/// assert!(buft.supports_tensor(DType::Q4_0, &[64, 8]));
+/// let w = vec![0u8; DType::Q4_0.row_size(64)? * 8];
+/// let buf = buft.alloc(w.len())?;
+/// buf.set_tensor(0, DType::Q4_0, &[64, 8], &w)?;
+/// let mut g = Graph::new();
+/// let wt = g.weight(DType::Q4_0, &[64, 8], &buf, 0)?;
+/// let x = g.input(DType::F32, &[64, 3])?;
+/// let y = g.mul_mat(wt, x)?;
+/// # let _ = y;
+/// # Ok::<(), quantgraph::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuRepackBufferType;
+
+impl BufferType for CpuRepackBufferType {
+    fn name(&self) -> &str {
+        super::repack::REPACK_NAME
+    }
+    fn alignment(&self) -> usize {
+        BUFFER_ALIGNMENT
+    }
+    fn max_size(&self) -> usize {
+        isize::MAX as usize
+    }
+    fn is_host(&self) -> bool {
+        false
+    }
+    fn alloc(&self, size: usize) -> Result<Buffer> {
+        Buffer::alloc_repack(size)
+    }
+    fn supports_tensor(&self, dtype: crate::dtype::DType, ne: &[usize]) -> bool {
+        super::repack::supports(dtype, ne)
     }
 }
 

@@ -6,11 +6,12 @@
 
 mod buffer;
 mod cpu;
+pub mod repack;
 
 pub(crate) use buffer::BufferGuard;
 pub use buffer::{BUFFER_ALIGNMENT, Buffer};
 pub(crate) use cpu::CpuShared;
-pub use cpu::{CpuBackend, CpuBufferType, CpuDevice, CpuRegistry};
+pub use cpu::{CpuBackend, CpuBufferType, CpuDevice, CpuRegistry, CpuRepackBufferType};
 
 use crate::error::Result;
 use crate::graph::{Graph, TensorId};
@@ -71,6 +72,12 @@ pub trait BufferType: Send + Sync {
     fn is_host(&self) -> bool;
     /// Allocates a zeroed buffer of `size` bytes.
     fn alloc(&self, size: usize) -> Result<Buffer>;
+    /// True when a tensor of `dtype` and shape `ne` can be stored in this buffer type (the
+    /// device's per-tensor choice of an extra buffer type, like ggml's `extra_buffer_type`).
+    fn supports_tensor(&self, dtype: crate::dtype::DType, ne: &[usize]) -> bool {
+        let _ = (dtype, ne);
+        true
+    }
 }
 
 /// A compute device (ggml's `ggml_backend_dev`).

@@ -365,6 +365,22 @@ impl Graph {
                 buffer.name()
             )));
         }
+        if buffer.is_repacked() {
+            if state {
+                return Err(Error::Buffer(format!(
+                    "{op}: buffer '{}' holds repacked weights; state tensors need a plain buffer",
+                    buffer.name()
+                )));
+            }
+            if !buffer.holds_repacked(offset, dtype, &ne4) {
+                return Err(Error::Buffer(format!(
+                    "{op}: no {dtype} {} was stored at offset {offset} of repacked buffer '{}' \
+                     (store it with Buffer::set_tensor first, with the same type and shape)",
+                    shape_str(&ne4),
+                    buffer.name()
+                )));
+            }
+        }
         let leaf = if state {
             Leaf::State { buffer: buffer.clone(), offset }
         } else {
@@ -429,6 +445,11 @@ impl Graph {
         // tensor whose strides overflow, whatever parameters the caller gave.
         let ne = checked_shape("node", dtype, &ne)?;
         let nb = contiguous_strides(dtype, &ne);
+        for (pos, s) in srcs.iter().enumerate() {
+            if let Some(s) = *s {
+                self.check_repacked_use(&op, pos, s)?;
+            }
+        }
         let mut src = [None; MAX_SRC];
         src[..srcs.len()].copy_from_slice(srcs);
         self.push(Tensor {
@@ -445,6 +466,31 @@ impl Graph {
         })
     }
 
+    /// True when `id` is a weight stored in a CPU_REPACK buffer (interleaved layout).
+    pub(crate) fn is_repacked(&self, id: TensorId) -> bool {
+        matches!(&self.t(self.root(id)).leaf, Leaf::Weight { buffer, .. } if buffer.is_repacked())
+    }
+
+    /// Repacked weights are only readable by the repacked matmul: as `mul_mat`'s first source,
+    /// whole (not through a view).
+    fn check_repacked_use(&self, op: &Op, pos: usize, s: TensorId) -> Result<()> {
+        if !self.is_repacked(s) {
+            return Ok(());
+        }
+        if matches!(op, Op::MulMat) && pos == 0 && self.t(s).view_src.is_none() {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            op: op.name(),
+            backend: "CPU".into(),
+            msg: format!(
+                "{} is stored in a repacked buffer; repacked weights can only be the first \
+                 source of mul_mat (keep this tensor in a plain buffer)",
+                self.t(s).describe(s)
+            ),
+        })
+    }
+
     /// A view of `a` with the given shape, strides and byte offset; checked against `a`'s extent.
     fn make_view(
         &mut self,
@@ -455,6 +501,7 @@ impl Graph {
         offset: usize,
         kind: Op,
     ) -> Result<TensorId> {
+        self.check_repacked_use(&kind, 1, a)?;
         let src = self.get(op, a)?;
         let dtype = src.dtype;
         let root = src.view_src.unwrap_or(a);

@@ -662,6 +662,16 @@ impl Graph {
                 format!("rows of b {} are not contiguous", tb.describe(b)),
             ));
         }
+        if self.is_repacked(a) && tb.dtype != DType::F32 {
+            return Err(Error::ty(
+                OP,
+                format!(
+                    "{} is stored repacked: b must be F32, got {}",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
         let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
         self.node(Op::MulMat, DType::F32, ne, &[a, b])
     }

@@ -10,6 +10,7 @@
 
 pub(crate) mod gemm;
 pub(crate) mod recurrent;
+pub(crate) mod repack;
 pub(crate) mod scalar;
 pub(crate) mod sgemm;
 pub(crate) mod tables;
@@ -224,6 +225,8 @@ pub struct KernelTable {
     pub(crate) mad_f32: fn(&mut [f32], &[f32], f32),
     /// Float GEMM micro-kernel (F32/F16/BF16 `mul_mat` with several columns).
     pub(crate) sgemm: sgemm::SgemmFn,
+    // --- repacked weights (kernels/repack.rs, x86/avx2_repack.rs) ---
+    repack: [Option<repack::RepackGemmFn>; N_TYPES],
 }
 
 impl KernelTable {
@@ -248,7 +251,13 @@ impl KernelTable {
             mad_f16: scalar::mad_f16,
             mad_f32: scalar::mad_f32,
             sgemm: sgemm::sgemm_6x16,
+            repack: [None; N_TYPES],
         };
+        for d in DType::ALL {
+            if let Some(f) = repack::scalar_kernel(d) {
+                t.set_repack(d, f);
+            }
+        }
         for d in DType::ALL {
             let f = crate::quant::format(d);
             if let Some(v) = f.vec_dot {
@@ -286,6 +295,15 @@ impl KernelTable {
     /// The register-tile kernel for weights of type `d` against `d.vec_dot_type()`, if any.
     pub(crate) fn gemm(&self, d: DType) -> Option<GemmFn> {
         self.gemm[d.ggml_id() as usize]
+    }
+
+    /// The kernel for weights of type `d` stored repacked (CPU_REPACK), if any.
+    pub(crate) fn repack(&self, d: DType) -> Option<repack::RepackGemmFn> {
+        self.repack[d.ggml_id() as usize]
+    }
+
+    pub(crate) fn set_repack(&mut self, d: DType, f: repack::RepackGemmFn) {
+        self.repack[d.ggml_id() as usize] = Some(f);
     }
 
     pub(crate) fn set_gemm(&mut self, d: DType, f: GemmFn) {

@@ -23,6 +23,9 @@ fn needs_conversion(node: &ExecNode) -> bool {
 }
 
 pub(crate) fn phases(node: &ExecNode) -> u8 {
+    if super::mul_mat_repack::applies(node) {
+        return 2;
+    }
     if super::mul_mat_f::applies(node) || needs_conversion(node) { 2 } else { 1 }
 }
 
@@ -35,6 +38,9 @@ fn converted_row_bytes(node: &ExecNode) -> usize {
 }
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    if super::mul_mat_repack::applies(node) {
+        return super::mul_mat_repack::work_size(node, nth);
+    }
     if super::mul_mat_f::applies(node) {
         return super::mul_mat_f::work_size(node, nth);
     }
@@ -91,6 +97,13 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
+    if super::mul_mat_repack::applies(ctx.node) {
+        return if phase == 0 {
+            super::mul_mat_repack::convert(ctx, ith)
+        } else {
+            super::mul_mat_repack::compute(ctx, ith)
+        };
+    }
     if super::mul_mat_f::applies(ctx.node) {
         return if phase == 0 {
             super::mul_mat_f::pack(ctx, ith)

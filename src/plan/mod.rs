@@ -22,6 +22,8 @@ pub(crate) struct TView {
     pub dtype: DType,
     pub ne: [usize; 4],
     pub nb: [usize; 4],
+    /// Weights stored in a CPU_REPACK buffer (8-row interleaved layout, `backend::repack`).
+    pub repacked: bool,
 }
 
 impl TView {
@@ -369,7 +371,13 @@ impl Plan {
         let mut nodes = Vec::new();
         let view = |j: usize| {
             let t = &graph.tensors[j];
-            TView { ptr: addrs[j], dtype: t.dtype, ne: t.ne, nb: t.nb }
+            TView {
+                ptr: addrs[j],
+                dtype: t.dtype,
+                ne: t.ne,
+                nb: t.nb,
+                repacked: graph.is_repacked(TensorId(j as u32)),
+            }
         };
         for i in 0..n {
             let t = &graph.tensors[i];

@@ -5,6 +5,7 @@ pub(crate) mod avx2_conv; // vision: conv_2d / conv_3d register tile
 mod avx2_gemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
+mod avx2_repack;
 mod avx2_sgemm;
 
 use super::KernelTable;
@@ -31,4 +32,5 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     avx2_iq::plug(t);
     avx2_gemm::plug(t);
     t.sgemm = avx2_sgemm::sgemm_6x16;
+    avx2_repack::plug(t);
 }

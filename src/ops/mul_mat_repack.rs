@@ -1,0 +1,177 @@
+//! mul_mat with repacked weights (CPU_REPACK, `backend::repack`): 8 weight rows interleaved, read
+//! by the integer kernels of `kernels::repack` (one load serves 8 rows, one activation broadcast
+//! serves them too).
+//!
+//! Phase 0 converts every activation row once (all threads) into the kernel's activation format
+//! (`Y0` blocks for the 32-element types, Q8_K for the K-quants). Phase 1 hands out tasks of
+//! [`TASK_GROUPS`] x 8 rows by up to [`TASK_COLS`] columns through the atomic counter; a task walks
+//! K in chunks so its weights stay in L1/L2 while every column of the task uses them. Each output
+//! is accumulated block by block in K order by one kernel lane, so results do not depend on the
+//! thread count or on the task shape.
+
+use super::{NodeCtx, split, unravel_row};
+use crate::backend::repack::REPACK_ROWS;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::repack::{REPACK_NC, act_block_bytes, group_block_bytes, q8_0_to_y0};
+use crate::plan::{ExecNode, align_up};
+use std::sync::atomic::Ordering;
+
+/// 8-row groups per task.
+const TASK_GROUPS: usize = 4;
+/// Columns per task.
+const TASK_COLS: usize = 64;
+/// Elements of K per chunk.
+const CHUNK_K: usize = 2048;
+
+pub(crate) fn applies(node: &ExecNode) -> bool {
+    node.src[0].as_ref().is_some_and(|a| a.repacked)
+}
+
+fn is_k_type(d: DType) -> bool {
+    matches!(d, DType::Q4_K | DType::Q6_K | DType::Q2_K)
+}
+
+fn act_row_bytes(a: DType, k: usize) -> usize {
+    align_up(k / a.block_size() * act_block_bytes(a), 64)
+}
+
+fn scratch_bytes(k: usize) -> usize {
+    align_up(k * 4, 64) + align_up(DType::Q8_0.row_bytes(k), 64)
+}
+
+pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+    let (Some(a), Some(b)) = (node.src[0].as_ref(), node.src[1].as_ref()) else { return 0 };
+    b.nrows() * act_row_bytes(a.dtype, b.ne[0]) + nth * scratch_bytes(b.ne[0])
+}
+
+/// Phase 0: activation rows into the kernel's format.
+pub(crate) fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, b) = (ctx.src(0), ctx.src(1));
+    let k = b.ne[0];
+    let kt = crate::kernels::table();
+    let target = if is_k_type(a.dtype) { DType::Q8_K } else { DType::Q8_0 };
+    let from = kt.activation_converter(target).ok_or_else(|| Error::Unsupported {
+        op: "mul_mat",
+        backend: "CPU".into(),
+        msg: format!("no f32 -> {target} conversion"),
+    })?;
+    let rb = act_row_bytes(a.dtype, k);
+    let nrows = b.nrows();
+    let scratch = nrows * rb + ith * scratch_bytes(k);
+    debug_assert!(scratch + scratch_bytes(k) <= ctx.work_len);
+    let (r0, r1) = split(nrows, ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &b.ne);
+        // SAFETY: the work buffer holds nrows converted rows of `rb` bytes followed by one scratch
+        // area per thread (work_size); this worker writes only its rows and its scratch. b is F32
+        // (build check) and (i1, i2, i3) is inside its shape.
+        unsafe {
+            let f = std::slice::from_raw_parts_mut(ctx.work.add(scratch) as *mut f32, k);
+            let pb = b.row(i1, i2, i3);
+            for (i, s) in f.iter_mut().enumerate() {
+                *s = (pb.add(i * b.nb[0]) as *const f32).read_unaligned();
+            }
+            let out = std::slice::from_raw_parts_mut(ctx.work.add(r * rb), rb);
+            if target == DType::Q8_K {
+                from(f, &mut out[..DType::Q8_K.row_bytes(k)]);
+            } else {
+                let q8 = std::slice::from_raw_parts_mut(
+                    ctx.work.add(scratch + align_up(k * 4, 64)),
+                    DType::Q8_0.row_bytes(k),
+                );
+                from(f, q8);
+                q8_0_to_y0(q8, out);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Phase 1: the tasks.
+pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let kern = crate::kernels::table().repack(a.dtype).ok_or_else(|| Error::Unsupported {
+        op: "mul_mat",
+        backend: "CPU".into(),
+        msg: format!("no repacked kernel for {}", a.dtype),
+    })?;
+    let k = a.ne[0];
+    let bs = a.dtype.block_size();
+    let nb = k / bs;
+    let gbb = group_block_bytes(a.dtype);
+    let abb = act_block_bytes(a.dtype);
+    let rb = act_row_bytes(a.dtype, k);
+    let chunk = (CHUNK_K / bs).max(1);
+    let (m, n) = (d.ne[0], d.ne[1]);
+    let groups = m / REPACK_ROWS;
+    let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
+    let tiles_m = groups.div_ceil(TASK_GROUPS);
+    let tiles_n = n.div_ceil(TASK_COLS);
+    let per_batch = tiles_m * tiles_n;
+    let total = per_batch * d.ne[2] * d.ne[3];
+    let mut acc = [[0f32; 8]; TASK_GROUPS * TASK_COLS];
+    loop {
+        let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
+        if c >= total {
+            break;
+        }
+        let batch = c / per_batch;
+        let t = c % per_batch;
+        let (i2, i3) = (batch % d.ne[2], batch / d.ne[2]);
+        let (tn, tm) = (t % tiles_n, t / tiles_n);
+        let (g0, g1) = (tm * TASK_GROUPS, ((tm + 1) * TASK_GROUPS).min(groups));
+        let (j0, j1) = (tn * TASK_COLS, ((tn + 1) * TASK_COLS).min(n));
+        let ncols = j1 - j0;
+        let group = |g: usize| -> &[u8] {
+            // SAFETY: the repacked weights are contiguous (set_tensor / build checks); the matrix
+            // (i2 / r2, i3 / r3) is inside a's shape; group g < m / 8 spans 8 rows of nb blocks.
+            unsafe {
+                let base = a.ptr.add((i2 / r2) * a.nb[2] + (i3 / r3) * a.nb[3]);
+                std::slice::from_raw_parts(base.add(g * REPACK_ROWS * a.nb[1]), nb * gbb)
+            }
+        };
+        let col = |j: usize| -> &[u8] {
+            // SAFETY: column j < n of batch (i2, i3) was converted in phase 0 into row
+            // ((i3 * ne2 + i2) * ne1 + j) of `rb` bytes; the work buffer lives for the compute.
+            unsafe {
+                let row = (i3 * b.ne[2] + i2) * b.ne[1] + j;
+                std::slice::from_raw_parts(ctx.work.add(row * rb), nb * abb)
+            }
+        };
+        let acc = &mut acc[..(g1 - g0) * ncols];
+        acc.iter_mut().for_each(|a| *a = [0.0; 8]);
+        let mut kb = 0;
+        while kb < nb {
+            let ke = (kb + chunk).min(nb);
+            for g in g0..g1 {
+                let xg = &group(g)[kb * gbb..ke * gbb];
+                let mut j = 0;
+                while j < ncols {
+                    let nc = (ncols - j).min(REPACK_NC);
+                    let ys: [&[u8]; REPACK_NC] =
+                        std::array::from_fn(|q| &col(j0 + j + q.min(nc - 1))[kb * abb..ke * abb]);
+                    let base = (g - g0) * ncols + j;
+                    kern(xg, &ys[..nc], &mut acc[base..base + nc]);
+                    j += nc;
+                }
+            }
+            kb = ke;
+        }
+        for g in g0..g1 {
+            for jj in 0..ncols {
+                let v = &acc[(g - g0) * ncols + jj];
+                for (r, &val) in v.iter().enumerate() {
+                    let i = g * REPACK_ROWS + r;
+                    // SAFETY: i < m and j0 + jj < n: the element belongs to this task's tile,
+                    // which only this worker took.
+                    unsafe {
+                        *(d.ptr.add(i * d.nb[0] + (j0 + jj) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
+                            as *mut f32) = val;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
