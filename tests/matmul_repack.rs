@@ -6,14 +6,13 @@
 mod common;
 
 use common::{matmul_f64, nmse, rand_f32, tiers};
+use quantgraph::backend::repack::REPACK_TYPES;
 use quantgraph::kernels::{Isa, set_isa};
 use quantgraph::quant::{dequantize, quantize};
 use quantgraph::{Buffer, BufferType, CpuBackend, CpuRepackBufferType, DType, Graph, Plan};
 use std::sync::Mutex;
 
 static ISA_LOCK: Mutex<()> = Mutex::new(());
-
-const REPACK_TYPES: [DType; 3] = [DType::Q4_0, DType::IQ4_NL, DType::MXFP4];
 
 struct Case {
     ty: DType,

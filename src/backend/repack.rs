@@ -3,10 +3,10 @@
 //! is this crate's own, it is never written to files).
 //!
 //! A group of 8 consecutive rows is stored block by block: for block `b`, each field of the
-//! block (ggml's struct, `src/ggml-common.h`) appears once for the 8 rows, in the struct's field
-//! order. Scalar fields (scales, mins, `d`) are the 8 rows' fields one after the other. Quant
+//! block (ggml's struct, `src/ggml-common.h`) appears once for the 8 rows, scales first. Scalar fields (scales, mins, `d`) are the 8 rows' fields one after the other. Quant
 //! fields are interleaved in 4-byte chunks: chunk `c` of row `r` lands at byte `32 c + 4 r`, so
 //! one 32-byte load holds the same 4 (or 8, two nibbles per byte) elements of all 8 rows. The
+//! K-quants' sub-block scales are stored transposed (byte `j` of row `r` at `8 j + r`). The
 //! layout has exactly the plain size, so a repacked tensor costs no extra memory, and the plain
 //! bytes are not kept: `Buffer::set_tensor` writes the interleaved form directly.
 
@@ -25,17 +25,23 @@ enum Field {
     Plain(usize),
     /// `n` bytes per row (a multiple of 4), interleaved in 4-byte chunks.
     Chunk4(usize),
+    /// `n` bytes per row stored transposed: byte `j` of row `r` at `8 j + r` (per-sub-block
+    /// scales, so that one 8-byte load gives a sub-block's scales for the 8 rows).
+    Transposed(usize),
 }
 
-/// The fields of one block of each repackable type, in ggml's struct order.
-fn fields(dtype: DType) -> Option<&'static [Field]> {
-    use Field::{Chunk4, Plain};
+/// The fields of one block of each repackable type in their repacked order (scales first, so a
+/// kernel walks each group block front to back), with their byte offsets in ggml's struct.
+fn fields(dtype: DType) -> Option<&'static [(usize, Field)]> {
+    use Field::{Chunk4, Plain, Transposed};
     Some(match dtype {
-        DType::Q4_0 | DType::IQ4_NL => &[Plain(2), Chunk4(16)],
-        DType::MXFP4 => &[Plain(1), Chunk4(16)],
-        DType::Q4_K => &[Plain(2), Plain(2), Plain(12), Chunk4(128)],
-        DType::Q6_K => &[Chunk4(128), Chunk4(64), Plain(16), Plain(2)],
-        DType::Q2_K => &[Plain(16), Chunk4(64), Plain(2), Plain(2)],
+        DType::Q4_0 | DType::IQ4_NL => &[(0, Plain(2)), (2, Chunk4(16))],
+        DType::MXFP4 => &[(0, Plain(1)), (1, Chunk4(16))],
+        DType::Q4_K => &[(0, Plain(2)), (2, Plain(2)), (4, Transposed(12)), (16, Chunk4(128))],
+        DType::Q6_K => {
+            &[(208, Plain(2)), (192, Transposed(16)), (0, Chunk4(128)), (128, Chunk4(64))]
+        }
+        DType::Q2_K => &[(80, Plain(2)), (82, Plain(2)), (0, Transposed(16)), (16, Chunk4(64))],
         _ => return None,
     })
 }
@@ -125,9 +131,8 @@ fn transform(dtype: DType, ne: &[usize; 4], src: &[u8], dst: &mut [u8], pack: bo
         for b in 0..nb {
             // Byte offset of block b of the group in the interleaved layout, and of the field.
             let mut po = base + b * bs * REPACK_ROWS;
-            let mut fo = 0;
-            for f in fl {
-                match *f {
+            for &(fo, f) in fl {
+                match f {
                     Field::Plain(len) => {
                         for r in 0..REPACK_ROWS {
                             let plain = base + r * row + b * bs + fo;
@@ -135,7 +140,15 @@ fn transform(dtype: DType, ne: &[usize; 4], src: &[u8], dst: &mut [u8], pack: bo
                             copy(src, dst, plain, packed, len, pack);
                         }
                         po += REPACK_ROWS * len;
-                        fo += len;
+                    }
+                    Field::Transposed(len) => {
+                        for j in 0..len {
+                            for r in 0..REPACK_ROWS {
+                                let plain = base + r * row + b * bs + fo + j;
+                                copy(src, dst, plain, po + REPACK_ROWS * j + r, 1, pack);
+                            }
+                        }
+                        po += REPACK_ROWS * len;
                     }
                     Field::Chunk4(len) => {
                         for c in 0..len / 4 {
@@ -146,7 +159,6 @@ fn transform(dtype: DType, ne: &[usize; 4], src: &[u8], dst: &mut [u8], pack: bo
                             }
                         }
                         po += REPACK_ROWS * len;
-                        fo += len;
                     }
                 }
             }
@@ -174,8 +186,8 @@ mod tests {
             let sum: usize = fields(t)
                 .unwrap()
                 .iter()
-                .map(|f| match *f {
-                    Field::Plain(n) | Field::Chunk4(n) => n,
+                .map(|(_, f)| match *f {
+                    Field::Plain(n) | Field::Chunk4(n) | Field::Transposed(n) => n,
                 })
                 .sum();
             assert_eq!(sum, t.type_size(), "{t}");

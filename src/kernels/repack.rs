@@ -16,14 +16,14 @@ use crate::dtype::DType;
 use crate::quant::fp4::{KVALUES_MXFP4, e8m0_to_fp32_half};
 use crate::quant::iq::grids::KVALUES_IQ4NL;
 
-/// Activation rows one kernel call takes at most.
+/// Activation rows the AVX2 kernels of the 32-element types keep in registers at once.
 pub(crate) const REPACK_NC: usize = 4;
 
 /// Bytes of one activation block in the [`Y0`] format.
 pub(crate) const Y0_BYTES: usize = 40;
 
-/// Kernel on repacked weights: `x` whole 8-row group blocks, `y` up to [`REPACK_NC`] activation
-/// rows covering the same K range, `acc[c]` the 8 rows' accumulators for activation row `c`.
+/// Kernel on repacked weights: `x` whole 8-row group blocks, `y` activation rows covering the same
+/// K range, `acc[c]` the 8 rows' accumulators for activation row `c` (`acc.len() == y.len()`).
 pub(crate) type RepackGemmFn = fn(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]);
 
 /// A 32-element activation block: Q8_0 levels with their f32 scale and their sum.
@@ -126,12 +126,183 @@ pub(crate) fn gemm_mxfp4_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     x8_q0::<KIND_MXFP4>(x, y, acc);
 }
 
+pub(crate) const KIND_Q4_K: u8 = 3;
+pub(crate) const KIND_Q6_K: u8 = 4;
+pub(crate) const KIND_Q2_K: u8 = 5;
+
+/// Bytes of one 8-row super-block group of each K type.
+pub(crate) const fn k_group_bytes(kind: u8) -> usize {
+    match kind {
+        KIND_Q4_K => 8 * 144,
+        KIND_Q6_K => 8 * 210,
+        _ => 8 * 84,
+    }
+}
+
+/// Sub-blocks per super-block.
+pub(crate) const fn k_subblocks(kind: u8) -> usize {
+    if kind == KIND_Q4_K { 8 } else { 16 }
+}
+
+/// Q8_K activation block: `d` at 0, levels at 4, the 16 sums of 16 levels at 260.
+pub(crate) const Q8K_QS: usize = 4;
+pub(crate) const Q8K_BSUMS: usize = 260;
+pub(crate) const Q8K_BYTES: usize = 292;
+
+/// The scales of one 8-row K-quant super-block group, rows last (`[sub-block][row]`).
+pub(crate) struct KScales {
+    /// Super-block scale of each row.
+    pub d: [f32; 8],
+    /// Super-block scale of the mins (Q4_K, Q2_K).
+    pub dmin: [f32; 8],
+    /// Integer scale of each sub-block.
+    pub sc: [[i16; 8]; 16],
+    /// Integer weight of each sub-block's activation sum: the mins (Q4_K, Q2_K) or the scales
+    /// (Q6_K, whose levels are stored +32).
+    pub w: [[i16; 8]; 16],
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], o: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[o], b[o + 1]])).to_f32()
+}
+
+/// Decodes the scales of a group block (see `backend::repack` for the field order).
+#[inline(always)]
+pub(crate) fn k_scales<const KIND: u8>(xb: &[u8]) -> KScales {
+    let mut k = KScales { d: [0.0; 8], dmin: [0.0; 8], sc: [[0; 8]; 16], w: [[0; 8]; 16] };
+    for r in 0..8 {
+        match KIND {
+            KIND_Q4_K => {
+                k.d[r] = f16_at(xb, 2 * r);
+                k.dmin[r] = f16_at(xb, 16 + 2 * r);
+                let q: [u8; 12] = std::array::from_fn(|j| xb[32 + 8 * j + r]);
+                for j in 0..8 {
+                    let (sc, m) = crate::quant::kquants::helpers::get_scale_min_k4(j, &q);
+                    k.sc[j][r] = sc as i16;
+                    k.w[j][r] = m as i16;
+                }
+            }
+            KIND_Q6_K => {
+                k.d[r] = f16_at(xb, 2 * r);
+                for j in 0..16 {
+                    let sc = xb[16 + 8 * j + r] as i8 as i16;
+                    k.sc[j][r] = sc;
+                    k.w[j][r] = sc;
+                }
+            }
+            _ => {
+                k.d[r] = f16_at(xb, 2 * r);
+                k.dmin[r] = f16_at(xb, 16 + 2 * r);
+                for j in 0..16 {
+                    let b = xb[32 + 8 * j + r];
+                    k.sc[j][r] = (b & 15) as i16;
+                    k.w[j][r] = (b >> 4) as i16;
+                }
+            }
+        }
+    }
+    k
+}
+
+/// Byte `i` of row `r`'s 4-byte-chunked field starting at `off`.
+#[inline(always)]
+fn chunked(xb: &[u8], off: usize, r: usize, i: usize) -> u8 {
+    xb[off + 32 * (i / 4) + 4 * r + i % 4]
+}
+
+/// The unsigned level of element `e` of row `r` (Q6_K: level + 32).
+#[inline(always)]
+fn k_level<const KIND: u8>(xb: &[u8], r: usize, e: usize) -> i32 {
+    match KIND {
+        KIND_Q4_K => {
+            let (sb, l) = (e / 32, e % 32);
+            let byte = chunked(xb, 128, r, 32 * (sb / 2) + l);
+            (if sb % 2 == 0 { byte & 15 } else { byte >> 4 }) as i32
+        }
+        KIND_Q6_K => {
+            let (n, t, l) = (e / 128, (e % 128) / 32, e % 32);
+            let ql = chunked(xb, 144, r, 64 * n + 32 * (t & 1) + l);
+            let nib = if t < 2 { ql & 15 } else { ql >> 4 };
+            let qh = chunked(xb, 1168, r, 32 * n + l);
+            (nib | (((qh >> (2 * t)) & 3) << 4)) as i32
+        }
+        _ => {
+            let (n, j, l) = (e / 128, (e % 128) / 32, e % 32);
+            ((chunked(xb, 160, r, 32 * n + l) >> (2 * j)) & 3) as i32
+        }
+    }
+}
+
+/// Sum of the activation levels of sub-block `sb` from the Q8_K sums of 16.
+#[inline(always)]
+pub(crate) fn k_ysum<const KIND: u8>(bsums: &[i16; 16], sb: usize) -> i32 {
+    if KIND == KIND_Q4_K {
+        bsums[2 * sb] as i32 + bsums[2 * sb + 1] as i32
+    } else {
+        bsums[sb] as i32
+    }
+}
+
+fn x8_k<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    let gb = k_group_bytes(KIND);
+    let nsb = k_subblocks(KIND);
+    let sbl = 256 / nsb;
+    let nb = x.len() / gb;
+    for b in 0..nb {
+        let xb = &x[b * gb..(b + 1) * gb];
+        let k = k_scales::<KIND>(xb);
+        for (yc, a) in y.iter().zip(acc.iter_mut()) {
+            let yb = &yc[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
+            let dy = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+            let bs: [i16; 16] = std::array::from_fn(|i| {
+                i16::from_le_bytes([yb[Q8K_BSUMS + 2 * i], yb[Q8K_BSUMS + 2 * i + 1]])
+            });
+            for (r, ar) in a.iter_mut().enumerate() {
+                let (mut isum, mut iw) = (0i32, 0i32);
+                for sb in 0..nsb {
+                    let mut dot = 0i32;
+                    for e in sb * sbl..(sb + 1) * sbl {
+                        dot += k_level::<KIND>(xb, r, e) * yb[Q8K_QS + e] as i8 as i32;
+                    }
+                    isum += k.sc[sb][r] as i32 * dot;
+                    iw += k.w[sb][r] as i32 * k_ysum::<KIND>(&bs, sb);
+                }
+                if KIND == KIND_Q6_K {
+                    *ar = ((isum - 32 * iw) as f32).mul_add(k.d[r] * dy, *ar);
+                } else {
+                    *ar = (isum as f32).mul_add(k.d[r] * dy, *ar);
+                    *ar = (iw as f32).mul_add(k.dmin[r] * -dy, *ar);
+                }
+            }
+        }
+    }
+}
+
+/// Q4_K x 8 rows against Q8_K activations.
+pub(crate) fn gemm_q4_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    x8_k::<KIND_Q4_K>(x, y, acc);
+}
+
+/// Q6_K x 8 rows against Q8_K activations.
+pub(crate) fn gemm_q6_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    x8_k::<KIND_Q6_K>(x, y, acc);
+}
+
+/// Q2_K x 8 rows against Q8_K activations.
+pub(crate) fn gemm_q2_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    x8_k::<KIND_Q2_K>(x, y, acc);
+}
+
 /// The scalar kernel for repacked weights of type `d`.
 pub(crate) fn scalar_kernel(d: DType) -> Option<RepackGemmFn> {
     Some(match d {
         DType::Q4_0 => gemm_q4_0_x8,
         DType::IQ4_NL => gemm_iq4_nl_x8,
         DType::MXFP4 => gemm_mxfp4_x8,
+        DType::Q4_K => gemm_q4_k_x8,
+        DType::Q6_K => gemm_q6_k_x8,
+        DType::Q2_K => gemm_q2_k_x8,
         _ => return None,
     })
 }

@@ -13,7 +13,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::repack::{REPACK_NC, act_block_bytes, group_block_bytes, q8_0_to_y0};
+use crate::kernels::repack::{act_block_bytes, group_block_bytes, q8_0_to_y0};
 use crate::plan::{ExecNode, align_up};
 use std::sync::atomic::Ordering;
 
@@ -102,7 +102,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
     let gbb = group_block_bytes(a.dtype);
     let abb = act_block_bytes(a.dtype);
     let rb = act_row_bytes(a.dtype, k);
-    let chunk = (CHUNK_K / bs).max(1);
+    // K chunks keep a task's weights in cache while its columns use them; with few columns
+    // (decode) there is nothing to share and each group streams straight through.
+    let chunk = if d.ne[1] <= 4 { nb } else { (CHUNK_K / bs).max(1) };
     let (m, n) = (d.ne[0], d.ne[1]);
     let groups = m / REPACK_ROWS;
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
@@ -146,15 +148,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
             let ke = (kb + chunk).min(nb);
             for g in g0..g1 {
                 let xg = &group(g)[kb * gbb..ke * gbb];
-                let mut j = 0;
-                while j < ncols {
-                    let nc = (ncols - j).min(REPACK_NC);
-                    let ys: [&[u8]; REPACK_NC] =
-                        std::array::from_fn(|q| &col(j0 + j + q.min(nc - 1))[kb * abb..ke * abb]);
-                    let base = (g - g0) * ncols + j;
-                    kern(xg, &ys[..nc], &mut acc[base..base + nc]);
-                    j += nc;
-                }
+                let ys: [&[u8]; TASK_COLS] =
+                    std::array::from_fn(|q| &col(j0 + q.min(ncols - 1))[kb * abb..ke * abb]);
+                let base = (g - g0) * ncols;
+                kern(xg, &ys[..ncols], &mut acc[base..base + ncols]);
             }
             kb = ke;
         }

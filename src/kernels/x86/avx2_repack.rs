@@ -15,7 +15,10 @@ use std::arch::x86_64::*;
 
 use crate::dtype::DType;
 use crate::kernels::KernelTable;
-use crate::kernels::repack::{KIND_IQ4_NL, KIND_MXFP4, KIND_Q4_0, REPACK_NC, Y0_BYTES};
+use crate::kernels::repack::{
+    KIND_IQ4_NL, KIND_MXFP4, KIND_Q2_K, KIND_Q4_0, KIND_Q4_K, KIND_Q6_K, Q8K_BSUMS, Q8K_BYTES,
+    Q8K_QS, REPACK_NC, Y0_BYTES, k_group_bytes, k_subblocks, k_ysum,
+};
 use crate::quant::fp4::{KVALUES_MXFP4, e8m0_to_fp32_half};
 use crate::quant::iq::grids::KVALUES_IQ4NL;
 
@@ -24,6 +27,183 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_repack(DType::Q4_0, gemm_q4_0_x8);
     t.set_repack(DType::IQ4_NL, gemm_iq4_nl_x8);
     t.set_repack(DType::MXFP4, gemm_mxfp4_x8);
+    t.set_repack(DType::Q4_K, gemm_q4_k_x8);
+    t.set_repack(DType::Q6_K, gemm_q6_k_x8);
+    t.set_repack(DType::Q2_K, gemm_q2_k_x8);
+}
+
+fn gemm_q4_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    kq::<KIND_Q4_K>(x, y, acc);
+}
+
+fn gemm_q6_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    kq::<KIND_Q6_K>(x, y, acc);
+}
+
+fn gemm_q2_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    kq::<KIND_Q2_K>(x, y, acc);
+}
+
+#[inline(always)]
+fn kq<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    let gb = k_group_bytes(KIND);
+    let nb = x.len() / gb;
+    assert!(acc.len() == y.len(), "repack kernel: bad column count");
+    assert!(y.iter().all(|c| c.len() >= nb * Q8K_BYTES), "repack kernel: activations too short");
+    for b in 0..nb {
+        let xb = &x[b * gb..(b + 1) * gb];
+        // SAFETY: `plug` installs these wrappers only on CPUs with AVX2, FMA and F16C; xb is one
+        // whole group block and every y row holds block b (checked above).
+        unsafe { kq_block::<KIND>(xb, b, y, acc) };
+    }
+}
+
+/// The unsigned levels of a whole group block, step by step (elements 4s..4s + 4 of the 8 rows).
+///
+/// # Safety
+/// AVX2 is available and `p` points at a whole group block of `KIND`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn k_levels<const KIND: u8>(p: *const u8) -> [__m256i; 64] {
+    // SAFETY: every load below stays inside the group block (layout in backend::repack).
+    let ld = |o: usize| unsafe { _mm256_loadu_si256(p.add(o) as *const __m256i) };
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(3);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut u = [_mm256_setzero_si256(); 64];
+    match KIND {
+        KIND_Q4_K => {
+            for j in 0..4 {
+                for s in 0..8 {
+                    let raw = ld(128 + 32 * (8 * j + s));
+                    u[16 * j + s] = _mm256_and_si256(raw, m4);
+                    u[16 * j + 8 + s] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                }
+            }
+        }
+        KIND_Q2_K => {
+            for n in 0..2 {
+                for lc in 0..8 {
+                    let raw = ld(160 + 32 * (8 * n + lc));
+                    u[32 * n + lc] = _mm256_and_si256(raw, m3);
+                    u[32 * n + 8 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 2), m3);
+                    u[32 * n + 16 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m3);
+                    u[32 * n + 24 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 6), m3);
+                }
+            }
+        }
+        _ => {
+            for n in 0..2 {
+                for lc in 0..8 {
+                    let qa = ld(144 + 32 * (16 * n + lc));
+                    let qb = ld(144 + 32 * (16 * n + 8 + lc));
+                    let qh = ld(1168 + 32 * (8 * n + lc));
+                    let (la, lb) = (_mm256_and_si256(qa, m4), _mm256_and_si256(qb, m4));
+                    let ha = _mm256_and_si256(_mm256_srli_epi16(qa, 4), m4);
+                    let hb = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
+                    let h0 = _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30);
+                    let h1 = _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30);
+                    let h2 = _mm256_and_si256(qh, m30);
+                    let h3 = _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30);
+                    u[32 * n + lc] = _mm256_or_si256(la, h0);
+                    u[32 * n + 8 + lc] = _mm256_or_si256(lb, h1);
+                    u[32 * n + 16 + lc] = _mm256_or_si256(ha, h2);
+                    u[32 * n + 24 + lc] = _mm256_or_si256(hb, h3);
+                }
+            }
+        }
+    }
+    u
+}
+
+/// One super-block of one 8-row group against every activation row.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available; `xb` is one group block of `KIND`; every `y` row holds at
+/// least `b + 1` Q8_K blocks; `acc.len() == y.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kq_block<const KIND: u8>(xb: &[u8], b: usize, y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    let direct = y.len() <= REPACK_NC;
+    let p = xb.as_ptr();
+    // Scales duplicated into both 16-bit halves of each row's 32-bit lane; the bsum weights of
+    // sub-blocks (2q, 2q + 1) side by side in each row's lane. The scales are stored transposed
+    // (8 bytes per sub-block, one per row), so each sub-block's are one 8-byte load.
+    // SAFETY: every load below stays inside the group block.
+    let ld8 = |o: usize| unsafe { _mm_loadl_epi64(p.add(o) as *const __m128i) };
+    let mut sc16 = [_mm_setzero_si128(); 16];
+    let mut w16 = [_mm_setzero_si128(); 16];
+    let (dv, dminv);
+    match KIND {
+        KIND_Q4_K => {
+            let q: [__m128i; 12] = std::array::from_fn(|j| ld8(32 + 8 * j));
+            let m63 = _mm_set1_epi8(63);
+            let m0f = _mm_set1_epi8(0x0F);
+            let m03 = _mm_set1_epi8(3);
+            let top2 = |v: __m128i| _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(v, 6), m03), 4);
+            for j in 0..8 {
+                let (sc, m) = if j < 4 {
+                    (_mm_and_si128(q[j], m63), _mm_and_si128(q[j + 4], m63))
+                } else {
+                    (
+                        _mm_or_si128(_mm_and_si128(q[j + 4], m0f), top2(q[j - 4])),
+                        _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q[j + 4], 4), m0f), top2(q[j])),
+                    )
+                };
+                sc16[j] = _mm_cvtepu8_epi16(sc);
+                w16[j] = _mm_cvtepu8_epi16(m);
+            }
+            // SAFETY: 8 f16 scales at 0 and 8 f16 mins at 16.
+            unsafe {
+                dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+                dminv = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
+            }
+        }
+        KIND_Q2_K => {
+            let m0f = _mm_set1_epi8(0x0F);
+            for j in 0..16 {
+                let v = ld8(32 + 8 * j);
+                sc16[j] = _mm_cvtepu8_epi16(_mm_and_si128(v, m0f));
+                w16[j] = _mm_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), m0f));
+            }
+            // SAFETY: 8 f16 scales at 0 and 8 f16 mins at 16.
+            unsafe {
+                dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+                dminv = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
+            }
+        }
+        _ => {
+            for j in 0..16 {
+                sc16[j] = _mm_cvtepi8_epi16(ld8(16 + 8 * j));
+                w16[j] = sc16[j];
+            }
+            // SAFETY: 8 f16 scales at 0.
+            dv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) });
+            dminv = _mm256_setzero_ps();
+        }
+    }
+    let scv: [__m256i; 16] = std::array::from_fn(|j| {
+        _mm256_set_m128i(_mm_unpackhi_epi16(sc16[j], sc16[j]), _mm_unpacklo_epi16(sc16[j], sc16[j]))
+    });
+    let wp: [__m256i; 8] = std::array::from_fn(|q| {
+        let (a, b) = (w16[(2 * q) % 16], w16[(2 * q + 1) % 16]);
+        _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b))
+    });
+    // Few columns: the levels are decoded where they are used; many: once for all of them.
+    // SAFETY: p is a whole group block (caller contract).
+    let u = if direct { None } else { Some(unsafe { k_levels::<KIND>(p) }) };
+    let ks = KBlock { p, u: u.as_ref(), scv: &scv, wp: &wp, dv, dminv };
+    for (yq, aq) in y.chunks(REPACK_NC).zip(acc.chunks_mut(REPACK_NC)) {
+        // SAFETY: same contract as this function, for a quad of columns.
+        unsafe {
+            match (yq.len(), direct) {
+                (1, _) => kq_cols::<KIND, 1, true>(&ks, b, yq, aq),
+                (2, _) => kq_cols::<KIND, 2, true>(&ks, b, yq, aq),
+                (3, _) => kq_cols::<KIND, 3, true>(&ks, b, yq, aq),
+                (_, true) => kq_cols::<KIND, 4, true>(&ks, b, yq, aq),
+                _ => kq_cols::<KIND, 4, false>(&ks, b, yq, aq),
+            }
+        }
+    }
 }
 
 fn gemm_q4_0_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
@@ -45,17 +225,19 @@ const fn q0_group_bytes(kind: u8) -> usize {
 #[inline(always)]
 fn q0<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     let nb = x.len() / q0_group_bytes(KIND);
-    assert!(acc.len() == y.len() && y.len() <= REPACK_NC, "repack kernel: bad column count");
+    assert!(acc.len() == y.len(), "repack kernel: bad column count");
     assert!(y.iter().all(|c| c.len() >= nb * Y0_BYTES), "repack kernel: activations too short");
-    // SAFETY: `plug` installs these wrappers only on CPUs with AVX2, FMA and F16C; x holds `nb`
-    // group blocks and every y row `nb` activation blocks (checked above); acc has y.len() rows.
-    unsafe {
-        match y.len() {
-            1 => q0_kernel::<KIND, 1>(nb, x.as_ptr(), y, acc),
-            2 => q0_kernel::<KIND, 2>(nb, x.as_ptr(), y, acc),
-            3 => q0_kernel::<KIND, 3>(nb, x.as_ptr(), y, acc),
-            4 => q0_kernel::<KIND, 4>(nb, x.as_ptr(), y, acc),
-            _ => {}
+    for (y, acc) in y.chunks(REPACK_NC).zip(acc.chunks_mut(REPACK_NC)) {
+        // SAFETY: `plug` installs these wrappers only on CPUs with AVX2, FMA and F16C; x holds
+        // `nb` group blocks and every y row `nb` activation blocks (checked above); acc has
+        // y.len() rows.
+        unsafe {
+            match y.len() {
+                1 => q0_kernel::<KIND, 1>(nb, x.as_ptr(), y, acc),
+                2 => q0_kernel::<KIND, 2>(nb, x.as_ptr(), y, acc),
+                3 => q0_kernel::<KIND, 3>(nb, x.as_ptr(), y, acc),
+                _ => q0_kernel::<KIND, 4>(nb, x.as_ptr(), y, acc),
+            }
         }
     }
 }
@@ -158,5 +340,241 @@ unsafe fn q0_kernel<const KIND: u8, const NC: usize>(
     for c in 0..NC {
         // SAFETY: acc has NC entries of 8 floats.
         unsafe { _mm256_storeu_ps(acc[c].as_mut_ptr(), av[c]) };
+    }
+}
+
+/// A decoded group block: levels (unless decoded on the fly), scales and bsum weights.
+struct KBlock<'a> {
+    p: *const u8,
+    u: Option<&'a [__m256i; 64]>,
+    scv: &'a [__m256i; 16],
+    wp: &'a [__m256i; 8],
+    dv: __m256,
+    dminv: __m256,
+}
+
+/// The block's integer sums `sum_sb scale[sb] * dot(levels[sb], y[sb])` for NC activation rows,
+/// decoding the levels where they are used (few columns: nothing to share a decoded copy with).
+///
+/// # Safety
+/// AVX2 is available, `p` points at a whole group block of `KIND` and every `yb[c]` at a whole
+/// Q8_K block.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn k_isum_direct<const KIND: u8, const NC: usize>(
+    p: *const u8,
+    yb: &[*const u8; NC],
+    scv: &[__m256i; 16],
+) -> [__m256i; NC] {
+    // SAFETY: offsets stay inside the group block (layout in backend::repack).
+    let ld = |o: usize| unsafe { _mm256_loadu_si256(p.add(o) as *const __m256i) };
+    // SAFETY: step s reads levels 4s..4s + 4 of each activation block.
+    let bc = |c: usize, s: usize| unsafe {
+        _mm256_set1_epi32((yb[c].add(Q8K_QS + 4 * s) as *const i32).read_unaligned())
+    };
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut isum = [_mm256_setzero_si256(); NC];
+    let z = _mm256_setzero_si256();
+    match KIND {
+        KIND_Q4_K => {
+            for j in 0..4 {
+                let (mut lo, mut hi) = ([z; NC], [z; NC]);
+                for s in 0..8 {
+                    let raw = ld(128 + 32 * (8 * j + s));
+                    let ul = _mm256_and_si256(raw, m4);
+                    let uh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    for c in 0..NC {
+                        lo[c] =
+                            _mm256_add_epi16(lo[c], _mm256_maddubs_epi16(ul, bc(c, 16 * j + s)));
+                        hi[c] = _mm256_add_epi16(
+                            hi[c],
+                            _mm256_maddubs_epi16(uh, bc(c, 16 * j + 8 + s)),
+                        );
+                    }
+                }
+                for c in 0..NC {
+                    let v = _mm256_add_epi32(
+                        _mm256_madd_epi16(lo[c], scv[2 * j]),
+                        _mm256_madd_epi16(hi[c], scv[2 * j + 1]),
+                    );
+                    isum[c] = _mm256_add_epi32(isum[c], v);
+                }
+            }
+        }
+        KIND_Q2_K => {
+            let m3 = _mm256_set1_epi8(3);
+            for n in 0..2 {
+                for half in 0..2 {
+                    let mut a = [[z; NC]; 4];
+                    for l4 in 0..4 {
+                        let lc = 4 * half + l4;
+                        let raw = ld(160 + 32 * (8 * n + lc));
+                        let u = [
+                            _mm256_and_si256(raw, m3),
+                            _mm256_and_si256(_mm256_srli_epi16(raw, 2), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(raw, 4), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(raw, 6), m3),
+                        ];
+                        for (j, uj) in u.iter().enumerate() {
+                            for c in 0..NC {
+                                let y = bc(c, 32 * n + 8 * j + lc);
+                                a[j][c] = _mm256_add_epi16(a[j][c], _mm256_maddubs_epi16(*uj, y));
+                            }
+                        }
+                    }
+                    for (j, aj) in a.iter().enumerate() {
+                        for c in 0..NC {
+                            let v = _mm256_madd_epi16(aj[c], scv[8 * n + 2 * j + half]);
+                            isum[c] = _mm256_add_epi32(isum[c], v);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {
+            let m30 = _mm256_set1_epi8(0x30);
+            for n in 0..2 {
+                // Steps lc, lc + 1 of the four 32-element quarters t: sub-blocks 8n + 2t + lc / 4.
+                for lp in 0..4 {
+                    let (mut a0, mut a1, mut a2, mut a3) = ([z; NC], [z; NC], [z; NC], [z; NC]);
+                    for l2 in 0..2 {
+                        let lc = 2 * lp + l2;
+                        let qa = ld(144 + 32 * (16 * n + lc));
+                        let qb = ld(144 + 32 * (16 * n + 8 + lc));
+                        let qh = ld(1168 + 32 * (8 * n + lc));
+                        let u0 = _mm256_or_si256(
+                            _mm256_and_si256(qa, m4),
+                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                        );
+                        let u1 = _mm256_or_si256(
+                            _mm256_and_si256(qb, m4),
+                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                        );
+                        let u2 = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
+                            _mm256_and_si256(qh, m30),
+                        );
+                        let u3 = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                        );
+                        let s0 = 32 * n + lc;
+                        for c in 0..NC {
+                            a0[c] = _mm256_add_epi16(a0[c], _mm256_maddubs_epi16(u0, bc(c, s0)));
+                            a1[c] =
+                                _mm256_add_epi16(a1[c], _mm256_maddubs_epi16(u1, bc(c, s0 + 8)));
+                            a2[c] =
+                                _mm256_add_epi16(a2[c], _mm256_maddubs_epi16(u2, bc(c, s0 + 16)));
+                            a3[c] =
+                                _mm256_add_epi16(a3[c], _mm256_maddubs_epi16(u3, bc(c, s0 + 24)));
+                        }
+                    }
+                    let sb = 8 * n + lp / 2;
+                    for c in 0..NC {
+                        let v01 = _mm256_add_epi32(
+                            _mm256_madd_epi16(a0[c], scv[sb]),
+                            _mm256_madd_epi16(a1[c], scv[sb + 2]),
+                        );
+                        let v23 = _mm256_add_epi32(
+                            _mm256_madd_epi16(a2[c], scv[sb + 4]),
+                            _mm256_madd_epi16(a3[c], scv[sb + 6]),
+                        );
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(v01, v23));
+                    }
+                }
+            }
+        }
+    }
+    isum
+}
+
+/// NC activation rows against one decoded group block; each level load serves NC rows.
+///
+/// # Safety
+/// As [`kq_block`]; `y.len() == acc.len() == NC`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kq_cols<const KIND: u8, const NC: usize, const DIRECT: bool>(
+    k: &KBlock<'_>,
+    b: usize,
+    y: &[&[u8]],
+    acc: &mut [[f32; 8]],
+) {
+    // SAFETY: every row holds block b (caller contract).
+    let yb: [*const u8; NC] = std::array::from_fn(|c| unsafe { y[c].as_ptr().add(b * Q8K_BYTES) });
+    let nsb = k_subblocks(KIND);
+    // Steps (4 elements of the 8 rows) per sub-block, and steps summed in 16 bits before the
+    // scale is applied (levels up to 15, 3 and 63: 8, 4 and 2 steps stay below 2^15).
+    let sbs = 64 / nsb;
+    let maxs = match KIND {
+        KIND_Q4_K => 8,
+        KIND_Q2_K => 4,
+        _ => 2,
+    };
+    let mut isum = [_mm256_setzero_si256(); NC];
+    if DIRECT {
+        // SAFETY: k.p is a whole group block and yb[c] whole Q8_K blocks (caller contract).
+        isum = unsafe { k_isum_direct::<KIND, NC>(k.p, &yb, k.scv) };
+    }
+    let zero = [_mm256_setzero_si256(); 64];
+    let u = if DIRECT { &zero } else { k.u.unwrap_or(&zero) };
+    for sb in 0..if DIRECT { 0 } else { nsb } {
+        for h in 0..sbs / maxs {
+            let mut a16 = [_mm256_setzero_si256(); NC];
+            for t in 0..maxs {
+                let s = sb * sbs + h * maxs + t;
+                let us = u[s];
+                for c in 0..NC {
+                    // SAFETY: step s reads levels 4s..4s + 4 of block b of row c.
+                    let yv = unsafe {
+                        _mm256_set1_epi32(
+                            (yb[c].add(Q8K_QS + 4 * s) as *const i32).read_unaligned(),
+                        )
+                    };
+                    a16[c] = _mm256_add_epi16(a16[c], _mm256_maddubs_epi16(us, yv));
+                }
+            }
+            for c in 0..NC {
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(a16[c], k.scv[sb]));
+            }
+        }
+    }
+    for c in 0..NC {
+        // SAFETY: d and the 16 sums of 16 levels are inside block b of row c.
+        let dy = unsafe { (yb[c] as *const f32).read_unaligned() };
+        let mut iw = _mm256_setzero_si256();
+        if KIND == KIND_Q4_K {
+            // SAFETY: as above.
+            let bs: [i16; 16] = std::array::from_fn(|i| unsafe {
+                (yb[c].add(Q8K_BSUMS + 2 * i) as *const i16).read_unaligned()
+            });
+            for (q, w) in k.wp.iter().enumerate().take(nsb / 2) {
+                let lo = k_ysum::<KIND>(&bs, 2 * q) as i16 as u16 as u32;
+                let hi = k_ysum::<KIND>(&bs, 2 * q + 1) as i16 as u16 as u32;
+                let v = _mm256_set1_epi32((lo | (hi << 16)) as i32);
+                iw = _mm256_add_epi32(iw, _mm256_madd_epi16(*w, v));
+            }
+        } else {
+            // Sub-blocks of 16: the sums of sub-blocks (2q, 2q + 1) are the i32 at 4q.
+            for (q, w) in k.wp.iter().enumerate() {
+                // SAFETY: the 16 sums (32 bytes) are inside the activation block.
+                let v = unsafe {
+                    _mm256_set1_epi32((yb[c].add(Q8K_BSUMS + 4 * q) as *const i32).read_unaligned())
+                };
+                iw = _mm256_add_epi32(iw, _mm256_madd_epi16(*w, v));
+            }
+        }
+        // SAFETY: acc[c] has 8 floats.
+        let mut av = unsafe { _mm256_loadu_ps(acc[c].as_ptr()) };
+        let sd = _mm256_mul_ps(k.dv, _mm256_set1_ps(dy));
+        if KIND == KIND_Q6_K {
+            let v = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(iw, 5));
+            av = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sd, av);
+        } else {
+            av = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), sd, av);
+            let sm = _mm256_mul_ps(k.dminv, _mm256_set1_ps(-dy));
+            av = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iw), sm, av);
+        }
+        // SAFETY: acc[c] has 8 floats.
+        unsafe { _mm256_storeu_ps(acc[c].as_mut_ptr(), av) };
     }
 }
