@@ -555,7 +555,13 @@ fn train_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
 
 /// Prefill (512 tokens) and decode tokens per second of a synthetic llama model: `tiny` (the
 /// quickstart's) or `large` (8 layers, d=1024, Q4_0).
-fn model(which: &str, threads: usize, n_prompt: usize, n_gen: usize) -> quantgraph::Result<()> {
+fn model(
+    which: &str,
+    threads: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    repack: bool,
+) -> quantgraph::Result<()> {
     use quantgraph::models::llama::{Llama, LlamaConfig, WeightTypes, argmax, synthetic_gguf};
     let n_ctx = n_prompt + n_gen;
     let (cfg, types) = match which {
@@ -595,7 +601,11 @@ fn model(which: &str, threads: usize, n_prompt: usize, n_gen: usize) -> quantgra
     };
     let file = quantgraph::GgufFile::from_vec(synthetic_gguf(&cfg, types, 1)?)?;
     let be = CpuBackend::with_threads(threads)?;
-    let mut m = Llama::from_gguf(&file, None, &be)?;
+    let mut m = if repack {
+        Llama::from_gguf_repacked(&file, None, &be)?.0
+    } else {
+        Llama::from_gguf(&file, None, &be)?
+    };
     let prompt: Vec<u32> = (0..n_prompt).map(|i| ((i * 7919 + 13) % cfg.n_vocab) as u32).collect();
     let t0 = Instant::now();
     let logits = m.forward(&prompt)?;
@@ -608,9 +618,10 @@ fn model(which: &str, threads: usize, n_prompt: usize, n_gen: usize) -> quantgra
         times.push(t0.elapsed().as_secs_f64());
     }
     println!(
-        "quantgraph model {which} threads={threads} prefill_tokens={n_prompt} prefill_tok_s={:.1} decode_tok_s={:.1}",
+        "quantgraph model {which} threads={threads} prefill_tokens={n_prompt} prefill_tok_s={:.1} decode_tok_s={:.1}{}",
         n_prompt as f64 / tp,
-        1.0 / median(times)
+        1.0 / median(times),
+        if repack { " buffer=CPU_REPACK" } else { "" }
     );
     Ok(())
 }
@@ -789,6 +800,7 @@ fn main() {
             arg(&args, 2, "THREADS"),
             args.get(3).and_then(|s| s.parse().ok()).unwrap_or(512),
             args.get(4).and_then(|s| s.parse().ok()).unwrap_or(16),
+            repack,
         ),
         Some("peak") => {
             let t: usize = arg(&args, 1, "THREADS");

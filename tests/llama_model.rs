@@ -216,3 +216,36 @@ fn gguf_round_trip_loads_zero_copy_and_generates_the_same_tokens() {
     let e = Llama::from_gguf(&other, None, &be).err().unwrap().to_string();
     assert!(e.contains("mamba"), "{e}");
 }
+
+#[test]
+fn repacked_model_matches_the_plain_one() {
+    use quantgraph::GgufFile;
+    use quantgraph::models::llama::{WeightTypes, synthetic_gguf};
+    // K-quants need rows of 256; 56 vocabulary rows repack (multiple of 8).
+    let c = LlamaConfig { n_ctx: 24, n_embd: 256, n_ff: 256, n_vocab: 56, ..cfg() };
+    for types in [
+        WeightTypes { embd: DType::F16, attn: DType::Q4_0, ffn: DType::Q4_K, output: DType::Q6_K },
+        WeightTypes {
+            embd: DType::Q8_0,
+            attn: DType::IQ4_NL,
+            ffn: DType::Q2_K,
+            output: DType::MXFP4,
+        },
+    ] {
+        let bytes = synthetic_gguf(&c, types, 11).unwrap();
+        let file = GgufFile::from_vec(bytes).unwrap();
+        let be = CpuBackend::with_threads(2).unwrap();
+        let mut plain = Llama::from_gguf(&file, None, &be).unwrap();
+        let (mut rep, repacked) = Llama::from_gguf_repacked(&file, None, &be).unwrap();
+        // Every projection of the 2 layers and the output matrix, at most one byte per weight.
+        let per_layer = 2 * (c.n_embd * c.n_embd + c.n_embd * c.n_embd / 2) + 3 * c.n_embd * c.n_ff;
+        assert!(repacked > 0 && repacked <= 2 * per_layer + c.n_embd * c.n_vocab, "{repacked}");
+        let prompt = [3u32, 9, 27, 1, 40];
+        let lp = plain.forward(&prompt).unwrap();
+        let lr = rep.forward(&prompt).unwrap();
+        let want: Vec<f64> = lp.iter().map(|&v| v as f64).collect();
+        let e = common::nmse(&lr, &want);
+        assert!(e < 1e-8, "{types:?}: repacked logits NMSE {e}");
+        assert_eq!(plain.generate(&[7], 5).unwrap(), rep.generate(&[7], 5).unwrap(), "{types:?}");
+    }
+}

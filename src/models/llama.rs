@@ -406,6 +406,61 @@ impl Llama {
         }
         Llama::new(cfg, &weights, backend)
     }
+
+    /// Like [`Llama::from_gguf`], but every matrix that only feeds `mul_mat` (attention, FFN and
+    /// output projections) and that the device can repack (see
+    /// [`CpuRepackBufferType`](crate::CpuRepackBufferType): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K,
+    /// Q2_K) is copied once into one CPU_REPACK buffer in the interleaved layout; the others stay
+    /// in the file's buffer. Returns the model and the bytes repacked (the mapped file's pages of
+    /// those tensors are no longer touched, so only one copy stays resident).
+    pub fn from_gguf_repacked(
+        file: &crate::gguf::GgufFile,
+        n_ctx: Option<usize>,
+        backend: &CpuBackend,
+    ) -> Result<(Llama, usize)> {
+        use crate::backend::{BufferType, CpuRepackBufferType};
+        let cfg = LlamaConfig::from_gguf(file, n_ctx)?;
+        let buft = CpuRepackBufferType;
+        let matmul_only = |name: &str| {
+            name == "output.weight"
+                || ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+                    .iter()
+                    .any(|m| name.starts_with("blk.") && name.ends_with(&format!(".{m}.weight")))
+        };
+        let mut picked = Vec::new();
+        let mut total = 0usize;
+        for t in file.tensors() {
+            let nd = t.ne().iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
+            if matmul_only(t.name()) && buft.supports_tensor(t.dtype(), &t.ne()[..nd]) {
+                let bytes = t.dtype().row_size(t.ne()[0])? * t.ne()[1..].iter().product::<usize>();
+                picked.push((t, total, bytes));
+                total = crate::plan::align_up(total + bytes, buft.alignment());
+            }
+        }
+        let rbuf = buft.alloc(total)?;
+        let mut weights = HashMap::new();
+        for t in file.tensors() {
+            weights.insert(
+                t.name().to_string(),
+                WeightRef {
+                    dtype: t.dtype(),
+                    ne: t.ne(),
+                    buffer: file.buffer().clone(),
+                    offset: t.offset(),
+                },
+            );
+        }
+        for &(t, off, bytes) in &picked {
+            file.buffer().with_bytes(|all| {
+                rbuf.set_tensor(off, t.dtype(), &t.ne(), &all[t.offset()..t.offset() + bytes])
+            })??;
+            weights.insert(
+                t.name().to_string(),
+                WeightRef { dtype: t.dtype(), ne: t.ne(), buffer: rbuf.clone(), offset: off },
+            );
+        }
+        Ok((Llama::new(cfg, &weights, backend)?, total))
+    }
 }
 
 /// Tensor types of a synthetic model.
