@@ -52,6 +52,15 @@ fn kq<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     assert!(y.iter().all(|c| c.len() >= nb * Q8K_BYTES), "repack kernel: activations too short");
     for b in 0..nb {
         let xb = &x[b * gb..(b + 1) * gb];
+        if y.len() <= REPACK_NC {
+            // Decode streams the weights once: ask for the block after next, line by line (a
+            // hint; addresses past the end are never dereferenced).
+            let ahead = xb.as_ptr().wrapping_add(2 * gb);
+            for l in (0..gb).step_by(64) {
+                // SAFETY: prefetching is a hint with no memory access semantics.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l) as *const i8) };
+            }
+        }
         // SAFETY: `plug` installs these wrappers only on CPUs with AVX2, FMA and F16C; xb is one
         // whole group block and every y row holds block b (checked above).
         unsafe { kq_block::<KIND>(xb, b, y, acc) };
@@ -218,6 +227,9 @@ fn gemm_mxfp4_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     q0::<KIND_MXFP4>(x, y, acc);
 }
 
+/// How far ahead the single-column kernels prefetch weights.
+const PREFETCH_BYTES: usize = 1024;
+
 const fn q0_group_bytes(kind: u8) -> usize {
     if kind == KIND_MXFP4 { 136 } else { 144 }
 }
@@ -270,6 +282,13 @@ unsafe fn q0_kernel<const KIND: u8, const NC: usize>(
     for b in 0..nb {
         // SAFETY: b < nb group blocks of gb bytes (caller contract).
         let xb = unsafe { x.add(b * gb) };
+        if NC == 1 {
+            // Decode streams the weights once: ask for the lines a few blocks ahead (a hint; an
+            // address past the end is never dereferenced).
+            _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH_BYTES + 64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(xb.wrapping_add(PREFETCH_BYTES + 128) as *const i8);
+        }
         let dx = if KIND == KIND_MXFP4 {
             // SAFETY: the block starts with 8 E8M0 bytes.
             let e = |r: usize| e8m0_to_fp32_half(unsafe { *xb.add(r) });
