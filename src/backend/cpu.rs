@@ -117,7 +117,7 @@ impl BufferType for CpuBufferType {
     }
 }
 
-/// Repacked weights (ggml's CPU_REPACK): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K and Q2_K matrices with a
+/// Repacked weights (ggml's CPU_REPACK): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K, Q2_K and TQ2_0 matrices with a
 /// multiple of 8 rows, stored 8 rows interleaved for the repacked matmul kernels. Store tensors
 /// with [`Buffer::set_tensor`] (it repacks on the way in, keeping no plain copy), then bind them
 /// with `Graph::weight`; such weights can only feed `mul_mat` as its first source, with F32

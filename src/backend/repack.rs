@@ -42,13 +42,14 @@ fn fields(dtype: DType) -> Option<&'static [(usize, Field)]> {
             &[(208, Plain(2)), (192, Transposed(16)), (0, Chunk4(128)), (128, Chunk4(64))]
         }
         DType::Q2_K => &[(80, Plain(2)), (82, Plain(2)), (0, Transposed(16)), (16, Chunk4(64))],
+        DType::TQ2_0 => &[(64, Plain(2)), (0, Chunk4(64))],
         _ => return None,
     })
 }
 
 /// The types with a repacked layout (and repacked matmul kernels).
-pub const REPACK_TYPES: [DType; 6] =
-    [DType::Q4_0, DType::IQ4_NL, DType::MXFP4, DType::Q4_K, DType::Q6_K, DType::Q2_K];
+pub const REPACK_TYPES: [DType; 7] =
+    [DType::Q4_0, DType::IQ4_NL, DType::MXFP4, DType::Q4_K, DType::Q6_K, DType::Q2_K, DType::TQ2_0];
 
 pub(crate) fn shape4(ne: &[usize]) -> Result<[usize; 4]> {
     if ne.is_empty() || ne.len() > 4 {

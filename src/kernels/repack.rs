@@ -58,7 +58,7 @@ pub(crate) fn group_block_bytes(d: DType) -> usize {
 /// Bytes of one activation block (per weight block) for repacked weights of type `d`.
 pub(crate) fn act_block_bytes(d: DType) -> usize {
     match d {
-        DType::Q4_K | DType::Q6_K | DType::Q2_K => DType::Q8_K.type_size(),
+        DType::Q4_K | DType::Q6_K | DType::Q2_K | DType::TQ2_0 => DType::Q8_K.type_size(),
         _ => Y0_BYTES,
     }
 }
@@ -129,19 +129,41 @@ pub(crate) fn gemm_mxfp4_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
 pub(crate) const KIND_Q4_K: u8 = 3;
 pub(crate) const KIND_Q6_K: u8 = 4;
 pub(crate) const KIND_Q2_K: u8 = 5;
+pub(crate) const KIND_TQ2_0: u8 = 6;
+
+/// Offset of the 2-bit levels in a Q2_K / TQ2_0 group block.
+pub(crate) const fn q2_qs(kind: u8) -> usize {
+    if kind == KIND_Q2_K { 160 } else { 16 }
+}
+
+/// What the stored levels exceed the true ones by (Q6_K: +32, TQ2_0: +1); the types with 0
+/// subtract mins instead.
+pub(crate) const fn k_offset(kind: u8) -> i32 {
+    match kind {
+        KIND_Q6_K => 32,
+        KIND_TQ2_0 => 1,
+        _ => 0,
+    }
+}
 
 /// Bytes of one 8-row super-block group of each K type.
 pub(crate) const fn k_group_bytes(kind: u8) -> usize {
     match kind {
         KIND_Q4_K => 8 * 144,
         KIND_Q6_K => 8 * 210,
+        KIND_TQ2_0 => 8 * 66,
         _ => 8 * 84,
     }
 }
 
 /// Sub-blocks per super-block.
 pub(crate) const fn k_subblocks(kind: u8) -> usize {
-    if kind == KIND_Q4_K { 8 } else { 16 }
+    match kind {
+        KIND_Q4_K => 8,
+        // No scales: two halves of 128, so the 16-bit sums run 32 steps between widenings.
+        KIND_TQ2_0 => 2,
+        _ => 16,
+    }
 }
 
 /// Q8_K activation block: `d` at 0, levels at 4, the 16 sums of 16 levels at 260.
@@ -181,6 +203,13 @@ pub(crate) fn k_scales<const KIND: u8>(xb: &[u8]) -> KScales {
                     let (sc, m) = crate::quant::kquants::helpers::get_scale_min_k4(j, &q);
                     k.sc[j][r] = sc as i16;
                     k.w[j][r] = m as i16;
+                }
+            }
+            KIND_TQ2_0 => {
+                k.d[r] = f16_at(xb, 2 * r);
+                for j in 0..16 {
+                    k.sc[j][r] = 1;
+                    k.w[j][r] = 1;
                 }
             }
             KIND_Q6_K => {
@@ -229,7 +258,7 @@ fn k_level<const KIND: u8>(xb: &[u8], r: usize, e: usize) -> i32 {
         }
         _ => {
             let (n, j, l) = (e / 128, (e % 128) / 32, e % 32);
-            ((chunked(xb, 160, r, 32 * n + l) >> (2 * j)) & 3) as i32
+            ((chunked(xb, q2_qs(KIND), r, 32 * n + l) >> (2 * j)) & 3) as i32
         }
     }
 }
@@ -239,6 +268,8 @@ fn k_level<const KIND: u8>(xb: &[u8], r: usize, e: usize) -> i32 {
 pub(crate) fn k_ysum<const KIND: u8>(bsums: &[i16; 16], sb: usize) -> i32 {
     if KIND == KIND_Q4_K {
         bsums[2 * sb] as i32 + bsums[2 * sb + 1] as i32
+    } else if KIND == KIND_TQ2_0 {
+        bsums[8 * sb..8 * sb + 8].iter().map(|&v| v as i32).sum()
     } else {
         bsums[sb] as i32
     }
@@ -268,8 +299,8 @@ fn x8_k<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
                     isum += k.sc[sb][r] as i32 * dot;
                     iw += k.w[sb][r] as i32 * k_ysum::<KIND>(&bs, sb);
                 }
-                if KIND == KIND_Q6_K {
-                    *ar = ((isum - 32 * iw) as f32).mul_add(k.d[r] * dy, *ar);
+                if k_offset(KIND) > 0 {
+                    *ar = ((isum - k_offset(KIND) * iw) as f32).mul_add(k.d[r] * dy, *ar);
                 } else {
                     *ar = (isum as f32).mul_add(k.d[r] * dy, *ar);
                     *ar = (iw as f32).mul_add(k.dmin[r] * -dy, *ar);
@@ -289,6 +320,11 @@ pub(crate) fn gemm_q6_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     x8_k::<KIND_Q6_K>(x, y, acc);
 }
 
+/// TQ2_0 x 8 rows against Q8_K activations.
+pub(crate) fn gemm_tq2_0_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    x8_k::<KIND_TQ2_0>(x, y, acc);
+}
+
 /// Q2_K x 8 rows against Q8_K activations.
 pub(crate) fn gemm_q2_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     x8_k::<KIND_Q2_K>(x, y, acc);
@@ -303,6 +339,7 @@ pub(crate) fn scalar_kernel(d: DType) -> Option<RepackGemmFn> {
         DType::Q4_K => gemm_q4_k_x8,
         DType::Q6_K => gemm_q6_k_x8,
         DType::Q2_K => gemm_q2_k_x8,
+        DType::TQ2_0 => gemm_tq2_0_x8,
         _ => return None,
     })
 }

@@ -409,7 +409,7 @@ impl Llama {
 
     /// Like [`Llama::from_gguf`], but every matrix that only feeds `mul_mat` (attention, FFN and
     /// output projections) and that the device can repack (see
-    /// [`CpuRepackBufferType`](crate::CpuRepackBufferType): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K,
+    /// [`CpuRepackBufferType`](crate::CpuRepackBufferType): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K, TQ2_0,
     /// Q2_K) is copied once into one CPU_REPACK buffer in the interleaved layout; the others stay
     /// in the file's buffer. Returns the model and the bytes repacked (the mapped file's pages of
     /// those tensors are no longer touched, so only one copy stays resident).

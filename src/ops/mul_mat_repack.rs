@@ -29,7 +29,7 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
 }
 
 fn is_k_type(d: DType) -> bool {
-    matches!(d, DType::Q4_K | DType::Q6_K | DType::Q2_K)
+    matches!(d, DType::Q4_K | DType::Q6_K | DType::Q2_K | DType::TQ2_0)
 }
 
 fn act_row_bytes(a: DType, k: usize) -> usize {

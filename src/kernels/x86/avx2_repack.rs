@@ -16,8 +16,8 @@ use std::arch::x86_64::*;
 use crate::dtype::DType;
 use crate::kernels::KernelTable;
 use crate::kernels::repack::{
-    KIND_IQ4_NL, KIND_MXFP4, KIND_Q2_K, KIND_Q4_0, KIND_Q4_K, KIND_Q6_K, Q8K_BSUMS, Q8K_BYTES,
-    Q8K_QS, REPACK_NC, Y0_BYTES, k_group_bytes, k_subblocks, k_ysum,
+    KIND_IQ4_NL, KIND_MXFP4, KIND_Q2_K, KIND_Q4_0, KIND_Q4_K, KIND_Q6_K, KIND_TQ2_0, Q8K_BSUMS,
+    Q8K_BYTES, Q8K_QS, REPACK_NC, Y0_BYTES, k_group_bytes, k_offset, k_subblocks, k_ysum, q2_qs,
 };
 use crate::quant::fp4::{KVALUES_MXFP4, e8m0_to_fp32_half};
 use crate::quant::iq::grids::KVALUES_IQ4NL;
@@ -30,6 +30,12 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_repack(DType::Q4_K, gemm_q4_k_x8);
     t.set_repack(DType::Q6_K, gemm_q6_k_x8);
     t.set_repack(DType::Q2_K, gemm_q2_k_x8);
+    t.set_repack(DType::TQ2_0, gemm_tq2_0_x8);
+    t.set_from_float(DType::Q8_K, from_float_q8_k);
+}
+
+fn gemm_tq2_0_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+    kq::<KIND_TQ2_0>(x, y, acc);
 }
 
 fn gemm_q4_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
@@ -90,10 +96,10 @@ unsafe fn k_levels<const KIND: u8>(p: *const u8) -> [__m256i; 64] {
                 }
             }
         }
-        KIND_Q2_K => {
+        KIND_Q2_K | KIND_TQ2_0 => {
             for n in 0..2 {
                 for lc in 0..8 {
-                    let raw = ld(160 + 32 * (8 * n + lc));
+                    let raw = ld(q2_qs(KIND) + 32 * (8 * n + lc));
                     u[32 * n + lc] = _mm256_and_si256(raw, m3);
                     u[32 * n + 8 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 2), m3);
                     u[32 * n + 16 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m3);
@@ -179,6 +185,13 @@ unsafe fn kq_block<const KIND: u8>(xb: &[u8], b: usize, y: &[&[u8]], acc: &mut [
                 dv = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
                 dminv = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i));
             }
+        }
+        KIND_TQ2_0 => {
+            sc16 = [_mm_set1_epi16(1); 16];
+            w16 = sc16;
+            // SAFETY: 8 f16 scales at 0.
+            dv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) });
+            dminv = _mm256_setzero_ps();
         }
         _ => {
             for j in 0..16 {
@@ -420,14 +433,14 @@ unsafe fn k_isum_direct<const KIND: u8, const NC: usize>(
                 }
             }
         }
-        KIND_Q2_K => {
+        KIND_Q2_K | KIND_TQ2_0 => {
             let m3 = _mm256_set1_epi8(3);
             for n in 0..2 {
                 for half in 0..2 {
                     let mut a = [[z; NC]; 4];
                     for l4 in 0..4 {
                         let lc = 4 * half + l4;
-                        let raw = ld(160 + 32 * (8 * n + lc));
+                        let raw = ld(q2_qs(KIND) + 32 * (8 * n + lc));
                         let u = [
                             _mm256_and_si256(raw, m3),
                             _mm256_and_si256(_mm256_srli_epi16(raw, 2), m3),
@@ -527,6 +540,8 @@ unsafe fn kq_cols<const KIND: u8, const NC: usize, const DIRECT: bool>(
     let maxs = match KIND {
         KIND_Q4_K => 8,
         KIND_Q2_K => 4,
+        // Levels up to 3: 32 steps of at most 2 * 3 * 128.
+        KIND_TQ2_0 => 32,
         _ => 2,
     };
     let mut isum = [_mm256_setzero_si256(); NC];
@@ -561,7 +576,15 @@ unsafe fn kq_cols<const KIND: u8, const NC: usize, const DIRECT: bool>(
         // SAFETY: d and the 16 sums of 16 levels are inside block b of row c.
         let dy = unsafe { (yb[c] as *const f32).read_unaligned() };
         let mut iw = _mm256_setzero_si256();
-        if KIND == KIND_Q4_K {
+        if KIND == KIND_TQ2_0 {
+            // SAFETY: the 16 sums (32 bytes) are inside the activation block.
+            let bs = unsafe { _mm256_loadu_si256(yb[c].add(Q8K_BSUMS) as *const __m256i) };
+            let s = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+            iw = _mm256_broadcastd_epi32(s);
+        } else if KIND == KIND_Q4_K {
             // SAFETY: as above.
             let bs: [i16; 16] = std::array::from_fn(|i| unsafe {
                 (yb[c].add(Q8K_BSUMS + 2 * i) as *const i16).read_unaligned()
@@ -585,8 +608,11 @@ unsafe fn kq_cols<const KIND: u8, const NC: usize, const DIRECT: bool>(
         // SAFETY: acc[c] has 8 floats.
         let mut av = unsafe { _mm256_loadu_ps(acc[c].as_ptr()) };
         let sd = _mm256_mul_ps(k.dv, _mm256_set1_ps(dy));
-        if KIND == KIND_Q6_K {
-            let v = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(iw, 5));
+        if k_offset(KIND) > 0 {
+            let v = _mm256_sub_epi32(
+                isum[c],
+                _mm256_mullo_epi32(iw, _mm256_set1_epi32(k_offset(KIND))),
+            );
             av = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sd, av);
         } else {
             av = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), sd, av);
@@ -595,5 +621,85 @@ unsafe fn kq_cols<const KIND: u8, const NC: usize, const DIRECT: bool>(
         }
         // SAFETY: acc[c] has 8 floats.
         unsafe { _mm256_storeu_ps(acc[c].as_mut_ptr(), av) };
+    }
+}
+
+/// Q8_K's CPU `from_float` (activations of the K-quants): the same bytes as
+/// `quantize_row_q8_K_ref` (ggml's reference), with the scaling and rounding done 8 at a time.
+pub(crate) fn from_float_q8_k(src: &[f32], dst: &mut [u8]) {
+    for (x, y) in src.chunks_exact(256).zip(dst.chunks_exact_mut(Q8K_BYTES)) {
+        // SAFETY: only placed in a table after AVX2 was detected; x has 256 values and y 292
+        // bytes (chunks_exact).
+        unsafe { q8_k_block(x, y) };
+    }
+}
+
+/// # Safety
+/// AVX2 is available; `x` has 256 values and `y` 292 bytes.
+#[target_feature(enable = "avx2")]
+unsafe fn q8_k_block(x: &[f32], y: &mut [u8]) {
+    // The largest magnitude; NaN never wins (max keeps its second operand on NaN).
+    let sign = _mm256_set1_ps(-0.0);
+    let mut am = _mm256_setzero_ps();
+    for c in x.chunks_exact(8) {
+        // SAFETY: 8 values.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        am = _mm256_max_ps(_mm256_andnot_ps(sign, v), am);
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), am) };
+    let amax = lanes.iter().fold(0f32, |a, &b| if b > a { b } else { a });
+    y.fill(0);
+    if amax == 0.0 {
+        return;
+    }
+    // The reference keeps the first value reaching the largest magnitude, with its sign.
+    let max = x.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
+    let iscale = -127.0f32 / max;
+    let (is, magic) = (_mm256_set1_ps(iscale), _mm256_set1_ps(12582912.0));
+    let (mask, bias) = (_mm256_set1_epi32(0x007f_ffff), _mm256_set1_epi32(0x0040_0000));
+    let top = _mm256_set1_epi32(127);
+    let qs = &mut y[Q8K_QS..Q8K_QS + 256];
+    for (c, q) in x.chunks_exact(8).zip(qs.chunks_exact_mut(8)) {
+        // SAFETY: 8 values.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        // nearest_int(iscale * v): the product rounded to f32, then the 1.5 * 2^23 trick.
+        let t = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(is, v), magic));
+        let n = _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(t, mask), bias), top);
+        let mut w = [0i32; 8];
+        // SAFETY: 8 i32.
+        unsafe { _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, n) };
+        for (o, &v) in q.iter_mut().zip(&w) {
+            *o = v as i8 as u8;
+        }
+    }
+    let mut sums = [0i16; 16];
+    for (s, g) in sums.iter_mut().zip(qs.chunks_exact(16)) {
+        *s = g.iter().map(|&v| v as i8 as i32).sum::<i32>() as i16;
+    }
+    y[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    y[Q8K_BSUMS..].copy_from_slice(bytemuck::cast_slice(&sums));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn q8_k_from_float_matches_the_reference() {
+        if !crate::kernels::Isa::Avx2.is_supported() {
+            return;
+        }
+        let mut x: Vec<f32> =
+            (0..256 * 6).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.37).collect();
+        x[256..512].fill(0.0);
+        x[600] = f32::NAN;
+        x[700] = 1e30;
+        x[1100] = -3000.0;
+        x[1101] = 3000.0;
+        let mut want = vec![0u8; 292 * 6];
+        crate::quant::quantize_for_dot(crate::dtype::DType::Q8_K, &x, &mut want).unwrap();
+        let mut got = vec![0u8; 292 * 6];
+        super::from_float_q8_k(&x, &mut got);
+        assert_eq!(got, want);
     }
 }
