@@ -242,6 +242,13 @@ pub(crate) fn gemm_block(
                     let bytes = unsafe {
                         std::slice::from_raw_parts(a_row(i).add(k0 / blck * ts), kc / blck * ts)
                     };
+                    if dtype == DType::F32 {
+                        // F32 needs no conversion: scatter straight from the row.
+                        for (g, v) in strip.chunks_exact_mut(SG_MR).zip(bytes.chunks_exact(4)) {
+                            g[r] = f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+                        }
+                        continue;
+                    }
                     deq(bytes, &mut row_buf[..kc]);
                     for (g, &v) in strip.chunks_exact_mut(SG_MR).zip(&row_buf[..kc]) {
                         g[r] = v;
