@@ -26,7 +26,9 @@ pub(crate) fn sgemm_6x16(
 unsafe fn tile(kc: usize, a: *const f32, bp: *const f32, out: *mut f32, acc: bool) {
     let mut c0 = [_mm256_setzero_ps(); SG_MR];
     let mut c1 = [_mm256_setzero_ps(); SG_MR];
-    for k in 0..kc {
+    // Two k steps per iteration: fewer loop instructions per FMA (the 6x16 tile is close to
+    // the front end's width on Zen 2).
+    let step = |k: usize, c0: &mut [__m256; SG_MR], c1: &mut [__m256; SG_MR]| {
         // SAFETY: k < kc: group k of the panel and of the strip are in bounds (contract).
         unsafe {
             let b0 = _mm256_loadu_ps(bp.add(k * SG_NR));
@@ -38,6 +40,18 @@ unsafe fn tile(kc: usize, a: *const f32, bp: *const f32, out: *mut f32, acc: boo
                 c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
             }
         }
+    };
+    let mut k = 0;
+    while k + 4 <= kc {
+        step(k, &mut c0, &mut c1);
+        step(k + 1, &mut c0, &mut c1);
+        step(k + 2, &mut c0, &mut c1);
+        step(k + 3, &mut c0, &mut c1);
+        k += 4;
+    }
+    while k < kc {
+        step(k, &mut c0, &mut c1);
+        k += 1;
     }
     for r in 0..SG_MR {
         // SAFETY: `out` holds 6 rows of 16 (contract).
