@@ -80,9 +80,11 @@ macro_rules! unary_kernels {
     )*};
 }
 unary_kernels! {
-    gelu_f32 => scalar::gelu;
     relu_f32 => scalar::relu;
 }
+
+/// GELU: the gather version in `avx2_elementwise.rs` (same bits as the scalar table lookup).
+pub(crate) use super::avx2_elementwise::gelu_f32;
 
 /// Vector expf with about 1 ulp accuracy: exp(x) = 2^n * p(b) where n = round(x / ln 2) and b the
 /// reduced argument, with the coefficients and the overflow/underflow handling of the ARM
@@ -282,9 +284,15 @@ fn q8_block(x: &[f32]) -> (u16, [i8; 32], i32, f32) {
 
 /// ggml's AVX2 `quantize_row_q8_0` (Q8_0's CPU `from_float`): same bytes as the scalar emulation.
 pub(crate) fn from_float_q8_0(src: &[f32], dst: &mut [u8]) {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { from_float_q8_0_avx2(src, dst) }
+}
+
+/// The row loop compiled for AVX2 too, so `q8_block` inlines into it (no call per block).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn from_float_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
-        // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
-        let (dh, q, _, _) = unsafe { q8_block(x) };
+        let (dh, q, _, _) = q8_block(x);
         y[..2].copy_from_slice(&dh.to_le_bytes());
         y[2..].copy_from_slice(bytemuck::cast_slice(&q));
     }

@@ -6,6 +6,9 @@ mod avx2_gemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
 mod avx2_sgemm;
+// --- ops ---
+pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
+// --- end ops ---
 
 use super::KernelTable;
 
@@ -31,4 +34,7 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     avx2_iq::plug(t);
     avx2_gemm::plug(t);
     t.sgemm = avx2_sgemm::sgemm_6x16;
+    // --- ops ---
+    avx2_elementwise::plug(t);
+    // --- end ops ---
 }
