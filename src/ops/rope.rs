@@ -209,7 +209,7 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
                 let h = n_dims / 2;
                 let (cos, sin) = (cache.as_ptr(), cache.as_ptr().add(ne0.div_ceil(2)));
                 (kt.rope_rotate_f32)(h, ys, ys.add(h), xs, xs.add(h), cos, sin);
-                if n_dims < ne0 && xs != ys as *const f32 {
+                if n_dims < ne0 && !std::ptr::eq(xs, ys) {
                     std::ptr::copy_nonoverlapping(xs.add(n_dims), ys.add(n_dims), ne0 - n_dims);
                 }
             } else {
