@@ -191,6 +191,13 @@ pub(crate) type DotF32 = fn(a: &[f32], b: &[f32]) -> f32;
 pub(crate) type F16ToF32 = fn(src: &[u16], dst: &mut [f32]);
 /// In-place `x = exp(x - max)` over `n` values, returning the f64 sum (softmax's inner loop).
 pub(crate) type ExpSubSum = unsafe fn(n: usize, dst: *mut f32, max: f32) -> f64;
+// --- ops ---
+/// (n, d0, d1, x0, x1, cos, sin): see `scalar::rope_rotate_f32`.
+pub(crate) type RopeRotateF32 =
+    unsafe fn(usize, *mut f32, *mut f32, *const f32, *const f32, *const f32, *const f32);
+/// (n, dst, a, scale, add): see `scalar::scale_add_f32`.
+pub(crate) type ScaleAddF32 = unsafe fn(usize, *mut f32, *const f32, f32, bool);
+// --- end ops ---
 
 /// A register tile of dot products: `out[c * x.len() + r] = vec_dot(k, x[r], y[c])` for
 /// `x.len() <= GEMM_MR` weight rows and `y.len() <= GEMM_NR` activation rows in the weight type's
@@ -227,6 +234,16 @@ pub struct KernelTable {
     pub(crate) sgemm: sgemm::SgemmFn,
     // --- repacked weights (kernels/repack.rs, x86/avx2_repack.rs) ---
     repack: [Option<repack::RepackGemmFn>; N_TYPES],
+    // --- ops: fused / contiguous elementwise kernels ---
+    /// dst = silu(x) * g (fused SwiGLU).
+    pub(crate) swiglu_f32: BinaryF32,
+    /// Neox pair rotation (rope).
+    pub(crate) rope_rotate_f32: RopeRotateF32,
+    /// dst = a * scale (+ dst): attention scores.
+    pub(crate) scale_add_f32: ScaleAddF32,
+    /// Row max (NaN ignored).
+    pub(crate) max_f32: fn(&[f32]) -> f32,
+    // --- end ops ---
 }
 
 impl KernelTable {
@@ -252,6 +269,12 @@ impl KernelTable {
             mad_f32: scalar::mad_f32,
             sgemm: sgemm::sgemm_6x16,
             repack: [None; N_TYPES],
+            // --- ops ---
+            swiglu_f32: scalar::swiglu_f32,
+            rope_rotate_f32: scalar::rope_rotate_f32,
+            scale_add_f32: scalar::scale_add_f32,
+            max_f32: scalar::max_f32,
+            // --- end ops ---
         };
         for d in DType::ALL {
             if let Some(f) = repack::scalar_kernel(d) {

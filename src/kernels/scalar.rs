@@ -169,6 +169,66 @@ pub(crate) unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
     sum
 }
 
+// --- ops: fused / contiguous elementwise kernels (swiglu, rope, attention scores, max) ---
+
+/// SwiGLU over `n` f32: dst[i] = silu(x[i]) * g[i].
+///
+/// # Safety
+/// `x` and `g` valid for `n` reads, `dst` for `n` writes; `dst` may equal `x` or `g` exactly
+/// (in place) but must not partially overlap them.
+pub(crate) unsafe fn swiglu_f32(n: usize, dst: *mut f32, x: *const f32, g: *const f32) {
+    for i in 0..n {
+        // SAFETY: i < n; each element is read before the same element is written.
+        unsafe { *dst.add(i) = silu(*x.add(i)) * *g.add(i) };
+    }
+}
+
+/// Rotates `n` pairs (x0[i], x1[i]) by the angles whose cosines and sines are `cos[i]`, `sin[i]`:
+/// d0[i] = x0[i] cos - x1[i] sin, d1[i] = x0[i] sin + x1[i] cos (ggml's rotate_pairs, no FMA).
+///
+/// # Safety
+/// Every pointer is valid for `n` elements; d0 may equal x0 and d1 x1 exactly (in place); the
+/// two halves do not overlap each other.
+pub(crate) unsafe fn rope_rotate_f32(
+    n: usize,
+    d0: *mut f32,
+    d1: *mut f32,
+    x0: *const f32,
+    x1: *const f32,
+    cos: *const f32,
+    sin: *const f32,
+) {
+    for i in 0..n {
+        // SAFETY: i < n; both inputs of pair i are read before either output is written.
+        unsafe {
+            let (a, b, c, s) = (*x0.add(i), *x1.add(i), *cos.add(i), *sin.add(i));
+            *d0.add(i) = a * c - b * s;
+            *d1.add(i) = a * s + b * c;
+        }
+    }
+}
+
+/// Attention scores: dst[i] = a[i] * scale + dst[i] when `add` (the mask is already in dst),
+/// else dst[i] = a[i] * scale. Multiply, then add: no FMA.
+///
+/// # Safety
+/// `a` valid for `n` reads, `dst` for `n` reads and writes; no overlap.
+pub(crate) unsafe fn scale_add_f32(n: usize, dst: *mut f32, a: *const f32, scale: f32, add: bool) {
+    for i in 0..n {
+        // SAFETY: i < n.
+        unsafe {
+            let x = *a.add(i) * scale;
+            *dst.add(i) = if add { x + *dst.add(i) } else { x };
+        }
+    }
+}
+
+/// Largest of `x` (NaN ignored, like `f32::max`); -inf for an empty slice.
+pub(crate) fn max_f32(x: &[f32]) -> f32 {
+    x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
+// --- end ops ---
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 
 use super::elementwise::{ld, st};
 use super::{NodeCtx, split, unravel_row};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::plan::{ExecNode, align_up};
 
@@ -48,9 +49,19 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         for r in r0..r1 {
             let (i1, i2, i3) = unravel_row(r, &a.ne);
             let (j1, j2, j3) = unravel_row(r, &d.ne);
-            // SAFETY: equal row counts and lengths, contiguous rows (build check); own rows only.
+            // SAFETY: equal row counts and lengths, contiguous rows (build check); own rows only;
+            // an F32 row is read as ne0 f32 only when its address is 4-byte aligned (checked).
             unsafe {
                 let src = std::slice::from_raw_parts(a.row(i1, i2, i3), sa);
+                if let (DType::F32, Some(ff)) = (a.dtype, from_f32) {
+                    // F32 rows go to the CPU quantizer as they are (no copy into the scratch
+                    // row): the same input values, so the same bytes.
+                    if src.as_ptr() as usize % 4 == 0 && d.dtype.block_size() > 1 {
+                        let dst = std::slice::from_raw_parts_mut(d.row(j1, j2, j3), sd);
+                        ff(std::slice::from_raw_parts(src.as_ptr() as *const f32, ne0), dst);
+                        continue;
+                    }
+                }
                 match to_f32 {
                     Some(c) => c(src, tmp),
                     None => {

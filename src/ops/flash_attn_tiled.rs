@@ -2,9 +2,11 @@
 //! micro-kernel (`KernelTable::sgemm`).
 //!
 //! A task is `QB` query rows of one (head, batch). It walks the KV in blocks of `KVB` positions:
-//! S = Q K^T for the block (K rows packed into 6-row strips, Q into 16-row panels), scale,
-//! softcap and mask, an online-softmax update of each row's (max, sum) with the output rows
-//! rescaled, then O += P V (P packed into 6-row strips, V into 16-column panels). Blocks whose
+//! S = Q K^T for the block (Q rows packed into 6-row strips, K rows into 16-column panels, so
+//! each 6 x 16 product tile is 6 runs of 16 consecutive logits of S's rows: scaled and masked
+//! with vector kernels, no transposition), an online-softmax update of each row's (max, sum)
+//! with the output rows rescaled, then O += P V (P packed into 6-row strips, V into 16-column
+//! panels). Blocks whose
 //! mask is -inf for every row of the task are skipped (the causal half of a prefill). Tasks are
 //! handed out through the node's counter and each output row is produced by one task in one fixed
 //! order, so results do not depend on the thread count. Q and the S/P products stay in f32 (ggml
@@ -18,13 +20,16 @@ use crate::kernels::sgemm::{SG_MR, SG_NR};
 use crate::plan::{ExecNode, align_up};
 use std::sync::atomic::Ordering;
 
-/// Query rows per task (8 panels of 16; K and V are converted once per task, so more rows
+/// Query rows per task (16 strips of 6; K and V are converted once per task, so more rows
 /// amortise that better).
 const QB: usize = 96;
-/// KV positions per block (16 strips of 6).
+/// KV positions per block (6 panels of 16).
 const KVB: usize = 96;
 
-const _: () = assert!(QB % SG_NR == 0 && QB % SG_MR == 0 && KVB % SG_MR == 0);
+const _: () = assert!(QB % SG_MR == 0 && KVB % SG_NR == 0 && KVB % SG_MR == 0);
+
+/// Zeros standing in for the S rows of missing queries when P is packed.
+static ZERO_ROW: [f32; KVB] = [0.0; KVB];
 
 fn kv_ok(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
@@ -71,7 +76,7 @@ fn layout(node: &ExecNode) -> Layout {
     let vp = take(KVB * dv16);
     let o = take(QB * dv16);
     let ms = take(2 * QB);
-    let row = take((SG_MR * dk).max(dv16));
+    let row = take(dk.max(dv16));
     Layout { dk, dv, dv16, qp, ks, sb, ps, vp, o, ms, row, total: at }
 }
 
@@ -84,11 +89,11 @@ pub(crate) fn scratch_bytes(node: &ExecNode) -> usize {
 /// when they take at most this many bytes; otherwise each task packs the blocks it reads.
 const PREPACK_MAX: usize = 128 << 20;
 
-/// The prepacked K/V layout, in f32 units: per head, `n6 / 6` K strips of `dk * 6`, then per
-/// head `dv16 / 16` V panels of `n6 * 16` (kv rows padded to a multiple of 6 with zeros).
+/// The prepacked K/V layout, in f32 units: per head, `n16 / 16` K panels of `dk * 16`, then per
+/// head `dv16 / 16` V panels of `n16 * 16` (kv rows padded to a multiple of 16 with zeros).
 struct Prepack {
     heads: usize,
-    n6: usize,
+    n16: usize,
     k_head: usize,
     v_head: usize,
     v_off: usize,
@@ -102,11 +107,11 @@ fn prepack(node: &ExecNode) -> Option<Prepack> {
     }
     let (dk, dv16) = (k.ne[0], v.ne[0].div_ceil(SG_NR) * SG_NR);
     let heads = k.ne[2] * k.ne[3];
-    let n6 = k.ne[1].div_ceil(SG_MR) * SG_MR;
-    let (k_head, v_head) = (n6 * dk, n6 * dv16);
+    let n16 = k.ne[1].div_ceil(SG_NR) * SG_NR;
+    let (k_head, v_head) = (n16 * dk, n16 * dv16);
     let v_off = align_up(heads * k_head, 16);
     let total = (v_off + heads * v_head) * 4;
-    (total <= PREPACK_MAX).then_some(Prepack { heads, n6, k_head, v_head, v_off })
+    (total <= PREPACK_MAX).then_some(Prepack { heads, n16, k_head, v_head, v_off })
 }
 
 /// Bytes of the prepacked K/V area at the start of the work buffer (0: tasks pack their own).
@@ -127,31 +132,31 @@ pub(crate) fn pack_kv(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     };
     let k_to_f32 = super::get_rows::row_converter(k.dtype).ok_or_else(|| unsupported(k.dtype))?;
     let v_to_f32 = super::get_rows::row_converter(v.dtype).ok_or_else(|| unsupported(v.dtype))?;
-    let strips = pp.n6 / SG_MR;
-    let (u0, u1) = super::split(pp.heads * strips, ith, ctx.nth);
+    let panels = pp.n16 / SG_NR;
+    let (u0, u1) = super::split(pp.heads * panels, ith, ctx.nth);
     // The conversion row lives in this worker's scratch area (after the prepacked area).
     let l = layout(ctx.node);
     let at = prepack_bytes(ctx.node) + ith * align_up(scratch_bytes(ctx.node), 64);
     debug_assert!(at + l.total * 4 <= ctx.work_len);
     // SAFETY: work_size reserved nth scratch areas after the prepacked area; area `ith` is this
-    // worker's, and its row region holds max(6 dk, dv16) f32.
+    // worker's, and its row region holds max(dk, dv16) f32.
     let row = unsafe {
         std::slice::from_raw_parts_mut((ctx.work.add(at) as *mut f32).add(l.row), dk.max(dv16))
     };
     for u in u0..u1 {
-        let (h, st) = (u / strips, u % strips);
+        let (h, pk) = (u / panels, u % panels);
         let (ik2, ik3) = (h % k.ne[2], h / k.ne[2]);
-        // SAFETY: unit u owns K strip `st` of head h and rows 6 st..6 st + 6 of each of the
+        // SAFETY: unit u owns K panel `pk` of head h and rows 16 pk..16 pk + 16 of each of the
         // head's V panels; all lie inside the prepacked area (prepack_bytes) at the start of the
         // work buffer, and no other worker writes them.
-        let kstrip = unsafe {
+        let kpanel = unsafe {
             std::slice::from_raw_parts_mut(
-                (ctx.work as *mut f32).add(h * pp.k_head + st * dk * SG_MR),
-                dk * SG_MR,
+                (ctx.work as *mut f32).add(h * pp.k_head + pk * dk * SG_NR),
+                dk * SG_NR,
             )
         };
-        for r in 0..SG_MR {
-            let j = st * SG_MR + r;
+        for r in 0..SG_NR {
+            let j = pk * SG_NR + r;
             if j < n_kv {
                 // SAFETY: kv row j < n_kv of (ik2, ik3) exists with dk (dv) contiguous
                 // elements of k's (v's) type (build check).
@@ -162,7 +167,7 @@ pub(crate) fn pack_kv(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             } else {
                 row[..dk].fill(0.0);
             }
-            for (g, &x) in kstrip.chunks_exact_mut(SG_MR).zip(&row[..dk]) {
+            for (g, &x) in kpanel.chunks_exact_mut(SG_NR).zip(&row[..dk]) {
                 g[r] = x;
             }
             if j < n_kv {
@@ -176,9 +181,9 @@ pub(crate) fn pack_kv(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 row[..dv16].fill(0.0);
             }
             for pv in 0..dv16 / SG_NR {
-                // SAFETY: see the strip above: row j of panel pv of head h belongs to this unit.
+                // SAFETY: see the panel above: row j of panel pv of head h belongs to this unit.
                 unsafe {
-                    let at = pp.v_off + h * pp.v_head + pv * pp.n6 * SG_NR + j * SG_NR;
+                    let at = pp.v_off + h * pp.v_head + pv * pp.n16 * SG_NR + j * SG_NR;
                     std::ptr::copy_nonoverlapping(
                         row[pv * SG_NR..].as_ptr(),
                         (ctx.work as *mut f32).add(at),
@@ -239,27 +244,33 @@ pub(crate) fn compute(
         let nq = QB.min(n_q - q0);
         let (ik2, ik3) = (iq2 / (q.ne[2] / k.ne[2]), iq3 / (q.ne[3] / k.ne[3]));
         let slope = super::alibi_slope(p.max_bias, n_head, iq2);
-        // Pack Q: panel c / 16 holds element d of rows c at [d * 16 + c % 16] (missing rows 0).
+        // Pack Q: strip c / 6 holds element d of row c at [d * 6 + c % 6] (missing rows 0).
         for c in 0..QB {
-            let panel = l.qp + (c / SG_NR) * dk * SG_NR;
-            for dd in 0..dk {
-                buf[panel + dd * SG_NR + c % SG_NR] = if c < nq {
-                    // SAFETY: row q0 + c < n_q of head iq2, batch iq3 exists; q rows are
-                    // contiguous F32 of dk values (build check).
-                    unsafe { (q.row(q0 + c, iq2, iq3) as *const f32).add(dd).read_unaligned() }
-                } else {
-                    0.0
-                };
+            let strip = &mut buf[l.qp + (c / SG_MR) * dk * SG_MR..][..dk * SG_MR];
+            if c < nq {
+                // SAFETY: row q0 + c < n_q of head iq2, batch iq3 exists; q rows are
+                // contiguous F32 of dk values (build check).
+                let qr = unsafe { q.row(q0 + c, iq2, iq3) as *const f32 };
+                for (dd, g) in strip.chunks_exact_mut(SG_MR).enumerate() {
+                    // SAFETY: dd < dk (one group per element of the row).
+                    g[c % SG_MR] = unsafe { qr.add(dd).read_unaligned() };
+                }
+            } else {
+                for g in strip.chunks_exact_mut(SG_MR) {
+                    g[c % SG_MR] = 0.0;
+                }
             }
         }
         buf[l.o..l.o + QB * dv16].fill(0.0);
         buf[l.ms..l.ms + QB].fill(f32::NEG_INFINITY);
         buf[l.ms + QB..l.ms + 2 * QB].fill(0.0);
+        let kv_head = ik3 * k.ne[2] + ik2;
         let mut j0 = 0;
         while j0 < n_kv {
             let nj = KVB.min(n_kv - j0);
-            // S block: scaled logits, then softcap and mask; rows = queries, columns = kv.
-            // The mask first: a block masked out for every query of the task is skipped.
+            let nj16 = nj.div_ceil(SG_NR);
+            // S block: rows = queries, columns = kv. The mask first (scaled by the ALiBi slope):
+            // a block masked out for every query of the task is skipped.
             let mut any = mask.is_none();
             if let Some(mt) = mask {
                 for c in 0..nq {
@@ -279,66 +290,73 @@ pub(crate) fn compute(
                             }
                         }
                     }
-                    for x in srow.iter_mut() {
-                        *x *= slope;
-                        any |= *x != f32::NEG_INFINITY;
+                    // x * 1 == x for every f32, so the common slope 1 skips the pass.
+                    if slope != 1.0 {
+                        for x in srow.iter_mut() {
+                            *x *= slope;
+                        }
                     }
+                    any = any || srow.iter().any(|&x| x != f32::NEG_INFINITY);
                 }
             }
             if !any {
                 j0 += nj;
                 continue;
             }
-            // Pack K: strip r / 6 holds element d of kv rows at [d * 6 + r % 6] (missing 0).
-            let kv_head = ik3 * k.ne[2] + ik2;
-            for st in 0..if pre.is_some() { 0 } else { nj.div_ceil(SG_MR) } {
-                let tmp = &mut buf[l.row..l.row + SG_MR * dk];
-                for r in 0..SG_MR {
-                    let j = st * SG_MR + r;
-                    let t = &mut tmp[r * dk..(r + 1) * dk];
-                    if j < nj {
-                        // SAFETY: kv row j0 + j < n_kv of (ik2, ik3) exists with dk elements of
-                        // k.dtype, contiguous (build check).
-                        let kr = unsafe {
-                            std::slice::from_raw_parts(
-                                k.row(j0 + j, ik2, ik3),
-                                k.dtype.row_bytes(dk),
-                            )
-                        };
-                        k_to_f32(kr, t);
-                    } else {
-                        t.fill(0.0);
-                    }
-                }
+            // Pack K: panel j / 16 holds element d of kv row j at [d * 16 + j % 16] (missing 0).
+            for j in 0..if pre.is_some() { 0 } else { nj16 * SG_NR } {
                 let (head, tail) = buf.split_at_mut(l.row);
-                let tmp = &tail[..SG_MR * dk];
-                let strip = &mut head[l.ks + st * dk * SG_MR..l.ks + (st + 1) * dk * SG_MR];
-                for (dd, g) in strip.chunks_exact_mut(SG_MR).enumerate() {
-                    for (r, x) in g.iter_mut().enumerate() {
-                        *x = tmp[r * dk + dd];
-                    }
+                let t = &mut tail[..dk];
+                if j < nj {
+                    // SAFETY: kv row j0 + j < n_kv of (ik2, ik3) exists with dk elements of
+                    // k.dtype, contiguous (build check).
+                    let kr = unsafe {
+                        std::slice::from_raw_parts(k.row(j0 + j, ik2, ik3), k.dtype.row_bytes(dk))
+                    };
+                    k_to_f32(kr, t);
+                } else {
+                    t.fill(0.0);
+                }
+                let panel = &mut head[l.ks + (j / SG_NR) * dk * SG_NR..][..dk * SG_NR];
+                for (g, &x) in panel.chunks_exact_mut(SG_NR).zip(t.iter()) {
+                    g[j % SG_NR] = x;
                 }
             }
-            for st in 0..nj.div_ceil(SG_MR) {
-                for pq in 0..nq.div_ceil(SG_NR) {
-                    let b0 = l.qp + pq * dk * SG_NR;
-                    let kstrip = match &pre {
+            let has_mask = mask.is_some();
+            for qs in 0..nq.div_ceil(SG_MR) {
+                let a0 = l.qp + qs * dk * SG_MR;
+                let rows = SG_MR.min(nq - qs * SG_MR);
+                for kp in 0..nj16 {
+                    let kpanel = match &pre {
                         Some(pp) => {
-                            let a0 = kv_head * pp.k_head + (j0 / SG_MR + st) * dk * SG_MR;
-                            &packed[a0..a0 + dk * SG_MR]
+                            let b0 = kv_head * pp.k_head + (j0 / SG_NR + kp) * dk * SG_NR;
+                            &packed[b0..b0 + dk * SG_NR]
                         }
-                        None => &buf[l.ks + st * dk * SG_MR..l.ks + (st + 1) * dk * SG_MR],
+                        None => &buf[l.ks + kp * dk * SG_NR..l.ks + (kp + 1) * dk * SG_NR],
                     };
-                    kernel(dk, kstrip, &buf[b0..b0 + dk * SG_NR], &mut out, false);
-                    for rr in 0..SG_MR.min(nj - st * SG_MR) {
-                        for cc in 0..SG_NR.min(nq - pq * SG_NR) {
-                            let (c, j) = (pq * SG_NR + cc, st * SG_MR + rr);
-                            let mut x = out[rr * SG_NR + cc] * scale;
-                            if p.logit_softcap != 0.0 {
-                                x = p.logit_softcap * x.tanh();
+                    kernel(dk, &buf[a0..a0 + dk * SG_MR], kpanel, &mut out, false);
+                    let cols = SG_NR.min(nj - kp * SG_NR);
+                    for rr in 0..rows {
+                        let c = qs * SG_MR + rr;
+                        let srow = &mut buf[l.sb + c * KVB + kp * SG_NR..][..cols];
+                        let tile = &out[rr * SG_NR..rr * SG_NR + cols];
+                        if p.logit_softcap == 0.0 {
+                            // SAFETY: both runs hold `cols` f32 and do not overlap (scratch
+                            // vs. the kernel's output tile).
+                            unsafe {
+                                (table.scale_add_f32)(
+                                    cols,
+                                    srow.as_mut_ptr(),
+                                    tile.as_ptr(),
+                                    scale,
+                                    has_mask,
+                                )
+                            };
+                        } else {
+                            for (e, &t) in srow.iter_mut().zip(tile) {
+                                let x = p.logit_softcap * (t * scale).tanh();
+                                *e = if has_mask { x + *e } else { x };
                             }
-                            let e = &mut buf[l.sb + c * KVB + j];
-                            *e = if mask.is_some() { x + *e } else { x };
                         }
                     }
                 }
@@ -346,7 +364,7 @@ pub(crate) fn compute(
             // Online softmax per query row (P overwrites S in place).
             for c in 0..nq {
                 let srow = l.sb + c * KVB;
-                let bmax = buf[srow..srow + nj].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let bmax = (table.max_f32)(&buf[srow..srow + nj]);
                 let m_old = buf[l.ms + c];
                 let m_new = m_old.max(bmax);
                 if m_new == f32::NEG_INFINITY {
@@ -368,11 +386,18 @@ pub(crate) fn compute(
             {
                 let (lo, hi) = buf.split_at_mut(l.ps);
                 for qs in 0..nq.div_ceil(SG_MR) {
+                    let rows: [&[f32]; SG_MR] = std::array::from_fn(|r| {
+                        let c = qs * SG_MR + r;
+                        if c < nq {
+                            &lo[l.sb + c * KVB..l.sb + c * KVB + nj]
+                        } else {
+                            &ZERO_ROW[..nj]
+                        }
+                    });
                     let strip = &mut hi[qs * KVB * SG_MR..qs * KVB * SG_MR + nj * SG_MR];
                     for (j, g) in strip.chunks_exact_mut(SG_MR).enumerate() {
-                        for (r, x) in g.iter_mut().enumerate() {
-                            let c = qs * SG_MR + r;
-                            *x = if c < nq { lo[l.sb + c * KVB + j] } else { 0.0 };
+                        for (x, row) in g.iter_mut().zip(&rows) {
+                            *x = row[j];
                         }
                     }
                 }
@@ -394,12 +419,12 @@ pub(crate) fn compute(
             }
             // O += P V.
             for qs in 0..nq.div_ceil(SG_MR) {
+                let a0 = l.ps + qs * KVB * SG_MR;
                 for pv in 0..dv16 / SG_NR {
-                    let a0 = l.ps + qs * KVB * SG_MR;
                     let vpanel = match &pre {
                         Some(pp) => {
                             let b0 =
-                                pp.v_off + kv_head * pp.v_head + pv * pp.n6 * SG_NR + j0 * SG_NR;
+                                pp.v_off + kv_head * pp.v_head + pv * pp.n16 * SG_NR + j0 * SG_NR;
                             &packed[b0..b0 + nj * SG_NR]
                         }
                         None => &buf[l.vp + pv * KVB * SG_NR..l.vp + pv * KVB * SG_NR + nj * SG_NR],
@@ -407,8 +432,9 @@ pub(crate) fn compute(
                     kernel(nj, &buf[a0..a0 + nj * SG_MR], vpanel, &mut out, false);
                     for rr in 0..SG_MR.min(nq - qs * SG_MR) {
                         let orow = l.o + (qs * SG_MR + rr) * dv16 + pv * SG_NR;
-                        for cc in 0..SG_NR {
-                            buf[orow + cc] += out[rr * SG_NR + cc];
+                        let tile = &out[rr * SG_NR..(rr + 1) * SG_NR];
+                        for (o, &x) in buf[orow..orow + SG_NR].iter_mut().zip(tile) {
+                            *o += x;
                         }
                     }
                 }

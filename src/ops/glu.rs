@@ -67,7 +67,7 @@ pub(crate) fn compute(
     };
     let ts = dt.type_size();
     let kt = crate::kernels::table();
-    // F32 SwiGLU is one vector silu pass and one vector multiply per row.
+    // F32 SwiGLU is one fused vector pass per row (silu, then the multiply, in registers).
     let fast_swiglu = op == GluOp::Swiglu && !f16 && d.nb[0] == 4;
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -85,8 +85,7 @@ pub(crate) fn compute(
             let pd = d.row(i1, i2, i3);
             if fast_swiglu {
                 let (pd, px, pg) = (pd as *mut f32, px as *const f32, pg as *const f32);
-                (kt.silu_f32)(nc, pd, px);
-                (kt.mul_f32)(nc, pd, pd, pg);
+                (kt.swiglu_f32)(nc, pd, px, pg);
                 continue;
             }
             for i in 0..nc {

@@ -178,6 +178,9 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
     let mut last_i2 = usize::MAX;
     let f16 = d.dtype == DType::F16;
     let n_dims = p.n_dims;
+    // Neox, mrope and imrope pair element i with i + n_dims / 2 (see `rotate`).
+    let neox_like = matches!(p.mode, RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope);
+    let kt = crate::kernels::table();
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &d.ne);
         if i2 != last_i2 {
@@ -191,7 +194,8 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
         }
         // SAFETY: row indices are below the shared shape; rows hold ne0 contiguous elements
         // (build check); each worker writes its own rows; pairs are read before being written
-        // (in place is exact aliasing, so raw pointers are used, no overlapping slices).
+        // (in place is exact aliasing, so raw pointers are used, no overlapping slices). The
+        // rotation kernel reads n_dims / 2 <= ceil(ne0 / 2) cos and sin values of the cache.
         unsafe {
             let sa = a.row(i1, i2, i3);
             let sd = d.row(i1, i2, i3);
@@ -199,6 +203,15 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
                 let get = |i: usize| fp16_to_fp32(*(sa as *const u16).add(i));
                 let put = |i: usize, v: f32| *(sd as *mut u16).add(i) = fp32_to_fp16(v);
                 rotate(p.mode, n_dims, ne0, cache, get, put);
+            } else if neox_like {
+                // The two halves of the rotated dims are contiguous runs: one vector pass.
+                let (xs, ys) = (sa as *const f32, sd as *mut f32);
+                let h = n_dims / 2;
+                let (cos, sin) = (cache.as_ptr(), cache.as_ptr().add(ne0.div_ceil(2)));
+                (kt.rope_rotate_f32)(h, ys, ys.add(h), xs, xs.add(h), cos, sin);
+                if n_dims < ne0 && !std::ptr::eq(xs, ys) {
+                    std::ptr::copy_nonoverlapping(xs.add(n_dims), ys.add(n_dims), ne0 - n_dims);
+                }
             } else {
                 let (xs, ys) = (sa as *const f32, sd as *mut f32);
                 rotate(p.mode, n_dims, ne0, cache, |i| *xs.add(i), |i, v| *ys.add(i) = v);

@@ -80,9 +80,11 @@ macro_rules! unary_kernels {
     )*};
 }
 unary_kernels! {
-    gelu_f32 => scalar::gelu;
     relu_f32 => scalar::relu;
 }
+
+/// GELU: the gather version in `avx2_elementwise.rs` (same bits as the scalar table lookup).
+pub(crate) use super::avx2_elementwise::gelu_f32;
 
 /// Vector expf with about 1 ulp accuracy: exp(x) = 2^n * p(b) where n = round(x / ln 2) and b the
 /// reduced argument, with the coefficients and the overflow/underflow handling of the ARM
@@ -282,9 +284,15 @@ fn q8_block(x: &[f32]) -> (u16, [i8; 32], i32, f32) {
 
 /// ggml's AVX2 `quantize_row_q8_0` (Q8_0's CPU `from_float`): same bytes as the scalar emulation.
 pub(crate) fn from_float_q8_0(src: &[f32], dst: &mut [u8]) {
+    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+    unsafe { from_float_q8_0_avx2(src, dst) }
+}
+
+/// The row loop compiled for AVX2 too, so `q8_block` inlines into it (no call per block).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn from_float_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
     for (x, y) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
-        // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
-        let (dh, q, _, _) = unsafe { q8_block(x) };
+        let (dh, q, _, _) = q8_block(x);
         y[..2].copy_from_slice(&dh.to_le_bytes());
         y[2..].copy_from_slice(bytemuck::cast_slice(&q));
     }
@@ -314,6 +322,20 @@ pub(crate) fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
 pub(crate) unsafe fn silu_vexp_f32(n: usize, dst: *mut f32, a: *const f32) {
     use std::arch::x86_64::*;
     let mut i = 0;
+    let one = _mm256_set1_ps(1.0);
+    // Two independent vectors per step, so the exp and divide chains of one overlap the other.
+    while i + 16 <= n {
+        // SAFETY: i + 16 <= n keeps both groups' loads and stores inside the n elements.
+        unsafe {
+            let x0 = _mm256_loadu_ps(a.add(i));
+            let x1 = _mm256_loadu_ps(a.add(i + 8));
+            let e0 = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x0));
+            let e1 = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x1));
+            _mm256_storeu_ps(dst.add(i), _mm256_div_ps(x0, _mm256_add_ps(one, e0)));
+            _mm256_storeu_ps(dst.add(i + 8), _mm256_div_ps(x1, _mm256_add_ps(one, e1)));
+        }
+        i += 16;
+    }
     while i + 8 <= n {
         // SAFETY: i + 8 <= n keeps the loads and the store inside the n elements.
         unsafe {
@@ -526,7 +548,7 @@ mod tests {
             eprintln!("skipped: no AVX2");
             return;
         }
-        for n in [1usize, 7, 8, 9, 100] {
+        for n in [1usize, 7, 8, 9, 16, 17, 25, 100] {
             let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 12.0).collect();
             let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
             // SAFETY: n elements behind each pointer; AVX2 checked above.

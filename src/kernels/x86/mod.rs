@@ -7,6 +7,9 @@ pub(crate) mod avx2_iq;
 mod avx2_quants;
 mod avx2_repack;
 mod avx2_sgemm;
+// --- ops ---
+pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
+// --- end ops ---
 
 use super::KernelTable;
 
@@ -33,4 +36,7 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     avx2_gemm::plug(t);
     t.sgemm = avx2_sgemm::sgemm_6x16;
     avx2_repack::plug(t);
+    // --- ops ---
+    avx2_elementwise::plug(t);
+    // --- end ops ---
 }
