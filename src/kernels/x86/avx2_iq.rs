@@ -10,7 +10,7 @@
 //! Blocks are read straight from the byte slices, which may have any alignment: vectors with
 //! `loadu`, scalars with `from_le_bytes`. Each kernel walks `chunks_exact` of the block sizes, so a
 //! wrong length can only shorten the walk, never read out of bounds. The unsafe code is the
-//! bounds-checked `loadu`/`storeu` helpers, one `vmovd` in `fp16` and the wrappers' calls.
+//! bounds-checked `loadu`/`storeu` helpers and the wrappers' calls.
 
 // ggml's names (`vec_dot_iq2_xxs_q8_K`) so the code reads next to ggml's.
 #![allow(non_snake_case)]
@@ -26,6 +26,7 @@ use crate::quant::iq::iq3::{BlockIQ3S, BlockIQ3XXS};
 use crate::quant::iq::iq4::{BlockIQ4NL, BlockIQ4XS, QK4_NL};
 use crate::quant::kquants::BlockQ8K;
 use crate::quant::legacy::BlockQ8_0;
+use super::avx2_quants::F16_TO_F32;
 use std::arch::x86_64::*;
 use std::mem::offset_of;
 
@@ -157,23 +158,13 @@ fn rd_f32(b: &[u8], off: usize) -> f32 {
     f32::from_bits(rd_u32(b, off))
 }
 
-/// The IEEE half in the low 16 bits of `w` as f32, with the F16C instruction (ggml's
-/// `GGML_CPU_FP16_TO_FP32` on x86).
-///
-/// The move into the vector register is written out: from `_mm_cvtsi32_si128` the compiler emits
-/// a 16-bit `vpinsrw`, which merges into (and so waits for) whatever register it picks, often the
-/// accumulator, and that chains every block's scale behind the previous block's `fmadd`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+/// The IEEE half in the low 16 bits of `w` as f32, exactly as F16C converts it (ggml's
+/// `GGML_CPU_FP16_TO_FP32` on x86), read from the conversion table as ggml's x86 code does: a load
+/// instead of a `vmovd` and a `vcvtph2ps` on the vector ports these kernels are short of (IQ4_NL
+/// converts four scales per 64 weights).
+#[inline(always)]
 fn fp16(w: u32) -> f32 {
-    let v: __m128i;
-    // SAFETY: `vmovd` only reads a general register and writes a vector register; it touches no
-    // memory, stack or flags, and AVX is enabled for this function.
-    unsafe {
-        std::arch::asm!("vmovd {v}, {w:e}", v = out(xmm_reg) v, w = in(reg) w,
-            options(pure, nomem, nostack, preserves_flags));
-    }
-    _mm_cvtss_f32(_mm_cvtph_ps(v))
+    F16_TO_F32[w as u16 as usize]
 }
 
 /// ggml's `hsum_float_8`, in its order.
@@ -419,7 +410,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        unroll!(k in [0, 1, 2, 3] {
+        for k in 0..4 {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
             let q3 = &xb[QS + 16 * k..QS + 16 * k + 16];
@@ -436,7 +427,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let ls2 = (2 * (a1 >> 28) + 1) as i16;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        });
+        }
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }

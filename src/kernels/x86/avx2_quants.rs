@@ -171,7 +171,7 @@ pub(super) fn fp16_to_fp32(h: u16) -> f32 {
 /// register, which can chain every block's scale onto the accumulator's latency (a false
 /// dependency), and a broadcast conversion costs twice the micro-ops of two table loads. Built at
 /// compile time from the bits; a test checks it against the instruction.
-static F16_TO_F32: [f32; 1 << 16] = {
+pub(super) static F16_TO_F32: [f32; 1 << 16] = {
     let mut t = [0.0f32; 1 << 16];
     let mut h = 0usize;
     while h < 1 << 16 {
@@ -472,6 +472,27 @@ unsafe fn vec_dot_bf16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q4_0 blocks and `y` `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    // First without the per-block test for a non-finite scale (a tenth of the loop's work). A
+    // non-finite scale makes the fast result non-finite (0 * inf and NaN give NaN, anything else
+    // an infinity), and a finite result means every scale was finite, where both loops do the very
+    // same operations; so the checked loop only has to run when the fast result is not finite.
+    // SAFETY: the caller's guarantees are the helper's.
+    let fast = unsafe { q4_0_q8_0_blocks::<false>(nb, x, y) };
+    if fast.is_finite() {
+        fast
+    } else {
+        // SAFETY: as above.
+        unsafe { q4_0_q8_0_blocks::<true>(nb, x, y) }
+    }
+}
+
+/// The Q4_0 loop; `CHECK` sets blocks with a non-finite scale aside (see the caller).
+///
+/// # Safety
+/// As [`vec_dot_q4_0_q8_0_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_0_q8_0_blocks<const CHECK: bool>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ4_0>();
     const YB: usize = size_of::<BlockQ8_0>();
     let mut acc = _mm256_setzero_ps();
@@ -491,7 +512,7 @@ unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
         let sumi = mul_sum_offset_u8_i8(bytes_from_nibbles_32(xq), 8, yq);
         let (dx, dy) = (F16_TO_F32[xd as usize], F16_TO_F32[yd as usize]);
         let d = dx * dy;
-        if d.is_finite() {
+        if !CHECK || d.is_finite() {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         } else {
             // An infinite or NaN scale: per-lane products would make 0 * inf = NaN where the
@@ -536,6 +557,24 @@ unsafe fn vec_dot_q4_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q5_0 blocks and `y` `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q5_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    // As for Q4_0: the checked loop only when the unchecked one gives a non-finite result.
+    // SAFETY: the caller's guarantees are the helper's.
+    let fast = unsafe { q5_0_q8_0_blocks::<false>(nb, x, y) };
+    if fast.is_finite() {
+        fast
+    } else {
+        // SAFETY: as above.
+        unsafe { q5_0_q8_0_blocks::<true>(nb, x, y) }
+    }
+}
+
+/// The Q5_0 loop; `CHECK` sets blocks with a non-finite scale aside.
+///
+/// # Safety
+/// As [`vec_dot_q5_0_q8_0_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q5_0_q8_0_blocks<const CHECK: bool>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ5_0>();
     const YB: usize = size_of::<BlockQ8_0>();
     let mut acc = _mm256_setzero_ps();
@@ -558,7 +597,7 @@ unsafe fn vec_dot_q5_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
         let sumi = mul_sum_offset_u8_i8(qx, 16, yq);
         let (dx, dy) = (F16_TO_F32[xd as usize], F16_TO_F32[yd as usize]);
         let d = dx * dy;
-        if d.is_finite() {
+        if !CHECK || d.is_finite() {
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         } else {
             // As in the Q4_0 kernel: the block's total times the non-finite scale.
