@@ -15,6 +15,7 @@
 // ggml's names (`vec_dot_iq2_xxs_q8_K`) so the code reads next to ggml's.
 #![allow(non_snake_case)]
 
+use super::avx2_quants::{F16_TO_F32, opaque};
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
 use crate::quant::iq::grids::{
@@ -26,7 +27,6 @@ use crate::quant::iq::iq3::{BlockIQ3S, BlockIQ3XXS};
 use crate::quant::iq::iq4::{BlockIQ4NL, BlockIQ4XS, QK4_NL};
 use crate::quant::kquants::BlockQ8K;
 use crate::quant::legacy::BlockQ8_0;
-use super::avx2_quants::F16_TO_F32;
 use std::arch::x86_64::*;
 use std::mem::offset_of;
 
@@ -386,8 +386,9 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let dot2 = _mm256_maddubs_epi16(q2_2, apply_sign(q8_2, s2_2));
             let sh1 = _mm256_set1_epi16(((2 * ib32 as i16 + 1) << 8) | (2 * ib32 as i16));
             let sh2 = _mm256_add_epi8(sh1, _mm256_set1_epi8(2));
-            let p1 = _mm256_madd_epi16(dot1, _mm256_shuffle_epi8(scales16, sh1));
-            let p2 = _mm256_madd_epi16(dot2, _mm256_shuffle_epi8(scales16, sh2));
+            // Opaque controls keep these two `vpshufb`s (see `opaque`).
+            let p1 = _mm256_madd_epi16(dot1, _mm256_shuffle_epi8(scales16, opaque(sh1)));
+            let p2 = _mm256_madd_epi16(dot2, _mm256_shuffle_epi8(scales16, opaque(sh2)));
             sumi1 = _mm256_add_epi32(sumi1, p1);
             sumi2 = _mm256_add_epi32(sumi2, p2);
         });
@@ -599,8 +600,9 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let dot2 = mul_add_epi8(q1b_2, q8b_2);
             let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_1, delta1));
             let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_2, delta2));
-            let scale1 = _mm256_shuffle_epi8(scales, scales_idx1);
-            let scale2 = _mm256_shuffle_epi8(scales, scales_idx2);
+            // Opaque controls keep these two `vpshufb`s (see `opaque`).
+            let scale1 = _mm256_shuffle_epi8(scales, opaque(scales_idx1));
+            let scale2 = _mm256_shuffle_epi8(scales, opaque(scales_idx2));
             scales_idx1 = _mm256_add_epi8(scales_idx1, mtwo8);
             scales_idx2 = _mm256_add_epi8(scales_idx2, mtwo8);
             let p1 = _mm256_madd_epi16(dot1, scale1);

@@ -926,10 +926,11 @@ fn tq1_top_trit(q: __m256i) -> __m256i {
 }
 
 /// `v` unchanged, but the compiler cannot see where it came from, so it keeps the instructions
-/// written after it as they are (see [`tq1_top_trit`]).
+/// written after it as they are (see [`tq1_top_trit`]). Also for constant `vpshufb` controls,
+/// which the compiler otherwise rewrites into two or three other shuffles each.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn opaque(mut v: __m256i) -> __m256i {
+pub(super) fn opaque(mut v: __m256i) -> __m256i {
     // SAFETY: an empty template: no instruction runs, no memory, stack or flag is touched; the
     // compiler only has to assume that `v` may have changed.
     unsafe {
