@@ -411,7 +411,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
-        for k in 0..4 {
+        unroll!(k in [0, 1, 2, 3] {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
             let q3 = &xb[QS + 16 * k..QS + 16 * k + 16];
@@ -428,7 +428,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let ls2 = (2 * (a1 >> 28) + 1) as i16;
             sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
             sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
-        }
+        });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
     }
