@@ -181,7 +181,7 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops; the error
-    // path is out of line so this one needs no stack frame (a call costs what ggml's does).
+    // path is out of line, so this one is a few loads and compares around the kernel call.
     if let Some(k) = crate::kernels::table().vec_dot(dtype) {
         if fits(dtype, n, x.len()) && fits(dtype.vec_dot_type(), n, y.len()) {
             return Ok(k(n, x, y));
