@@ -259,3 +259,39 @@ fn avx2_matches_ggml_generic_on_edge_rows() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// Q4_0 and Q5_0 run a loop without the per-block test for a non-finite scale and fall back to the
+/// checked loop only when the result is not finite: rows where one block's weight scale is
+/// infinite or NaN (and the others finite) must give what the scalar tier gives.
+#[test]
+fn avx2_q4_0_q5_0_blocks_with_non_finite_scales() {
+    if !have_avx2("avx2_q4_0_q5_0_blocks_with_non_finite_scales") {
+        return;
+    }
+    for dtype in [DType::Q4_0, DType::Q5_0] {
+        let n = 32 * 9;
+        let (xq, yq) = operands(dtype, &rand_f32(n, 41), &rand_f32(n, 42));
+        let bsz = dtype.type_size();
+        let want_finite = vec_dot_with(Isa::Scalar, dtype, n, &xq, &yq).unwrap();
+        let got_finite = vec_dot_with(Isa::Avx2, dtype, n, &xq, &yq).unwrap();
+        assert!(want_finite.is_finite() && got_finite.is_finite());
+        for (block, bits) in [(0usize, 0x7C00u16), (4, 0xFC00), (8, 0x7E00), (3, 0x7C01)] {
+            let mut x = xq.clone();
+            x[block * bsz..block * bsz + 2].copy_from_slice(&bits.to_le_bytes());
+            let scalar = vec_dot_with(Isa::Scalar, dtype, n, &x, &yq).unwrap();
+            let avx2 = vec_dot_with(Isa::Avx2, dtype, n, &x, &yq).unwrap();
+            assert!(
+                avx2.to_bits() == scalar.to_bits() || (avx2.is_nan() && scalar.is_nan()),
+                "{dtype} block {block} scale {bits:#06x}: avx2 {avx2} scalar {scalar}"
+            );
+        }
+        // A zero block under an infinite scale: 0 * inf, NaN in both tiers.
+        let mut x = xq.clone();
+        x[..2].copy_from_slice(&0x7C00u16.to_le_bytes());
+        let mut y = yq.clone();
+        y[2..34].fill(0);
+        let scalar = vec_dot_with(Isa::Scalar, dtype, n, &x, &y).unwrap();
+        let avx2 = vec_dot_with(Isa::Avx2, dtype, n, &x, &y).unwrap();
+        assert!(scalar.is_nan() && avx2.is_nan(), "{dtype}: avx2 {avx2} scalar {scalar}");
+    }
+}

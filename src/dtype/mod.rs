@@ -104,6 +104,7 @@ impl DType {
         DType::Q2_0,
     ];
 
+    #[inline]
     fn traits(self) -> Traits {
         use DType::*;
         match self {
@@ -172,11 +173,13 @@ impl DType {
     }
 
     /// Elements per block (1 for plain types, 32 for Q4_0, 256 for the K-quants).
+    #[inline]
     pub fn block_size(self) -> usize {
         self.traits().block_size
     }
 
     /// Bytes per block (ggml's `type_size`).
+    #[inline]
     pub fn type_size(self) -> usize {
         self.traits().type_size
     }
@@ -198,6 +201,7 @@ impl DType {
 
     /// The type the CPU converts activations into before a dot product with a row of `self`
     /// (ggml's `type_traits_cpu[self].vec_dot_type`).
+    #[inline]
     pub fn vec_dot_type(self) -> DType {
         self.traits().vec_dot
     }

@@ -394,16 +394,22 @@ fn initial_isa() -> Isa {
 }
 
 /// The selected tier: the best this CPU has, lowered by `QUANTGRAPH_ISA` or [`set_isa`].
+#[inline]
 pub fn selected_isa() -> Isa {
     match SELECTED.load(Ordering::Relaxed) {
         0 => Isa::Scalar,
         1 => Isa::Avx2,
-        _ => {
-            let i = initial_isa();
-            SELECTED.store(i as u8, Ordering::Relaxed);
-            i
-        }
+        _ => select_initial_isa(),
     }
+}
+
+/// First use: reads the environment once (out of line, off the per-call path).
+#[cold]
+#[inline(never)]
+fn select_initial_isa() -> Isa {
+    let i = initial_isa();
+    SELECTED.store(i as u8, Ordering::Relaxed);
+    i
 }
 
 /// Forces a tier for every later computation in this process (for tests and comparisons).
@@ -417,7 +423,20 @@ pub fn set_isa(isa: Isa) -> Result<()> {
 }
 
 /// The kernel table of the selected tier.
+#[inline]
 pub fn table() -> &'static KernelTable {
+    // The selected tier is always supported, so a table already built for it is the answer: one
+    // load on the per-call path (vec_dot), the feature check only on first use.
+    match slot(selected_isa()).get() {
+        Some(t) => t,
+        None => build_selected_table(),
+    }
+}
+
+/// First use of the selected tier's table.
+#[cold]
+#[inline(never)]
+fn build_selected_table() -> &'static KernelTable {
     let isa = selected_isa();
     // The selected tier is always supported: `initial_isa` and `set_isa` only pick supported ones.
     table_for(isa)

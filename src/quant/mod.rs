@@ -180,14 +180,22 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 /// Dot product of `n` elements: `x` in `dtype`, `y` in `dtype.vec_dot_type()` (as made by
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
-    let vd = dtype.vec_dot_type();
-    let k = crate::kernels::table().vec_dot(dtype);
-    // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops.
-    if let Some(k) = k {
-        if fits(dtype, n, x.len()) && fits(vd, n, y.len()) {
+    // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops; the error
+    // path is out of line, so this one is a few loads and compares around the kernel call.
+    if let Some(k) = crate::kernels::table().vec_dot(dtype) {
+        if fits(dtype, n, x.len()) && fits(dtype.vec_dot_type(), n, y.len()) {
             return Ok(k(n, x, y));
         }
     }
+    vec_dot_error(dtype, n, x, y)
+}
+
+/// Why [`vec_dot`] cannot run: no kernel, or lengths that do not fit `n`.
+#[cold]
+#[inline(never)]
+fn vec_dot_error(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
+    let vd = dtype.vec_dot_type();
+    let k = crate::kernels::table().vec_dot(dtype);
     if k.is_none() {
         return Err(Error::Quant { dtype, msg: "no dot product for this type".into() });
     }
@@ -197,8 +205,13 @@ pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
 }
 
 /// True when `len` bytes hold exactly `n` elements of `d`.
-#[inline]
+#[inline(always)]
 fn fits(d: DType, n: usize, len: usize) -> bool {
     let bs = d.block_size();
-    n % bs == 0 && (n / bs).checked_mul(d.type_size()) == Some(len)
+    // Every ggml block size is a power of two: a mask and a shift instead of two divisions.
+    if bs.is_power_of_two() {
+        n & (bs - 1) == 0 && (n >> bs.trailing_zeros()).checked_mul(d.type_size()) == Some(len)
+    } else {
+        n % bs == 0 && (n / bs).checked_mul(d.type_size()) == Some(len)
+    }
 }

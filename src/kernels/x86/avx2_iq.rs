@@ -10,11 +10,12 @@
 //! Blocks are read straight from the byte slices, which may have any alignment: vectors with
 //! `loadu`, scalars with `from_le_bytes`. Each kernel walks `chunks_exact` of the block sizes, so a
 //! wrong length can only shorten the walk, never read out of bounds. The unsafe code is the
-//! bounds-checked `loadu`/`storeu` helpers, one `vmovd` in `fp16` and the wrappers' calls.
+//! bounds-checked `loadu`/`storeu` helpers and the wrappers' calls.
 
 // ggml's names (`vec_dot_iq2_xxs_q8_K`) so the code reads next to ggml's.
 #![allow(non_snake_case)]
 
+use super::avx2_quants::{F16_TO_F32, opaque};
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
 use crate::quant::iq::grids::{
@@ -157,23 +158,13 @@ fn rd_f32(b: &[u8], off: usize) -> f32 {
     f32::from_bits(rd_u32(b, off))
 }
 
-/// The IEEE half in the low 16 bits of `w` as f32, with the F16C instruction (ggml's
-/// `GGML_CPU_FP16_TO_FP32` on x86).
-///
-/// The move into the vector register is written out: from `_mm_cvtsi32_si128` the compiler emits
-/// a 16-bit `vpinsrw`, which merges into (and so waits for) whatever register it picks, often the
-/// accumulator, and that chains every block's scale behind the previous block's `fmadd`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+/// The IEEE half in the low 16 bits of `w` as f32, exactly as F16C converts it (ggml's
+/// `GGML_CPU_FP16_TO_FP32` on x86), read from the conversion table as ggml's x86 code does: a load
+/// instead of a `vmovd` and a `vcvtph2ps` on the vector ports these kernels are short of (IQ4_NL
+/// converts four scales per 64 weights).
+#[inline(always)]
 fn fp16(w: u32) -> f32 {
-    let v: __m128i;
-    // SAFETY: `vmovd` only reads a general register and writes a vector register; it touches no
-    // memory, stack or flags, and AVX is enabled for this function.
-    unsafe {
-        std::arch::asm!("vmovd {v}, {w:e}", v = out(xmm_reg) v, w = in(reg) w,
-            options(pure, nomem, nostack, preserves_flags));
-    }
-    _mm_cvtss_f32(_mm_cvtph_ps(v))
+    F16_TO_F32[w as u16 as usize]
 }
 
 /// ggml's `hsum_float_8`, in its order.
@@ -395,8 +386,9 @@ fn iq2_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let dot2 = _mm256_maddubs_epi16(q2_2, apply_sign(q8_2, s2_2));
             let sh1 = _mm256_set1_epi16(((2 * ib32 as i16 + 1) << 8) | (2 * ib32 as i16));
             let sh2 = _mm256_add_epi8(sh1, _mm256_set1_epi8(2));
-            let p1 = _mm256_madd_epi16(dot1, _mm256_shuffle_epi8(scales16, sh1));
-            let p2 = _mm256_madd_epi16(dot2, _mm256_shuffle_epi8(scales16, sh2));
+            // Opaque controls keep these two `vpshufb`s (see `opaque`).
+            let p1 = _mm256_madd_epi16(dot1, _mm256_shuffle_epi8(scales16, opaque(sh1)));
+            let p2 = _mm256_madd_epi16(dot2, _mm256_shuffle_epi8(scales16, opaque(sh2)));
             sumi1 = _mm256_add_epi32(sumi1, p1);
             sumi2 = _mm256_add_epi32(sumi2, p2);
         });
@@ -608,8 +600,9 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let dot2 = mul_add_epi8(q1b_2, q8b_2);
             let dot3 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_1, delta1));
             let dot4 = _mm256_maddubs_epi16(mone8, _mm256_sign_epi8(q8b_2, delta2));
-            let scale1 = _mm256_shuffle_epi8(scales, scales_idx1);
-            let scale2 = _mm256_shuffle_epi8(scales, scales_idx2);
+            // Opaque controls keep these two `vpshufb`s (see `opaque`).
+            let scale1 = _mm256_shuffle_epi8(scales, opaque(scales_idx1));
+            let scale2 = _mm256_shuffle_epi8(scales, opaque(scales_idx2));
             scales_idx1 = _mm256_add_epi8(scales_idx1, mtwo8);
             scales_idx2 = _mm256_add_epi8(scales_idx2, mtwo8);
             let p1 = _mm256_madd_epi16(dot1, scale1);
