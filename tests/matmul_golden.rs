@@ -3,8 +3,22 @@
 
 mod common;
 
-use common::{matmul_cases, nmse};
+use common::{MatmulCase, matmul_cases, nmse};
 use quantgraph::{Buffer, CpuBackend, Graph, Isa, Plan};
+
+/// NMSE of our mul_mat against ggml's C for one golden case, with A stored in `buf`.
+fn golden_nmse(c: &MatmulCase, buf: &Buffer) -> f64 {
+    let mut g = Graph::new();
+    let a = g.weight(c.dtype, &[c.k, c.m], buf, 0).unwrap();
+    let b = g.input(quantgraph::DType::F32, &[c.k, c.n]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    g.set_output(y);
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input(b, &c.b).unwrap();
+    p.compute().unwrap();
+    let want: Vec<f64> = c.c.iter().map(|&v| v as f64).collect();
+    nmse(p.output::<f32>(y).unwrap(), &want)
+}
 
 #[test]
 fn mul_mat_matches_ggml_golden_outputs_on_every_tier() {
@@ -13,18 +27,7 @@ fn mul_mat_matches_ggml_golden_outputs_on_every_tier() {
     for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
         quantgraph::kernels::set_isa(isa).unwrap();
         for c in &cases {
-            let buf = Buffer::from_host(c.a.clone());
-            let mut g = Graph::new();
-            let a = g.weight(c.dtype, &[c.k, c.m], &buf, 0).unwrap();
-            let b = g.input(quantgraph::DType::F32, &[c.k, c.n]).unwrap();
-            let y = g.mul_mat(a, b).unwrap();
-            g.set_output(y);
-            let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
-            p.set_input(b, &c.b).unwrap();
-            p.compute().unwrap();
-            let got = p.output::<f32>(y).unwrap();
-            let want: Vec<f64> = c.c.iter().map(|&v| v as f64).collect();
-            let e = nmse(got, &want);
+            let e = golden_nmse(c, &Buffer::from_host(c.a.clone()));
             assert!(e < 1e-6, "{} on {}: nmse {e}", c.dtype, isa.name());
         }
     }
@@ -46,17 +49,7 @@ fn repacked_mul_mat_matches_ggml_golden_outputs() {
             }
             let buf = buft.alloc(c.a.len()).unwrap();
             buf.set_tensor(0, c.dtype, &[c.k, c.m], &c.a).unwrap();
-            let mut g = Graph::new();
-            let a = g.weight(c.dtype, &[c.k, c.m], &buf, 0).unwrap();
-            let b = g.input(quantgraph::DType::F32, &[c.k, c.n]).unwrap();
-            let y = g.mul_mat(a, b).unwrap();
-            g.set_output(y);
-            let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
-            p.set_input(b, &c.b).unwrap();
-            p.compute().unwrap();
-            let got = p.output::<f32>(y).unwrap();
-            let want: Vec<f64> = c.c.iter().map(|&v| v as f64).collect();
-            let e = nmse(got, &want);
+            let e = golden_nmse(&c, &buf);
             assert!(e < 1e-6, "repacked {} on {}: nmse {e}", c.dtype, isa.name());
             covered.push(c.dtype);
         }

@@ -357,7 +357,9 @@ unsafe fn q0_kernel<const KIND: u8, const NC: usize>(
                 _mm256_sub_epi32(s32, _mm256_set1_epi32(12 * ysum))
             } else {
                 // Signed values: |x| times y with x's sign moved onto y; each step is widened to
-                // 32 bits before summing (2 * 127 * 127 per 16-bit lane).
+                // 32 bits before summing (2 * 127 * 127 per 16-bit lane). Exact because the
+                // activations come from the Q8_0 converter, whose levels stay in -127..=127
+                // (negating -128 would wrap).
                 let mut s32 = _mm256_setzero_si256();
                 for s in 0..8 {
                     let p = _mm256_maddubs_epi16(ax[s], _mm256_sign_epi8(bc(s), xs[s]));
