@@ -452,7 +452,10 @@ impl Llama {
         }
         for &(t, off, bytes) in &picked {
             file.buffer().with_bytes(|all| {
-                rbuf.set_tensor(off, t.dtype(), &t.ne(), &all[t.offset()..t.offset() + bytes])
+                let src = all.get(t.offset()..t.offset() + bytes).ok_or_else(|| {
+                    Error::arg(format!("llama: tensor '{}' lies outside the file", t.name()))
+                })?;
+                rbuf.set_tensor(off, t.dtype(), &t.ne(), src)
             })??;
             weights.insert(
                 t.name().to_string(),

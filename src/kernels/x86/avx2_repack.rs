@@ -77,53 +77,79 @@ fn kq<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
 ///
 /// # Safety
 /// AVX2 is available and `p` points at a whole group block of `KIND`.
+/// Low and high nibbles of a 32-byte load: levels 0..15 of two steps.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles(raw: __m256i) -> [__m256i; 2] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    [_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4)]
+}
+
+/// The four 2-bit fields (bits 0-1, 2-3, 4-5, 6-7) of a 32-byte load: Q2_K / TQ2_0 levels of
+/// the four 32-element quarters.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn crumbs(raw: __m256i) -> [__m256i; 4] {
+    let m3 = _mm256_set1_epi8(3);
+    [
+        _mm256_and_si256(raw, m3),
+        _mm256_and_si256(_mm256_srli_epi16(raw, 2), m3),
+        _mm256_and_si256(_mm256_srli_epi16(raw, 4), m3),
+        _mm256_and_si256(_mm256_srli_epi16(raw, 6), m3),
+    ]
+}
+
+/// Q6_K levels (+32) of the four 32-element quarters from the low-bit loads `qa` (quarters 0, 2)
+/// and `qb` (1, 3) and the high-bit load `qh`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q6_levels(qa: __m256i, qb: __m256i, qh: __m256i) -> [__m256i; 4] {
+    let m30 = _mm256_set1_epi8(0x30);
+    let [la, ha] = nibbles(qa);
+    let [lb, hb] = nibbles(qb);
+    [
+        _mm256_or_si256(la, _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
+        _mm256_or_si256(lb, _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),
+        _mm256_or_si256(ha, _mm256_and_si256(qh, m30)),
+        _mm256_or_si256(hb, _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)),
+    ]
+}
+
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn k_levels<const KIND: u8>(p: *const u8) -> [__m256i; 64] {
     // SAFETY: every load below stays inside the group block (layout in backend::repack).
     let ld = |o: usize| unsafe { _mm256_loadu_si256(p.add(o) as *const __m256i) };
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m3 = _mm256_set1_epi8(3);
-    let m30 = _mm256_set1_epi8(0x30);
     let mut u = [_mm256_setzero_si256(); 64];
     match KIND {
         KIND_Q4_K => {
             for j in 0..4 {
                 for s in 0..8 {
-                    let raw = ld(128 + 32 * (8 * j + s));
-                    u[16 * j + s] = _mm256_and_si256(raw, m4);
-                    u[16 * j + 8 + s] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    [u[16 * j + s], u[16 * j + 8 + s]] = nibbles(ld(128 + 32 * (8 * j + s)));
                 }
             }
         }
         KIND_Q2_K | KIND_TQ2_0 => {
             for n in 0..2 {
                 for lc in 0..8 {
-                    let raw = ld(q2_qs(KIND) + 32 * (8 * n + lc));
-                    u[32 * n + lc] = _mm256_and_si256(raw, m3);
-                    u[32 * n + 8 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 2), m3);
-                    u[32 * n + 16 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m3);
-                    u[32 * n + 24 + lc] = _mm256_and_si256(_mm256_srli_epi16(raw, 6), m3);
+                    let q = crumbs(ld(q2_qs(KIND) + 32 * (8 * n + lc)));
+                    for (t, v) in q.into_iter().enumerate() {
+                        u[32 * n + 8 * t + lc] = v;
+                    }
                 }
             }
         }
         _ => {
             for n in 0..2 {
                 for lc in 0..8 {
-                    let qa = ld(144 + 32 * (16 * n + lc));
-                    let qb = ld(144 + 32 * (16 * n + 8 + lc));
-                    let qh = ld(1168 + 32 * (8 * n + lc));
-                    let (la, lb) = (_mm256_and_si256(qa, m4), _mm256_and_si256(qb, m4));
-                    let ha = _mm256_and_si256(_mm256_srli_epi16(qa, 4), m4);
-                    let hb = _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4);
-                    let h0 = _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30);
-                    let h1 = _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30);
-                    let h2 = _mm256_and_si256(qh, m30);
-                    let h3 = _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30);
-                    u[32 * n + lc] = _mm256_or_si256(la, h0);
-                    u[32 * n + 8 + lc] = _mm256_or_si256(lb, h1);
-                    u[32 * n + 16 + lc] = _mm256_or_si256(ha, h2);
-                    u[32 * n + 24 + lc] = _mm256_or_si256(hb, h3);
+                    let q = q6_levels(
+                        ld(144 + 32 * (16 * n + lc)),
+                        ld(144 + 32 * (16 * n + 8 + lc)),
+                        ld(1168 + 32 * (8 * n + lc)),
+                    );
+                    for (t, v) in q.into_iter().enumerate() {
+                        u[32 * n + 8 * t + lc] = v;
+                    }
                 }
             }
         }
@@ -282,7 +308,6 @@ unsafe fn q0_kernel<const KIND: u8, const NC: usize>(
     let yp: [*const u8; NC] = std::array::from_fn(|c| y[c].as_ptr());
     // SAFETY: acc has NC entries of 8 floats (caller contract).
     let mut av: [__m256; NC] = std::array::from_fn(|c| unsafe { _mm256_loadu_ps(acc[c].as_ptr()) });
-    let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let lut = if KIND == KIND_IQ4_NL {
         // SAFETY: the table has 16 bytes.
@@ -314,8 +339,7 @@ unsafe fn q0_kernel<const KIND: u8, const NC: usize>(
         for p in 0..4 {
             // SAFETY: the quants follow the scales: 4 loads of 32 bytes inside the block.
             let raw = unsafe { _mm256_loadu_si256(xb.add(qo + 32 * p) as *const __m256i) };
-            let lo = _mm256_and_si256(raw, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            let [lo, hi] = nibbles(raw);
             if KIND == KIND_Q4_0 {
                 xs[p] = lo;
                 xs[4 + p] = hi;
@@ -406,7 +430,6 @@ unsafe fn k_isum_direct<const KIND: u8, const NC: usize>(
     let bc = |c: usize, s: usize| unsafe {
         _mm256_set1_epi32((yb[c].add(Q8K_QS + 4 * s) as *const i32).read_unaligned())
     };
-    let m4 = _mm256_set1_epi8(0x0F);
     let mut isum = [_mm256_setzero_si256(); NC];
     let z = _mm256_setzero_si256();
     match KIND {
@@ -414,9 +437,7 @@ unsafe fn k_isum_direct<const KIND: u8, const NC: usize>(
             for j in 0..4 {
                 let (mut lo, mut hi) = ([z; NC], [z; NC]);
                 for s in 0..8 {
-                    let raw = ld(128 + 32 * (8 * j + s));
-                    let ul = _mm256_and_si256(raw, m4);
-                    let uh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                    let [ul, uh] = nibbles(ld(128 + 32 * (8 * j + s)));
                     for c in 0..NC {
                         lo[c] =
                             _mm256_add_epi16(lo[c], _mm256_maddubs_epi16(ul, bc(c, 16 * j + s)));
@@ -436,19 +457,12 @@ unsafe fn k_isum_direct<const KIND: u8, const NC: usize>(
             }
         }
         KIND_Q2_K | KIND_TQ2_0 => {
-            let m3 = _mm256_set1_epi8(3);
             for n in 0..2 {
                 for half in 0..2 {
                     let mut a = [[z; NC]; 4];
                     for l4 in 0..4 {
                         let lc = 4 * half + l4;
-                        let raw = ld(q2_qs(KIND) + 32 * (8 * n + lc));
-                        let u = [
-                            _mm256_and_si256(raw, m3),
-                            _mm256_and_si256(_mm256_srli_epi16(raw, 2), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(raw, 4), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(raw, 6), m3),
-                        ];
+                        let u = crumbs(ld(q2_qs(KIND) + 32 * (8 * n + lc)));
                         for (j, uj) in u.iter().enumerate() {
                             for c in 0..NC {
                                 let y = bc(c, 32 * n + 8 * j + lc);
@@ -466,31 +480,16 @@ unsafe fn k_isum_direct<const KIND: u8, const NC: usize>(
             }
         }
         _ => {
-            let m30 = _mm256_set1_epi8(0x30);
             for n in 0..2 {
                 // Steps lc, lc + 1 of the four 32-element quarters t: sub-blocks 8n + 2t + lc / 4.
                 for lp in 0..4 {
                     let (mut a0, mut a1, mut a2, mut a3) = ([z; NC], [z; NC], [z; NC], [z; NC]);
                     for l2 in 0..2 {
                         let lc = 2 * lp + l2;
-                        let qa = ld(144 + 32 * (16 * n + lc));
-                        let qb = ld(144 + 32 * (16 * n + 8 + lc));
-                        let qh = ld(1168 + 32 * (8 * n + lc));
-                        let u0 = _mm256_or_si256(
-                            _mm256_and_si256(qa, m4),
-                            _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
-                        );
-                        let u1 = _mm256_or_si256(
-                            _mm256_and_si256(qb, m4),
-                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
-                        );
-                        let u2 = _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(qa, 4), m4),
-                            _mm256_and_si256(qh, m30),
-                        );
-                        let u3 = _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(qb, 4), m4),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                        let [u0, u1, u2, u3] = q6_levels(
+                            ld(144 + 32 * (16 * n + lc)),
+                            ld(144 + 32 * (16 * n + 8 + lc)),
+                            ld(1168 + 32 * (8 * n + lc)),
                         );
                         let s0 = 32 * n + lc;
                         for c in 0..NC {
