@@ -232,6 +232,11 @@ pub struct KernelTable {
     pub(crate) mad_f32: fn(&mut [f32], &[f32], f32),
     /// Float GEMM micro-kernel (F32/F16/BF16 `mul_mat` with several columns).
     pub(crate) sgemm: sgemm::SgemmFn,
+    /// Weight strip packer of the float GEMM (a 6-row transpose).
+    pub(crate) sgemm_pack: sgemm::PackStripFn,
+    /// Activation rounding through F16 / BF16 for the float GEMM (in place).
+    pub(crate) round_f16: fn(&mut [f32]),
+    pub(crate) round_bf16: fn(&mut [f32]),
     // --- repacked weights (kernels/repack.rs, x86/avx2_repack.rs) ---
     repack: [Option<repack::RepackGemmFn>; N_TYPES],
     // --- ops: fused / contiguous elementwise kernels ---
@@ -268,6 +273,9 @@ impl KernelTable {
             mad_f16: scalar::mad_f16,
             mad_f32: scalar::mad_f32,
             sgemm: sgemm::sgemm_6x16,
+            sgemm_pack: sgemm::pack_strip,
+            round_f16: sgemm::round_f16,
+            round_bf16: sgemm::round_bf16,
             repack: [None; N_TYPES],
             // --- ops ---
             swiglu_f32: scalar::swiglu_f32,

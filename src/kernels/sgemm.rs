@@ -17,6 +17,44 @@ pub(crate) const SG_NR: usize = 16;
 pub(crate) type SgemmFn =
     fn(kc: usize, a: &[f32], bp: &[f32], out: &mut [f32; SG_MR * SG_NR], acc: bool);
 
+/// Packs `kc` elements of [`SG_MR`] rows into a weight strip: `out[k * SG_MR + r] = rows[r][k]`.
+/// Each row holds at least `kc` little-endian f32 (`kc * 4` bytes, any alignment); `out` at least
+/// `kc * SG_MR` values. Pure data movement: every tier writes the same values.
+pub(crate) type PackStripFn = fn(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]);
+
+/// Checks the slice lengths every strip packer relies on.
+#[inline(always)]
+pub(crate) fn check_pack(kc: usize, rows: &[&[u8]; SG_MR], out: &[f32]) {
+    assert!(rows.iter().all(|r| r.len() >= kc * 4), "pack_strip: row too short");
+    assert!(out.len() >= kc * SG_MR, "pack_strip: strip too short");
+}
+
+/// Portable strip packer.
+pub(crate) fn pack_strip(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
+    check_pack(kc, &rows, out);
+    for (r, row) in rows.iter().enumerate() {
+        for (g, v) in out[..kc * SG_MR].chunks_exact_mut(SG_MR).zip(row.chunks_exact(4)) {
+            g[r] = f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+        }
+    }
+}
+
+/// Rounds every value to the nearest F16 (ties to even, as ggml's F16C conversion) and back.
+pub(crate) fn round_f16(x: &mut [f32]) {
+    use crate::quant::util::{fp16_to_fp32, fp32_to_fp16};
+    for v in x {
+        *v = fp16_to_fp32(fp32_to_fp16(*v));
+    }
+}
+
+/// Rounds every value to the nearest BF16 (ggml's `GGML_FP32_TO_BF16`, NaN kept quiet) and back.
+pub(crate) fn round_bf16(x: &mut [f32]) {
+    use crate::quant::util::{bf16_to_fp32, fp32_to_bf16};
+    for v in x {
+        *v = bf16_to_fp32(fp32_to_bf16(*v));
+    }
+}
+
 /// Checks the slice lengths every tier relies on.
 #[inline(always)]
 pub(crate) fn check(kc: usize, a: &[f32], bp: &[f32]) {

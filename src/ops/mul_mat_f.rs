@@ -20,7 +20,6 @@ use crate::error::{Error, Result};
 use crate::kernels::sgemm::{SG_MR, SG_NR};
 use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::DequantizeFn;
-use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 use std::sync::atomic::Ordering;
 
 /// K values per block (a 16-column panel slice of 16 KiB stays in L1 while the task's strips,
@@ -141,10 +140,11 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         (None, None)
     };
     // F16/BF16 weights: activations take that precision (a product of two such values is exact).
-    let round: fn(f32) -> f32 = match a.dtype {
-        DType::F16 => |v| fp16_to_fp32(fp32_to_fp16(v)),
-        DType::BF16 => |v| bf16_to_fp32(fp32_to_bf16(v)),
-        _ => |v| v,
+    let table = crate::kernels::table();
+    let round: Option<fn(&mut [f32])> = match a.dtype {
+        DType::F16 => Some(table.round_f16),
+        DType::BF16 => Some(table.round_bf16),
+        _ => None,
     };
     // SAFETY: this is worker ith, in its one call for phase 0.
     let sc = unsafe { scratch(ctx, ith) };
@@ -180,8 +180,12 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                     let bytes = std::slice::from_raw_parts(row, vd.row_bytes(k));
                     from_vd.expect("quant")(bytes, rowf);
                 } else {
-                    for (kk, v) in rowf.iter_mut().enumerate() {
-                        *v = super::elementwise::ld(row.add(kk * b.nb[0]), b.dtype);
+                    if b.dtype == DType::F32 && b.nb[0] == 4 {
+                        std::ptr::copy_nonoverlapping(row, rowf.as_mut_ptr() as *mut u8, k * 4);
+                    } else {
+                        for (kk, v) in rowf.iter_mut().enumerate() {
+                            *v = super::elementwise::ld(row.add(kk * b.nb[0]), b.dtype);
+                        }
                     }
                     if let (Some(t), Some(f)) = (to_vd, from_vd) {
                         t(rowf, vdb);
@@ -189,16 +193,38 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                     }
                 }
             }
+            if let Some(round) = round {
+                round(rowf);
+            }
             for (kk, &v) in rowf.iter().enumerate() {
-                panel[kk * SG_NR + c] = round(v);
+                panel[kk * SG_NR + c] = v;
             }
         }
     }
     Ok(())
 }
 
-/// Per-thread scratch of [`gemm_block`] in f32: strips, one dequantized row, tile accumulators.
-pub(crate) const BLOCK_SCRATCH: usize = (MC + 1) * KC + C_TILES * SG_MR * SG_NR;
+/// Per-thread scratch of [`gemm_block`] in f32: strips, six converted rows, tile accumulators.
+pub(crate) const BLOCK_SCRATCH: usize = (MC + SG_MR) * KC + C_TILES * SG_MR * SG_NR;
+
+/// Panels (of the last ones of a K block) over which the next block's rows are prefetched.
+const PREFETCH_PANELS: usize = 8;
+
+/// Asks for the cache line at `p` (a hint: never faults, whatever the address).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint; it does not fault on any address and SSE is part of
+    // x86_64's baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// The rows of a strip past the block's last row.
+static ZERO_ROW: [u8; KC * 4] = [0; KC * 4];
 
 /// One task of the GEMM: weight rows `i0..i1` (at most `MC`; `a_row(i)` is row i's first byte,
 /// `k` elements of `dtype` in whole blocks) times the `ncols` columns packed in `panels` (at most
@@ -222,47 +248,59 @@ pub(crate) fn gemm_block(
     let kernel = crate::kernels::table().sgemm;
     let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
     let (blck, ts) = (dtype.block_size(), dtype.type_size());
+    let pack = crate::kernels::table().sgemm_pack;
     let (strips, rest) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
-    let (row_buf, ctiles) = rest.split_at_mut(KC);
+    let (row_bufs, ctiles) = rest.split_at_mut(SG_MR * KC);
     let n_strips = (i1 - i0).div_ceil(SG_MR);
     let n_panels = ncols.div_ceil(SG_NR);
     let mut k0 = 0;
     while k0 < k {
         let kc = KC.min(k - k0);
         // Pack the rows: strip t holds rows i0 + 6t.., group kk of it element k0 + kk of its 6
-        // rows (missing rows zero).
+        // rows (missing rows zero). Quantized and half rows are first converted to f32 in
+        // `row_bufs`, F32 rows are read in place.
         for st in 0..n_strips {
-            let strip = &mut strips[st * SG_MR * KC..][..kc * SG_MR];
-            for r in 0..SG_MR {
+            let mut rows: [&[u8]; SG_MR] = [&ZERO_ROW[..]; SG_MR];
+            let mut bufs = row_bufs.chunks_exact_mut(KC);
+            for (r, row) in rows.iter_mut().enumerate() {
                 let i = i0 + st * SG_MR + r;
-                if i < i1 {
-                    // SAFETY: `a_row(i)` starts a row of k elements in whole blocks (caller);
-                    // k0 and kc are multiples of the block size (KC is), so bytes
-                    // [k0 / blck * ts, (k0 + kc) / blck * ts) lie inside it.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(a_row(i).add(k0 / blck * ts), kc / blck * ts)
-                    };
-                    if dtype == DType::F32 {
-                        // F32 needs no conversion: scatter straight from the row.
-                        for (g, v) in strip.chunks_exact_mut(SG_MR).zip(bytes.chunks_exact(4)) {
-                            g[r] = f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
-                        }
-                        continue;
-                    }
-                    deq(bytes, &mut row_buf[..kc]);
-                    for (g, &v) in strip.chunks_exact_mut(SG_MR).zip(&row_buf[..kc]) {
-                        g[r] = v;
-                    }
+                let buf = bufs.next().expect("SG_MR row buffers");
+                if i >= i1 {
+                    continue;
+                }
+                // SAFETY: `a_row(i)` starts a row of k elements in whole blocks (caller); k0
+                // and kc are multiples of the block size (KC is), so bytes
+                // [k0 / blck * ts, (k0 + kc) / blck * ts) lie inside it.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(a_row(i).add(k0 / blck * ts), kc / blck * ts)
+                };
+                if dtype == DType::F32 {
+                    *row = bytes;
                 } else {
-                    for g in strip.chunks_exact_mut(SG_MR) {
-                        g[r] = 0.0;
-                    }
+                    deq(bytes, &mut buf[..kc]);
+                    *row = bytemuck::cast_slice(&buf[..kc]);
                 }
             }
+            pack(kc, rows, &mut strips[st * SG_MR * KC..][..kc * SG_MR]);
         }
         // Each 16-column panel slice stays in L1 while every strip passes over it; the partial
         // sums go to the tile accumulators.
+        // The next K block's weight rows are fetched while the last panels run (a block's rows
+        // are `i1 - i0` separate streams, too many for the hardware prefetcher).
+        let next = k0 + kc;
+        let window = n_panels.min(PREFETCH_PANELS);
+        let (seg, seg_len) = (next / blck * ts, KC.min(k.saturating_sub(next)) / blck * ts);
         for p in 0..n_panels {
+            if next < k && p + window >= n_panels {
+                let w = p + window - n_panels;
+                let (r0, r1) = ((i1 - i0) * w / window, (i1 - i0) * (w + 1) / window);
+                for i in i0 + r0..i0 + r1 {
+                    let row = a_row(i).wrapping_add(seg);
+                    for off in (0..seg_len).step_by(64) {
+                        prefetch(row.wrapping_add(off));
+                    }
+                }
+            }
             let base = p * panel_floats(k) + k0 * SG_NR;
             let panel = &panels[base..base + kc * SG_NR];
             for st in 0..n_strips {

@@ -35,6 +35,9 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     avx2_iq::plug(t);
     avx2_gemm::plug(t);
     t.sgemm = avx2_sgemm::sgemm_6x16;
+    t.sgemm_pack = avx2_sgemm::pack_strip;
+    t.round_f16 = avx2_sgemm::round_f16;
+    t.round_bf16 = avx2_sgemm::round_bf16;
     avx2_repack::plug(t);
     // --- ops ---
     avx2_elementwise::plug(t);
