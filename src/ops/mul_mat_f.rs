@@ -303,7 +303,20 @@ pub(crate) fn gemm_block(
             }
             let base = p * panel_floats(k) + k0 * SG_NR;
             let panel = &panels[base..base + kc * SG_NR];
+            // The next panel's slice (or the first panel's of the next K block), a line range
+            // per strip, is fetched while this one runs: panels stream from L3 or memory.
+            let (np, nk0) = if p + 1 < n_panels { (p + 1, k0) } else { (0, next) };
+            let next_slice = if nk0 < k {
+                let nb = np * panel_floats(k) + nk0 * SG_NR;
+                &panels[nb..nb + KC.min(k - nk0) * SG_NR]
+            } else {
+                &panels[..0]
+            };
+            let lines = (next_slice.len() * 4).div_ceil(64);
             for st in 0..n_strips {
+                for l in (lines * st / n_strips)..(lines * (st + 1) / n_strips) {
+                    prefetch(next_slice.as_ptr().wrapping_add(l * 16) as *const u8);
+                }
                 let tile = &mut ctiles[(p * (MC / SG_MR) + st) * SG_MR * SG_NR..][..SG_MR * SG_NR];
                 let tile: &mut [f32; SG_MR * SG_NR] = tile.try_into().expect("tile");
                 kernel(kc, &strips[st * SG_MR * KC..][..kc * SG_MR], panel, tile, k0 > 0);
