@@ -163,13 +163,13 @@ impl BufferType for CpuRepackBufferType {
 
 /// State shared by a backend and the plans built on it.
 pub(crate) struct CpuShared {
-    pub pool: RwLock<Arc<rayon::ThreadPool>>,
+    pub pool: RwLock<Arc<crate::plan::exec::Workers>>,
     pub n_threads: AtomicUsize,
     pub abort: Mutex<Option<AbortHook>>,
 }
 
 impl CpuShared {
-    pub(crate) fn pool(&self) -> Arc<rayon::ThreadPool> {
+    pub(crate) fn pool(&self) -> Arc<crate::plan::exec::Workers> {
         match self.pool.read() {
             Ok(p) => p.clone(),
             Err(e) => e.into_inner().clone(),
@@ -183,11 +183,12 @@ impl CpuShared {
     }
 }
 
-fn build_pool(n: usize) -> Result<rayon::ThreadPool> {
+fn build_pool(n: usize) -> Result<crate::plan::exec::Workers> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("quantgraph-{i}"))
         .build()
+        .map(crate::plan::exec::Workers::new)
         .map_err(|e| Error::arg(format!("cannot start {n} worker threads: {e}")))
 }
 

@@ -7,8 +7,9 @@ use super::ExecNode;
 use crate::error::{Error, Result};
 use crate::ops::NodeCtx;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A sense-reversing spin barrier with yield back-off (for more threads than cores).
 pub(crate) struct SpinBarrier {
@@ -110,7 +111,9 @@ fn worker(
                 sh.counters[(step + 1) % 2].store(0, Ordering::Relaxed);
                 if phase + 1 == node.phases {
                     if let Some(h) = sh.hook {
-                        if h() {
+                        // A panicking hook counts as a request to stop (the other workers are
+                        // waiting at the barrier; unwinding past it would strand them).
+                        if catch_unwind(AssertUnwindSafe(h)).unwrap_or(true) {
                             sh.fail(step, Error::Aborted);
                         }
                     }
@@ -127,7 +130,7 @@ fn worker(
 
 pub(crate) fn run(
     nodes: &[ExecNode],
-    pool: &rayon::ThreadPool,
+    workers: &Workers,
     nth: usize,
     work: *mut u8,
     work_len: usize,
@@ -144,15 +147,184 @@ pub(crate) fn run(
     if nth == 1 {
         worker(nodes, &sh, 0, 1, work.get(), work_len);
     } else {
-        pool.broadcast(|ctx| {
+        let job = |ith: usize| {
             let w = &work;
-            worker(nodes, &sh, ctx.index(), nth, w.get(), work_len)
-        });
+            worker(nodes, &sh, ith, nth, w.get(), work_len)
+        };
+        workers.team.run(&workers.pool, nth, &job)?;
     }
     match sh.error.into_inner() {
         Ok(Some(e)) => Err(e),
         Ok(None) => Ok(()),
         Err(p) => Err(p.into_inner().unwrap_or(Error::Aborted)),
+    }
+}
+
+/// A backend's threads: the rayon pool and the team of workers that stay hot between computes.
+pub(crate) struct Workers {
+    pub(crate) pool: rayon::ThreadPool,
+    team: Arc<Team>,
+}
+
+impl Workers {
+    pub(crate) fn new(pool: rayon::ThreadPool) -> Workers {
+        let n = pool.current_num_threads();
+        let slots = (0..n.max(1)).map(|_| Slot { state: AtomicU8::new(ASLEEP) }).collect();
+        Workers {
+            pool,
+            team: Arc::new(Team {
+                next_ticket: AtomicUsize::new(0),
+                serving: AtomicUsize::new(0),
+                job: AtomicPtr::new(std::ptr::null_mut()),
+                done: AtomicUsize::new(0),
+                slots,
+            }),
+        }
+    }
+
+    pub(crate) fn n_threads(&self) -> usize {
+        self.pool.current_num_threads().max(1)
+    }
+}
+
+/// How long a team worker spins for the next compute before it returns its thread to the pool.
+const HOT_WINDOW: Duration = Duration::from_micros(300);
+
+const ASLEEP: u8 = 0;
+const SPINNING: u8 = 1;
+const ASSIGNED: u8 = 2;
+
+/// One worker's state: `ASLEEP` (no job of the pool runs it), `SPINNING` (it waits for work in
+/// a pool thread) or `ASSIGNED` (the caller gave it the current job).
+#[repr(align(64))]
+struct Slot {
+    state: AtomicU8,
+}
+
+/// The caller of a compute runs worker 0 itself and hands workers 1.. the job: a worker still
+/// spinning from the last compute takes it at once (a compare-exchange), one that went to sleep
+/// is started again as a pool job. Workers spin for `HOT_WINDOW` after a job, so a stream of
+/// computes (a decode loop, a benchmark) does not pay the pool's wake-up each time.
+struct Team {
+    /// A ticket lock: computes sharing the backend take the team in turn (first come, first
+    /// served, so a thread computing in a loop cannot starve another).
+    next_ticket: AtomicUsize,
+    serving: AtomicUsize,
+    /// The current job (a `JobRef` on the caller's stack), valid while its compute holds the
+    /// team and until `done` reaches the number of assigned workers.
+    job: AtomicPtr<()>,
+    /// Workers that finished the current job.
+    done: AtomicUsize,
+    slots: Box<[Slot]>,
+}
+
+thread_local! {
+    /// The team whose job this thread is running (its address), or 0.
+    static IN_TEAM: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+struct JobRef<'a> {
+    f: &'a (dyn Fn(usize) + Sync),
+}
+
+impl Team {
+    /// Runs `f(0)` here and `f(1)` .. `f(nth - 1)` on team workers, and returns when all are
+    /// done, after any compute that took the team earlier. A compute started from inside one of
+    /// this team's jobs (a custom op computing a plan on the same backend) would wait for itself:
+    /// it is an error instead.
+    fn run(
+        self: &Arc<Self>,
+        pool: &rayon::ThreadPool,
+        nth: usize,
+        f: &(dyn Fn(usize) + Sync),
+    ) -> Result<()> {
+        let me = Arc::as_ptr(self) as usize;
+        if IN_TEAM.with(|t| t.get()) == me {
+            return Err(Error::arg(
+                "compute: a plan on this backend was computed from inside one of its own \
+                 computes (a custom op); use another backend for the inner graph",
+            ));
+        }
+        assert!(nth <= self.slots.len(), "team: more workers than threads");
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let mut spins = 0u32;
+        while self.serving.load(Ordering::Acquire) != ticket {
+            if spins < 2000 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let job = JobRef { f };
+        self.done.store(0, Ordering::Relaxed);
+        self.job.store(&job as *const JobRef<'_> as *mut (), Ordering::Release);
+        for i in 1..nth {
+            let st = &self.slots[i].state;
+            if st.compare_exchange(SPINNING, ASSIGNED, Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                // Asleep: start it again (the spawn publishes the job to it).
+                st.store(ASSIGNED, Ordering::Release);
+                let team = Arc::clone(self);
+                pool.spawn(move || team.work(i));
+            }
+        }
+        // Worker 0's panics are caught inside (`worker` catches the ops' and the hook's); catch
+        // anything else too, so this frame never unwinds while workers still use `job`.
+        let outer = IN_TEAM.with(|t| t.replace(me));
+        let r = catch_unwind(AssertUnwindSafe(|| f(0)));
+        IN_TEAM.with(|t| t.set(outer));
+        let mut spins = 0u32;
+        while self.done.load(Ordering::Acquire) < nth - 1 {
+            if spins < 20_000 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        self.job.store(std::ptr::null_mut(), Ordering::Relaxed);
+        self.serving.fetch_add(1, Ordering::Release);
+        if let Err(p) = r {
+            std::panic::resume_unwind(p);
+        }
+        Ok(())
+    }
+
+    /// A team worker's life in a pool thread: run the assigned job, then spin for the next one
+    /// until `HOT_WINDOW` passes without work.
+    fn work(&self, i: usize) {
+        IN_TEAM.with(|t| t.set(self as *const Team as usize));
+        let st = &self.slots[i].state;
+        loop {
+            let p = self.job.load(Ordering::Acquire) as *const JobRef<'_>;
+            // SAFETY: this slot was ASSIGNED after `job` was stored (release / acquire through
+            // the slot's compare-exchange or the spawn), and the caller keeps the JobRef alive
+            // until `done` counts this worker, which happens below after the last use.
+            let f = unsafe { (*p).f };
+            let _ = catch_unwind(AssertUnwindSafe(|| f(i)));
+            st.store(SPINNING, Ordering::Release);
+            self.done.fetch_add(1, Ordering::AcqRel);
+            let start = Instant::now();
+            let mut spins = 0u32;
+            loop {
+                if st.load(Ordering::Acquire) == ASSIGNED {
+                    break;
+                }
+                std::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins % 256 == 0 && start.elapsed() > HOT_WINDOW {
+                    match st.compare_exchange(SPINNING, ASLEEP, Ordering::AcqRel, Ordering::Acquire)
+                    {
+                        Ok(_) => {
+                            IN_TEAM.with(|t| t.set(0));
+                            return;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 
 mod alloc;
 pub(crate) use alloc::align_up;
-mod exec;
+pub(crate) mod exec;
 
 use crate::backend::{AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared};
 use crate::dtype::DType;
@@ -552,7 +552,7 @@ impl Plan {
             )));
         }
         let pool = self.shared.pool();
-        let nth = pool.current_num_threads().max(1);
+        let nth = pool.n_threads();
         if nth != self.work_nth {
             self.size_work(nth)?;
         }
