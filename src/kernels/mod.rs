@@ -234,6 +234,7 @@ pub struct KernelTable {
     pub(crate) sgemm: sgemm::SgemmFn,
     /// Weight strip packer of the float GEMM (a 6-row transpose).
     pub(crate) sgemm_pack: sgemm::PackStripFn,
+    pub(crate) sgemm_pack_f16: sgemm::PackStripF16Fn,
     /// Activation rounding through F16 / BF16 for the float GEMM (in place).
     pub(crate) round_f16: fn(&mut [f32]),
     pub(crate) round_bf16: fn(&mut [f32]),
@@ -274,6 +275,7 @@ impl KernelTable {
             mad_f32: scalar::mad_f32,
             sgemm: sgemm::sgemm_6x16,
             sgemm_pack: sgemm::pack_strip,
+            sgemm_pack_f16: sgemm::pack_strip_f16,
             round_f16: sgemm::round_f16,
             round_bf16: sgemm::round_bf16,
             repack: [None; N_TYPES],

@@ -22,6 +22,26 @@ pub(crate) type SgemmFn =
 /// `kc * SG_MR` values. Pure data movement: every tier writes the same values.
 pub(crate) type PackStripFn = fn(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]);
 
+/// As [`PackStripFn`] for F16 rows (`kc * 2` bytes each), converted to f32 on the way.
+pub(crate) type PackStripF16Fn = fn(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]);
+
+/// Checks the slice lengths every strip packer relies on (`es` bytes per element).
+#[inline(always)]
+pub(crate) fn check_pack_es(kc: usize, es: usize, rows: &[&[u8]; SG_MR], out: &[f32]) {
+    assert!(rows.iter().all(|r| r.len() >= kc * es), "pack_strip: row too short");
+    assert!(out.len() >= kc * SG_MR, "pack_strip: strip too short");
+}
+
+/// Portable F16 strip packer.
+pub(crate) fn pack_strip_f16(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
+    check_pack_es(kc, 2, &rows, out);
+    for (r, row) in rows.iter().enumerate() {
+        for (g, v) in out[..kc * SG_MR].chunks_exact_mut(SG_MR).zip(row.chunks_exact(2)) {
+            g[r] = crate::quant::util::fp16_to_fp32(u16::from_le_bytes([v[0], v[1]]));
+        }
+    }
+}
+
 /// Checks the slice lengths every strip packer relies on.
 #[inline(always)]
 pub(crate) fn check_pack(kc: usize, rows: &[&[u8]; SG_MR], out: &[f32]) {

@@ -248,7 +248,8 @@ pub(crate) fn gemm_block(
     let kernel = crate::kernels::table().sgemm;
     let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
     let (blck, ts) = (dtype.block_size(), dtype.type_size());
-    let pack = crate::kernels::table().sgemm_pack;
+    let (pack, pack_f16) =
+        (crate::kernels::table().sgemm_pack, crate::kernels::table().sgemm_pack_f16);
     let (strips, rest) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
     let (row_bufs, ctiles) = rest.split_at_mut(SG_MR * KC);
     let n_strips = (i1 - i0).div_ceil(SG_MR);
@@ -257,8 +258,8 @@ pub(crate) fn gemm_block(
     while k0 < k {
         let kc = KC.min(k - k0);
         // Pack the rows: strip t holds rows i0 + 6t.., group kk of it element k0 + kk of its 6
-        // rows (missing rows zero). Quantized and half rows are first converted to f32 in
-        // `row_bufs`, F32 rows are read in place.
+        // rows (missing rows zero). F32 and F16 rows are read in place (F16 widened by the
+        // packer); the other types are first converted to f32 in `row_bufs`.
         for st in 0..n_strips {
             let mut rows: [&[u8]; SG_MR] = [&ZERO_ROW[..]; SG_MR];
             let mut bufs = row_bufs.chunks_exact_mut(KC);
@@ -274,14 +275,19 @@ pub(crate) fn gemm_block(
                 let bytes = unsafe {
                     std::slice::from_raw_parts(a_row(i).add(k0 / blck * ts), kc / blck * ts)
                 };
-                if dtype == DType::F32 {
+                if dtype == DType::F32 || dtype == DType::F16 {
                     *row = bytes;
                 } else {
                     deq(bytes, &mut buf[..kc]);
                     *row = bytemuck::cast_slice(&buf[..kc]);
                 }
             }
-            pack(kc, rows, &mut strips[st * SG_MR * KC..][..kc * SG_MR]);
+            let strip = &mut strips[st * SG_MR * KC..][..kc * SG_MR];
+            if dtype == DType::F16 {
+                pack_f16(kc, rows, strip);
+            } else {
+                pack(kc, rows, strip);
+            }
         }
         // Each 16-column panel slice stays in L1 while every strip passes over it; the partial
         // sums go to the tile accumulators.

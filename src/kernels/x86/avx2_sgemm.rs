@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::sgemm::{SG_MR, SG_NR, check, check_pack};
+use crate::kernels::sgemm::{SG_MR, SG_NR, check, check_pack, check_pack_es};
 
 /// See `crate::kernels::sgemm`. Installed by `plug_avx2` only on CPUs with AVX2 and FMA.
 pub(crate) fn sgemm_6x16(
@@ -76,7 +76,7 @@ pub(crate) fn pack_strip(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
     // SAFETY: `check_pack` proved each row holds `kc` f32 and `out` `kc * 6`; the loop reads
     // elements below `whole <= kc` and writes groups below `whole`. `plug_avx2` installs this
     // function only after AVX2 was detected.
-    unsafe { pack8(whole, rows.map(|r| r.as_ptr()), out.as_mut_ptr()) };
+    unsafe { pack8::<false>(whole, rows.map(|r| r.as_ptr()), out.as_mut_ptr()) };
     for k in whole..kc {
         for (r, row) in rows.iter().enumerate() {
             let v = &row[k * 4..k * 4 + 4];
@@ -85,10 +85,27 @@ pub(crate) fn pack_strip(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
     }
 }
 
+/// See `crate::kernels::sgemm::PackStripF16Fn`: as [`pack_strip`], each row's eight halves
+/// widened by F16C before the transpose.
+pub(crate) fn pack_strip_f16(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
+    check_pack_es(kc, 2, &rows, out);
+    let whole = kc / 8 * 8;
+    // SAFETY: `check_pack_es` proved each row holds `kc` halves and `out` `kc * 6` values; the
+    // loop stays below `whole <= kc`. `plug_avx2` installs this only with AVX2 and F16C.
+    unsafe { pack8::<true>(whole, rows.map(|r| r.as_ptr()), out.as_mut_ptr()) };
+    for k in whole..kc {
+        for (r, row) in rows.iter().enumerate() {
+            let h = u16::from_le_bytes([row[k * 2], row[k * 2 + 1]]);
+            out[k * SG_MR + r] = crate::quant::util::fp16_to_fp32(h);
+        }
+    }
+}
+
 /// # Safety
-/// AVX2 is available; each row holds `whole` f32 (a multiple of 8), `out` `whole * 6`.
-#[target_feature(enable = "avx2")]
-unsafe fn pack8(whole: usize, rows: [*const u8; SG_MR], out: *mut f32) {
+/// AVX2 and F16C are available; each row holds `whole` elements (f32, or f16 with `F16`; a
+/// multiple of 8), `out` `whole * 6` f32.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn pack8<const F16: bool>(whole: usize, rows: [*const u8; SG_MR], out: *mut f32) {
     let z = _mm256_setzero_ps();
     // Lanes 0..6 of a group: the last of every 8 groups is stored under this mask so nothing is
     // written past the strip; the others overlap the next group's first two lanes, which that
@@ -99,7 +116,13 @@ unsafe fn pack8(whole: usize, rows: [*const u8; SG_MR], out: *mut f32) {
         // SAFETY: k + 8 <= whole: elements k..k + 8 of each row and groups k..k + 8 of `out`
         // are in bounds (contract); the overlapping stores stay below group k + 7's end.
         unsafe {
-            let ld = |r: usize| _mm256_loadu_ps(rows[r].add(k * 4) as *const f32);
+            let ld = |r: usize| {
+                if F16 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(rows[r].add(k * 2) as *const __m128i))
+                } else {
+                    _mm256_loadu_ps(rows[r].add(k * 4) as *const f32)
+                }
+            };
             let (r0, r1, r2, r3, r4, r5) = (ld(0), ld(1), ld(2), ld(3), ld(4), ld(5));
             let t0 = _mm256_unpacklo_ps(r0, r1);
             let t1 = _mm256_unpackhi_ps(r0, r1);
@@ -269,6 +292,12 @@ mod tests {
             portable::pack_strip(kc, rows, &mut b[..kc * SG_MR]);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&a), bits(&b), "kc = {kc}");
+            assert!(a[kc * SG_MR..].iter().all(|&g| g == -7.0));
+            // The same bytes read as halves (NaNs included: F16C and the table widen alike).
+            let (mut a, mut b) = (vec![-7.0f32; kc * SG_MR + 8], vec![-7.0f32; kc * SG_MR + 8]);
+            pack_strip_f16(kc, rows, &mut a[..kc * SG_MR]);
+            portable::pack_strip_f16(kc, rows, &mut b[..kc * SG_MR]);
+            assert_eq!(bits(&a), bits(&b), "f16 kc = {kc}");
             assert!(a[kc * SG_MR..].iter().all(|&g| g == -7.0));
         }
     }

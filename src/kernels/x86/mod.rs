@@ -36,6 +36,7 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     avx2_gemm::plug(t);
     t.sgemm = avx2_sgemm::sgemm_6x16;
     t.sgemm_pack = avx2_sgemm::pack_strip;
+    t.sgemm_pack_f16 = avx2_sgemm::pack_strip_f16;
     t.round_f16 = avx2_sgemm::round_f16;
     t.round_bf16 = avx2_sgemm::round_bf16;
     avx2_repack::plug(t);
