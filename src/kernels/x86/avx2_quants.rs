@@ -1333,8 +1333,8 @@ unsafe fn vec_dot_q4_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
-            let scale_l = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8));
-            let scale_h = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8 + 1));
+            let scale_l = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8)));
+            let scale_h = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8 + 1)));
             let q4l = _mm256_and_si256(q4[j], m4);
             let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4[j]), m4);
             let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8[2 * j]));
@@ -1400,8 +1400,8 @@ unsafe fn vec_dot_q5_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
-            let scale_0 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8));
-            let scale_1 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8 + 1));
+            let scale_0 = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8)));
+            let scale_1 = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8 + 1)));
             // 16 where bit 2j (2j + 1) of the high-bit byte is set.
             let h0 = _mm256_set1_epi8((1u8 << (2 * j)) as i8);
             let h1 = _mm256_set1_epi8((2u8 << (2 * j)) as i8);
