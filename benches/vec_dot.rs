@@ -2,17 +2,19 @@
 //! (`vec_dot/q4_0/avx2/4096` beside `vec_dot/q4_0/scalar/4096`), on weights made by the reference
 //! quantizer and activations made by the CPU converter, as a matmul row sees them.
 //!
+//! Every type with a vec_dot kernel: the float, legacy, K-quant, low-bit, ternary and IQ formats.
+//!
 //! `cargo bench --bench vec_dot -- q4_0` runs one type.
 
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use quantgraph::DType;
 use quantgraph::kernels::{Isa, vec_dot_with};
-use quantgraph::quant::{quantize, quantize_for_dot};
+use quantgraph::quant::{quantize, quantize_for_dot, quantize_with_imatrix};
 use std::time::Duration;
 
 const N: usize = 4096;
 
-const TYPES: [DType; 19] = [
+const TYPES: [DType; 28] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -32,6 +34,15 @@ const TYPES: [DType; 19] = [
     DType::Q4_K,
     DType::Q5_K,
     DType::Q6_K,
+    DType::IQ2_XXS,
+    DType::IQ2_XS,
+    DType::IQ2_S,
+    DType::IQ3_XXS,
+    DType::IQ3_S,
+    DType::IQ1_S,
+    DType::IQ1_M,
+    DType::IQ4_NL,
+    DType::IQ4_XS,
 ];
 
 /// Deterministic values in [-1, 1) (xorshift), as in examples/bench.rs.
@@ -52,6 +63,10 @@ fn operands(dtype: DType) -> (Vec<u8>, Vec<u8>) {
     let mut xq = vec![0u8; dtype.row_size(N).unwrap()];
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => quantize_for_dot(dtype, &x, &mut xq).unwrap(),
+        // These three need an importance matrix: a uniform one, as examples/bench.rs does.
+        DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS => {
+            quantize_with_imatrix(dtype, &x, N, &vec![1.0; N], &mut xq).unwrap()
+        }
         _ => quantize(dtype, &x, &mut xq).unwrap(),
     }
     let vd = dtype.vec_dot_type();

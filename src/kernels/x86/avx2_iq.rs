@@ -219,6 +219,16 @@ fn sign_mask_32(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(b, sel)
 }
 
+/// For bytes that are 0 or a single set bit (`and` with one-bit masks): 127 where 0, negative
+/// where set (bit + 127 wraps to 128..=255), never 0. So `_mm256_sign_epi8(q8, t)` negates `q8`
+/// exactly where the bit is set, with the same bits as ggml's compare-to-mask and sign trick
+/// (`q8` negated, -128 wrapping to itself): one add instead of a compare, an `xor` and a `sub`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sign_carrier(bit: __m256i) -> __m256i {
+    _mm256_add_epi8(bit, _mm256_set1_epi8(127))
+}
+
 /// Bytes `b` and `b + 1` of `v` as i16, each repeated over 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -331,8 +341,8 @@ fn iq2_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             for j in 0..4 {
                 let q2 = set4(g(4 * j), g(4 * j + 1), g(4 * j + 2), g(4 * j + 3));
                 let q8 = load256(yb, Q8K_QS + 128 * k + 32 * j);
-                let neg = _mm256_cmpeq_epi8(_mm256_and_si256(signs[j], bit_sel), bit_sel);
-                dot[j] = _mm256_maddubs_epi16(q2, apply_sign(q8, neg));
+                let neg = sign_carrier(_mm256_and_si256(signs[j], bit_sel));
+                dot[j] = _mm256_maddubs_epi16(q2, _mm256_sign_epi8(q8, neg));
             }
             // Sub-block 4k+j: its low-nibble scale for the first 16 values, high for the rest.
             let b = 8 * k as u64;

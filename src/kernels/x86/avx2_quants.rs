@@ -431,31 +431,50 @@ unsafe fn vec_dot_f16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
 
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` and `y` are valid for reading `2 * n` bytes.
+///
+/// ggml's order: four accumulators of eight lanes, accumulator `j` lane `l` summing the products
+/// of elements `32 k + 8 j + l` in turn, then `(c0 + c2) + (c1 + c3)` and `hsum_float_8`. ggml
+/// widens each eight halves with `vpmovzxwd` and `vpslld`; here one `vpunpck{l,h}wd` against zero
+/// widens eight, in the lane order of the 256-bit unpacks: `lo` holds elements 0..4 and 8..12 of
+/// 16, `hi` 4..8 and 12..16. The accumulators keep that layout (`a[0]` is the low halves of ggml's
+/// c0 and c1, `a[1]` their high halves, `a[2]` and `a[3]` the same for c2 and c3), so each lane
+/// sums the very same products in the very same order; the halves are put back in place once, at
+/// the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_bf16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn widen(v: __m128i) -> __m256 {
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(v)))
+    fn widen(v: __m256i) -> (__m256, __m256) {
+        let zero = _mm256_setzero_si256();
+        (
+            _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)),
+        )
     }
     let (x, y) = (x.cast::<u16>(), y.cast::<u16>());
     let np = n & !31;
-    let mut c = [_mm256_setzero_ps(); 4];
+    let mut a = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
-        for (j, s) in c.iter_mut().enumerate() {
-            // SAFETY: i + 8 * j + 8 <= np <= n elements are readable.
-            let (a, b) = unsafe {
+        for h in 0..2 {
+            // SAFETY: i + 16 * h + 16 <= i + 32 <= np <= n elements are readable.
+            let (vx, vy) = unsafe {
                 (
-                    widen(_mm_loadu_si128(x.add(i + 8 * j).cast())),
-                    widen(_mm_loadu_si128(y.add(i + 8 * j).cast())),
+                    _mm256_loadu_si256(x.add(i + 16 * h).cast()),
+                    _mm256_loadu_si256(y.add(i + 16 * h).cast()),
                 )
             };
-            *s = _mm256_fmadd_ps(a, b, *s);
+            let ((xl, xh), (yl, yh)) = (widen(vx), widen(vy));
+            a[2 * h] = _mm256_fmadd_ps(xl, yl, a[2 * h]);
+            a[2 * h + 1] = _mm256_fmadd_ps(xh, yh, a[2 * h + 1]);
         }
         i += 32;
     }
-    let c = _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3]));
+    let c0 = _mm256_permute2f128_ps::<0x20>(a[0], a[1]);
+    let c1 = _mm256_permute2f128_ps::<0x31>(a[0], a[1]);
+    let c2 = _mm256_permute2f128_ps::<0x20>(a[2], a[3]);
+    let c3 = _mm256_permute2f128_ps::<0x31>(a[2], a[3]);
+    let c = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
     let mut sumf = hsum_float_8(c) as f64;
     for i in np..n {
         // SAFETY: i < n.
@@ -1314,8 +1333,8 @@ unsafe fn vec_dot_q4_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
-            let scale_l = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8));
-            let scale_h = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8 + 1));
+            let scale_l = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8)));
+            let scale_h = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8 + 1)));
             let q4l = _mm256_and_si256(q4[j], m4);
             let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4[j]), m4);
             let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8[2 * j]));
@@ -1381,8 +1400,8 @@ unsafe fn vec_dot_q5_K_q8_K_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 
         let mut sumi = _mm256_setzero_si256();
         for j in 0..4 {
-            let scale_0 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8));
-            let scale_1 = _mm256_shuffle_epi8(scales, scale_shuffle_k4(2 * j as u8 + 1));
+            let scale_0 = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8)));
+            let scale_1 = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8 + 1)));
             // 16 where bit 2j (2j + 1) of the high-bit byte is set.
             let h0 = _mm256_set1_epi8((1u8 << (2 * j)) as i8);
             let h1 = _mm256_set1_epi8((2u8 << (2 * j)) as i8);
