@@ -1,37 +1,201 @@
-//! AVX2 (+FMA, F16C) elementwise kernels for the LLM ops: fused SwiGLU, GELU through ggml's f16
-//! table with gathers, neox rope rotation, attention score scaling and a row max. Same names and
-//! contracts as the twins in `../scalar.rs`; installed by [`plug`] only when the tier is selected.
+//! AVX2 (+FMA, F16C) elementwise kernels for the LLM ops: add/sub/mul/div, SiLU and fused SwiGLU
+//! with software prefetch, GELU through ggml's f16 table with gathers, neox rope rotation,
+//! attention score scaling and a row max. Same names and contracts as the twins in `../scalar.rs`;
+//! installed by [`plug`] only when the tier is selected.
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::avx2::v_expf;
 use crate::kernels::{KernelTable, scalar, tables};
 
 /// Overwrites the entries this file implements (called after `plug_avx2`).
+/// The binary and SiLU entries replace `avx2.rs`'s plain loops with the same arithmetic (bitwise
+/// equal results) plus prefetching.
 pub(crate) fn plug(t: &mut KernelTable) {
+    t.add_f32 = add_f32;
+    t.sub_f32 = sub_f32;
+    t.mul_f32 = mul_f32;
+    t.div_f32 = div_f32;
+    t.silu_f32 = silu_f32;
     t.swiglu_f32 = swiglu_f32;
     t.rope_rotate_f32 = rope_rotate_f32;
     t.scale_add_f32 = scale_add_f32;
     t.max_f32 = max_f32;
 }
 
+/// How far ahead (in f32 elements, 4 KiB) the streaming kernels prefetch their inputs. The op
+/// tensors of an LLM step (MiB each) come from L3 or memory, and the hardware prefetcher of the
+/// machines measured leaves the loads waiting; one prefetch per 64-byte line and input stream.
+const PREFETCH: usize = 1024;
+
+/// Prefetches the line `PREFETCH` elements past `p + i` (an address hint: never faults, so the
+/// wrapping arithmetic may point past the end of the row).
+#[inline(always)]
+fn prefetch_ahead(p: *const f32, i: usize) {
+    // SAFETY: prefetch only hints the cache; it reads nothing architecturally and never faults,
+    // and `wrapping_add` keeps the address computation defined.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + PREFETCH) as *const i8) };
+}
+
+macro_rules! binary_kernels {
+    ($($name:ident => $intr:ident, $op:tt;)*) => {$(
+        /// Elementwise kernel over `n` f32 values, two vectors per step with the inputs
+        /// prefetched ahead; the same single operation per element as the scalar twin.
+        ///
+        /// # Safety
+        /// As `scalar::add_f32`: valid pointers for `n` elements, exact aliasing only; and the CPU
+        /// supports AVX2/FMA/F16C.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(crate) unsafe fn $name(n: usize, dst: *mut f32, a: *const f32, b: *const f32) {
+            let mut i = 0;
+            while i + 16 <= n {
+                prefetch_ahead(a, i);
+                prefetch_ahead(b, i);
+                // SAFETY: i + 16 <= n keeps both vectors' loads and stores inside the n
+                // elements; each lane group is loaded before it is stored (exact aliasing).
+                unsafe {
+                    let x0 = _mm256_loadu_ps(a.add(i));
+                    let y0 = _mm256_loadu_ps(b.add(i));
+                    let x1 = _mm256_loadu_ps(a.add(i + 8));
+                    let y1 = _mm256_loadu_ps(b.add(i + 8));
+                    _mm256_storeu_ps(dst.add(i), $intr(x0, y0));
+                    _mm256_storeu_ps(dst.add(i + 8), $intr(x1, y1));
+                }
+                i += 16;
+            }
+            while i + 8 <= n {
+                // SAFETY: i + 8 <= n.
+                unsafe {
+                    let x = _mm256_loadu_ps(a.add(i));
+                    _mm256_storeu_ps(dst.add(i), $intr(x, _mm256_loadu_ps(b.add(i))));
+                }
+                i += 8;
+            }
+            while i < n {
+                // SAFETY: i < n.
+                unsafe { *dst.add(i) = *a.add(i) $op *b.add(i) };
+                i += 1;
+            }
+        }
+    )*};
+}
+binary_kernels! {
+    add_f32 => _mm256_add_ps, +;
+    sub_f32 => _mm256_sub_ps, -;
+    mul_f32 => _mm256_mul_ps, *;
+    div_f32 => _mm256_div_ps, /;
+}
+
+/// exp(-x) for SiLU: `v_expf(0 - x)`'s operations with the negation folded into the first two
+/// fused multiply-adds (exact), on x clamped to [-87, 87] (NaN kept) so that the special path of
+/// `v_expf` (|n| > 126) is never needed: no compare, mask test or branch per vector.
+///
+/// For x >= -87 SiLU gets the same bits as through `v_expf`: inside the clamp the operations are
+/// the same, and above 87 exp(-x) < 2^-125 vanishes next to 1 either way. Below -87 SiLU is
+/// x / (1 + e^87) (|x| * 1.6e-38), where ggml's is x e^x or -0 (and -inf stays -inf where
+/// ggml's exp overflow gives NaN).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn v_expf_neg_clamped(x: __m256) -> __m256 {
+    // max/min return their second operand when either is NaN, so a NaN x passes through.
+    let x = _mm256_min_ps(_mm256_set1_ps(87.0), _mm256_max_ps(_mm256_set1_ps(-87.0), x));
+    let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000)); // 0x1.8p23
+    let z = _mm256_fnmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r); // -x / ln2 + r
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(
+        n,
+        _mm256_set1_ps(f32::from_bits(0x35bf_be8e)), // ln2 low part
+        _mm256_fnmsub_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x), // -x - n ln2 high
+    );
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+            ),
+            u,
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+            ),
+        ),
+        u,
+        _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
+    );
+    _mm256_fmadd_ps(j, k, k)
+}
+
+/// silu(x) = x / (1 + exp(-x)) over one vector, ggml's `ggml_v_silu` operations (see
+/// [`v_expf_neg_clamped`] for x < -87).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn v_silu(x: __m256) -> __m256 {
+    _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), v_expf_neg_clamped(x)))
+}
+
+/// SiLU over `n` f32 (same bits as `avx2::silu_vexp_f32` for x >= -87, see
+/// [`v_expf_neg_clamped`]), two vectors per step, input prefetched ahead.
+///
+/// # Safety
+/// As `scalar::silu_f32`, and the CPU supports AVX2/FMA/F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn silu_f32(n: usize, dst: *mut f32, a: *const f32) {
+    let mut i = 0;
+    while i + 16 <= n {
+        prefetch_ahead(a, i);
+        // SAFETY: i + 16 <= n keeps both groups' loads and stores inside the n elements; loads
+        // precede stores (exact aliasing is fine).
+        unsafe {
+            let x0 = _mm256_loadu_ps(a.add(i));
+            let x1 = _mm256_loadu_ps(a.add(i + 8));
+            _mm256_storeu_ps(dst.add(i), v_silu(x0));
+            _mm256_storeu_ps(dst.add(i + 8), v_silu(x1));
+        }
+        i += 16;
+    }
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n.
+        unsafe { _mm256_storeu_ps(dst.add(i), v_silu(_mm256_loadu_ps(a.add(i)))) };
+        i += 8;
+    }
+    while i < n {
+        // SAFETY: i < n.
+        unsafe { *dst.add(i) = scalar::silu(*a.add(i)) };
+        i += 1;
+    }
+}
+
 /// SwiGLU in one pass: silu(x) = x / (1 + exp(-x)) with ggml's vector exp, times g (the same
-/// operations, in the same order, as the silu kernel followed by the multiply kernel).
+/// operations, in the same order, as the silu kernel followed by the multiply kernel); two
+/// vectors per step, both inputs prefetched ahead.
 ///
 /// # Safety
 /// As `scalar::swiglu_f32`, and the CPU supports AVX2/FMA/F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn swiglu_f32(n: usize, dst: *mut f32, x: *const f32, g: *const f32) {
-    let one = _mm256_set1_ps(1.0);
     let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n keeps the loads and the store inside the n elements; the loads
-        // of a lane group precede its store (exact aliasing is fine).
+    while i + 16 <= n {
+        prefetch_ahead(x, i);
+        prefetch_ahead(g, i);
+        // SAFETY: i + 16 <= n keeps both groups' loads and stores inside the n elements; the
+        // loads of a lane group precede its store (exact aliasing is fine).
         unsafe {
-            let v = _mm256_loadu_ps(x.add(i));
-            let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), v));
-            let s = _mm256_div_ps(v, _mm256_add_ps(one, e));
+            let s0 = v_silu(_mm256_loadu_ps(x.add(i)));
+            let s1 = v_silu(_mm256_loadu_ps(x.add(i + 8)));
+            _mm256_storeu_ps(dst.add(i), _mm256_mul_ps(s0, _mm256_loadu_ps(g.add(i))));
+            _mm256_storeu_ps(dst.add(i + 8), _mm256_mul_ps(s1, _mm256_loadu_ps(g.add(i + 8))));
+        }
+        i += 16;
+    }
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n.
+        unsafe {
+            let s = v_silu(_mm256_loadu_ps(x.add(i)));
             _mm256_storeu_ps(dst.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(g.add(i))));
         }
         i += 8;
@@ -219,6 +383,60 @@ mod tests {
             // SAFETY: as above; dst equals x exactly.
             unsafe { swiglu_f32(n, y.as_mut_ptr(), y.as_ptr(), g.as_ptr()) };
             assert_eq!(y, a);
+        }
+    }
+
+    #[test]
+    fn prefetching_binary_and_silu_match_the_plain_avx2_loops_bitwise_silu_above_minus_87() {
+        if !avx2() {
+            return;
+        }
+        let mut x = data(5000, 8, 30.0);
+        // Lanes on the slow path of the exp (|x| past 87), infinities and signed zeros.
+        x.extend([-0.0, 0.0, 88.0, -88.0, 90.0, -90.0, 104.0, -104.0, 200.0, -200.0, 1e-30]);
+        x.extend([f32::INFINITY, f32::NEG_INFINITY, 87.5, -87.5, 126.0, -126.0, 87.0, -87.0]);
+        x.extend([86.99, -86.99, 87.01, -87.01, f32::NAN]);
+        let y = data(x.len(), 9, 4.0);
+        type Pair = (BinaryF32, BinaryF32);
+        use crate::kernels::BinaryF32;
+        let pairs: [Pair; 4] = [
+            (add_f32, super::super::avx2::add_f32),
+            (sub_f32, super::super::avx2::sub_f32),
+            (mul_f32, super::super::avx2::mul_f32),
+            (div_f32, super::super::avx2::div_f32),
+        ];
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for n in [0usize, 1, 7, 8, 15, 16, 17, 33, 4096, x.len()] {
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            for (new, old) in pairs {
+                // SAFETY: buffers hold n f32; AVX2 checked above.
+                unsafe {
+                    new(n, a.as_mut_ptr(), x.as_ptr(), y.as_ptr());
+                    old(n, b.as_mut_ptr(), x.as_ptr(), y.as_ptr());
+                }
+                assert_eq!(bits(&a), bits(&b), "n={n}");
+            }
+            // SAFETY: as above.
+            unsafe {
+                silu_f32(n, a.as_mut_ptr(), x.as_ptr());
+                super::super::avx2::silu_vexp_f32(n, b.as_mut_ptr(), x.as_ptr());
+            }
+            for i in 0..n {
+                if x[i].is_nan() {
+                    assert!(a[i].is_nan() && b[i].is_nan());
+                } else if x[i] >= -87.0 {
+                    assert_eq!(a[i].to_bits(), b[i].to_bits(), "silu({}) n={n}", x[i]);
+                } else {
+                    // Below the clamp: a tiny non-positive value (-inf stays -inf).
+                    let ok = a[i] <= 0.0 && (a[i] >= x[i] * 2e-38 || x[i] == f32::NEG_INFINITY);
+                    assert!(ok, "silu({}) = {}", x[i], a[i]);
+                }
+            }
+            // In place, as the ops run them on a reused buffer.
+            let mut z = x[..n].to_vec();
+            // SAFETY: dst equals the source exactly.
+            unsafe { silu_f32(n, z.as_mut_ptr(), z.as_ptr()) };
+            assert_eq!(bits(&z), bits(&a));
         }
     }
 
