@@ -129,6 +129,55 @@ fn v_expf_neg(x: __m256) -> __m256 {
     v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x))
 }
 
+/// silu of two vectors with one test for the rare lanes: the fast part of `v_expf_neg` for
+/// both, and the full `v_silu` for both when any lane of either needs it (same bits).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn v_silu2(x0: __m256, x1: __m256) -> (__m256, __m256) {
+    let fast = |x: __m256| {
+        let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
+        let z = _mm256_fnmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(
+            n,
+            _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
+            _mm256_fnmsub_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
+        );
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
+        let c = _mm256_cmp_ps::<_CMP_GT_OQ>(
+            _mm256_andnot_ps(_mm256_set1_ps(-0.0), n),
+            _mm256_set1_ps(126.0),
+        );
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(
+                    _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                    b,
+                    _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+                ),
+                u,
+                _mm256_fmadd_ps(
+                    _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                    b,
+                    _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+                ),
+            ),
+            u,
+            _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
+        );
+        (_mm256_fmadd_ps(j, k, k), c)
+    };
+    let (e0, c0) = fast(x0);
+    let (e1, c1) = fast(x1);
+    if _mm256_movemask_ps(_mm256_or_ps(c0, c1)) != 0 {
+        return (v_silu(x0), v_silu(x1));
+    }
+    let one = _mm256_set1_ps(1.0);
+    (_mm256_div_ps(x0, _mm256_add_ps(one, e0)), _mm256_div_ps(x1, _mm256_add_ps(one, e1)))
+}
+
 /// silu(x) = x / (1 + exp(-x)) over one vector, ggml's `ggml_v_silu` operations.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -149,10 +198,9 @@ pub(crate) unsafe fn silu_f32(n: usize, dst: *mut f32, a: *const f32) {
         // SAFETY: i + 16 <= n keeps both groups' loads and stores inside the n elements; loads
         // precede stores (exact aliasing is fine).
         unsafe {
-            let x0 = _mm256_loadu_ps(a.add(i));
-            let x1 = _mm256_loadu_ps(a.add(i + 8));
-            _mm256_storeu_ps(dst.add(i), v_silu(x0));
-            _mm256_storeu_ps(dst.add(i + 8), v_silu(x1));
+            let (s0, s1) = v_silu2(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(a.add(i + 8)));
+            _mm256_storeu_ps(dst.add(i), s0);
+            _mm256_storeu_ps(dst.add(i + 8), s1);
         }
         i += 16;
     }
@@ -183,8 +231,7 @@ pub(crate) unsafe fn swiglu_f32(n: usize, dst: *mut f32, x: *const f32, g: *cons
         // SAFETY: i + 16 <= n keeps both groups' loads and stores inside the n elements; the
         // loads of a lane group precede its store (exact aliasing is fine).
         unsafe {
-            let s0 = v_silu(_mm256_loadu_ps(x.add(i)));
-            let s1 = v_silu(_mm256_loadu_ps(x.add(i + 8)));
+            let (s0, s1) = v_silu2(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(x.add(i + 8)));
             _mm256_storeu_ps(dst.add(i), _mm256_mul_ps(s0, _mm256_loadu_ps(g.add(i))));
             _mm256_storeu_ps(dst.add(i + 8), _mm256_mul_ps(s1, _mm256_loadu_ps(g.add(i + 8))));
         }
