@@ -87,11 +87,12 @@ binary_kernels! {
     div_f32 => _mm256_div_ps, /;
 }
 
-/// exp(-x) with the operations of `v_expf(0 - x)`, the negation folded into the first two fused
-/// multiply-adds (exact, so the results are the same bits; one instruction less per vector).
+/// The fast path of exp(-x) with the operations of `v_expf(0 - x)`, the negation folded into
+/// the first two fused multiply-adds (exact, so the same bits; one instruction less per vector),
+/// and the mask of the rare lanes (near overflow / underflow) for which it does not hold.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn v_expf_neg(x: __m256) -> __m256 {
+fn v_expf_neg_fast(x: __m256) -> (__m256, __m256) {
     let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000)); // 0x1.8p23
     let z = _mm256_fnmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r); // -x / ln2 + r
     let n = _mm256_sub_ps(z, r);
@@ -122,8 +123,16 @@ fn v_expf_neg(x: __m256) -> __m256 {
         u,
         _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
     );
-    if _mm256_movemask_ps(_mm256_castsi256_ps(c)) == 0 {
-        return _mm256_fmadd_ps(j, k, k);
+    (_mm256_fmadd_ps(j, k, k), _mm256_castsi256_ps(c))
+}
+
+/// exp(-x), same bits as `v_expf(0 - x)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn v_expf_neg(x: __m256) -> __m256 {
+    let (e, c) = v_expf_neg_fast(x);
+    if _mm256_movemask_ps(c) == 0 {
+        return e;
     }
     // Rare lanes near overflow/underflow: the full `v_expf` handles them (same bits).
     v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x))
@@ -134,43 +143,8 @@ fn v_expf_neg(x: __m256) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn v_silu2(x0: __m256, x1: __m256) -> (__m256, __m256) {
-    let fast = |x: __m256| {
-        let r = _mm256_set1_ps(f32::from_bits(0x4b40_0000));
-        let z = _mm256_fnmadd_ps(x, _mm256_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
-        let n = _mm256_sub_ps(z, r);
-        let b = _mm256_fnmadd_ps(
-            n,
-            _mm256_set1_ps(f32::from_bits(0x35bf_be8e)),
-            _mm256_fnmsub_ps(n, _mm256_set1_ps(f32::from_bits(0x3f31_7200)), x),
-        );
-        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
-        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
-        let c = _mm256_cmp_ps::<_CMP_GT_OQ>(
-            _mm256_andnot_ps(_mm256_set1_ps(-0.0), n),
-            _mm256_set1_ps(126.0),
-        );
-        let u = _mm256_mul_ps(b, b);
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_fmadd_ps(
-                    _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
-                    b,
-                    _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
-                ),
-                u,
-                _mm256_fmadd_ps(
-                    _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
-                    b,
-                    _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
-                ),
-            ),
-            u,
-            _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
-        );
-        (_mm256_fmadd_ps(j, k, k), c)
-    };
-    let (e0, c0) = fast(x0);
-    let (e1, c1) = fast(x1);
+    let (e0, c0) = v_expf_neg_fast(x0);
+    let (e1, c1) = v_expf_neg_fast(x1);
     if _mm256_movemask_ps(_mm256_or_ps(c0, c1)) != 0 {
         return (v_silu(x0), v_silu(x1));
     }
