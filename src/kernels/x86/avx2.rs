@@ -86,6 +86,32 @@ unary_kernels! {
 /// GELU: the gather version in `avx2_elementwise.rs` (same bits as the scalar table lookup).
 pub(crate) use super::avx2_elementwise::gelu_f32;
 
+/// The polynomial of ggml's vector expf: p(b) - 1 for the reduced argument b, so that
+/// exp = 2^n * (1 + p) is formed as `fma(j, k, k)` (shared by every variant of the exp).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) fn v_expf_poly(b: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let u = _mm256_mul_ps(b, b);
+    _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
+            ),
+            u,
+            _mm256_fmadd_ps(
+                _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
+                b,
+                _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
+            ),
+        ),
+        u,
+        _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
+    )
+}
+
 /// Vector expf with about 1 ulp accuracy: exp(x) = 2^n * p(b) where n = round(x / ln 2) and b the
 /// reduced argument, with the coefficients and the overflow/underflow handling of the ARM
 /// optimized-routines algorithm that ggml's `ggml_v_expf` uses (results match it bit for bit).
@@ -105,24 +131,7 @@ pub(crate) fn v_expf(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 
     let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
     let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
     let c = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0)));
-    let u = _mm256_mul_ps(b, b);
-    let j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
-                b,
-                _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
-            ),
-            u,
-            _mm256_fmadd_ps(
-                _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
-                b,
-                _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
-            ),
-        ),
-        u,
-        _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
-    );
+    let j = v_expf_poly(b);
     if _mm256_movemask_ps(_mm256_castsi256_ps(c)) == 0 {
         return _mm256_fmadd_ps(j, k, k);
     }

@@ -6,7 +6,7 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::avx2::v_expf;
+use super::avx2::{v_expf, v_expf_poly};
 use crate::kernels::{KernelTable, scalar, tables};
 
 /// Overwrites the entries this file implements (called after `plug_avx2`).
@@ -105,24 +105,7 @@ fn v_expf_neg_fast(x: __m256) -> (__m256, __m256) {
     let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
     let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
     let c = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0)));
-    let u = _mm256_mul_ps(b, b);
-    let j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_set1_ps(f32::from_bits(0x3c07_2010)),
-                b,
-                _mm256_set1_ps(f32::from_bits(0x3d2b_9f17)),
-            ),
-            u,
-            _mm256_fmadd_ps(
-                _mm256_set1_ps(f32::from_bits(0x3e2a_af33)),
-                b,
-                _mm256_set1_ps(f32::from_bits(0x3eff_fedb)),
-            ),
-        ),
-        u,
-        _mm256_mul_ps(_mm256_set1_ps(f32::from_bits(0x3f7f_fff6)), b),
-    );
+    let j = v_expf_poly(b);
     (_mm256_fmadd_ps(j, k, k), _mm256_castsi256_ps(c))
 }
 
