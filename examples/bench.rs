@@ -4,6 +4,7 @@
 //! cargo run --release --example bench -- node-overhead NODES THREADS
 //! cargo run --release --example bench -- plan-overhead NODES
 //! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS [--repack]
+//! cargo run --release --example bench -- mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack]
 //! cargo run --release --example bench -- vec-dot TYPE N REPS
 //! cargo run --release --example bench -- peak THREADS
 //! cargo run --release --example bench -- op ssm_scan|rwkv_wkv6[_decode] THREADS REPS
@@ -148,7 +149,8 @@ fn matmul(
 
 /// `bench mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS`: mul_mat_id as test-backend-ops
 /// times it: `as` [K, M, E] weights, b F32 [K, U, N] (one row per slot), ids [U, N] picking U
-/// distinct experts per token; flops = 2 M N K U.
+/// distinct experts per token; flops = 2 M N K U. `--repack` stores the experts in the CPU_REPACK
+/// buffer type.
 #[allow(clippy::too_many_arguments)]
 fn mul_mat_id(
     ty: DType,
@@ -159,6 +161,7 @@ fn mul_mat_id(
     used: usize,
     threads: usize,
     reps: usize,
+    repack: bool,
 ) -> quantgraph::Result<()> {
     if used == 0 || used > experts {
         return Err(quantgraph::Error::InvalidArgument(format!(
@@ -173,7 +176,14 @@ fn mul_mat_id(
         DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
         _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
     }
-    let wbuf = Buffer::from_host(bytes);
+    let wbuf = if repack {
+        let b = quantgraph::CpuRepackBufferType.alloc(bytes.len())?;
+        b.set_tensor(0, ty, &[k, m, experts], &bytes)?;
+        drop(bytes);
+        b
+    } else {
+        Buffer::from_host(bytes)
+    };
     let mut g = Graph::new();
     let w = g.weight(ty, &[k, m, experts], &wbuf, 0)?;
     let x = g.input(DType::F32, &[k, used, n])?;
@@ -189,10 +199,11 @@ fn mul_mat_id(
     let t = median_compute_secs(&mut plan, reps)?;
     let gflops = 2.0 * (m * n * k * used) as f64 / t / 1e9;
     println!(
-        "quantgraph mul_mat_id {} {m} {n} {k} experts={experts} used={used} threads={} median_ms={:.3} gflops={gflops:.1}",
+        "quantgraph mul_mat_id {} {m} {n} {k} experts={experts} used={used} threads={} median_ms={:.3} gflops={gflops:.1}{}",
         ty.name(),
         be.n_threads(),
-        t * 1e3
+        t * 1e3,
+        if repack { " buffer=CPU_REPACK" } else { "" }
     );
     Ok(())
 }
@@ -786,6 +797,7 @@ fn main() {
                     arg(&args, 6, "N_USED"),
                     arg(&args, 7, "THREADS"),
                     arg(&args, 8, "REPS"),
+                    repack,
                 ),
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }
@@ -837,7 +849,8 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
-                 matmul TYPE M N K THREADS REPS [--repack] | vec-dot TYPE N REPS | op NAME THREADS REPS | \
+                 matmul TYPE M N K THREADS REPS [--repack] | \
+                 mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack] | vec-dot TYPE N REPS | op NAME THREADS REPS | \
                  train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
             );
             std::process::exit(2)

@@ -1,7 +1,9 @@
 //! Repacked weights (CPU_REPACK buffer type): mul_mat on repacked weights equals mul_mat on the
 //! same weights in a plain buffer and the f64 reference of the dequantized weights, for decode and
 //! prefill column counts, task and K-chunk tails, broadcasts and strided activations; thread-count
-//! invariance; every ISA tier against the scalar one; and the build-time errors for misuse.
+//! invariance; every ISA tier against the scalar one; and the build-time errors for misuse. The
+//! same for mul_mat_id on repacked experts: each output bitwise the expert's repacked mul_mat,
+//! near the plain path and the f64 reference.
 
 mod common;
 
@@ -176,4 +178,175 @@ fn repacked_misuse_is_an_error() {
     let x = g.input(DType::F32, &[64, 2]).unwrap();
     assert!(g.mul_mat(x, wt).is_err());
     assert!(g.mul_mat(wt, x).is_ok());
+}
+
+/// A mul_mat_id case: `n_as` experts `[k, m]`, b `[k, n_b, n_tok]`, ids `[n_used, n_tok]`.
+struct IdCase {
+    ty: DType,
+    k: usize,
+    m: usize,
+    n_as: usize,
+    n_b: usize,
+    n_used: usize,
+    n_tok: usize,
+    a_bytes: Vec<u8>,
+    a_val: Vec<f32>,
+    b: Vec<f32>,
+    ids: Vec<i32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn id_case(
+    ty: DType,
+    k: usize,
+    m: usize,
+    n_as: usize,
+    n_b: usize,
+    n_used: usize,
+    n_tok: usize,
+    seed: u64,
+) -> IdCase {
+    let c = case(ty, [k, m, n_as, 1], [k, n_b, n_tok, 1], seed);
+    // Distinct experts per token, spread unevenly (expert 0 is picked most).
+    let ids = (0..n_tok)
+        .flat_map(|t| (0..n_used).map(move |s| ((t * 7 + s * (1 + t % 3)) % n_as) as i32))
+        .collect();
+    IdCase { ty, k, m, n_as, n_b, n_used, n_tok, a_bytes: c.a_bytes, a_val: c.a_val, b: c.b, ids }
+}
+
+/// mul_mat_id on the experts stored repacked or plain.
+fn run_id(c: &IdCase, repacked: bool, isa: Isa, threads: usize) -> Vec<f32> {
+    set_isa(isa).unwrap();
+    let be = CpuBackend::with_threads(threads).unwrap();
+    let ne = [c.k, c.m, c.n_as];
+    let buf = if repacked {
+        CpuRepackBufferType.alloc(c.a_bytes.len()).unwrap()
+    } else {
+        Buffer::alloc(c.a_bytes.len()).unwrap()
+    };
+    buf.set_tensor(0, c.ty, &ne, &c.a_bytes).unwrap();
+    let mut g = Graph::new();
+    let a = g.weight(c.ty, &ne, &buf, 0).unwrap();
+    let b = g.input(DType::F32, &[c.k, c.n_b, c.n_tok]).unwrap();
+    let ids = g.input(DType::I32, &[c.n_used, c.n_tok]).unwrap();
+    let y = g.mul_mat_id(a, b, ids).unwrap();
+    g.set_output(y);
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
+    p.set_input(b, &c.b).unwrap();
+    p.set_input(ids, &c.ids).unwrap();
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    set_isa(Isa::best()).unwrap();
+    p.output::<f32>(y).unwrap().to_vec()
+}
+
+/// Every expert times every b row with the repacked `mul_mat` (experts as the batch dim):
+/// `out[e][(t * n_b + j) * m + i]`.
+fn per_expert_repacked(c: &IdCase) -> Vec<Vec<f32>> {
+    let rows = c.n_b * c.n_tok;
+    let mut bb = Vec::with_capacity(c.k * rows * c.n_as);
+    for _ in 0..c.n_as {
+        bb.extend_from_slice(&c.b);
+    }
+    let cc = Case {
+        ty: c.ty,
+        ane: [c.k, c.m, c.n_as, 1],
+        bne: [c.k, rows, c.n_as, 1],
+        b_transposed: false,
+        a_bytes: c.a_bytes.clone(),
+        a_val: c.a_val.clone(),
+        b: bb,
+    };
+    let out = run(&cc, true, Isa::best(), 2);
+    out.chunks(c.m * rows).map(|x| x.to_vec()).collect()
+}
+
+/// Shapes: decode (one pair per expert), a few tokens, more pairs per expert than a task's 64
+/// columns, K across the 2048-element chunks, b shared by the slots (n_b = 1).
+fn id_shapes(ty: DType) -> Vec<[usize; 6]> {
+    let bs = ty.block_size();
+    let k1 = bs.max(32) * 3;
+    let k2 = 2048 + 2 * bs.max(256);
+    // [k, m, n_as, n_b, n_used, n_tok]
+    vec![
+        [k1, 40, 4, 2, 2, 1],
+        [k1, 24, 4, 2, 2, 5],
+        [k1, 16, 3, 1, 2, 9],
+        [k1, 8, 2, 2, 2, 70],
+        [k2, 16, 4, 2, 2, 7],
+    ]
+}
+
+#[test]
+fn repacked_mul_mat_id_matches_plain_per_expert_and_reference() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in REPACK_TYPES {
+        for (i, [k, m, n_as, n_b, n_used, n_tok]) in id_shapes(ty).into_iter().enumerate() {
+            let c = id_case(ty, k, m, n_as, n_b, n_used, n_tok, 300 + i as u64);
+            let what =
+                format!("{ty} k={k} m={m} experts={n_as} n_b={n_b} used={n_used} tokens={n_tok}");
+            let rep = run_id(&c, true, Isa::best(), 2);
+            let plain = run_id(&c, false, Isa::best(), 2);
+            let per = per_expert_repacked(&c);
+            let mut want = Vec::with_capacity(rep.len());
+            for t in 0..n_tok {
+                for s in 0..n_used {
+                    let e = c.ids[t * n_used + s] as usize;
+                    let col = t * n_b + s % n_b;
+                    let ex = &per[e][col * m..(col + 1) * m];
+                    let got = &rep[(t * n_used + s) * m..(t * n_used + s + 1) * m];
+                    assert!(
+                        got == ex,
+                        "{what}: pair ({s}, {t}) differs from expert {e}'s repacked mul_mat"
+                    );
+                    let a = &c.a_val[e * m * k..(e + 1) * m * k];
+                    let x = &c.b[col * k..(col + 1) * k];
+                    for r in 0..m {
+                        want.push((0..k).map(|l| a[r * k + l] as f64 * x[l] as f64).sum::<f64>());
+                    }
+                }
+            }
+            let e_ref = nmse(&rep, &want);
+            assert!(e_ref < 5e-4, "{what}: repacked vs f64 NMSE {e_ref}");
+            let plain64: Vec<f64> = plain.iter().map(|&v| v as f64).collect();
+            let e_plain = nmse(&rep, &plain64);
+            assert!(e_plain < 1e-10, "{what}: repacked vs plain NMSE {e_plain}");
+        }
+    }
+}
+
+#[test]
+fn repacked_mul_mat_id_is_thread_invariant_and_tiers_agree() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in REPACK_TYPES {
+        let k = 2048 + ty.block_size().max(256);
+        for c in [id_case(ty, k, 24, 3, 2, 2, 40, 9), id_case(ty, k, 16, 4, 1, 2, 1, 10)] {
+            let base = run_id(&c, true, Isa::Scalar, 1);
+            for isa in tiers() {
+                for threads in [1, 2, 3] {
+                    let got = run_id(&c, true, isa, threads);
+                    assert!(got == base, "{ty} tokens={} {isa:?} {threads} threads", c.n_tok);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn repacked_mul_mat_id_misuse_is_an_error() {
+    let (k, m, n_as) = (64, 8, 2);
+    let w = vec![0u8; DType::Q4_0.row_size(k).unwrap() * m * n_as];
+    let buf = CpuRepackBufferType.alloc(w.len()).unwrap();
+    buf.set_tensor(0, DType::Q4_0, &[k, m, n_as], &w).unwrap();
+    let mut g = Graph::new();
+    let a = g.weight(DType::Q4_0, &[k, m, n_as], &buf, 0).unwrap();
+    let ids = g.input(DType::I32, &[1, 2]).unwrap();
+    // Activations already in Q8_0 are fine for plain experts, not for repacked ones.
+    let bq = g.input(DType::Q8_0, &[k, 1, 2]).unwrap();
+    let e = g.mul_mat_id(a, bq, ids).unwrap_err();
+    assert!(e.to_string().contains("repacked"), "{e}");
+    // A repacked tensor is never mul_mat_id's activations.
+    let x = g.input(DType::F32, &[k, 1, 2]).unwrap();
+    assert!(g.mul_mat_id(x, a, ids).is_err());
+    assert!(g.mul_mat_id(a, x, ids).is_ok());
 }

@@ -222,10 +222,10 @@ impl GgufFile {
     /// Adds tensor `name` to `graph` as a weight that reads the file's buffer in place
     /// ([`Graph::weight`]); the graph and its plans keep the buffer (and the map) alive.
     ///
-    /// Hook for extra buffer types: ggml's CPU backend can move chosen weights into repacked
-    /// layouts (`CPU_REPACK`) for faster matmul. quantgraph has no repacked layouts yet; when it
-    /// does, this is where a tensor would be copied into the buffer type chosen for it. Today
-    /// every tensor binds zero-copy to [`buffer`](Self::buffer).
+    /// Every tensor binds zero-copy to [`buffer`](Self::buffer). To run a matrix from the
+    /// repacked layout instead, copy it into a [`CpuRepackBufferType`](crate::CpuRepackBufferType)
+    /// buffer with [`Buffer::set_tensor`](crate::Buffer::set_tensor) and bind that with
+    /// [`Graph::weight`] (as [`Llama::from_gguf_repacked`](crate::models::llama::Llama::from_gguf_repacked) does).
     pub fn bind(&self, graph: &mut Graph, name: &str) -> Result<TensorId> {
         let t = self.require(name)?;
         graph.weight(t.dtype, &t.ne[..t.n_dims.max(1)], &self.buffer, t.offset)

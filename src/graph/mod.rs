@@ -471,13 +471,13 @@ impl Graph {
         matches!(&self.t(self.root(id)).leaf, Leaf::Weight { buffer, .. } if buffer.is_repacked())
     }
 
-    /// Repacked weights are only readable by the repacked matmul: as `mul_mat`'s first source,
-    /// whole (not through a view).
+    /// Repacked weights are only readable by the repacked matmuls: as the first source of
+    /// `mul_mat` or `mul_mat_id`, whole (not through a view).
     fn check_repacked_use(&self, op: &Op, pos: usize, s: TensorId) -> Result<()> {
         if !self.is_repacked(s) {
             return Ok(());
         }
-        if matches!(op, Op::MulMat) && pos == 0 && self.t(s).view_src.is_none() {
+        if matches!(op, Op::MulMat | Op::MulMatId) && pos == 0 && self.t(s).view_src.is_none() {
             return Ok(());
         }
         Err(Error::Unsupported {
@@ -485,7 +485,7 @@ impl Graph {
             backend: "CPU".into(),
             msg: format!(
                 "{} is stored in a repacked buffer; repacked weights can only be the first \
-                 source of mul_mat (keep this tensor in a plain buffer)",
+                 source of mul_mat or mul_mat_id (keep this tensor in a plain buffer)",
                 self.t(s).describe(s)
             ),
         })

@@ -52,6 +52,10 @@ impl Graph {
     /// `dst[:, s, t] = as_[:, :, ids[s, t]] · b[:, s % n_b, t]`. An id outside `0..n_expert` makes
     /// compute return `Err`.
     ///
+    /// `as_` may live in a CPU_REPACK buffer ([`CpuRepackBufferType`](crate::CpuRepackBufferType),
+    /// 3-D tensors are repacked expert by expert); `b` must then be F32, and each output equals
+    /// that expert's repacked `mul_mat` bit for bit.
+    ///
     /// ```
     /// use quantgraph::{CpuBackend, DType, Graph, Plan};
     /// let mut g = Graph::new();
@@ -131,6 +135,15 @@ impl Graph {
         }
         if !tb.rows_contiguous() {
             return Err(Error::shape(OP, format!("rows of b {db} are not contiguous")));
+        }
+        if self.is_repacked(as_) && (tb.dtype != DType::F32 || kt.repack(ta.dtype).is_none()) {
+            return Err(Error::ty(
+                OP,
+                format!(
+                    "as {ds} is stored repacked: b {db} must be F32 (and the CPU needs a repacked {} kernel)",
+                    ta.dtype
+                ),
+            ));
         }
         let ne = [ta.ne[1], ti.ne[0], tb.ne[2], 1];
         self.node(Op::MulMatId, DType::F32, ne, &[as_, b, ids])

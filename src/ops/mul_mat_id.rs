@@ -13,9 +13,12 @@
 //! count.
 
 use super::mul_mat_f::{self, MIN_N};
+use super::mul_mat_repack as mmr;
 use super::{NodeCtx, split};
+use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::repack::{act_block_bytes, group_block_bytes};
 use crate::kernels::sgemm::SG_NR;
 use crate::kernels::{GEMM_MR, GEMM_NR};
 use crate::plan::{ExecNode, align_up};
@@ -29,6 +32,9 @@ const TILE_ONE: usize = 64;
 
 /// Byte offsets of the work buffer's parts.
 struct Layout {
+    /// The experts are stored repacked (CPU_REPACK): b rows are converted into the repacked
+    /// kernels' activation format and the chunks are `mul_mat_repack` tasks.
+    repack: bool,
     /// Converted b rows (`rb` bytes each) start at 0 when `conv`.
     conv: bool,
     rb: usize,
@@ -55,9 +61,10 @@ struct Layout {
 fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
     let (a, b, ids) = (node.src[0].as_ref()?, node.src[1].as_ref()?, node.src[2].as_ref()?);
     let vd = a.dtype.vec_dot_type();
-    let conv = b.dtype != vd;
+    let repack = a.repacked;
+    let conv = repack || b.dtype != vd;
     let k = b.ne[0];
-    let rb = align_up(vd.row_bytes(k), 64);
+    let rb = if repack { mmr::act_row_bytes(a.dtype, k) } else { align_up(vd.row_bytes(k), 64) };
     let mut off = 0;
     let scratch = if conv {
         off += b.ne[1] * b.ne[2] * rb;
@@ -65,7 +72,7 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
     } else {
         0
     };
-    let scratch_stride = align_up(k * 4, 64);
+    let scratch_stride = if repack { mmr::scratch_bytes(k) } else { align_up(k * 4, 64) };
     if conv {
         off += nth * scratch_stride;
     }
@@ -82,12 +89,14 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
     // At most n_pairs / 16 + (experts with MIN_N pairs or more) panels.
     let n_panels = n_pairs / SG_NR + n_as.min(n_pairs / MIN_N);
     let panel_bytes = n_panels * mul_mat_f::panel_floats(k) * 4;
-    let gemm = n_pairs >= MIN_N
+    let gemm = !repack
+        && n_pairs >= MIN_N
         && panel_bytes <= mul_mat_f::MAX_PACKED
         && mul_mat_f::types_ok(a.dtype, b.dtype);
     let panels = off;
     let gemm_scratch = off;
     let mut l = Layout {
+        repack,
         conv,
         rb,
         scratch,
@@ -232,6 +241,8 @@ fn row_tile(count: usize) -> usize {
 fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
     if count == 0 {
         0
+    } else if l.repack {
+        (m / REPACK_ROWS).div_ceil(mmr::TASK_GROUPS) * count.div_ceil(mmr::TASK_COLS)
     } else if gemm_expert(l, count) {
         m.div_ceil(mul_mat_f::MC) * count.div_ceil(mul_mat_f::NC)
     } else {
@@ -240,6 +251,9 @@ fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
 }
 
 fn convert(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
+    if l.repack {
+        return convert_repack(ctx, l, ith);
+    }
     let (a, b) = (ctx.src(0), ctx.src(1));
     let vd = a.dtype.vec_dot_type();
     let from = crate::kernels::table()
@@ -264,6 +278,33 @@ fn convert(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
                 std::ptr::copy_nonoverlapping(pb, s as *mut u8, k * 4);
                 from(std::slice::from_raw_parts(s, k), out);
             }
+        }
+    }
+    Ok(())
+}
+
+/// Phase 0 for repacked experts: b's rows into the repacked kernels' activation format.
+fn convert_repack(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
+    let (a, b) = (ctx.src(0), ctx.src(1));
+    let from = mmr::converter("mul_mat_id", a.dtype)?;
+    let k = b.ne[0];
+    let nrows = b.ne[1] * b.ne[2];
+    let (r0, r1) = split(nrows, ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2) = (r % b.ne[1], r / b.ne[1]);
+        // SAFETY: i1 < b.ne[1], i2 < b.ne[2]; b is F32 with contiguous rows (build check). The
+        // work buffer holds nrows converted rows of `rb` bytes, then one scratch area per thread
+        // (an f32 row, then a Q8_0 row; layout); this worker writes only its rows and scratch.
+        unsafe {
+            let s = ctx.work.add(l.scratch + ith * l.scratch_stride);
+            std::ptr::copy_nonoverlapping(b.row(i1, i2, 0), s, k * 4);
+            let f = std::slice::from_raw_parts(s as *const f32, k);
+            let q8 = std::slice::from_raw_parts_mut(
+                s.add(align_up(k * 4, 64)),
+                DType::Q8_0.row_bytes(k),
+            );
+            let out = std::slice::from_raw_parts_mut(ctx.work.add(r * l.rb), l.rb);
+            mmr::convert_row(a.dtype, from, f, q8, out);
         }
     }
     Ok(())
@@ -356,6 +397,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         )
     };
     let total = starts[n_as];
+    if l.repack {
+        return repack_chunks(ctx, &l, starts, offsets, pairs);
+    }
     let b_row = |p: [u32; 2]| -> &[u8] {
         let (s, t) = (p[0] as usize, p[1] as usize);
         // SAFETY: s < ids.ne[0] and t < ids.ne[1] == b.ne[2] (build check), so s % ne11 < b.ne[1];
@@ -470,6 +514,79 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// The chunks with repacked experts: `mul_mat_repack` tasks of 8-row groups x pairs.
+fn repack_chunks(
+    ctx: &NodeCtx<'_>,
+    l: &Layout,
+    starts: &[usize],
+    offsets: &[usize],
+    pairs: &[[u32; 2]],
+) -> Result<()> {
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let kern = crate::kernels::table()
+        .repack(a.dtype)
+        .ok_or_else(|| unsupported(format!("no repacked kernel for {}", a.dtype)))?;
+    let (k, m, n_as) = (a.ne[0], a.ne[1], a.ne[2]);
+    let nb = k / a.dtype.block_size();
+    let gbb = group_block_bytes(a.dtype);
+    let abb = act_block_bytes(a.dtype);
+    let ne11 = b.ne[1];
+    let groups = m / REPACK_ROWS;
+    let tiles_m = groups.div_ceil(mmr::TASK_GROUPS);
+    let total = starts[n_as];
+    let mut acc: mmr::TaskAcc = [[0f32; 8]; mmr::TASK_GROUPS * mmr::TASK_COLS];
+    loop {
+        let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
+        if c >= total {
+            break;
+        }
+        let e = starts.partition_point(|&s| s <= c) - 1;
+        let group = &pairs[offsets[e]..offsets[e + 1]];
+        let local = c - starts[e];
+        let (tm, tn) = (local % tiles_m, local / tiles_m);
+        let (g0, g1) = (tm * mmr::TASK_GROUPS, ((tm + 1) * mmr::TASK_GROUPS).min(groups));
+        let cols = &group[tn * mmr::TASK_COLS..((tn + 1) * mmr::TASK_COLS).min(group.len())];
+        let weights = |g: usize| -> &[u8] {
+            // SAFETY: expert e < n_as (ids checked in phase 0); its repacked matrix is contiguous
+            // (set_tensor, build check) and group g < m / 8 spans 8 rows of nb blocks.
+            unsafe {
+                let base = a.ptr.add(e * a.nb[2] + g * REPACK_ROWS * a.nb[1]);
+                std::slice::from_raw_parts(base, nb * gbb)
+            }
+        };
+        let col = |q: usize| -> &[u8] {
+            let (s, t) = (cols[q][0] as usize, cols[q][1] as usize);
+            // SAFETY: pairs hold checked (slot, token) indices; phase 0 converted row
+            // t * ne11 + s % ne11 (below b's row count) into `rb` bytes of the work buffer.
+            unsafe {
+                std::slice::from_raw_parts(ctx.work.add((t * ne11 + s % ne11) * l.rb), nb * abb)
+            }
+        };
+        let chunk = mmr::chunk_blocks(a.dtype, cols.len());
+        mmr::run_task(
+            kern,
+            a.dtype,
+            nb,
+            chunk,
+            &weights,
+            g0..g1,
+            &col,
+            cols.len(),
+            &mut acc,
+            &mut |i, q, v| {
+                let p = cols[q];
+                // SAFETY: i < m and the pair's (slot, token) are below dst's dims 1 and 2; the element
+                // belongs to this chunk, which only this worker took, and each pair appears once.
+                unsafe {
+                    *(d.ptr.add(i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2])
+                        as *mut f32) = v;
+                }
+            },
+        );
     }
     Ok(())
 }

@@ -13,14 +13,14 @@ use super::{NodeCtx, split, unravel_row};
 use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::repack::{act_block_bytes, group_block_bytes, q8_0_to_y0};
+use crate::kernels::repack::{RepackGemmFn, act_block_bytes, group_block_bytes, q8_0_to_y0};
 use crate::plan::{ExecNode, align_up};
 use std::sync::atomic::Ordering;
 
 /// 8-row groups per task.
-const TASK_GROUPS: usize = 4;
+pub(crate) const TASK_GROUPS: usize = 4;
 /// Columns per task.
-const TASK_COLS: usize = 64;
+pub(crate) const TASK_COLS: usize = 64;
 /// Elements of K per chunk.
 const CHUNK_K: usize = 2048;
 
@@ -32,11 +32,11 @@ fn is_k_type(d: DType) -> bool {
     matches!(d, DType::Q4_K | DType::Q6_K | DType::Q2_K | DType::TQ2_0)
 }
 
-fn act_row_bytes(a: DType, k: usize) -> usize {
+pub(crate) fn act_row_bytes(a: DType, k: usize) -> usize {
     align_up(k / a.block_size() * act_block_bytes(a), 64)
 }
 
-fn scratch_bytes(k: usize) -> usize {
+pub(crate) fn scratch_bytes(k: usize) -> usize {
     align_up(k * 4, 64) + align_up(DType::Q8_0.row_bytes(k), 64)
 }
 
@@ -45,17 +45,45 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     b.nrows() * act_row_bytes(a.dtype, b.ne[0]) + nth * scratch_bytes(b.ne[0])
 }
 
+/// The converter into the kernel's activation format: F32 -> Q8_K for the K-quants, F32 -> Q8_0
+/// (then re-laid into `Y0` blocks) for the 32-element types.
+pub(crate) fn activation_target(a: DType) -> DType {
+    if is_k_type(a) { DType::Q8_K } else { DType::Q8_0 }
+}
+
+/// Converts one f32 activation row (`f`, k elements) into `out` (`act_row_bytes` bytes) in the
+/// kernel's format for weights of type `a`; `q8` is scratch for the Q8_0 row of the 32-element
+/// types (`DType::Q8_0.row_bytes(k)` bytes).
+pub(crate) fn convert_row(
+    a: DType,
+    from: crate::quant::FromFloatFn,
+    f: &[f32],
+    q8: &mut [u8],
+    out: &mut [u8],
+) {
+    if is_k_type(a) {
+        from(f, &mut out[..DType::Q8_K.row_bytes(f.len())]);
+    } else {
+        from(f, q8);
+        q8_0_to_y0(q8, out);
+    }
+}
+
+/// The f32 -> activation-format converter for weights of type `a`, or the error naming the op.
+pub(crate) fn converter(op: &'static str, a: DType) -> Result<crate::quant::FromFloatFn> {
+    let target = activation_target(a);
+    crate::kernels::table().activation_converter(target).ok_or_else(|| Error::Unsupported {
+        op,
+        backend: "CPU".into(),
+        msg: format!("no f32 -> {target} conversion"),
+    })
+}
+
 /// Phase 0: activation rows into the kernel's format.
 pub(crate) fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
     let k = b.ne[0];
-    let kt = crate::kernels::table();
-    let target = if is_k_type(a.dtype) { DType::Q8_K } else { DType::Q8_0 };
-    let from = kt.activation_converter(target).ok_or_else(|| Error::Unsupported {
-        op: "mul_mat",
-        backend: "CPU".into(),
-        msg: format!("no f32 -> {target} conversion"),
-    })?;
+    let from = converter("mul_mat", a.dtype)?;
     let rb = act_row_bytes(a.dtype, k);
     let nrows = b.nrows();
     let scratch = nrows * rb + ith * scratch_bytes(k);
@@ -73,19 +101,67 @@ pub(crate) fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 *s = (pb.add(i * b.nb[0]) as *const f32).read_unaligned();
             }
             let out = std::slice::from_raw_parts_mut(ctx.work.add(r * rb), rb);
-            if target == DType::Q8_K {
-                from(f, &mut out[..DType::Q8_K.row_bytes(k)]);
-            } else {
-                let q8 = std::slice::from_raw_parts_mut(
-                    ctx.work.add(scratch + align_up(k * 4, 64)),
-                    DType::Q8_0.row_bytes(k),
-                );
-                from(f, q8);
-                q8_0_to_y0(q8, out);
-            }
+            let q8 = std::slice::from_raw_parts_mut(
+                ctx.work.add(scratch + align_up(k * 4, 64)),
+                DType::Q8_0.row_bytes(k),
+            );
+            convert_row(a.dtype, from, f, q8, out);
         }
     }
     Ok(())
+}
+
+/// Blocks per K chunk for tasks of up to `ncols` columns: chunks keep a task's weights in cache
+/// while its columns use them; with few columns (decode) there is nothing to share and each
+/// group streams straight through.
+pub(crate) fn chunk_blocks(a: DType, ncols: usize) -> usize {
+    if ncols <= 4 { usize::MAX } else { (CHUNK_K / a.block_size()).max(1) }
+}
+
+/// Accumulators of one task.
+pub(crate) type TaskAcc = [[f32; 8]; TASK_GROUPS * TASK_COLS];
+
+/// One task: the outputs of weight groups `gs` (8 rows each; at most [`TASK_GROUPS`]) for
+/// columns `0..ncols` (at most [`TASK_COLS`]), K walked in chunks of `chunk` blocks. `group(g)`
+/// gives group g's repacked blocks (nb of them), `col(q)` column q's converted activations; `out(i,
+/// q, v)` stores the result of row `i` (of the matrix) and column q. Each output is accumulated
+/// block by block in K order by one kernel lane, whatever the chunking.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_task<'a>(
+    kern: RepackGemmFn,
+    a: DType,
+    nb: usize,
+    chunk: usize,
+    group: &dyn Fn(usize) -> &'a [u8],
+    gs: std::ops::Range<usize>,
+    col: &dyn Fn(usize) -> &'a [u8],
+    ncols: usize,
+    acc: &mut TaskAcc,
+    out: &mut dyn FnMut(usize, usize, f32),
+) {
+    debug_assert!(gs.len() <= TASK_GROUPS && (1..=TASK_COLS).contains(&ncols));
+    let (gbb, abb) = (group_block_bytes(a), act_block_bytes(a));
+    let acc = &mut acc[..gs.len() * ncols];
+    acc.iter_mut().for_each(|a| *a = [0.0; 8]);
+    let mut kb = 0;
+    while kb < nb {
+        let ke = kb.saturating_add(chunk).min(nb);
+        for g in gs.clone() {
+            let xg = &group(g)[kb * gbb..ke * gbb];
+            let ys: [&[u8]; TASK_COLS] =
+                std::array::from_fn(|q| if q < ncols { &col(q)[kb * abb..ke * abb] } else { &[] });
+            let base = (g - gs.start) * ncols;
+            kern(xg, &ys[..ncols], &mut acc[base..base + ncols]);
+        }
+        kb = ke;
+    }
+    for g in gs.clone() {
+        for q in 0..ncols {
+            for (r, &v) in acc[(g - gs.start) * ncols + q].iter().enumerate() {
+                out(g * REPACK_ROWS + r, q, v);
+            }
+        }
+    }
 }
 
 /// Phase 1: the tasks.
@@ -97,14 +173,11 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
         msg: format!("no repacked kernel for {}", a.dtype),
     })?;
     let k = a.ne[0];
-    let bs = a.dtype.block_size();
-    let nb = k / bs;
+    let nb = k / a.dtype.block_size();
     let gbb = group_block_bytes(a.dtype);
     let abb = act_block_bytes(a.dtype);
     let rb = act_row_bytes(a.dtype, k);
-    // K chunks keep a task's weights in cache while its columns use them; with few columns
-    // (decode) there is nothing to share and each group streams straight through.
-    let chunk = if d.ne[1] <= 4 { nb } else { (CHUNK_K / bs).max(1) };
+    let chunk = chunk_blocks(a.dtype, d.ne[1]);
     let (m, n) = (d.ne[0], d.ne[1]);
     let groups = m / REPACK_ROWS;
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
@@ -112,7 +185,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
     let tiles_n = n.div_ceil(TASK_COLS);
     let per_batch = tiles_m * tiles_n;
     let total = per_batch * d.ne[2] * d.ne[3];
-    let mut acc = [[0f32; 8]; TASK_GROUPS * TASK_COLS];
+    let mut acc: TaskAcc = [[0f32; 8]; TASK_GROUPS * TASK_COLS];
     loop {
         let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
         if c >= total {
@@ -141,34 +214,25 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
                 std::slice::from_raw_parts(ctx.work.add(row * rb), nb * abb)
             }
         };
-        let acc = &mut acc[..(g1 - g0) * ncols];
-        acc.iter_mut().for_each(|a| *a = [0.0; 8]);
-        let mut kb = 0;
-        while kb < nb {
-            let ke = (kb + chunk).min(nb);
-            for g in g0..g1 {
-                let xg = &group(g)[kb * gbb..ke * gbb];
-                let ys: [&[u8]; TASK_COLS] =
-                    std::array::from_fn(|q| &col(j0 + q.min(ncols - 1))[kb * abb..ke * abb]);
-                let base = (g - g0) * ncols;
-                kern(xg, &ys[..ncols], &mut acc[base..base + ncols]);
-            }
-            kb = ke;
-        }
-        for g in g0..g1 {
-            for jj in 0..ncols {
-                let v = &acc[(g - g0) * ncols + jj];
-                for (r, &val) in v.iter().enumerate() {
-                    let i = g * REPACK_ROWS + r;
-                    // SAFETY: i < m and j0 + jj < n: the element belongs to this task's tile,
-                    // which only this worker took.
-                    unsafe {
-                        *(d.ptr.add(i * d.nb[0] + (j0 + jj) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
-                            as *mut f32) = val;
-                    }
+        run_task(
+            kern,
+            a.dtype,
+            nb,
+            chunk,
+            &group,
+            g0..g1,
+            &|q| col(j0 + q),
+            ncols,
+            &mut acc,
+            &mut |i, jj, val| {
+                // SAFETY: i < m and j0 + jj < n: the element belongs to this task's tile, which
+                // only this worker took.
+                unsafe {
+                    *(d.ptr.add(i * d.nb[0] + (j0 + jj) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
+                        as *mut f32) = val;
                 }
-            }
-        }
+            },
+        );
     }
     Ok(())
 }
