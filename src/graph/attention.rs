@@ -43,7 +43,7 @@ impl Graph {
     /// Fused attention (ggml_flash_attn_ext). `q` F32 [dk, n_q, n_head, b]; `k` [dk, n_kv,
     /// n_head_kv, b'] and `v` [dv, n_kv, n_head_kv, b'] in F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1,
     /// Q4_0 or IQ4_NL, broadcast over heads (GQA) and batch; `mask` F16 or F32 [>= n_kv, >= n_q,
-    /// dividing n_head, dividing b]; `sinks` F32 [n_head]. The result is F32 [dv, n_head, n_q, b]
+    /// dividing n_head, dividing b\]; `sinks` F32 \[n_head\]. The result is F32 \[dv, n_head, n_q, b\]
     /// (heads before queries, as ggml).
     pub fn flash_attn_ext(
         &mut self,

@@ -484,7 +484,7 @@ impl Graph {
         )
     }
 
-    /// Keeps one triangle of each square matrix of `a` (F32, contiguous, ne[0] == ne[1]) and
+    /// Keeps one triangle of each square matrix of `a` (F32, contiguous, ne\[0\] == ne\[1\]) and
     /// zeroes the rest (ggml_tri).
     pub fn tri(&mut self, a: TensorId, kind: TriType) -> Result<TensorId> {
         const OP: &str = "tri";
@@ -539,7 +539,7 @@ impl Graph {
     // ---- GLU ---------------------------------------------------------------------------------
 
     /// A fused gated linear unit (ggml_glu): each row of `a` (F32 or F16, contiguous rows) is
-    /// split in halves x | g (g | x when `swapped`); the result has ne[0] / 2 columns.
+    /// split in halves x | g (g | x when `swapped`); the result has ne\[0\] / 2 columns.
     pub fn glu(&mut self, a: TensorId, op: GluOp, swapped: bool) -> Result<TensorId> {
         self.glu_impl(a, None, op, swapped, 0.0, 0.0)
     }
@@ -680,7 +680,7 @@ impl Graph {
 
     // ---- reductions and sorting --------------------------------------------------------------
 
-    /// Sum of all elements (ggml_sum): F32 -> F32 [1] (f64 accumulation), F16 -> F16 [1].
+    /// Sum of all elements (ggml_sum): F32 -> F32 \[1\] (f64 accumulation), F16 -> F16 \[1\].
     pub fn sum(&mut self, a: TensorId) -> Result<TensorId> {
         let (dt, _) = self.float_src("sum", a)?;
         self.finish(Op::Sum, dt, [1, 1, 1, 1], &[a], false)
@@ -704,7 +704,7 @@ impl Graph {
         self.finish(Op::Cumsum, DType::F32, ne, &[a], false)
     }
 
-    /// Index of the largest element of each row (ggml_argmax): F32 matrix [n, m] -> I32 [m];
+    /// Index of the largest element of each row (ggml_argmax): F32 matrix \[n, m\] -> I32 \[m\];
     /// ties give the last index, as ggml.
     pub fn argmax(&mut self, a: TensorId) -> Result<TensorId> {
         const OP: &str = "argmax";
@@ -719,7 +719,7 @@ impl Graph {
     }
 
     /// Number of positions where two I32 tensors of the same shape are equal (ggml_count_equal):
-    /// I64 [1].
+    /// I64 \[1\].
     pub fn count_equal(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         const OP: &str = "count_equal";
         let (ta, tb) = (self.get(OP, a)?, self.get(OP, b)?);

@@ -173,7 +173,7 @@ impl Graph {
     }
 
     /// ggml_pad_reflect_1d: reflect dim 0 by `p0` on the left and `p1` on the right
-    /// (each < ne[0]); F32.
+    /// (each < ne\[0\]); F32.
     pub fn pad_reflect_1d(&mut self, a: TensorId, p0: usize, p1: usize) -> Result<TensorId> {
         let ta = self.get("pad_reflect_1d", a)?;
         if ta.dtype != DType::F32 || p0 >= ta.ne[0] || p1 >= ta.ne[0] {
@@ -187,7 +187,7 @@ impl Graph {
         self.gather_node("pad_reflect_1d", Gather::PadReflect1d { p0 }, &[a], ne)
     }
 
-    /// ggml_roll: circular shift along every dim (|shift[d]| < ne[d]).
+    /// ggml_roll: circular shift along every dim (|shift\[d\]| < ne\[d\]).
     pub fn roll(&mut self, a: TensorId, shift: [i64; 4]) -> Result<TensorId> {
         let ta = self.get("roll", a)?;
         if (0..4).any(|d| shift[d].unsigned_abs() as usize >= ta.ne[d].max(1) && shift[d] != 0) {
@@ -225,7 +225,7 @@ impl Graph {
         self.node(Op::Arange { start, step }, DType::F32, [steps, 1, 1, 1], &[])
     }
 
-    /// ggml_timestep_embedding: F32 timesteps [n] -> [dim, n] of cos/sin features.
+    /// ggml_timestep_embedding: F32 timesteps \[n\] -> \[dim, n\] of cos/sin features.
     pub fn timestep_embedding(
         &mut self,
         t: TensorId,

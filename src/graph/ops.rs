@@ -558,7 +558,7 @@ impl Graph {
         self.node_opt(Op::SoftMax { scale, max_bias }, DType::F32, ne, &[Some(a), mask])
     }
 
-    /// soft_max_ext with attention sinks (ggml_soft_max_add_sinks): `sinks` F32 [a.ne[2]] adds one
+    /// soft_max_ext with attention sinks (ggml_soft_max_add_sinks): `sinks` F32 \[a.ne\[2\]\] adds one
     /// extra logit per head (dim 2) to every row's normalisation.
     pub fn soft_max_ext_sinks(
         &mut self,

@@ -75,7 +75,7 @@ impl Graph {
     /// Shapes: `s` [d_state, head_dim, n_head, >= n_seqs] initial states (contiguous), `x`
     /// [head_dim, n_head, n_seq_tokens, n_seqs], `dt` [n_head, n_seq_tokens, n_seqs] (contiguous),
     /// `b`, `c` [d_state, n_group, n_seq_tokens, n_seqs] with `n_head % n_group == 0`, `ids`
-    /// [n_seqs] I32 (row of `s` each sequence starts from). `x`, `b` and `c` need packed rows
+    /// \[n_seqs\] I32 (row of `s` each sequence starts from). `x`, `b` and `c` need packed rows
     /// (dims 0 and 1) but may be overlapping views of one tensor. `k` >= 1 state snapshots are
     /// kept (Mamba-2 only when `k > 1`).
     ///
@@ -236,7 +236,7 @@ impl Graph {
     }
 
     /// ggml_rwkv_wkv6: RWKV-6 time mixing. `k`, `v`, `r`, `td` (time decay) are [S, H, n_tokens],
-    /// `tf` (time_first / u) holds S*H values, `state` S*S*H*n_seqs (ne[1] = n_seqs); all F32 and
+    /// `tf` (time_first / u) holds S*H values, `state` S*S*H*n_seqs (ne\[1\] = n_seqs); all F32 and
     /// contiguous, tokens grouped by sequence. Result [S*H, n_tokens + S*n_seqs]: the outputs,
     /// then the new states.
     pub fn rwkv_wkv6(
@@ -356,7 +356,7 @@ impl Graph {
     /// n_seqs % n_seqs_qk == 0, heads tiled), `v` [S, H_v, n_tokens, n_seqs] (packed rows), `g`
     /// [1 or S, H_v, n_tokens, n_seqs] (scalar gate, or per-channel for KDA), `beta`
     /// [1, H_v, n_tokens, n_seqs], `state` [S, S, H_v, n_seqs] (transposed: `state[j*S + i]` is
-    /// S[i][j]); all F32, `g`, `beta`, `state` contiguous. `k` >= 1 snapshot slots.
+    /// S\[i\]\[j\]); all F32, `g`, `beta`, `state` contiguous. `k` >= 1 snapshot slots.
     ///
     /// Result F32 [S*H_v, n_tokens*n_seqs + k*S*n_seqs]: the outputs [S, H_v, n_tokens, n_seqs]
     /// then `k` state slots (slot 0 final, slot j the state j tokens back). Slots older than the
@@ -437,7 +437,7 @@ impl Graph {
 
     /// ggml_lightning_indexer (DeepSeek sparse attention):
     /// `res[kv, t, 0, s] = sum_h relu(q[:, h, t, s] . k[:, 0, kv, s]) * weights[h, t, 0, s]
-    /// + mask[kv, t, 0, s % mask.ne[3]]`.
+    /// + mask\[kv, t, 0, s % mask.ne\[3\]\]`.
     ///
     /// `q` [n_embd, n_head, n_batch, ne3] F32, `k` [n_embd, 1, n_kv, ne3] in F32 or any type with
     /// an f32 conversion (F16, BF16, quantized), `weights` [n_head, n_batch, 1, ne3] F32

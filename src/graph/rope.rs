@@ -53,7 +53,7 @@ impl RopeMode {
 /// Parameters of a rope node (ggml's op_params for GGML_OP_ROPE).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
-    /// Number of leading dims rotated (even, <= ne[0]).
+    /// Number of leading dims rotated (even, <= ne\[0\]).
     pub n_dims: usize,
     /// Pairing mode.
     pub mode: RopeMode,

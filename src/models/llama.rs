@@ -268,7 +268,7 @@ impl Llama {
     }
 
     /// Runs `tokens` through the model after what is cached; returns the logits of every new
-    /// token ([n_vocab] per token, in order).
+    /// token (\[n_vocab\] per token, in order).
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::arg("llama: no tokens"));

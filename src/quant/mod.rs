@@ -1,7 +1,7 @@
 //! Block formats of every ggml type: reference quantize, dequantize, the CPU's activation conversion
 //! (`from_float`) and a scalar `vec_dot`, byte-for-byte as ggml (src/ggml-quants.c, src/ggml-cpu/).
 //!
-//! Each format module fills one [`FormatFns`] entry; [`format`] is the table the rest of the crate
+//! Each format module fills one `FormatFns` entry; `format` is the table the rest of the crate
 //! (kernels, ops, GGUF) talks to, like ggml's `type_traits` / `type_traits_cpu`. SIMD versions of
 //! `vec_dot` live in `crate::kernels` and are chosen at run time.
 
