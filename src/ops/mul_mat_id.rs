@@ -572,18 +572,20 @@ fn repack_chunks(
             a.dtype,
             nb,
             chunk,
-            &weights,
+            weights,
             g0..g1,
-            &col,
+            col,
             cols.len(),
             &mut acc,
-            &mut |i, q, v| {
+            |i, q, v| {
                 let p = cols[q];
-                // SAFETY: i < m and the pair's (slot, token) are below dst's dims 1 and 2; the element
-                // belongs to this chunk, which only this worker took, and each pair appears once.
+                // SAFETY: rows i..i + 8 <= m and the pair's (slot, token) are below dst's dims 1
+                // and 2; the elements belong to this chunk, which only this worker took, and each
+                // pair appears once.
                 unsafe {
-                    *(d.ptr.add(i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2])
-                        as *mut f32) = v;
+                    let o =
+                        d.ptr.add(i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2]);
+                    mmr::store8(o, d.nb[0], v);
                 }
             },
         );

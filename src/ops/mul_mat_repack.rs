@@ -124,20 +124,21 @@ pub(crate) type TaskAcc = [[f32; 8]; TASK_GROUPS * TASK_COLS];
 /// One task: the outputs of weight groups `gs` (8 rows each; at most [`TASK_GROUPS`]) for
 /// columns `0..ncols` (at most [`TASK_COLS`]), K walked in chunks of `chunk` blocks. `group(g)`
 /// gives group g's repacked blocks (nb of them), `col(q)` column q's converted activations; `out(i,
-/// q, v)` stores the result of row `i` (of the matrix) and column q. Each output is accumulated
+/// q, v)` stores the results of rows `i..i + 8` (of the matrix) and column q. Each output is accumulated
 /// block by block in K order by one kernel lane, whatever the chunking.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub(crate) fn run_task<'a>(
     kern: RepackGemmFn,
     a: DType,
     nb: usize,
     chunk: usize,
-    group: &dyn Fn(usize) -> &'a [u8],
+    group: impl Fn(usize) -> &'a [u8],
     gs: std::ops::Range<usize>,
-    col: &dyn Fn(usize) -> &'a [u8],
+    col: impl Fn(usize) -> &'a [u8],
     ncols: usize,
     acc: &mut TaskAcc,
-    out: &mut dyn FnMut(usize, usize, f32),
+    mut out: impl FnMut(usize, usize, &[f32; 8]),
 ) {
     debug_assert!(gs.len() <= TASK_GROUPS && (1..=TASK_COLS).contains(&ncols));
     let (gbb, abb) = (group_block_bytes(a), act_block_bytes(a));
@@ -157,9 +158,24 @@ pub(crate) fn run_task<'a>(
     }
     for g in gs.clone() {
         for q in 0..ncols {
-            for (r, &v) in acc[(g - gs.start) * ncols + q].iter().enumerate() {
-                out(g * REPACK_ROWS + r, q, v);
-            }
+            out(g * REPACK_ROWS, q, &acc[(g - gs.start) * ncols + q]);
+        }
+    }
+}
+
+/// Stores 8 results at `p` with a stride of `nb0` bytes (one copy when contiguous).
+///
+/// # Safety
+/// `p + r * nb0` for r < 8 are writable f32 slots nobody else accesses meanwhile.
+#[inline(always)]
+pub(crate) unsafe fn store8(p: *mut u8, nb0: usize, v: &[f32; 8]) {
+    if nb0 == 4 {
+        // SAFETY: the 8 slots are contiguous (caller contract).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), p as *mut f32, 8) };
+    } else {
+        for (r, &x) in v.iter().enumerate() {
+            // SAFETY: slot r (caller contract).
+            unsafe { (p.add(r * nb0) as *mut f32).write_unaligned(x) };
         }
     }
 }
@@ -219,17 +235,18 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
             a.dtype,
             nb,
             chunk,
-            &group,
+            group,
             g0..g1,
-            &|q| col(j0 + q),
+            |q| col(j0 + q),
             ncols,
             &mut acc,
-            &mut |i, jj, val| {
-                // SAFETY: i < m and j0 + jj < n: the element belongs to this task's tile, which
-                // only this worker took.
+            |i, jj, v| {
+                // SAFETY: rows i..i + 8 <= m and column j0 + jj < n: the elements belong to this
+                // task's tile, which only this worker took.
                 unsafe {
-                    *(d.ptr.add(i * d.nb[0] + (j0 + jj) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
-                        as *mut f32) = val;
+                    let p =
+                        d.ptr.add(i * d.nb[0] + (j0 + jj) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
+                    store8(p, d.nb[0], v);
                 }
             },
         );

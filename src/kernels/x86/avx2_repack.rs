@@ -550,14 +550,14 @@ unsafe fn kq_cols<const KIND: u8, const NC: usize, const DIRECT: bool>(
         // SAFETY: k.p is a whole group block and yb[c] whole Q8_K blocks (caller contract).
         isum = unsafe { k_isum_direct::<KIND, NC>(k.p, &yb, k.scv) };
     }
-    let zero = [_mm256_setzero_si256(); 64];
-    let u = if DIRECT { &zero } else { k.u.unwrap_or(&zero) };
-    for sb in 0..if DIRECT { 0 } else { nsb } {
+    // The shared path reads the levels `kq_block` decoded once (no zeroed stand-in: 2 KiB a call).
+    let u = if DIRECT { None } else { k.u };
+    for sb in 0..u.map_or(0, |_| nsb) {
         for h in 0..sbs / maxs {
             let mut a16 = [_mm256_setzero_si256(); NC];
             for t in 0..maxs {
                 let s = sb * sbs + h * maxs + t;
-                let us = u[s];
+                let us = u.map_or(_mm256_setzero_si256(), |u| u[s]);
                 for c in 0..NC {
                     // SAFETY: step s reads levels 4s..4s + 4 of block b of row c.
                     let yv = unsafe {
