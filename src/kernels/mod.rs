@@ -481,8 +481,9 @@ impl VecDotKernel {
     /// `dtype.vec_dot_type()`). Fails when the CPU lacks the tier, the type has no dot product or
     /// `n` is not a whole number of blocks of both types.
     pub fn new(isa: Isa, dtype: DType, n: usize) -> Result<Self> {
-        let t = table_for(isa)
-            .ok_or_else(|| Error::arg(format!("ISA {} is not supported by this CPU", isa.name())))?;
+        let t = table_for(isa).ok_or_else(|| {
+            Error::arg(format!("ISA {} is not supported by this CPU", isa.name()))
+        })?;
         let kernel = t
             .vec_dot(dtype)
             .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
