@@ -1,5 +1,7 @@
 //! `vec_dot` per type at n = 4096, every ISA tier this CPU has side by side
-//! (`vec_dot/q4_0/avx2/4096` beside `vec_dot/q4_0/scalar/4096`), on weights made by the reference
+//! (`vec_dot/q4_0/avx2/4096` beside `vec_dot/q4_0/scalar/4096`: the kernel through a
+//! `VecDotKernel` bound once, like ggml's harness; `.../avx2-api/4096`: through `vec_dot_with`, with
+//! its per-call checks), on weights made by the reference
 //! quantizer and activations made by the CPU converter, as a matmul row sees them.
 //!
 //! Every type with a vec_dot kernel: the float, legacy, K-quant, low-bit, ternary and IQ formats.
@@ -8,7 +10,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use quantgraph::DType;
-use quantgraph::kernels::{Isa, vec_dot_with};
+use quantgraph::kernels::{Isa, VecDotKernel, vec_dot_with};
 use quantgraph::quant::{quantize, quantize_for_dot, quantize_with_imatrix};
 use std::time::Duration;
 
@@ -81,9 +83,20 @@ fn vec_dot(c: &mut Criterion) {
         let mut group = c.benchmark_group(format!("vec_dot/{}", dtype.name()));
         group.throughput(Throughput::Elements(N as u64));
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-            group.bench_with_input(BenchmarkId::new(isa.name(), N), &isa, |b, &isa| {
-                b.iter(|| vec_dot_with(isa, dtype, N, black_box(&xq), black_box(&yq)).unwrap())
+            // The tier's kernel bound once (lengths checked at bind time), as ggml's harness calls
+            // `type_traits_cpu[t].vec_dot`; `api` beside it goes through the public entry point
+            // (`vec_dot_with`: table lookup and length checks on every call).
+            let k = VecDotKernel::new(isa, dtype, N).unwrap();
+            group.bench_with_input(BenchmarkId::new(isa.name(), N), &k, |b, k| {
+                b.iter(|| k.dot(black_box(&xq), black_box(&yq)).unwrap())
             });
+            group.bench_with_input(
+                BenchmarkId::new(format!("{}-api", isa.name()), N),
+                &isa,
+                |b, &isa| {
+                    b.iter(|| vec_dot_with(isa, dtype, N, black_box(&xq), black_box(&yq)).unwrap())
+                },
+            );
         }
         group.finish();
     }

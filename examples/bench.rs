@@ -5,7 +5,7 @@
 //! cargo run --release --example bench -- plan-overhead NODES
 //! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS [--repack]
 //! cargo run --release --example bench -- mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack]
-//! cargo run --release --example bench -- vec-dot TYPE N REPS
+//! cargo run --release --example bench -- vec-dot TYPE N REPS [--kernel]
 //! cargo run --release --example bench -- peak THREADS
 //! cargo run --release --example bench -- op ssm_scan|rwkv_wkv6[_decode] THREADS REPS
 //! cargo run --release --example bench -- train-op NAME THREADS REPS
@@ -208,7 +208,11 @@ fn mul_mat_id(
     Ok(())
 }
 
-fn vec_dot(ty: DType, n: usize, reps: usize) -> quantgraph::Result<()> {
+/// Median over `reps` of the mean time of 1000 dot products of one `n`-element row, the method of
+/// ggml's side-by-side harness. By default through the public `quant::vec_dot` (dispatch and length
+/// checks on every call); with `kernel` through a [`quantgraph::kernels::VecDotKernel`] bound once,
+/// which calls the selected tier's kernel the way ggml's harness calls `type_traits_cpu[t].vec_dot`.
+fn vec_dot(ty: DType, n: usize, reps: usize, kernel: bool) -> quantgraph::Result<()> {
     let x = rand_vec(n, 1);
     let y = rand_vec(n, 2);
     let mut xq = vec![0u8; ty.row_size(n)?];
@@ -226,16 +230,23 @@ fn vec_dot(ty: DType, n: usize, reps: usize) -> quantgraph::Result<()> {
     let mut yq = vec![0u8; vd.row_size(n)?];
     quantgraph::quant::quantize_for_dot(vd, &y, &mut yq)?;
     let inner = 1000;
+    let bound = quantgraph::kernels::VecDotKernel::new(quantgraph::kernels::selected_isa(), ty, n)?;
     let mut times = Vec::new();
     for _ in 0..reps.max(1) {
         let t0 = Instant::now();
-        for _ in 0..inner {
-            std::hint::black_box(quantgraph::quant::vec_dot(
-                ty,
-                n,
-                std::hint::black_box(&xq),
-                &yq,
-            )?);
+        if kernel {
+            for _ in 0..inner {
+                std::hint::black_box(bound.dot(std::hint::black_box(&xq), &yq)?);
+            }
+        } else {
+            for _ in 0..inner {
+                std::hint::black_box(quantgraph::quant::vec_dot(
+                    ty,
+                    n,
+                    std::hint::black_box(&xq),
+                    &yq,
+                )?);
+            }
         }
         times.push(t0.elapsed().as_secs_f64() / inner as f64);
     }
@@ -842,7 +853,10 @@ fn main() {
         Some("vec-dot") => {
             let ty: String = arg(&args, 1, "TYPE");
             match DType::from_name(&ty) {
-                Some(t) => vec_dot(t, arg(&args, 2, "N"), arg(&args, 3, "REPS")),
+                Some(t) => {
+                    let kernel = args.get(4).is_some_and(|a| a == "--kernel");
+                    vec_dot(t, arg(&args, 2, "N"), arg(&args, 3, "REPS"), kernel)
+                }
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }
         }
@@ -850,7 +864,8 @@ fn main() {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
                  matmul TYPE M N K THREADS REPS [--repack] | \
-                 mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack] | vec-dot TYPE N REPS | op NAME THREADS REPS | \
+                 mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack] | \
+                 vec-dot TYPE N REPS [--kernel] | op NAME THREADS REPS | \
                  train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
             );
             std::process::exit(2)

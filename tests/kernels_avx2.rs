@@ -295,3 +295,36 @@ fn avx2_q4_0_q5_0_blocks_with_non_finite_scales() {
         assert!(scalar.is_nan() && avx2.is_nan(), "{dtype}: avx2 {avx2} scalar {scalar}");
     }
 }
+
+/// Q1_0's AVX2 kernel follows ggml's AVX2 arithmetic (negate y where the weight bit is clear), so
+/// a -128 activation byte, which the Q8_0 quantizer never writes, wraps under a clear bit as it
+/// does in ggml's AVX2 build; under a set bit, and for every valid byte, it is exact. The scalar
+/// tier follows ggml's portable code and is exact everywhere.
+#[test]
+fn avx2_q1_0_treats_a_minus_128_activation_like_ggml_avx2() {
+    if !have_avx2("avx2_q1_0_treats_a_minus_128_activation_like_ggml_avx2") {
+        return;
+    }
+    let one = 0x3C00u16.to_le_bytes(); // f16 1.0
+    // One Q1_0 block (128 weights): bit 1 set, every other bit clear (weights +1 and -1).
+    let mut x = vec![0u8; 18];
+    x[..2].copy_from_slice(&one);
+    x[2] = 0b10;
+    // Four Q8_0 blocks with scale 1: y[0] = -128 (weight -1), y[1] = -128 (weight +1), y[2] = 5.
+    let mut y = vec![0u8; 4 * 34];
+    for b in 0..4 {
+        y[b * 34..b * 34 + 2].copy_from_slice(&one);
+    }
+    y[2] = 0x80;
+    y[3] = 0x80;
+    y[4] = 5;
+    let scalar = vec_dot_with(Isa::Scalar, DType::Q1_0, 128, &x, &y).unwrap();
+    let avx2 = vec_dot_with(Isa::Avx2, DType::Q1_0, 128, &x, &y).unwrap();
+    assert_eq!(scalar, 128.0 - 128.0 - 5.0);
+    assert_eq!(avx2, -128.0 - 128.0 - 5.0);
+    // Without the -128 under a clear bit the tiers agree.
+    y[2] = 0x81; // -127
+    let scalar = vec_dot_with(Isa::Scalar, DType::Q1_0, 128, &x, &y).unwrap();
+    let avx2 = vec_dot_with(Isa::Avx2, DType::Q1_0, 128, &x, &y).unwrap();
+    assert_eq!((scalar, avx2), (127.0 - 128.0 - 5.0, 127.0 - 128.0 - 5.0));
+}

@@ -452,3 +452,62 @@ fn build_selected_table() -> &'static KernelTable {
     table_for(isa)
         .unwrap_or_else(|| slot(Isa::Scalar).get_or_init(|| KernelTable::build(Isa::Scalar)))
 }
+
+// --- vec_dot kernel handle (issue #3: time the dispatched kernel like ggml's harness) ---
+
+/// One tier's `vec_dot` kernel bound to a weight type and a row length, with the lengths checked
+/// once at [`VecDotKernel::new`]. [`VecDotKernel::dot`] then costs two length compares around the
+/// kernel call, as close to ggml's `type_traits_cpu[t].vec_dot(n, ...)` as a safe call gets; the
+/// benchmarks use it to time the kernel itself next to ggml's.
+///
+/// ```
+/// use quantgraph::{DType, kernels::{Isa, VecDotKernel}};
+/// let k = VecDotKernel::new(Isa::Scalar, DType::F32, 2).unwrap();
+/// let x: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// assert_eq!(k.dot(&x, &x).unwrap(), 5.0);
+/// assert!(k.dot(&x[..4], &x).is_err());
+/// ```
+#[derive(Clone, Copy)]
+pub struct VecDotKernel {
+    kernel: VecDotFn,
+    dtype: DType,
+    n: usize,
+    x_len: usize,
+    y_len: usize,
+}
+
+impl VecDotKernel {
+    /// The `vec_dot` kernel of tier `isa` for `dtype` rows of `n` elements (against
+    /// `dtype.vec_dot_type()`). Fails when the CPU lacks the tier, the type has no dot product or
+    /// `n` is not a whole number of blocks of both types.
+    pub fn new(isa: Isa, dtype: DType, n: usize) -> Result<Self> {
+        let t = table_for(isa).ok_or_else(|| {
+            Error::arg(format!("ISA {} is not supported by this CPU", isa.name()))
+        })?;
+        let kernel = t
+            .vec_dot(dtype)
+            .ok_or_else(|| Error::Quant { dtype, msg: "no dot product for this type".into() })?;
+        let (x_len, y_len) = (dtype.row_size(n)?, dtype.vec_dot_type().row_size(n)?);
+        Ok(Self { kernel, dtype, n, x_len, y_len })
+    }
+
+    /// Dot product of one `x` row (in the bound type) with one `y` row (in its vec-dot type).
+    /// Fails when a slice does not hold exactly the bound number of elements.
+    #[inline]
+    pub fn dot(&self, x: &[u8], y: &[u8]) -> Result<f32> {
+        if x.len() == self.x_len && y.len() == self.y_len {
+            Ok((self.kernel)(self.n, x, y))
+        } else {
+            Err(self.length_error(x.len(), y.len()))
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn length_error(&self, x: usize, y: usize) -> Error {
+        Error::arg(format!(
+            "vec_dot {}: n = {} needs {} + {} bytes, the buffers have {x} + {y}",
+            self.dtype, self.n, self.x_len, self.y_len
+        ))
+    }
+}

@@ -179,6 +179,9 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 
 /// Dot product of `n` elements: `x` in `dtype`, `y` in `dtype.vec_dot_type()` (as made by
 /// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
+// Inline: in a caller's loop the table and per-type lookups become loop-invariant and leave the
+// loop, and the `Result` stays in registers instead of going through memory.
+#[inline]
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops; the error
     // path is out of line, so this one is a few loads and compares around the kernel call.

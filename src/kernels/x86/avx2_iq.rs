@@ -425,8 +425,11 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let q8_1 = load256(yb, Q8K_QS + 64 * k);
             let q8_2 = load256(yb, Q8K_QS + 64 * k + 32);
             let q3 = &xb[QS + 16 * k..QS + 16 * k + 16];
-            let q2_1 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[j] as usize]));
-            let q2_2 = set8(std::array::from_fn(|j| IQ3XXS_GRID[q3[8 + j] as usize]));
+            // Indices read 8 at a time and split in registers: fewer loads (the kernel is short of
+            // load slots: 16 grid, 8 sign-table and the activation loads per 64 weights).
+            let (i1, i2) = (rd_u64(q3, 0), rd_u64(q3, 8));
+            let q2_1 = set8(std::array::from_fn(|j| IQ3XXS_GRID[(i1 >> (8 * j)) as u8 as usize]));
+            let q2_2 = set8(std::array::from_fn(|j| IQ3XXS_GRID[(i2 >> (8 * j)) as u8 as usize]));
             let w = rd_u64(xb, GAS + 8 * k);
             let s = |sh: u32| KEVEN_SIGNS[((w >> sh) & 127) as usize];
             let s2_1 = set4(s(0), s(7), s(14), s(21));

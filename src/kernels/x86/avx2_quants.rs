@@ -804,52 +804,66 @@ unsafe fn vec_dot_nvfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
 // ------------------------------------------------------------------------------------------------
 // Low-bit formats against Q8_0.
 
+/// `ggml_vec_dot_q1_0_q8_0` with ggml's AVX2 arithmetic: y is negated where the weight bit is clear
+/// and the bytes summed, so the result is ggml's, bit for bit, on every valid Q8_0 row. A -128
+/// activation byte (the Q8_0 quantizer never writes one: its range is -127..=127) under a clear bit
+/// wraps to -128 instead of 128, exactly as in ggml's AVX2 kernel; the scalar tier follows ggml's
+/// portable code and gives 128. Being exact there would cost an extra operation per 32 values.
+///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q1_0 blocks and `y` `4 * nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q1_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ1_0>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let (zero, ones_8, ones_16) =
-        (_mm256_setzero_si256(), _mm256_set1_epi8(1), _mm256_set1_epi16(1));
+    let (all_ones, ones_8, ones_16) =
+        (_mm256_set1_epi8(-1), _mm256_set1_epi8(1), _mm256_set1_epi16(1));
+    // The block's 16 code bytes, complemented, sit in both lanes; Q8_0 block k takes code bytes
+    // 4k..4k+3, each spread over 8 output bytes by one shuffle (no broadcast from a register per
+    // Q8_0 block, as ggml does).
     let byte_shuf = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
         3, 3,
     );
+    let shufs: [__m256i; 4] =
+        std::array::from_fn(|k| _mm256_add_epi8(byte_shuf, _mm256_set1_epi8(4 * k as i8)));
     let bit_masks = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
+    let sat7f = _mm256_set1_epi8(0x7f);
     let mut acc = _mm256_setzero_ps();
     for ib in 0..nb {
-        // SAFETY: block `ib < nb` of `x` is readable; both reads stay inside it.
-        let (d0, qs) = unsafe {
+        // SAFETY: block `ib < nb` of `x` is readable; the 2-byte scale and the 16 code bytes are
+        // inside it.
+        let (d0, codes) = unsafe {
             let bx = x.add(ib * XB);
-            (rd_u16(bx.add(offset_of!(BlockQ1_0, d))), bx.add(offset_of!(BlockQ1_0, qs)))
+            (
+                rd_u16(bx.add(offset_of!(BlockQ1_0, d))),
+                _mm256_xor_si256(
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        bx.add(offset_of!(BlockQ1_0, qs)).cast(),
+                    )),
+                    all_ones,
+                ),
+            )
         };
         let mut acc_block = _mm256_setzero_ps();
-        for k in 0..4 {
-            // SAFETY: `qs` has 16 readable bytes (k < 4), and Q8_0 block `4 ib + k < 4 nb` of `y`
-            // is readable; every read stays inside its block.
-            let (bits, yd, qy) = unsafe {
+        for (k, &sh) in shufs.iter().enumerate() {
+            // SAFETY: Q8_0 block `4 ib + k < 4 nb` of `y` is readable; both reads stay inside it.
+            let (yd, qy) = unsafe {
                 let by = y.add((4 * ib + k) * YB);
                 (
-                    rd_u32(qs.add(4 * k)),
                     rd_u16(by.add(offset_of!(BlockQ8_0, d))),
                     _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
                 )
             };
-            // x = +1 where the bit is set, -1 where it is clear; x * y as |y| * (x * sign(y)),
-            // exact for every y (ggml negates y where the bit is clear, which wraps a -128).
-            let clear = _mm256_cmpeq_epi8(
-                _mm256_and_si256(
-                    _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), byte_shuf),
-                    bit_masks,
-                ),
-                zero,
+            // x = +1 where the bit is set, -1 where it is clear. Where the bit is clear the complemented code keeps a bit of `bit_masks` (1..=128),
+            // which the saturating add lifts to 128..=255: negative as i8. Where it is set the sum
+            // is 127: positive. `sign` then negates y where x = -1, like ggml's xor/sub.
+            let neg = _mm256_adds_epu8(
+                _mm256_and_si256(_mm256_shuffle_epi8(codes, sh), bit_masks),
+                sat7f,
             );
-            let xs = _mm256_or_si256(clear, ones_8);
-            let s32 = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_abs_epi8(qy), _mm256_sign_epi8(xs, qy)),
-                ones_16,
-            );
+            let sy = _mm256_sign_epi8(qy, neg);
+            let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones_8, sy), ones_16);
             let dy = fp16_splat(yd);
             acc_block = if k == 0 {
                 _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
