@@ -17,7 +17,7 @@ use crate::dtype::DType;
 use crate::kernels::KernelTable;
 use crate::kernels::repack::{
     KIND_IQ4_NL, KIND_MXFP4, KIND_Q2_K, KIND_Q4_0, KIND_Q4_K, KIND_Q6_K, KIND_TQ2_0, Q8K_BSUMS,
-    Q8K_BYTES, Q8K_QS, REPACK_NC, Y0_BYTES, k_group_bytes, k_offset, k_subblocks, k_ysum, q2_qs,
+    Q8K_BYTES, Q8K_QS, REPACK_NC, Y0_BYTES, k_group_bytes, k_offset, k_subblocks, q2_qs,
 };
 use crate::quant::fp4::{KVALUES_MXFP4, e8m0_to_fp32_half};
 use crate::quant::iq::grids::KVALUES_IQ4NL;
@@ -586,14 +586,16 @@ unsafe fn kq_cols<const KIND: u8, const NC: usize, const DIRECT: bool>(
             let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
             iw = _mm256_broadcastd_epi32(s);
         } else if KIND == KIND_Q4_K {
-            // SAFETY: as above.
-            let bs: [i16; 16] = std::array::from_fn(|i| unsafe {
-                (yb[c].add(Q8K_BSUMS + 2 * i) as *const i16).read_unaligned()
-            });
+            // The sums of the eight 32-element sub-blocks (`k_ysum`; at most 32 * 128, so 16 bits
+            // hold them), paired as the 16-bit halves of one i32 for `wp`: the pair (2q, 2q + 1)
+            // is i32 lane [0, 1, 4, 5][q] of `p`, broadcast by one permute.
+            // SAFETY: the 16 sums (32 bytes) are inside the activation block.
+            let bs = unsafe { _mm256_loadu_si256(yb[c].add(Q8K_BSUMS) as *const __m256i) };
+            let s = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+            let p = _mm256_packs_epi32(s, s);
             for (q, w) in k.wp.iter().enumerate().take(nsb / 2) {
-                let lo = k_ysum::<KIND>(&bs, 2 * q) as i16 as u16 as u32;
-                let hi = k_ysum::<KIND>(&bs, 2 * q + 1) as i16 as u16 as u32;
-                let v = _mm256_set1_epi32((lo | (hi << 16)) as i32);
+                let lane = [0, 1, 4, 5][q];
+                let v = _mm256_permutevar8x32_epi32(p, _mm256_set1_epi32(lane));
                 iw = _mm256_add_epi32(iw, _mm256_madd_epi16(*w, v));
             }
         } else {
