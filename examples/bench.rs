@@ -114,16 +114,7 @@ fn matmul(
         DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
         _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
     }
-    // With --repack the weights go into the CPU_REPACK buffer type (repacked on the way in; the
-    // plain bytes are dropped right after, so only one copy stays alive).
-    let wbuf = if repack {
-        let b = quantgraph::CpuRepackBufferType.alloc(bytes.len())?;
-        b.set_tensor(0, ty, &[k, m], &bytes)?;
-        drop(bytes);
-        b
-    } else {
-        Buffer::from_host(bytes)
-    };
+    let wbuf = weight_buffer(ty, &[k, m], bytes, repack)?;
     let mut g = Graph::new();
     let w = g.weight(ty, &[k, m], &wbuf, 0)?;
     let x = g.input(DType::F32, &[k, n])?;
@@ -145,6 +136,22 @@ fn matmul(
         t * 1e3
     );
     Ok(())
+}
+
+/// The weights in a plain buffer, or (with `--repack`) in the CPU_REPACK buffer type: repacked on
+/// the way in, the plain bytes dropped right after, so only one copy stays alive.
+fn weight_buffer(
+    ty: DType,
+    ne: &[usize],
+    bytes: Vec<u8>,
+    repack: bool,
+) -> quantgraph::Result<Buffer> {
+    if !repack {
+        return Ok(Buffer::from_host(bytes));
+    }
+    let b = quantgraph::CpuRepackBufferType.alloc(bytes.len())?;
+    b.set_tensor(0, ty, ne, &bytes)?;
+    Ok(b)
 }
 
 /// `bench mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS`: mul_mat_id as test-backend-ops
@@ -176,14 +183,7 @@ fn mul_mat_id(
         DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
         _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
     }
-    let wbuf = if repack {
-        let b = quantgraph::CpuRepackBufferType.alloc(bytes.len())?;
-        b.set_tensor(0, ty, &[k, m, experts], &bytes)?;
-        drop(bytes);
-        b
-    } else {
-        Buffer::from_host(bytes)
-    };
+    let wbuf = weight_buffer(ty, &[k, m, experts], bytes, repack)?;
     let mut g = Graph::new();
     let w = g.weight(ty, &[k, m, experts], &wbuf, 0)?;
     let x = g.input(DType::F32, &[k, used, n])?;
