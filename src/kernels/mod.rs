@@ -214,6 +214,9 @@ const N_TYPES: usize = 43;
 pub struct KernelTable {
     isa: Isa,
     vec_dot: [Option<VecDotFn>; N_TYPES],
+    /// Variants of `vec_dot` for weight rows read once from memory (decode): the same results,
+    /// with software prefetch where it measured faster; `None` means use `vec_dot`.
+    vec_dot_stream: [Option<VecDotFn>; N_TYPES],
     from_float: [Option<FromFloatFn>; N_TYPES],
     gemm: [Option<GemmFn>; N_TYPES],
     pub(crate) dot_f32: DotF32,
@@ -257,6 +260,7 @@ impl KernelTable {
         let mut t = KernelTable {
             isa: Isa::Scalar,
             vec_dot: [None; N_TYPES],
+            vec_dot_stream: [None; N_TYPES],
             from_float: [None; N_TYPES],
             gemm: [None; N_TYPES],
             dot_f32: scalar::dot_f32,
@@ -320,6 +324,12 @@ impl KernelTable {
         self.vec_dot[d.ggml_id() as usize]
     }
 
+    /// The kernel for weight rows streamed once from memory (decode), bitwise the same results
+    /// as [`vec_dot`](Self::vec_dot).
+    pub(crate) fn vec_dot_stream(&self, d: DType) -> Option<VecDotFn> {
+        self.vec_dot_stream[d.ggml_id() as usize].or_else(|| self.vec_dot(d))
+    }
+
     /// The activation converter into vec-dot type `d`.
     pub(crate) fn activation_converter(&self, d: DType) -> Option<FromFloatFn> {
         self.from_float[d.ggml_id() as usize]
@@ -345,6 +355,10 @@ impl KernelTable {
 
     pub(crate) fn set_vec_dot(&mut self, d: DType, f: VecDotFn) {
         self.vec_dot[d.ggml_id() as usize] = Some(f);
+    }
+
+    pub(crate) fn set_vec_dot_stream(&mut self, d: DType, f: VecDotFn) {
+        self.vec_dot_stream[d.ggml_id() as usize] = Some(f);
     }
 
     pub(crate) fn set_from_float(&mut self, d: DType, f: FromFloatFn) {

@@ -117,7 +117,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     }
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let table = crate::kernels::table();
-    let dot = table.vec_dot(a.dtype).ok_or_else(|| Error::Unsupported {
+    // Few columns (decode): each weight row is read once, from memory; the streaming variant
+    // prefetches it (same results).
+    let dot = if d.ne[1] <= 4 { table.vec_dot_stream(a.dtype) } else { table.vec_dot(a.dtype) };
+    let dot = dot.ok_or_else(|| Error::Unsupported {
         op: "mul_mat",
         backend: "CPU".into(),
         msg: format!("no {} dot product", a.dtype),

@@ -381,6 +381,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     let (a, b, ids, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
     let table = crate::kernels::table();
     let dot = table.vec_dot(a.dtype).ok_or_else(|| unsupported(format!("no {} dot", a.dtype)))?;
+    let dot_stream = table.vec_dot_stream(a.dtype).unwrap_or(dot);
     let gemm = table.gemm(a.dtype);
     let (k, m, n_as) = (a.ne[0], a.ne[1], a.ne[2]);
     let a_row_bytes = a.dtype.row_bytes(k);
@@ -505,6 +506,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 }
             }
             _ => {
+                // One pair: the expert's rows are read once, from memory (decode).
+                let dot = if cols.len() == 1 { dot_stream } else { dot };
                 for &p in cols {
                     let y = b_row(p);
                     for i in i0..i1 {

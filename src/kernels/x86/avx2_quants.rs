@@ -51,10 +51,24 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_vec_dot(DType::Q4_K, vec_dot_q4_K_q8_K);
     t.set_vec_dot(DType::Q5_K, vec_dot_q5_K_q8_K);
     t.set_vec_dot(DType::Q6_K, vec_dot_q6_K_q8_K);
+    // Decode variants (same arithmetic, a software prefetch of the weight row ahead): paired
+    // in-process runs of 4096 and 16384 x 14336 decode measured 6-18% less time for these three;
+    // Q8_0 gained nothing, so it keeps the plain kernel.
+    t.set_vec_dot_stream(DType::F16, vec_dot_f16_stream);
+    t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_stream);
+    t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_stream);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Safe wrappers.
+
+/// Prefetches the line `d` bytes past `p` into L1 (a hint: never faults, never changes a result).
+#[inline(always)]
+fn prefetch_ahead(p: *const u8, d: usize) {
+    // SAFETY: prefetch reads nothing architecturally and never faults; `wrapping_add` keeps the
+    // address computation defined past the end of the row.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(d) as *const i8) };
+}
 
 /// How many whole blocks of `n / per_block` both slices really hold. The `VecDotFn` contract makes
 /// this `n / per_block`; taking the minimum keeps the kernels in bounds even if it were broken.
@@ -66,7 +80,7 @@ fn whole_blocks(n: usize, per_block: usize, x: &[u8], xb: usize, y: &[u8], yb: u
 }
 
 macro_rules! wrappers {
-    ($($(#[$doc:meta])* $name:ident => $kernel:ident, $per_block:expr, $xb:expr, $yb:expr;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident => $kernel:path, $per_block:expr, $xb:expr, $yb:expr;)*) => {$(
         $(#[$doc])*
         fn $name(n: usize, x: &[u8], y: &[u8]) -> f32 {
             let nb = whole_blocks(n, $per_block, x, $xb, y, $yb);
@@ -82,9 +96,9 @@ wrappers! {
     /// `ggml_vec_dot_f32` (AVX2 build).
     vec_dot_f32 => vec_dot_f32_avx2, 1, 4, 4;
     /// `ggml_vec_dot_f16` (AVX2 + F16C build).
-    vec_dot_f16 => vec_dot_f16_avx2, 1, 2, 2;
+    vec_dot_f16 => vec_dot_f16_avx2::<0>, 1, 2, 2;
     /// `ggml_vec_dot_bf16` (AVX2 build).
-    vec_dot_bf16 => vec_dot_bf16_avx2, 1, 2, 2;
+    vec_dot_bf16 => vec_dot_bf16_avx2::<0>, 1, 2, 2;
     /// `ggml_vec_dot_q4_0_q8_0`.
     vec_dot_q4_0_q8_0 => vec_dot_q4_0_q8_0_avx2, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_q4_1_q8_1`.
@@ -92,7 +106,13 @@ wrappers! {
     /// `ggml_vec_dot_q5_0_q8_0`.
     vec_dot_q5_0_q8_0 => vec_dot_q5_0_q8_0_avx2, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_q5_1_q8_1`.
-    vec_dot_q5_1_q8_1 => vec_dot_q5_1_q8_1_avx2, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    vec_dot_q5_1_q8_1 => vec_dot_q5_1_q8_1_avx2::<0>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_f16` prefetching the weights 1 KiB ahead, for rows streamed once from memory.
+    vec_dot_f16_stream => vec_dot_f16_avx2::<1024>, 1, 2, 2;
+    /// `vec_dot_bf16` prefetching the weights 1 KiB ahead.
+    vec_dot_bf16_stream => vec_dot_bf16_avx2::<1024>, 1, 2, 2;
+    /// `vec_dot_q5_1_q8_1` prefetching the weights 2 KiB ahead.
+    vec_dot_q5_1_q8_1_stream => vec_dot_q5_1_q8_1_avx2::<2048>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
     /// `ggml_vec_dot_q8_0_q8_0`.
     vec_dot_q8_0_q8_0 => vec_dot_q8_0_q8_0_avx2, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_mxfp4_q8_0`.
@@ -399,15 +419,21 @@ unsafe fn vec_dot_f32_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
     sumf
 }
 
+/// `PF > 0`: prefetch the line `PF` bytes ahead of each 64 bytes of `x` (a hint; no effect on the
+/// result).
+///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` and `y` are valid for reading `2 * n` bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vec_dot_f16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn vec_dot_f16_avx2<const PF: usize>(n: usize, x: *const u8, y: *const u8) -> f32 {
     let (x, y) = (x.cast::<u16>(), y.cast::<u16>());
     let np = n & !31;
     let mut sum = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
+        if PF > 0 {
+            prefetch_ahead(x.wrapping_add(i).cast(), PF);
+        }
         for (j, s) in sum.iter_mut().enumerate() {
             // SAFETY: i + 8 * j + 8 <= np <= n elements are readable.
             let (a, b) = unsafe {
@@ -440,8 +466,10 @@ unsafe fn vec_dot_f16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
 /// c0 and c1, `a[1]` their high halves, `a[2]` and `a[3]` the same for c2 and c3), so each lane
 /// sums the very same products in the very same order; the halves are put back in place once, at
 /// the end.
+///
+/// `PF > 0`: prefetch the line `PF` bytes ahead of each 64 bytes of `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vec_dot_bf16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn vec_dot_bf16_avx2<const PF: usize>(n: usize, x: *const u8, y: *const u8) -> f32 {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn widen(v: __m256i) -> (__m256, __m256) {
@@ -456,6 +484,9 @@ unsafe fn vec_dot_bf16_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
     let mut a = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     while i < np {
+        if PF > 0 {
+            prefetch_ahead(x.wrapping_add(i).cast(), PF);
+        }
         for h in 0..2 {
             // SAFETY: i + 16 * h + 16 <= i + 32 <= np <= n elements are readable.
             let (vx, vy) = unsafe {
@@ -631,15 +662,20 @@ unsafe fn q5_0_q8_0_blocks<const CHECK: bool>(nb: usize, x: *const u8, y: *const
     hsum_float_8(acc) + special
 }
 
+/// `PF > 0`: prefetch the line `PF` bytes ahead of every other block of `x`.
+///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q5_1 blocks and `y` `nb` Q8_1 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vec_dot_q5_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn vec_dot_q5_1_q8_1_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ5_1>();
     const YB: usize = size_of::<BlockQ8_1>();
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
     for ib in 0..nb {
+        if PF > 0 && ib % 2 == 0 {
+            prefetch_ahead(x.wrapping_add(ib * XB), PF);
+        }
         // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
         let (xd, xm, xh, xq, yd, ys, yq) = unsafe {
             let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
@@ -1526,6 +1562,41 @@ mod tests {
         }
         // SAFETY: the CPU was just found to support AVX2, FMA and F16C.
         unsafe { check() }
+    }
+
+    #[test]
+    fn stream_variants_give_the_plain_kernels_bits() {
+        if !crate::kernels::Isa::Avx2.is_supported() {
+            return;
+        }
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        type Pair = (DType, fn(usize, &[u8], &[u8]) -> f32, fn(usize, &[u8], &[u8]) -> f32);
+        let pairs: [Pair; 3] = [
+            (DType::F16, vec_dot_f16, vec_dot_f16_stream),
+            (DType::BF16, vec_dot_bf16, vec_dot_bf16_stream),
+            (DType::Q5_1, vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_stream),
+        ];
+        for (ty, plain, stream) in pairs {
+            for n in [32, 64, 4096, 14336 + 32] {
+                let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let y: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let mut xq = vec![0u8; ty.row_size(n).unwrap()];
+                if crate::quant::quantize(ty, &x, &mut xq).is_err() {
+                    crate::quant::quantize_for_dot(ty, &x, &mut xq).unwrap();
+                }
+                let vd = ty.vec_dot_type();
+                let mut yq = vec![0u8; vd.row_size(n).unwrap()];
+                crate::quant::quantize_for_dot(vd, &y, &mut yq).unwrap();
+                let (a, b) = (plain(n, &xq, &yq), stream(n, &xq, &yq));
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty} n={n}");
+            }
+        }
     }
 
     #[test]
