@@ -5,7 +5,7 @@ use super::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
     BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
-    make_qp_quants, missing_imatrix, pack_levels, quantize_rows, sign_f, sign_i, sum_sq,
+    make_qp_quants, pack_levels, quantize_rows, quantize_rows_imatrix, sign_f, sign_i, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -194,10 +194,7 @@ pub(crate) fn quantize_iq2_xxs(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let imatrix = imatrix.ok_or_else(|| missing_imatrix(DType::IQ2_XXS))?;
-    quantize_rows::<BlockIQ2XXS>(src, dst, n_per_row, Some(imatrix), QK_K, |x, qw| {
-        iq2_xxs_block(x, qw.unwrap_or(&[]))
-    })
+    quantize_rows_imatrix(DType::IQ2_XXS, src, dst, n_per_row, imatrix, iq2_xxs_block)
 }
 
 /// ggml's `dequantize_row_iq2_xxs`.
@@ -400,10 +397,7 @@ pub(crate) fn quantize_iq2_xs(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let imatrix = imatrix.ok_or_else(|| missing_imatrix(DType::IQ2_XS))?;
-    quantize_rows::<BlockIQ2XS>(src, dst, n_per_row, Some(imatrix), QK_K, |x, qw| {
-        iq2_xs_block(x, qw.unwrap_or(&[]))
-    })
+    quantize_rows_imatrix(DType::IQ2_XS, src, dst, n_per_row, imatrix, iq2_xs_block)
 }
 
 /// ggml's `dequantize_row_iq2_xs`.
