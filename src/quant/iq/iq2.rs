@@ -5,7 +5,8 @@ use super::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
     BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
-    make_qp_quants, pack_levels, quantize_rows, quantize_rows_imatrix, sign_f, sign_i, sum_sq,
+    make_qp_quants, pack_levels, quantize_rows, quantize_rows_imatrix, scale_nibbles, sign_f,
+    sign_i, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -357,13 +358,6 @@ fn iq2_x16_search(
     Ok((scales, max_scale))
 }
 
-/// The 4-bit scales of IQ2_XS / IQ2_S: `nearest_int(0.5 * (id * scale - 1))` clamped to 0..=15,
-/// two groups of 16 a byte (the first in the low nibble).
-fn scale_nibbles(scales: &[f32; QK_K / 16], id: f32) -> [u8; QK_K / 32] {
-    let l = |s: f32| nearest_int(0.5 * (id * s - 1.0)).clamp(0, 15) as u8;
-    std::array::from_fn(|i| l(scales[2 * i]) | l(scales[2 * i + 1]) << 4)
-}
-
 // ---------------------------------------------------------------------------------------------
 // IQ2_XS
 
@@ -385,7 +379,7 @@ fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
     }
     let d = max_scale / 31.0;
     y.d = fp32_to_fp16(d);
-    y.scales = scale_nibbles(&scales, 1.0 / d);
+    scale_nibbles(&scales, 1.0 / d, &mut y.scales);
     y.qs = q2;
     Ok(y)
 }
@@ -468,7 +462,7 @@ fn iq2_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ2S> {
     }
     let d = max_scale / 31.0;
     y.d = fp32_to_fp16(d * 0.9875);
-    y.scales = scale_nibbles(&scales, 1.0 / d);
+    scale_nibbles(&scales, 1.0 / d, &mut y.scales);
     Ok(y)
 }
 

@@ -5,7 +5,7 @@ use super::grids::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
     BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
-    pack_levels, quantize_rows, sign_f, sign_i, sum_sq,
+    pack_levels, quantize_rows, scale_nibbles, sign_f, sign_i, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -317,12 +317,7 @@ fn iq3_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3S> {
     }
     let d = max_scale / 31.0;
     y.d = fp32_to_fp16(d * 1.033);
-    let id = 1.0 / d;
-    for ib in (0..QK_K / 32).step_by(2) {
-        let l1 = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15);
-        let l2 = nearest_int(0.5 * (id * scales[ib + 1] - 1.0)).clamp(0, 15);
-        y.scales[ib / 2] = (l1 | (l2 << 4)) as u8;
-    }
+    scale_nibbles(&scales, 1.0 / d, &mut y.scales);
     Ok(y)
 }
 

@@ -190,6 +190,15 @@ fn quantize_rows_imatrix<B: Pod>(
     })
 }
 
+/// The 4-bit scales of IQ2_XS, IQ2_S and IQ3_S: `nearest_int(0.5 * (id * scale - 1))` clamped to
+/// 0..=15, two a byte (the first in the low nibble).
+fn scale_nibbles(scales: &[f32], id: f32, out: &mut [u8]) {
+    let l = |s: f32| crate::quant::util::nearest_int(0.5 * (id * s - 1.0)).clamp(0, 15) as u8;
+    for (o, s) in out.iter_mut().zip(scales.chunks_exact(2)) {
+        *o = l(s[0]) | l(s[1]) << 4;
+    }
+}
+
 /// ggml's `MAX(a, b)` macro: `a > b ? a : b` (so a NaN `b` wins and a NaN `a` loses).
 #[inline(always)]
 fn fmax(a: f32, b: f32) -> f32 {
