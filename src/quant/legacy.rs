@@ -277,6 +277,12 @@ fn make_qkx3_quants(nmax: i32, x: &[f32; 32], w: &[f32; 32], l: &mut [u8; 32]) -
     (scale, -min)
 }
 
+/// Packs quants `l[j]` and `l[j + 16]` (their low four bits) into the low and high nibble of byte
+/// `j`, ggml's `qs` layout for all four formats.
+fn pack_nibbles(l: &[u8; 32]) -> [u8; 16] {
+    std::array::from_fn(|j| (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4))
+}
+
 /// Packs the 5th bits of 32 quants the way ggml lays out `qh` (bit j for element j).
 fn pack_qh(l: &[u8; 32]) -> [u8; 4] {
     let mut qh = 0u32;
@@ -287,21 +293,162 @@ fn pack_qh(l: &[u8; 32]) -> [u8; 4] {
     qh.to_le_bytes()
 }
 
-/// The 5th bit of element `j` (0..16) and `j + 16`, as ggml's dequantizers extract them.
+/// The 4-bit quants of a block in element order (low nibbles are elements 0..16).
 #[inline(always)]
-fn qh_bits(qh: u32, j: usize) -> (u8, u8) {
-    ((((qh >> j) << 4) & 0x10) as u8, ((qh >> (j + 12)) & 0x10) as u8)
+fn unpack_nibbles(qs: &[u8; 16]) -> [u8; 32] {
+    std::array::from_fn(|j| if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 })
 }
 
-/// Splits a flat source into rows of `n_per_row` paired with `rows` destination rows of
-/// `row_bytes`, for the importance-matrix quantizers.
-fn rows_mut<'a>(
-    src: &'a [f32],
-    dst: &'a mut [u8],
+/// The 5-bit quants of a block in element order: nibbles plus the bit of `qh`.
+#[inline(always)]
+fn unpack_q5(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
+    let qh = u32::from_le_bytes(qh);
+    let mut v = unpack_nibbles(qs);
+    for (j, q) in v.iter_mut().enumerate() {
+        *q |= (((qh >> j) << 4) & 0x10) as u8;
+    }
+    v
+}
+
+/// `sum((v[j] - offset) * q[j])`, the integer part of every dot product of this family (exact,
+/// so its order does not matter).
+#[inline(always)]
+fn dot_quants(v: &[u8; 32], offset: i32, q: &[i8; 32]) -> i32 {
+    v.iter().zip(q).map(|(&a, &b)| (a as i32 - offset) * b as i32).sum()
+}
+
+/// Writes `(v[j] - offset) * d` (symmetric formats) for every block.
+fn dequantize_sym<B: Pod>(
+    src: &[u8],
+    dst: &mut [f32],
+    offset: i32,
+    f: impl Fn(&B) -> (u16, [u8; 32]),
+) {
+    with_blocks::<B, _>(src, |x| {
+        for (b, y) in x.iter().zip(dst.chunks_exact_mut(32)) {
+            let (d, v) = f(b);
+            let d = fp16_to_fp32(d);
+            for (o, &q) in y.iter_mut().zip(&v) {
+                *o = (q as i32 - offset) as f32 * d;
+            }
+        }
+    })
+}
+
+/// Writes `v[j] * d + m` (formats with a minimum) for every block.
+fn dequantize_asym<B: Pod>(src: &[u8], dst: &mut [f32], f: impl Fn(&B) -> (u16, u16, [u8; 32])) {
+    with_blocks::<B, _>(src, |x| {
+        for (b, y) in x.iter().zip(dst.chunks_exact_mut(32)) {
+            let (d, m, v) = f(b);
+            let (d, m) = (fp16_to_fp32(d), fp16_to_fp32(m));
+            for (o, &q) in y.iter_mut().zip(&v) {
+                *o = q as f32 * d + m;
+            }
+        }
+    })
+}
+
+/// `ggml_vec_dot_q{4,5}_0_q8_0`: per block `(d_x * d_y) * sum((v - offset) * q)`.
+fn vec_dot_sym<B: Pod>(x: &[u8], y: &[u8], offset: i32, f: impl Fn(&B) -> (u16, [u8; 32])) -> f32 {
+    with_blocks::<B, _>(x, |x| {
+        with_blocks::<BlockQ8_0, _>(y, |y| {
+            let mut sumf = 0.0f32;
+            for (bx, by) in x.iter().zip(y) {
+                let (d, v) = f(bx);
+                let sumi = dot_quants(&v, offset, &by.qs);
+                sumf += (fp16_to_fp32(d) * fp16_to_fp32(by.d)) * sumi as f32;
+            }
+            sumf
+        })
+    })
+}
+
+/// `ggml_vec_dot_q{4,5}_1_q8_1`: per block `(d_x * d_y) * sum(v * q) + m_x * s_y`.
+fn vec_dot_asym<B: Pod>(x: &[u8], y: &[u8], f: impl Fn(&B) -> (u16, u16, [u8; 32])) -> f32 {
+    with_blocks::<B, _>(x, |x| {
+        with_blocks::<BlockQ8_1, _>(y, |y| {
+            let mut sumf = 0.0f32;
+            for (bx, by) in x.iter().zip(y) {
+                let (d, m, v) = f(bx);
+                let sumi = dot_quants(&v, 0, &by.qs);
+                sumf += (fp16_to_fp32(d) * fp16_to_fp32(by.d)) * sumi as f32
+                    + fp16_to_fp32(m) * fp16_to_fp32(by.s);
+            }
+            sumf
+        })
+    })
+}
+
+/// The value of largest magnitude in a block (the first one on ties), which sets the scale of
+/// `quantize_row_q{4,5}_0_ref`.
+fn signed_abs_max(x: &[f32; 32]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+/// A block's `(min, max)` as `quantize_row_q{4,5}_1_ref` find them.
+fn min_max(x: &[f32; 32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+/// `quantize_q4_0` .. `quantize_q5_1`: the reference quantizer without an importance matrix;
+/// with one, each row gets weights `qw[j] * sqrt(sigma2 + x[j]^2)` and `block` quantizes each
+/// block of 32 with its weights.
+fn quantize_legacy<B: Pod>(
+    dtype: DType,
+    src: &[f32],
+    dst: &mut [u8],
     n_per_row: usize,
-    row_bytes: usize,
-) -> impl Iterator<Item = (&'a [f32], &'a mut [u8])> {
-    src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes))
+    imatrix: Option<&[f32]>,
+    reference: fn(&[f32], &mut [B]),
+    block: impl Fn(&[f32; 32], &[f32; 32], &mut B),
+) -> Result<()> {
+    let Some(qw) = imatrix else {
+        with_blocks_mut(dst, |y| reference(src, y));
+        return Ok(());
+    };
+    let row_bytes = dtype.row_bytes(n_per_row);
+    for (row, out) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
+        let sigma2 = row_sigma2(row);
+        with_blocks_mut::<B>(out, |y| {
+            for (ib, (xb, yb)) in float_blocks::<32>(row).zip(y).enumerate() {
+                let w = block_weights(xb, &qw[ib * 32..], sigma2);
+                block(xb, &w, yb);
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The importance-weighted block quantizer of Q4_0 and Q5_0: scale and quants `q + nmax`.
+fn imatrix_block_sym(nmax: i32, xb: &[f32; 32], w: &[f32; 32]) -> (u16, [u8; 32]) {
+    let mut l = [0i8; 32];
+    let d = make_qx_quants(nmax, xb, &mut l, w);
+    (fp32_to_fp16(d), l.map(|v| v as u8))
+}
+
+/// The importance-weighted block quantizer of Q4_1 and Q5_1: scale, minimum and quants.
+fn imatrix_block_asym(nmax: i32, xb: &[f32; 32], w: &[f32; 32]) -> (u16, u16, [u8; 32]) {
+    let mut l = [0u8; 32];
+    let (d, m) = make_qkx3_quants(nmax, xb, w, &mut l);
+    (fp32_to_fp16(d), fp32_to_fp16(-m), l)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -310,15 +457,7 @@ fn rows_mut<'a>(
 /// `quantize_row_q4_0_ref`.
 pub(crate) fn quantize_row_q4_0_ref(src: &[f32], dst: &mut [BlockQ4_0]) {
     for (x, y) in float_blocks::<QK4_0>(src).zip(dst) {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -8.0;
+        let d = signed_abs_max(x) / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         y.d = fp32_to_fp16(d);
         let q = |v: f32| (cvtt_i32(v * id + 8.5) as i8).min(15) as u8;
@@ -334,56 +473,29 @@ fn quantize_q4_0(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let Some(qw) = imatrix else {
-        with_blocks_mut(dst, |y| quantize_row_q4_0_ref(src, y));
-        return Ok(());
-    };
-    let row_bytes = DType::Q4_0.row_bytes(n_per_row);
-    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
-        let sigma2 = row_sigma2(row);
-        with_blocks_mut::<BlockQ4_0>(out, |y| {
-            for (ib, (xb, yb)) in float_blocks::<QK4_0>(row).zip(y).enumerate() {
-                let w = block_weights(xb, &qw[ib * QK4_0..], sigma2);
-                let mut l = [0i8; 32];
-                let d = make_qx_quants(8, xb, &mut l, &w);
-                yb.d = fp32_to_fp16(d);
-                for j in 0..16 {
-                    yb.qs[j] = (l[j] as u8) | ((l[j + 16] as u8) << 4);
-                }
-            }
-        });
-    }
-    Ok(())
+    let reference = quantize_row_q4_0_ref;
+    quantize_legacy(
+        DType::Q4_0,
+        src,
+        dst,
+        n_per_row,
+        imatrix,
+        reference,
+        |xb, w, y: &mut BlockQ4_0| {
+            let (d, l) = imatrix_block_sym(8, xb, w);
+            y.d = d;
+            y.qs = pack_nibbles(&l);
+        },
+    )
 }
 
 fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
-    with_blocks::<BlockQ4_0, _>(src, |x| {
-        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK4_0)) {
-            let d = fp16_to_fp32(b.d);
-            for j in 0..16 {
-                y[j] = ((b.qs[j] & 0x0F) as i32 - 8) as f32 * d;
-                y[j + 16] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
-            }
-        }
-    })
+    dequantize_sym(src, dst, 8, |b: &BlockQ4_0| (b.d, unpack_nibbles(&b.qs)))
 }
 
 /// `ggml_vec_dot_q4_0_q8_0`.
 pub(crate) fn vec_dot_q4_0_q8_0(_n: usize, x: &[u8], y: &[u8]) -> f32 {
-    with_blocks::<BlockQ4_0, _>(x, |x| {
-        with_blocks::<BlockQ8_0, _>(y, |y| {
-            let mut sumf = 0.0f32;
-            for (bx, by) in x.iter().zip(y) {
-                let (mut s0, mut s1) = (0i32, 0i32);
-                for j in 0..16 {
-                    s0 += ((bx.qs[j] & 0x0F) as i32 - 8) * by.qs[j] as i32;
-                    s1 += ((bx.qs[j] >> 4) as i32 - 8) * by.qs[j + 16] as i32;
-                }
-                sumf += (s0 + s1) as f32 * fp16_to_fp32(bx.d) * fp16_to_fp32(by.d);
-            }
-            sumf
-        })
-    })
+    vec_dot_sym(x, y, 8, |b: &BlockQ4_0| (b.d, unpack_nibbles(&b.qs)))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -392,16 +504,7 @@ pub(crate) fn vec_dot_q4_0_q8_0(_n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// `quantize_row_q4_1_ref`.
 pub(crate) fn quantize_row_q4_1_ref(src: &[f32], dst: &mut [BlockQ4_1]) {
     for (x, y) in float_blocks::<QK4_1>(src).zip(dst) {
-        let mut min = f32::MAX;
-        let mut max = -f32::MAX;
-        for &v in x {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         y.d = fp32_to_fp16(d);
@@ -419,59 +522,29 @@ fn quantize_q4_1(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let Some(qw) = imatrix else {
-        with_blocks_mut(dst, |y| quantize_row_q4_1_ref(src, y));
-        return Ok(());
-    };
-    let row_bytes = DType::Q4_1.row_bytes(n_per_row);
-    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
-        let sigma2 = row_sigma2(row);
-        with_blocks_mut::<BlockQ4_1>(out, |y| {
-            for (ib, (xb, yb)) in float_blocks::<QK4_1>(row).zip(y).enumerate() {
-                let w = block_weights(xb, &qw[ib * QK4_1..], sigma2);
-                let mut l = [0u8; 32];
-                let (d, m) = make_qkx3_quants(15, xb, &w, &mut l);
-                yb.d = fp32_to_fp16(d);
-                yb.m = fp32_to_fp16(-m);
-                for j in 0..16 {
-                    yb.qs[j] = l[j] | (l[j + 16] << 4);
-                }
-            }
-        });
-    }
-    Ok(())
+    let reference = quantize_row_q4_1_ref;
+    quantize_legacy(
+        DType::Q4_1,
+        src,
+        dst,
+        n_per_row,
+        imatrix,
+        reference,
+        |xb, w, y: &mut BlockQ4_1| {
+            let (d, m, l) = imatrix_block_asym(15, xb, w);
+            (y.d, y.m) = (d, m);
+            y.qs = pack_nibbles(&l);
+        },
+    )
 }
 
 fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
-    with_blocks::<BlockQ4_1, _>(src, |x| {
-        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK4_1)) {
-            let d = fp16_to_fp32(b.d);
-            let m = fp16_to_fp32(b.m);
-            for j in 0..16 {
-                y[j] = (b.qs[j] & 0x0F) as f32 * d + m;
-                y[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
-            }
-        }
-    })
+    dequantize_asym(src, dst, |b: &BlockQ4_1| (b.d, b.m, unpack_nibbles(&b.qs)))
 }
 
 /// `ggml_vec_dot_q4_1_q8_1`.
 pub(crate) fn vec_dot_q4_1_q8_1(_n: usize, x: &[u8], y: &[u8]) -> f32 {
-    with_blocks::<BlockQ4_1, _>(x, |x| {
-        with_blocks::<BlockQ8_1, _>(y, |y| {
-            let mut sumf = 0.0f32;
-            for (bx, by) in x.iter().zip(y) {
-                let (mut s0, mut s1) = (0i32, 0i32);
-                for j in 0..16 {
-                    s0 += (bx.qs[j] & 0x0F) as i32 * by.qs[j] as i32;
-                    s1 += (bx.qs[j] >> 4) as i32 * by.qs[j + 16] as i32;
-                }
-                sumf += (fp16_to_fp32(bx.d) * fp16_to_fp32(by.d)) * (s0 + s1) as f32
-                    + fp16_to_fp32(bx.m) * fp16_to_fp32(by.s);
-            }
-            sumf
-        })
-    })
+    vec_dot_asym(x, y, |b: &BlockQ4_1| (b.d, b.m, unpack_nibbles(&b.qs)))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -480,24 +553,11 @@ pub(crate) fn vec_dot_q4_1_q8_1(_n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// `quantize_row_q5_0_ref`.
 pub(crate) fn quantize_row_q5_0_ref(src: &[f32], dst: &mut [BlockQ5_0]) {
     for (x, y) in float_blocks::<QK5_0>(src).zip(dst) {
-        let mut amax = 0.0f32;
-        let mut max = 0.0f32;
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -16.0;
+        let d = signed_abs_max(x) / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         y.d = fp32_to_fp16(d);
-        let mut l = [0u8; 32];
-        for (lj, &v) in l.iter_mut().zip(x) {
-            *lj = (cvtt_i32(v * id + 16.5) as i8).min(31) as u8;
-        }
-        for j in 0..16 {
-            y.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
-        }
+        let l = x.map(|v| (cvtt_i32(v * id + 16.5) as i8).min(31) as u8);
+        y.qs = pack_nibbles(&l);
         y.qh = pack_qh(&l);
     }
 }
@@ -508,62 +568,30 @@ fn quantize_q5_0(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let Some(qw) = imatrix else {
-        with_blocks_mut(dst, |y| quantize_row_q5_0_ref(src, y));
-        return Ok(());
-    };
-    let row_bytes = DType::Q5_0.row_bytes(n_per_row);
-    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
-        let sigma2 = row_sigma2(row);
-        with_blocks_mut::<BlockQ5_0>(out, |y| {
-            for (ib, (xb, yb)) in float_blocks::<QK5_0>(row).zip(y).enumerate() {
-                let w = block_weights(xb, &qw[ib * QK5_0..], sigma2);
-                let mut l = [0i8; 32];
-                let d = make_qx_quants(16, xb, &mut l, &w);
-                yb.d = fp32_to_fp16(d);
-                let l: [u8; 32] = l.map(|v| v as u8);
-                for j in 0..16 {
-                    yb.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
-                }
-                yb.qh = pack_qh(&l);
-            }
-        });
-    }
-    Ok(())
+    let reference = quantize_row_q5_0_ref;
+    quantize_legacy(
+        DType::Q5_0,
+        src,
+        dst,
+        n_per_row,
+        imatrix,
+        reference,
+        |xb, w, y: &mut BlockQ5_0| {
+            let (d, l) = imatrix_block_sym(16, xb, w);
+            y.d = d;
+            y.qs = pack_nibbles(&l);
+            y.qh = pack_qh(&l);
+        },
+    )
 }
 
 fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
-    with_blocks::<BlockQ5_0, _>(src, |x| {
-        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK5_0)) {
-            let d = fp16_to_fp32(b.d);
-            let qh = u32::from_le_bytes(b.qh);
-            for j in 0..16 {
-                let (h0, h1) = qh_bits(qh, j);
-                y[j] = (((b.qs[j] & 0x0F) | h0) as i32 - 16) as f32 * d;
-                y[j + 16] = (((b.qs[j] >> 4) | h1) as i32 - 16) as f32 * d;
-            }
-        }
-    })
+    dequantize_sym(src, dst, 16, |b: &BlockQ5_0| (b.d, unpack_q5(&b.qs, b.qh)))
 }
 
 /// `ggml_vec_dot_q5_0_q8_0`.
 pub(crate) fn vec_dot_q5_0_q8_0(_n: usize, x: &[u8], y: &[u8]) -> f32 {
-    with_blocks::<BlockQ5_0, _>(x, |x| {
-        with_blocks::<BlockQ8_0, _>(y, |y| {
-            let mut sumf = 0.0f32;
-            for (bx, by) in x.iter().zip(y) {
-                let qh = u32::from_le_bytes(bx.qh);
-                let (mut s0, mut s1) = (0i32, 0i32);
-                for j in 0..16 {
-                    let (h0, h1) = qh_bits(qh, j);
-                    s0 += (((bx.qs[j] & 0x0F) | h0) as i32 - 16) * by.qs[j] as i32;
-                    s1 += (((bx.qs[j] >> 4) | h1) as i32 - 16) * by.qs[j + 16] as i32;
-                }
-                sumf += (fp16_to_fp32(bx.d) * fp16_to_fp32(by.d)) * (s0 + s1) as f32;
-            }
-            sumf
-        })
-    })
+    vec_dot_sym(x, y, 16, |b: &BlockQ5_0| (b.d, unpack_q5(&b.qs, b.qh)))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -572,27 +600,13 @@ pub(crate) fn vec_dot_q5_0_q8_0(_n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// `quantize_row_q5_1_ref`.
 pub(crate) fn quantize_row_q5_1_ref(src: &[f32], dst: &mut [BlockQ5_1]) {
     for (x, y) in float_blocks::<QK5_1>(src).zip(dst) {
-        let mut min = f32::MAX;
-        let mut max = -f32::MAX;
-        for &v in x {
-            if v < min {
-                min = v;
-            }
-            if v > max {
-                max = v;
-            }
-        }
+        let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         y.d = fp32_to_fp16(d);
         y.m = fp32_to_fp16(min);
-        let mut l = [0u8; 32];
-        for (lj, &v) in l.iter_mut().zip(x) {
-            *lj = cvtt_i32((v - min) * id + 0.5) as u8;
-        }
-        for j in 0..16 {
-            y.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
-        }
+        let l = x.map(|v| cvtt_i32((v - min) * id + 0.5) as u8);
+        y.qs = pack_nibbles(&l);
         y.qh = pack_qh(&l);
     }
 }
@@ -603,64 +617,30 @@ fn quantize_q5_1(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let Some(qw) = imatrix else {
-        with_blocks_mut(dst, |y| quantize_row_q5_1_ref(src, y));
-        return Ok(());
-    };
-    let row_bytes = DType::Q5_1.row_bytes(n_per_row);
-    for (row, out) in rows_mut(src, dst, n_per_row, row_bytes) {
-        let sigma2 = row_sigma2(row);
-        with_blocks_mut::<BlockQ5_1>(out, |y| {
-            for (ib, (xb, yb)) in float_blocks::<QK5_1>(row).zip(y).enumerate() {
-                let w = block_weights(xb, &qw[ib * QK5_1..], sigma2);
-                let mut l = [0u8; 32];
-                let (d, m) = make_qkx3_quants(31, xb, &w, &mut l);
-                yb.d = fp32_to_fp16(d);
-                yb.m = fp32_to_fp16(-m);
-                for j in 0..16 {
-                    yb.qs[j] = (l[j] & 0x0F) | ((l[j + 16] & 0x0F) << 4);
-                }
-                yb.qh = pack_qh(&l);
-            }
-        });
-    }
-    Ok(())
+    let reference = quantize_row_q5_1_ref;
+    quantize_legacy(
+        DType::Q5_1,
+        src,
+        dst,
+        n_per_row,
+        imatrix,
+        reference,
+        |xb, w, y: &mut BlockQ5_1| {
+            let (d, m, l) = imatrix_block_asym(31, xb, w);
+            (y.d, y.m) = (d, m);
+            y.qs = pack_nibbles(&l);
+            y.qh = pack_qh(&l);
+        },
+    )
 }
 
 fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
-    with_blocks::<BlockQ5_1, _>(src, |x| {
-        for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK5_1)) {
-            let d = fp16_to_fp32(b.d);
-            let m = fp16_to_fp32(b.m);
-            let qh = u32::from_le_bytes(b.qh);
-            for j in 0..16 {
-                let (h0, h1) = qh_bits(qh, j);
-                y[j] = ((b.qs[j] & 0x0F) | h0) as f32 * d + m;
-                y[j + 16] = ((b.qs[j] >> 4) | h1) as f32 * d + m;
-            }
-        }
-    })
+    dequantize_asym(src, dst, |b: &BlockQ5_1| (b.d, b.m, unpack_q5(&b.qs, b.qh)))
 }
 
 /// `ggml_vec_dot_q5_1_q8_1`.
 pub(crate) fn vec_dot_q5_1_q8_1(_n: usize, x: &[u8], y: &[u8]) -> f32 {
-    with_blocks::<BlockQ5_1, _>(x, |x| {
-        with_blocks::<BlockQ8_1, _>(y, |y| {
-            let mut sumf = 0.0f32;
-            for (bx, by) in x.iter().zip(y) {
-                let qh = u32::from_le_bytes(bx.qh);
-                let (mut s0, mut s1) = (0i32, 0i32);
-                for j in 0..16 {
-                    let (h0, h1) = qh_bits(qh, j);
-                    s0 += ((bx.qs[j] & 0x0F) | h0) as i32 * by.qs[j] as i32;
-                    s1 += ((bx.qs[j] >> 4) | h1) as i32 * by.qs[j + 16] as i32;
-                }
-                sumf += (fp16_to_fp32(bx.d) * fp16_to_fp32(by.d)) * (s0 + s1) as f32
-                    + fp16_to_fp32(bx.m) * fp16_to_fp32(by.s);
-            }
-            sumf
-        })
-    })
+    vec_dot_asym(x, y, |b: &BlockQ5_1| (b.d, b.m, unpack_q5(&b.qs, b.qh)))
 }
 
 // ------------------------------------------------------------------------------------------------

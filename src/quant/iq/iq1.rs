@@ -4,8 +4,8 @@
 use super::grids::IQ1S_GRID;
 use super::search::{self, Lookup, Search};
 use super::{
-    BlockQ8K, aborts, blocks, check_scale, fmax, imatrix_weights, missing_imatrix, pack_levels,
-    quantize_rows, sum_sq,
+    BlockQ8K, aborts, blocks, check_scale, fmax, imatrix_weights, pack_levels, quantize_rows,
+    quantize_rows_imatrix, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -275,10 +275,7 @@ pub(crate) fn quantize_iq1_s(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let imatrix = imatrix.ok_or_else(|| missing_imatrix(DType::IQ1_S))?;
-    quantize_rows::<BlockIQ1S>(src, dst, n_per_row, Some(imatrix), QK_K, |x, qw| {
-        iq1_s_block(x, qw.unwrap_or(&[]))
-    })
+    quantize_rows_imatrix(DType::IQ1_S, src, dst, n_per_row, imatrix, iq1_s_block)
 }
 
 /// ggml's `dequantize_row_iq1_s`.

@@ -5,7 +5,8 @@ use super::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
     BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
-    make_qp_quants, missing_imatrix, pack_levels, quantize_rows, sign_f, sign_i, sum_sq,
+    make_qp_quants, pack_levels, quantize_rows, quantize_rows_imatrix, scale_nibbles, sign_f,
+    sign_i, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -194,10 +195,7 @@ pub(crate) fn quantize_iq2_xxs(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let imatrix = imatrix.ok_or_else(|| missing_imatrix(DType::IQ2_XXS))?;
-    quantize_rows::<BlockIQ2XXS>(src, dst, n_per_row, Some(imatrix), QK_K, |x, qw| {
-        iq2_xxs_block(x, qw.unwrap_or(&[]))
-    })
+    quantize_rows_imatrix(DType::IQ2_XXS, src, dst, n_per_row, imatrix, iq2_xxs_block)
 }
 
 /// ggml's `dequantize_row_iq2_xxs`.
@@ -243,35 +241,62 @@ pub(crate) fn vec_dot_iq2_xxs_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
     0.125 * sumf
 }
 
-// ---------------------------------------------------------------------------------------------
-// IQ2_XS
+/// What differs between ggml's IQ2_XS and IQ2_S block quantizers, which otherwise run the same
+/// scale search over groups of 16.
+struct Iq2x16 {
+    dtype: DType,
+    search: &'static Search<8>,
+    /// IQ2_XS stores 7 sign bits per group of 8 (an even number of negatives, see `even_signs`);
+    /// IQ2_S stores all 8.
+    even_signs: bool,
+    /// A group of 16 whose largest magnitude is below this is all zero.
+    zero_below: f32,
+}
 
-fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
-    const DT: DType = DType::IQ2_XS;
+/// The scale search of `quantize_row_iq2_xs_impl` / `quantize_row_iq2_s_impl` over one super-block:
+/// returns the scale of each group of 16 and their maximum, and hands each group of 8 to
+/// `store(index of the group of 8, grid index, sign bits)`. Without an importance matrix the weights
+/// are `0.25 * sigma2 + x^2` (IQ2_S only).
+fn iq2_x16_search(
+    var: &Iq2x16,
+    xbl: &[f32],
+    qw_bl: Option<&[f32]>,
+    sigma2: f32,
+    mut store: impl FnMut(usize, usize, u8),
+) -> Result<([f32; QK_K / 16], f32)> {
     const KMAXQ: i32 = 3;
-    let s = search::iq2xs();
-    let mut y = BlockIQ2XS::zeroed();
-    let mut q2 = [0u16; 2 * (QK_K / 16)];
+    let (dt, s) = (var.dtype, var.search);
+    let sign_mask = if var.even_signs { 127 } else { 255 };
     let mut scales = [0f32; QK_K / 16];
     let (mut weight, mut xval, mut waux) = ([0f32; 16], [0f32; 16], [0f32; 16]);
     let (mut l, mut laux) = ([0i8; 16], [0i8; 16]);
     let mut block_signs = [0u8; 2];
 
-    let sigma2 = sum_sq(xbl) / QK_K as f32;
     let mut max_scale = 0.0f32;
     for ib in 0..QK_K / 16 {
         let xb = &xbl[16 * ib..16 * ib + 16];
-        imatrix_weights(&qw_bl[16 * ib..16 * ib + 16], xb, sigma2, &mut weight);
+        match qw_bl {
+            Some(qw) => imatrix_weights(&qw[16 * ib..16 * ib + 16], xb, sigma2, &mut weight),
+            None => {
+                for i in 0..16 {
+                    weight[i] = 0.25 * sigma2 + xb[i] * xb[i];
+                }
+            }
+        }
         for i in 0..16 {
             waux[i] = weight[i].sqrt();
         }
-        even_signs(xb, &weight, &mut xval, &mut block_signs);
+        if var.even_signs {
+            even_signs(xb, &weight, &mut xval, &mut block_signs);
+        } else {
+            all_signs(xb, &mut xval, &mut block_signs);
+        }
         let mut max = xval[0];
         for &v in &xval[1..] {
             max = fmax(max, v);
         }
         l.fill(0);
-        if max < 1e-15 {
+        if max < var.zero_below {
             scales[ib] = 0.0;
             continue;
         }
@@ -288,7 +313,7 @@ fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
                     laux[i] = level(id, xval[i], KMAXQ - 1);
                 }
                 let (on, _) =
-                    snap8(DT, s, &xval[r.clone()], &waux[r.clone()], this_scale, &mut laux[r])?;
+                    snap8(dt, s, &xval[r.clone()], &waux[r.clone()], this_scale, &mut laux[r])?;
                 is_on_grid_aux[k] = on;
             }
             let (sumqx, sumq2) = fit_odd(&weight, &xval, &laux);
@@ -309,7 +334,7 @@ fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
                 for i in r.clone() {
                     l[i] = level(id, xval[i], KMAXQ - 1);
                 }
-                snap8(DT, s, &xval[r.clone()], &waux[r.clone()], scale, &mut l[r])?;
+                snap8(dt, s, &xval[r.clone()], &waux[r.clone()], scale, &mut l[r])?;
             }
             let (sumqx, sumq2) = fit_odd(&weight, &xval, &l);
             if sumq2 > 0.0 {
@@ -319,31 +344,42 @@ fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
         if scale < 0.0 {
             scale = -scale;
             for b in &mut block_signs {
-                *b = !*b & 127;
+                *b = !*b & sign_mask;
             }
         }
         for k in 0..2 {
-            let g = on_grid(DT, s, &l[8 * k..8 * k + 8], 2)?;
-            q2[2 * ib + k] = g as u16 | (block_signs[k] as u16) << 9;
+            let g = on_grid(dt, s, &l[8 * k..8 * k + 8], 2)?;
+            store(2 * ib + k, g, block_signs[k]);
         }
-        check_scale(DT, scale)?;
+        check_scale(dt, scale)?;
         scales[ib] = scale;
         max_scale = fmax(max_scale, scale);
     }
+    Ok((scales, max_scale))
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ2_XS
+
+fn iq2_xs_block(xbl: &[f32], qw_bl: &[f32]) -> Result<BlockIQ2XS> {
+    let v = Iq2x16 {
+        dtype: DType::IQ2_XS,
+        search: search::iq2xs(),
+        even_signs: true,
+        zero_below: 1e-15,
+    };
+    let mut y = BlockIQ2XS::zeroed();
+    let mut q2 = [0u16; 2 * (QK_K / 16)];
+    let sigma2 = sum_sq(xbl) / QK_K as f32;
+    let (scales, max_scale) = iq2_x16_search(&v, xbl, Some(qw_bl), sigma2, |i8, g, signs| {
+        q2[i8] = g as u16 | (signs as u16) << 9;
+    })?;
     if max_scale == 0.0 {
         return Ok(y);
     }
     let d = max_scale / 31.0;
     y.d = fp32_to_fp16(d);
-    let id = 1.0 / d;
-    for ib in 0..QK_K / 16 {
-        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15) as u8;
-        if ib % 2 == 0 {
-            y.scales[ib / 2] = l;
-        } else {
-            y.scales[ib / 2] |= l << 4;
-        }
-    }
+    scale_nibbles(&scales, 1.0 / d, &mut y.scales);
     y.qs = q2;
     Ok(y)
 }
@@ -355,10 +391,7 @@ pub(crate) fn quantize_iq2_xs(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<()> {
-    let imatrix = imatrix.ok_or_else(|| missing_imatrix(DType::IQ2_XS))?;
-    quantize_rows::<BlockIQ2XS>(src, dst, n_per_row, Some(imatrix), QK_K, |x, qw| {
-        iq2_xs_block(x, qw.unwrap_or(&[]))
-    })
+    quantize_rows_imatrix(DType::IQ2_XS, src, dst, n_per_row, imatrix, iq2_xs_block)
 }
 
 /// ggml's `dequantize_row_iq2_xs`.
@@ -414,113 +447,22 @@ pub(crate) fn vec_dot_iq2_xs_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
 // IQ2_S
 
 fn iq2_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ2S> {
-    const DT: DType = DType::IQ2_S;
-    const KMAXQ: i32 = 3;
-    let s = search::iq2s();
+    let v =
+        Iq2x16 { dtype: DType::IQ2_S, search: search::iq2s(), even_signs: false, zero_below: 1e-8 };
     let mut y = BlockIQ2S::zeroed();
     y.d = fp32_to_fp16(0.0);
-    let mut scales = [0f32; QK_K / 16];
-    let (mut weight, mut xval, mut waux) = ([0f32; 16], [0f32; 16], [0f32; 16]);
-    let (mut l, mut laux) = ([0i8; 16], [0i8; 16]);
-    let mut block_signs = [0u8; 2];
-
     let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
-    let mut max_scale = 0.0f32;
-    for ib in 0..QK_K / 16 {
-        let xb = &xbl[16 * ib..16 * ib + 16];
-        match qw_bl {
-            Some(qw) => imatrix_weights(&qw[16 * ib..16 * ib + 16], xb, sigma2, &mut weight),
-            None => {
-                for i in 0..16 {
-                    weight[i] = 0.25 * sigma2 + xb[i] * xb[i];
-                }
-            }
-        }
-        for i in 0..16 {
-            waux[i] = weight[i].sqrt();
-        }
-        all_signs(xb, &mut xval, &mut block_signs);
-        let mut max = xval[0];
-        for &v in &xval[1..] {
-            max = fmax(max, v);
-        }
-        l.fill(0);
-        if max < 1e-8 {
-            scales[ib] = 0.0;
-            continue;
-        }
-        let mut best = 0.0f32;
-        let mut scale = max / (2 * KMAXQ - 1) as f32;
-        let mut is_on_grid = [true; 2];
-        let mut is_on_grid_aux = [true; 2];
-        for is in -9..=9 {
-            let id = ((2 * KMAXQ - 1) as f32 + is as f32 * 0.1) / max;
-            let this_scale = 1.0 / id;
-            for k in 0..2 {
-                let r = 8 * k..8 * k + 8;
-                for i in r.clone() {
-                    laux[i] = level(id, xval[i], KMAXQ - 1);
-                }
-                let (on, _) =
-                    snap8(DT, s, &xval[r.clone()], &waux[r.clone()], this_scale, &mut laux[r])?;
-                is_on_grid_aux[k] = on;
-            }
-            let (sumqx, sumq2) = fit_odd(&weight, &xval, &laux);
-            if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
-                scale = sumqx / sumq2;
-                best = scale * sumqx;
-                l = laux;
-                is_on_grid = is_on_grid_aux;
-            }
-        }
-        if is_on_grid.contains(&false) && scale > 0.0 {
-            let id = 1.0 / scale;
-            for k in 0..2 {
-                if is_on_grid[k] {
-                    continue;
-                }
-                let r = 8 * k..8 * k + 8;
-                for i in r.clone() {
-                    l[i] = level(id, xval[i], KMAXQ - 1);
-                }
-                snap8(DT, s, &xval[r.clone()], &waux[r.clone()], scale, &mut l[r])?;
-            }
-            let (sumqx, sumq2) = fit_odd(&weight, &xval, &l);
-            if sumq2 > 0.0 {
-                scale = sumqx / sumq2;
-            }
-        }
-        if scale < 0.0 {
-            scale = -scale;
-            for b in &mut block_signs {
-                *b = !*b;
-            }
-        }
-        for k in 0..2 {
-            let g = on_grid(DT, s, &l[8 * k..8 * k + 8], 2)?;
-            let i8 = 2 * ib + k;
-            y.qs[i8] = g as u8;
-            y.qh[i8 / 4] |= ((g >> 8) << (2 * (i8 % 4))) as u8;
-            y.qs[QK_K / 8 + i8] = block_signs[k];
-        }
-        check_scale(DT, scale)?;
-        scales[ib] = scale;
-        max_scale = fmax(max_scale, scale);
-    }
+    let (scales, max_scale) = iq2_x16_search(&v, xbl, qw_bl, sigma2, |i8, g, signs| {
+        y.qs[i8] = g as u8;
+        y.qh[i8 / 4] |= ((g >> 8) << (2 * (i8 % 4))) as u8;
+        y.qs[QK_K / 8 + i8] = signs;
+    })?;
     if max_scale == 0.0 {
         return Ok(y);
     }
     let d = max_scale / 31.0;
     y.d = fp32_to_fp16(d * 0.9875);
-    let id = 1.0 / d;
-    for ib in 0..QK_K / 16 {
-        let l = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15) as u8;
-        if ib % 2 == 0 {
-            y.scales[ib / 2] = l;
-        } else {
-            y.scales[ib / 2] |= l << 4;
-        }
-    }
+    scale_nibbles(&scales, 1.0 / d, &mut y.scales);
     Ok(y)
 }
 

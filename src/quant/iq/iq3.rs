@@ -5,7 +5,7 @@ use super::grids::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 use super::search::{self, Lookup, Search};
 use super::{
     BlockQ8K, aborts, all_signs, blocks, check_scale, even_signs, fit_odd, fmax, imatrix_weights,
-    pack_levels, quantize_rows, sign_f, sign_i, sum_sq,
+    pack_levels, quantize_rows, scale_nibbles, sign_f, sign_i, sum_sq,
 };
 use crate::dtype::{DType, QK_K};
 use crate::error::Result;
@@ -158,15 +158,17 @@ fn iq3_search(
     Ok(Some(Iq3Block { index, signs: block_signs, scale }))
 }
 
-// ---------------------------------------------------------------------------------------------
-// IQ3_XXS
-
-fn iq3_xxs_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3XXS> {
-    const DT: DType = DType::IQ3_XXS;
-    let s = search::iq3xxs();
-    let mut y = BlockIQ3XXS::zeroed();
-    let mut q3 = [0u8; 3 * (QK_K / 8)];
-    let mut scales_and_signs = [0u32; QK_K / 32];
+/// The blocks of 32 of one super-block, each weighted (importance matrix or `x^2`, with
+/// `sigma2 = 2 * mean(x^2)`) and searched; `store(ib, block)` records each quantized block.
+/// Returns the scales (0 for all-zero blocks) and their maximum.
+fn iq3_blocks(
+    dtype: DType,
+    s: &Search<4>,
+    xbl: &[f32],
+    qw_bl: Option<&[f32]>,
+    xxs: bool,
+    mut store: impl FnMut(usize, &Iq3Block),
+) -> Result<([f32; QK_K / 32], f32)> {
     let mut scales = [0f32; QK_K / 32];
     let mut weight = [0f32; 32];
     let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
@@ -181,10 +183,28 @@ fn iq3_xxs_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3XXS> {
                 }
             }
         }
-        let Some(b) = iq3_search(DT, s, xb, &weight, true)? else {
+        let Some(b) = iq3_search(dtype, s, xb, &weight, xxs)? else {
             scales[ib] = 0.0;
             continue;
         };
+        store(ib, &b);
+        check_scale(dtype, b.scale)?;
+        scales[ib] = b.scale;
+        max_scale = fmax(max_scale, b.scale);
+    }
+    Ok((scales, max_scale))
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ3_XXS
+
+fn iq3_xxs_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3XXS> {
+    const DT: DType = DType::IQ3_XXS;
+    let s = search::iq3xxs();
+    let mut y = BlockIQ3XXS::zeroed();
+    let mut q3 = [0u8; 3 * (QK_K / 8)];
+    let mut scales_and_signs = [0u32; QK_K / 32];
+    let (scales, max_scale) = iq3_blocks(DT, s, xbl, qw_bl, true, |ib, b| {
         for k in 0..8 {
             q3[8 * ib + k] = b.index[k] as u8;
         }
@@ -192,10 +212,7 @@ fn iq3_xxs_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3XXS> {
             | (b.signs[1] as u32) << 7
             | (b.signs[2] as u32) << 14
             | (b.signs[3] as u32) << 21;
-        check_scale(DT, b.scale)?;
-        scales[ib] = b.scale;
-        max_scale = fmax(max_scale, b.scale);
-    }
+    })?;
     if max_scale == 0.0 {
         return Ok(y);
     }
@@ -282,28 +299,11 @@ fn iq3_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3S> {
     let s = search::iq3s();
     let mut y = BlockIQ3S::zeroed();
     y.d = fp32_to_fp16(0.0);
-    let mut scales = [0f32; QK_K / 32];
-    let mut weight = [0f32; 32];
-    let sigma2 = 2.0 * sum_sq(xbl) / QK_K as f32;
-    let mut max_scale = 0.0f32;
     // ggml advances its `qs` and `signs` write pointers only past blocks it quantizes, so after an
     // all-zero block of 32 the following blocks' indices and signs land one slot early (while `qh`
     // and the scales stay in place). Reproduced for identical bytes.
     let (mut qs_at, mut signs_at) = (0usize, 0usize);
-    for ib in 0..QK_K / 32 {
-        let xb = &xbl[32 * ib..32 * ib + 32];
-        match qw_bl {
-            Some(qw) => imatrix_weights(&qw[32 * ib..32 * ib + 32], xb, sigma2, &mut weight),
-            None => {
-                for i in 0..32 {
-                    weight[i] = xb[i] * xb[i];
-                }
-            }
-        }
-        let Some(b) = iq3_search(DT, s, xb, &weight, false)? else {
-            scales[ib] = 0.0;
-            continue;
-        };
+    let (scales, max_scale) = iq3_blocks(DT, s, xbl, qw_bl, false, |ib, b| {
         for k in 0..8 {
             y.qs[qs_at + k] = b.index[k] as u8;
             y.qh[ib] |= ((b.index[k] >> 8) << k) as u8;
@@ -311,21 +311,13 @@ fn iq3_s_block(xbl: &[f32], qw_bl: Option<&[f32]>) -> Result<BlockIQ3S> {
         y.signs[signs_at..signs_at + 4].copy_from_slice(&b.signs);
         qs_at += 8;
         signs_at += 4;
-        check_scale(DT, b.scale)?;
-        scales[ib] = b.scale;
-        max_scale = fmax(max_scale, b.scale);
-    }
+    })?;
     if max_scale == 0.0 {
         return Ok(y);
     }
     let d = max_scale / 31.0;
     y.d = fp32_to_fp16(d * 1.033);
-    let id = 1.0 / d;
-    for ib in (0..QK_K / 32).step_by(2) {
-        let l1 = nearest_int(0.5 * (id * scales[ib] - 1.0)).clamp(0, 15);
-        let l2 = nearest_int(0.5 * (id * scales[ib + 1] - 1.0)).clamp(0, 15);
-        y.scales[ib / 2] = (l1 | (l2 << 4)) as u8;
-    }
+    scale_nibbles(&scales, 1.0 / d, &mut y.scales);
     Ok(y)
 }
 

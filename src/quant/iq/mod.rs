@@ -174,6 +174,31 @@ fn quantize_rows<B: Pod>(
     Ok(())
 }
 
+/// `quantize_rows` for the types ggml quantizes only with an importance matrix (IQ2_XXS, IQ2_XS,
+/// IQ1_S): refuses to run without one, and hands each super-block its `QK_K` weights.
+fn quantize_rows_imatrix<B: Pod>(
+    dtype: DType,
+    src: &[f32],
+    dst: &mut [u8],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    quantize_block: impl Fn(&[f32], &[f32]) -> Result<B>,
+) -> Result<()> {
+    let imatrix = imatrix.ok_or_else(|| missing_imatrix(dtype))?;
+    quantize_rows::<B>(src, dst, n_per_row, Some(imatrix), crate::dtype::QK_K, |x, qw| {
+        quantize_block(x, qw.unwrap_or(&[]))
+    })
+}
+
+/// The 4-bit scales of IQ2_XS, IQ2_S and IQ3_S: `nearest_int(0.5 * (id * scale - 1))` clamped to
+/// 0..=15, two a byte (the first in the low nibble).
+fn scale_nibbles(scales: &[f32], id: f32, out: &mut [u8]) {
+    let l = |s: f32| crate::quant::util::nearest_int(0.5 * (id * s - 1.0)).clamp(0, 15) as u8;
+    for (o, s) in out.iter_mut().zip(scales.chunks_exact(2)) {
+        *o = l(s[0]) | l(s[1]) << 4;
+    }
+}
+
 /// ggml's `MAX(a, b)` macro: `a > b ? a : b` (so a NaN `b` wins and a NaN `a` loses).
 #[inline(always)]
 fn fmax(a: f32, b: f32) -> f32 {

@@ -159,40 +159,42 @@ const IQ3S_BYTES: [u8; 8] = [0x01, 0x03, 0x05, 0x07, 0x09, 0x0b, 0x0d, 0x0f];
 const KMAP_SIZE_IQ2: usize = 43692;
 const KMAP_SIZE_IQ3: usize = 4096;
 
-/// IQ2_XXS: 256 points, two distance levels of neighbours.
-pub(crate) fn iq2xxs() -> &'static Search<8> {
-    static S: OnceLock<Search<8>> = OnceLock::new();
-    S.get_or_init(|| Search::build(&levels8(&IQ2XXS_GRID, &IQ2_BYTES), 2, KMAP_SIZE_IQ2, 2))
+/// Declares `pub(crate) fn $name() -> &'static Search<N>`, built on first use from a grid
+/// (`levels8`/`levels4` of its table and byte values), key bits, map size and neighbour levels.
+macro_rules! grid_search {
+    ($(#[$doc:meta])* $name:ident: Search<$n:literal> = $levels:ident($grid:expr, $bytes:expr),
+     $bits:expr, $kmap:expr, $nwant:expr) => {
+        $(#[$doc])*
+        pub(crate) fn $name() -> &'static Search<$n> {
+            static S: OnceLock<Search<$n>> = OnceLock::new();
+            S.get_or_init(|| Search::build(&$levels(&$grid, &$bytes), $bits, $kmap, $nwant))
+        }
+    };
 }
 
-/// IQ2_XS: 512 points, two distance levels.
-pub(crate) fn iq2xs() -> &'static Search<8> {
-    static S: OnceLock<Search<8>> = OnceLock::new();
-    S.get_or_init(|| Search::build(&levels8(&IQ2XS_GRID, &IQ2_BYTES), 2, KMAP_SIZE_IQ2, 2))
+grid_search! {
+    /// IQ2_XXS: 256 points, two distance levels of neighbours.
+    iq2xxs: Search<8> = levels8(IQ2XXS_GRID, IQ2_BYTES), 2, KMAP_SIZE_IQ2, 2
 }
-
-/// IQ2_S: 1024 points, one distance level.
-pub(crate) fn iq2s() -> &'static Search<8> {
-    static S: OnceLock<Search<8>> = OnceLock::new();
-    S.get_or_init(|| Search::build(&levels8(&IQ2S_GRID, &IQ2_BYTES), 2, KMAP_SIZE_IQ2, 1))
+grid_search! {
+    /// IQ2_XS: 512 points, two distance levels.
+    iq2xs: Search<8> = levels8(IQ2XS_GRID, IQ2_BYTES), 2, KMAP_SIZE_IQ2, 2
 }
-
-/// IQ1_S and IQ1_M (shared, as in ggml): 2048 points, three distance levels.
-pub(crate) fn iq1s() -> &'static Search<8> {
-    static S: OnceLock<Search<8>> = OnceLock::new();
-    S.get_or_init(|| Search::build(&levels8(&IQ1S_GRID, &IQ1_BYTES), 2, KMAP_SIZE_IQ2, 3))
+grid_search! {
+    /// IQ2_S: 1024 points, one distance level.
+    iq2s: Search<8> = levels8(IQ2S_GRID, IQ2_BYTES), 2, KMAP_SIZE_IQ2, 1
 }
-
-/// IQ3_XXS: 256 points, two distance levels.
-pub(crate) fn iq3xxs() -> &'static Search<4> {
-    static S: OnceLock<Search<4>> = OnceLock::new();
-    S.get_or_init(|| Search::build(&levels4(&IQ3XXS_GRID, &IQ3XXS_BYTES), 3, KMAP_SIZE_IQ3, 2))
+grid_search! {
+    /// IQ1_S and IQ1_M (shared, as in ggml): 2048 points, three distance levels.
+    iq1s: Search<8> = levels8(IQ1S_GRID, IQ1_BYTES), 2, KMAP_SIZE_IQ2, 3
 }
-
-/// IQ3_S: 512 points, three distance levels.
-pub(crate) fn iq3s() -> &'static Search<4> {
-    static S: OnceLock<Search<4>> = OnceLock::new();
-    S.get_or_init(|| Search::build(&levels4(&IQ3S_GRID, &IQ3S_BYTES), 3, KMAP_SIZE_IQ3, 3))
+grid_search! {
+    /// IQ3_XXS: 256 points, two distance levels.
+    iq3xxs: Search<4> = levels4(IQ3XXS_GRID, IQ3XXS_BYTES), 3, KMAP_SIZE_IQ3, 2
+}
+grid_search! {
+    /// IQ3_S: 512 points, three distance levels.
+    iq3s: Search<4> = levels4(IQ3S_GRID, IQ3S_BYTES), 3, KMAP_SIZE_IQ3, 3
 }
 
 #[cfg(test)]
