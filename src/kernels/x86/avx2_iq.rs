@@ -1113,6 +1113,21 @@ mod tests {
     }
 
     #[test]
+    fn plug_registers_the_bmi2_kernels_only_where_pdep_is_fast() {
+        let Some((avx2, _)) = tiers() else { return };
+        let fast = fast_pdep();
+        println!("fast pdep: {fast}");
+        let kernels: [(DType, crate::quant::VecDotFn, crate::quant::VecDotFn); 2] = [
+            (DType::IQ1_M, vec_dot_iq1_m_q8_K, vec_dot_iq1_m_q8_K_bmi2),
+            (DType::IQ3_S, vec_dot_iq3_s_q8_K, vec_dot_iq3_s_q8_K_bmi2),
+        ];
+        for (dtype, plain, bmi2) in kernels {
+            let want = if fast { bmi2 } else { plain };
+            assert_eq!(avx2.vec_dot(dtype).unwrap() as usize, want as usize, "{dtype}");
+        }
+    }
+
+    #[test]
     fn avx2_iq_vec_dot_of_zero_blocks_is_zero() {
         let Some((avx2, _)) = tiers() else { return };
         let mut rng = Rng(7);
