@@ -58,13 +58,13 @@ fn kq<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     assert!(y.iter().all(|c| c.len() >= nb * Q8K_BYTES), "repack kernel: activations too short");
     for b in 0..nb {
         let xb = &x[b * gb..(b + 1) * gb];
-        if y.len() <= REPACK_NC && KIND != KIND_Q6_K {
+        if y.len() <= REPACK_NC {
             // Decode streams the weights once: ask for the block after next, line by line (a
-            // hint; addresses past the end are never dereferenced). Q6_K's blocks (26 lines a
-            // group) decode faster without: paired in-process runs of 4096 x 14336 and 16384 x
-            // 14336 weights measured 6-9% less time with no prefetch, where Q2_K, Q4_K and TQ2_0
-            // lose 5-12% without it.
-            let ahead = xb.as_ptr().wrapping_add(2 * gb);
+            // hint; addresses past the end are never dereferenced). Q6_K's blocks are bigger
+            // (26 lines a group): asking for the current block's lines all at once measured
+            // 6-9% faster than two blocks ahead (paired in-process runs, 4096 and 16384 x 14336
+            // weights), and no prefetch at all is slower than either.
+            let ahead = xb.as_ptr().wrapping_add(if KIND == KIND_Q6_K { 0 } else { 2 * gb });
             for l in (0..gb).step_by(64) {
                 // SAFETY: prefetching is a hint with no memory access semantics.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l) as *const i8) };
