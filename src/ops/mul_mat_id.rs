@@ -250,15 +250,18 @@ fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
     }
 }
 
+/// Phase 0: b's rows into the weights' vec-dot type, or (repacked experts) into the repacked
+/// kernels' activation format.
 fn convert(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
-    if l.repack {
-        return convert_repack(ctx, l, ith);
-    }
     let (a, b) = (ctx.src(0), ctx.src(1));
     let vd = a.dtype.vec_dot_type();
-    let from = crate::kernels::table()
-        .activation_converter(vd)
-        .ok_or_else(|| unsupported(format!("no f32 -> {vd} conversion")))?;
+    let from = if l.repack {
+        mmr::converter("mul_mat_id", a.dtype)?
+    } else {
+        crate::kernels::table()
+            .activation_converter(vd)
+            .ok_or_else(|| unsupported(format!("no f32 -> {vd} conversion")))?
+    };
     debug_assert_eq!(b.dtype, DType::F32);
     let k = b.ne[0];
     let nrows = b.ne[1] * b.ne[2];
@@ -267,44 +270,27 @@ fn convert(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
         let (i1, i2) = (r % b.ne[1], r / b.ne[1]);
         // SAFETY: i1 < b.ne[1], i2 < b.ne[2] (b.ne[3] == 1); b's rows hold k contiguous f32
         // (build check). The work buffer holds nrows converted rows of `rb` bytes, then one
-        // staging row per thread (layout); this worker writes only its rows and its own staging.
+        // scratch area per thread (an f32 staging row, then for repacked experts a Q8_0 row;
+        // layout); this worker writes only its rows and its own scratch.
         unsafe {
             let pb = b.row(i1, i2, 0);
-            let out = std::slice::from_raw_parts_mut(ctx.work.add(r * l.rb), vd.row_bytes(k));
-            if (pb as usize) % std::mem::align_of::<f32>() == 0 {
-                from(std::slice::from_raw_parts(pb as *const f32, k), out);
-            } else {
-                let s = ctx.work.add(l.scratch + ith * l.scratch_stride) as *mut f32;
-                std::ptr::copy_nonoverlapping(pb, s as *mut u8, k * 4);
-                from(std::slice::from_raw_parts(s, k), out);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Phase 0 for repacked experts: b's rows into the repacked kernels' activation format.
-fn convert_repack(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
-    let (a, b) = (ctx.src(0), ctx.src(1));
-    let from = mmr::converter("mul_mat_id", a.dtype)?;
-    let k = b.ne[0];
-    let nrows = b.ne[1] * b.ne[2];
-    let (r0, r1) = split(nrows, ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2) = (r % b.ne[1], r / b.ne[1]);
-        // SAFETY: i1 < b.ne[1], i2 < b.ne[2]; b is F32 with contiguous rows (build check). The
-        // work buffer holds nrows converted rows of `rb` bytes, then one scratch area per thread
-        // (an f32 row, then a Q8_0 row; layout); this worker writes only its rows and scratch.
-        unsafe {
             let s = ctx.work.add(l.scratch + ith * l.scratch_stride);
-            std::ptr::copy_nonoverlapping(b.row(i1, i2, 0), s, k * 4);
-            let f = std::slice::from_raw_parts(s as *const f32, k);
-            let q8 = std::slice::from_raw_parts_mut(
-                s.add(align_up(k * 4, 64)),
-                DType::Q8_0.row_bytes(k),
-            );
-            let out = std::slice::from_raw_parts_mut(ctx.work.add(r * l.rb), l.rb);
-            mmr::convert_row(a.dtype, from, f, q8, out);
+            let f = if (pb as usize) % std::mem::align_of::<f32>() == 0 {
+                std::slice::from_raw_parts(pb as *const f32, k)
+            } else {
+                std::ptr::copy_nonoverlapping(pb, s, k * 4);
+                std::slice::from_raw_parts(s as *const f32, k)
+            };
+            if l.repack {
+                let q8 = std::slice::from_raw_parts_mut(
+                    s.add(align_up(k * 4, 64)),
+                    DType::Q8_0.row_bytes(k),
+                );
+                let out = std::slice::from_raw_parts_mut(ctx.work.add(r * l.rb), l.rb);
+                mmr::convert_row(a.dtype, from, f, q8, out);
+            } else {
+                from(f, std::slice::from_raw_parts_mut(ctx.work.add(r * l.rb), vd.row_bytes(k)));
+            }
         }
     }
     Ok(())
