@@ -383,7 +383,6 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             std::slice::from_raw_parts(ctx.work.add(l.pairs) as *const [u32; 2], n_pairs),
         )
     };
-    let total = starts[n_as];
     if l.repack {
         return repack_chunks(ctx, &l, starts, offsets, pairs);
     }
@@ -407,16 +406,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             d.ptr.add(i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2]) as *mut f32
         }
     };
-    loop {
-        let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
-        if c >= total {
-            break;
-        }
-        // The expert owning chunk c: the last e with starts[e] <= c (experts without pairs own
-        // no chunks, so their start equals the next one's).
-        let e = starts.partition_point(|&s| s <= c) - 1;
-        let group = &pairs[offsets[e]..offsets[e + 1]];
-        let local = c - starts[e];
+    while let Some((e, group, local)) = next_chunk(ctx, starts, offsets, pairs) {
         if gemm_expert(&l, group.len()) {
             let blocks_m = m.div_ceil(mul_mat_f::MC);
             let (tm, tn) = (local % blocks_m, local / blocks_m);
@@ -507,6 +497,24 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     Ok(())
 }
 
+/// Takes the next chunk from the node's counter: its expert, the expert's pairs and the chunk's
+/// index among the expert's chunks; `None` when all are taken.
+fn next_chunk<'p>(
+    ctx: &NodeCtx<'_>,
+    starts: &[usize],
+    offsets: &[usize],
+    pairs: &'p [[u32; 2]],
+) -> Option<(usize, &'p [[u32; 2]], usize)> {
+    let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
+    if c >= starts[starts.len() - 1] {
+        return None;
+    }
+    // The expert owning chunk c: the last e with starts[e] <= c (experts without pairs own no
+    // chunks, so their start equals the next one's).
+    let e = starts.partition_point(|&s| s <= c) - 1;
+    Some((e, &pairs[offsets[e]..offsets[e + 1]], c - starts[e]))
+}
+
 /// The chunks with repacked experts: `mul_mat_repack` tasks of 8-row groups x pairs.
 fn repack_chunks(
     ctx: &NodeCtx<'_>,
@@ -519,23 +527,15 @@ fn repack_chunks(
     let kern = crate::kernels::table()
         .repack(a.dtype)
         .ok_or_else(|| unsupported(format!("no repacked kernel for {}", a.dtype)))?;
-    let (k, m, n_as) = (a.ne[0], a.ne[1], a.ne[2]);
+    let (k, m) = (a.ne[0], a.ne[1]);
     let nb = k / a.dtype.block_size();
     let gbb = group_block_bytes(a.dtype);
     let abb = act_block_bytes(a.dtype);
     let ne11 = b.ne[1];
     let groups = m / REPACK_ROWS;
     let tiles_m = groups.div_ceil(mmr::TASK_GROUPS);
-    let total = starts[n_as];
     let mut acc: mmr::TaskAcc = [[0f32; 8]; mmr::TASK_GROUPS * mmr::TASK_COLS];
-    loop {
-        let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
-        if c >= total {
-            break;
-        }
-        let e = starts.partition_point(|&s| s <= c) - 1;
-        let group = &pairs[offsets[e]..offsets[e + 1]];
-        let local = c - starts[e];
+    while let Some((e, group, local)) = next_chunk(ctx, starts, offsets, pairs) {
         let (tm, tn) = (local % tiles_m, local / tiles_m);
         let (g0, g1) = (tm * mmr::TASK_GROUPS, ((tm + 1) * mmr::TASK_GROUPS).min(groups));
         let cols = &group[tn * mmr::TASK_COLS..((tn + 1) * mmr::TASK_COLS).min(group.len())];
