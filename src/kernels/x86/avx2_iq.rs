@@ -16,6 +16,7 @@
 #![allow(non_snake_case)]
 
 use super::avx2_quants::{F16_TO_F32, opaque};
+use super::avx2_quants::{STREAM_PF, prefetch_lines};
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
 use crate::quant::iq::grids::{
@@ -45,10 +46,17 @@ pub(crate) fn plug(t: &mut KernelTable) {
     }
     t.set_vec_dot(DType::IQ4_NL, vec_dot_iq4_nl_q8_0);
     t.set_vec_dot(DType::IQ4_XS, vec_dot_iq4_xs_q8_K);
+    // Decode variants prefetching the weight row (see `STREAM_PF`).
+    t.set_vec_dot_stream(DType::IQ4_NL, vec_dot_iq4_nl_q8_0_stream);
+    t.set_vec_dot_stream(DType::IQ4_XS, vec_dot_iq4_xs_q8_K_stream);
+    t.set_vec_dot_stream(
+        DType::IQ3_S,
+        if fast_pdep() { vec_dot_iq3_s_q8_K_bmi2_stream } else { vec_dot_iq3_s_q8_K_stream },
+    );
 }
 
 macro_rules! safe_wrappers {
-    ($($name:ident => $body:ident;)*) => {$(
+    ($($name:ident => $body:path;)*) => {$(
         /// Dot product (`VecDotFn`) on the AVX2 tier.
         pub(crate) fn $name(n: usize, x: &[u8], y: &[u8]) -> f32 {
             // SAFETY: this function only enters a `KernelTable` through `plug`, which is only called
@@ -62,11 +70,14 @@ safe_wrappers! {
     vec_dot_iq2_xs_q8_K => iq2_xs_avx2;
     vec_dot_iq2_s_q8_K => iq2_s_avx2;
     vec_dot_iq3_xxs_q8_K => iq3_xxs_avx2;
-    vec_dot_iq3_s_q8_K => iq3_s_avx2;
+    vec_dot_iq3_s_q8_K => iq3_s_avx2::<0>;
     vec_dot_iq1_s_q8_K => iq1_s_avx2;
     vec_dot_iq1_m_q8_K => iq1_m_avx2;
-    vec_dot_iq4_nl_q8_0 => iq4_nl_avx2;
-    vec_dot_iq4_xs_q8_K => iq4_xs_avx2;
+    vec_dot_iq4_nl_q8_0 => iq4_nl_avx2::<0>;
+    vec_dot_iq4_xs_q8_K => iq4_xs_avx2::<0>;
+    vec_dot_iq3_s_q8_K_stream => iq3_s_avx2::<STREAM_PF>;
+    vec_dot_iq4_nl_q8_0_stream => iq4_nl_avx2::<STREAM_PF>;
+    vec_dot_iq4_xs_q8_K_stream => iq4_xs_avx2::<STREAM_PF>;
 }
 
 /// Dot product (`VecDotFn`) on the AVX2 tier with BMI2's `pdep` (IQ1_M).
@@ -80,7 +91,13 @@ pub(crate) fn vec_dot_iq1_m_q8_K_bmi2(n: usize, x: &[u8], y: &[u8]) -> f32 {
 pub(crate) fn vec_dot_iq3_s_q8_K_bmi2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     // SAFETY: as `vec_dot_iq1_m_q8_K_bmi2`: registered only after AVX2, FMA, F16C and BMI2 were
     // detected.
-    unsafe { iq3_s_avx2_bmi2(n, x, y) }
+    unsafe { iq3_s_avx2_bmi2::<0>(n, x, y) }
+}
+
+/// `vec_dot_iq3_s_q8_K_bmi2` prefetching the weights [`STREAM_PF`] bytes ahead (decode).
+pub(crate) fn vec_dot_iq3_s_q8_K_bmi2_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    // SAFETY: as `vec_dot_iq3_s_q8_K_bmi2`.
+    unsafe { iq3_s_avx2_bmi2::<STREAM_PF>(n, x, y) }
 }
 
 /// True when BMI2 is present and its `pdep` is fast: not on AMD (or Hygon) before Zen 3 (family
@@ -487,7 +504,7 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
 // IQ3_S
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+fn iq3_s_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const XS: usize = size_of::<BlockIQ3S>();
     const QS: usize = offset_of!(BlockIQ3S, qs);
     const QH: usize = offset_of!(BlockIQ3S, qh);
@@ -496,6 +513,9 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let idx_shift = _mm256_set_epi32(1, 2, 3, 4, 5, 6, 7, 8);
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        if PF > 0 {
+            prefetch_lines::<XS>(xb.as_ptr(), PF);
+        }
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
@@ -549,7 +569,7 @@ fn iq3_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// vectors taken apart lane by lane: fewer uops where `pdep` is one (`fast_pdep`). The same
 /// integer sums and float steps, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c,bmi2")]
-fn iq3_s_avx2_bmi2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+fn iq3_s_avx2_bmi2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const XS: usize = size_of::<BlockIQ3S>();
     const QS: usize = offset_of!(BlockIQ3S, qs);
     const QH: usize = offset_of!(BlockIQ3S, qh);
@@ -559,6 +579,9 @@ fn iq3_s_avx2_bmi2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const HI: u64 = 0x0100_0100_0100_0100;
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        if PF > 0 {
+            prefetch_lines::<XS>(xb.as_ptr(), PF);
+        }
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
@@ -813,7 +836,7 @@ fn iq4_values(values: __m128i, bits: __m128i) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_nl_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+fn iq4_nl_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const XS: usize = size_of::<BlockIQ4NL>();
     const QS: usize = offset_of!(BlockIQ4NL, qs);
     const Y_QS: usize = offset_of!(BlockQ8_0, qs);
@@ -826,6 +849,9 @@ fn iq4_nl_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut pairs_x = x.chunks_exact(2 * XS);
     let mut pairs_y = y.chunks_exact(2 * Q8_0_SIZE);
     for (xb, yb) in (&mut pairs_x).zip(&mut pairs_y) {
+        if PF > 0 {
+            prefetch_lines::<{ 2 * XS }>(xb.as_ptr(), PF);
+        }
         let q4b_1 = iq4_values(values, load128(xb, QS));
         let q4b_2 = iq4_values(values, load128(xb, XS + QS));
         let q8b_1 = load256(yb, Y_QS);
@@ -864,7 +890,7 @@ fn iq4nl_values() -> __m128i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+fn iq4_xs_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const XS: usize = size_of::<BlockIQ4XS>();
     const SCALES_H: usize = offset_of!(BlockIQ4XS, scales_h);
     const SCALES_L: usize = offset_of!(BlockIQ4XS, scales_l);
@@ -872,6 +898,9 @@ fn iq4_xs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let values = iq4nl_values();
     let mut accum = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        if PF > 0 {
+            prefetch_lines::<XS>(xb.as_ptr(), PF);
+        }
         let mut sh = rd_u16(xb, SCALES_H);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
