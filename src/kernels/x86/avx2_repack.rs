@@ -269,8 +269,10 @@ fn gemm_mxfp4_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     q0::<KIND_MXFP4>(x, y, acc);
 }
 
-/// How far ahead the single-column kernels prefetch weights.
-const PREFETCH_BYTES: usize = 1024;
+/// How far ahead the single-column kernels prefetch weights. Paired in-process runs of 4096 x 14336
+/// decode (2 threads, the distance switched between computes of one plan) measured 8 KiB at
+/// 1.13-1.23x the former 1 KiB for Q4_0, MXFP4 and IQ4_NL (16 KiB: 1.1-1.3x, less steady).
+const PREFETCH_BYTES: usize = 8192;
 
 const fn q0_group_bytes(kind: u8) -> usize {
     if kind == KIND_MXFP4 { 136 } else { 144 }
