@@ -51,11 +51,12 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_vec_dot(DType::Q4_K, vec_dot_q4_K_q8_K);
     t.set_vec_dot(DType::Q5_K, vec_dot_q5_K_q8_K);
     t.set_vec_dot(DType::Q6_K, vec_dot_q6_K_q8_K);
-    // Decode variants (same arithmetic, a software prefetch of the weight row ahead): paired
-    // in-process runs of 4096 and 16384 x 14336 decode measured 6-18% less time for these three;
-    // Q8_0 gained nothing, so it keeps the plain kernel.
+    // Decode variants (same arithmetic, a software prefetch of the weight row ahead; see
+    // `STREAM_PF`): paired in-process runs of 4096 and 16384 x 14336 decode measured 6-18% less
+    // time for F16 and BF16 at 1 KiB ahead.
     t.set_vec_dot_stream(DType::F16, vec_dot_f16_stream);
     t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_stream);
+    t.set_vec_dot_stream(DType::Q4_1, vec_dot_q4_1_q8_1_stream);
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_stream);
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_stream);
     t.set_vec_dot_stream(DType::NVFP4, vec_dot_nvfp4_q8_0_stream);
@@ -89,23 +90,27 @@ pub(super) fn prefetch_lines<const XB: usize>(p: *const u8, d: usize) {
 }
 
 /// Prefetches, `d` bytes ahead, the stream of `XB`-byte blocks that block `ib` of `x` belongs to:
-/// every line of a block of 64 bytes or more, one line every `64 / XB` smaller blocks (steps of at
-/// most 64 bytes, so no line is skipped). A hint, as [`prefetch_ahead`].
+/// every line of a block of 64 bytes or more, and for a smaller block its first byte (so every
+/// line is asked for, some twice: asking once every `64 / XB` blocks instead measured up to 20%
+/// slower for Q4_1, the modulo and branch costing more than the repeated hints). A hint, as
+/// [`prefetch_ahead`].
 #[inline(always)]
 fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
     if XB >= 64 {
         prefetch_lines::<XB>(x.wrapping_add(ib * XB), d);
-    } else if ib % (64 / XB) == 0 {
+    } else {
         prefetch_ahead(x.wrapping_add(ib * XB), d);
     }
 }
 
-/// How far ahead (bytes) the decode variants of the K-quant, Q5_0, NVFP4, TQ2_0 and IQ4/IQ3_S
-/// kernels prefetch the weight row. Paired in-process runs of 4096 x 14336 decode (2 threads, the
-/// kernel switched between computes of one plan) measured 1-16 KiB: 4 KiB was best or within 2% of
-/// best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0 ~1.3-1.6x,
-/// Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). Q4_0, Q4_1, Q8_0, MXFP4, Q1_0, Q2_0,
-/// IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to 10%) and keep their plain kernels.
+/// How far ahead (bytes) the decode variants of the Q4_1, Q5_0, Q5_1, K-quant, NVFP4, TQ2_0 and
+/// IQ4/IQ3_S kernels prefetch the weight row. Paired in-process runs of 4096 x 14336 decode (2
+/// threads, the kernel switched between computes of one plan) measured 1-16 KiB: 4 KiB was best or
+/// within 2% of best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0
+/// ~1.3-1.6x, Q4_1/Q5_1/Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). The gain depends
+/// on how loaded the memory is: in the host's fast phases Q5_0 measured no gain (and no loss).
+/// Q4_0, Q8_0, MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to
+/// 10%) and keep their plain kernels; so does F32, whose decode is bound by memory bandwidth.
 pub(super) const STREAM_PF: usize = 4096;
 
 /// How many whole blocks of `n / per_block` both slices really hold. The `VecDotFn` contract makes
@@ -140,7 +145,7 @@ wrappers! {
     /// `ggml_vec_dot_q4_0_q8_0`.
     vec_dot_q4_0_q8_0 => vec_dot_q4_0_q8_0_avx2, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_q4_1_q8_1`.
-    vec_dot_q4_1_q8_1 => vec_dot_q4_1_q8_1_avx2, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    vec_dot_q4_1_q8_1 => vec_dot_q4_1_q8_1_avx2::<0>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
     /// `ggml_vec_dot_q5_0_q8_0`.
     vec_dot_q5_0_q8_0 => vec_dot_q5_0_q8_0_avx2::<0>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_q5_1_q8_1`.
@@ -149,8 +154,10 @@ wrappers! {
     vec_dot_f16_stream => vec_dot_f16_avx2::<1024>, 1, 2, 2;
     /// `vec_dot_bf16` prefetching the weights 1 KiB ahead.
     vec_dot_bf16_stream => vec_dot_bf16_avx2::<1024>, 1, 2, 2;
-    /// `vec_dot_q5_1_q8_1` prefetching the weights 2 KiB ahead.
-    vec_dot_q5_1_q8_1_stream => vec_dot_q5_1_q8_1_avx2::<2048>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_q4_1_q8_1` prefetching the weights 4 KiB ahead.
+    vec_dot_q4_1_q8_1_stream => vec_dot_q4_1_q8_1_avx2::<STREAM_PF>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_q5_1_q8_1` prefetching the weights 4 KiB ahead.
+    vec_dot_q5_1_q8_1_stream => vec_dot_q5_1_q8_1_avx2::<STREAM_PF>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
     /// `ggml_vec_dot_q8_0_q8_0`.
     vec_dot_q8_0_q8_0 => vec_dot_q8_0_q8_0_avx2, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_mxfp4_q8_0`.
@@ -630,12 +637,15 @@ unsafe fn q4_0_q8_0_blocks<const CHECK: bool>(nb: usize, x: *const u8, y: *const
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q4_1 blocks and `y` `nb` Q8_1 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vec_dot_q4_1_q8_1_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn vec_dot_q4_1_q8_1_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ4_1>();
     const YB: usize = size_of::<BlockQ8_1>();
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
     for ib in 0..nb {
+        if PF > 0 {
+            prefetch_stream::<XB>(x, ib, PF);
+        }
         // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
         let (xd, xm, xq, yd, ys, yq) = unsafe {
             let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
@@ -734,8 +744,8 @@ unsafe fn vec_dot_q5_1_q8_1_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
     let mut acc = _mm256_setzero_ps();
     let mut summs = 0.0f32;
     for ib in 0..nb {
-        if PF > 0 && ib % 2 == 0 {
-            prefetch_ahead(x.wrapping_add(ib * XB), PF);
+        if PF > 0 {
+            prefetch_stream::<XB>(x, ib, PF);
         }
         // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
         let (xd, xm, xh, xq, yd, ys, yq) = unsafe {
