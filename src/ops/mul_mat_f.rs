@@ -57,7 +57,17 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
     if node.dst.ne[1] < MIN_N || a.ne[0] == 0 || packed_bytes(b) > MAX_PACKED {
         return false;
     }
-    types_ok(a.dtype, b.dtype) && (b.dtype == DType::F32 || b.nb[0] == b.dtype.type_size())
+    !int_dot_is_faster(a.dtype)
+        && types_ok(a.dtype, b.dtype)
+        && (b.dtype == DType::F32 || b.nb[0] == b.dtype.type_size())
+}
+
+/// Types whose integer dot product outruns this GEMM: TQ2_0's kernel does a 256-element block in
+/// about 4 ns per thread (`bench vec-dot tq2_0 4096 31 --kernel`: 118 GFLOPS a thread, against
+/// the ~65-70 a thread this FMA-bound GEMM reaches), so its prefill takes `mul_mat`'s 16 x 16
+/// tiles of dot products (side by side at 4096 x 512 x 14336, 2 threads: see CHANGELOG).
+pub(crate) fn int_dot_is_faster(a: DType) -> bool {
+    a == DType::TQ2_0
 }
 
 /// Whether weights of type `a` against activations of type `b` can take the GEMM (b F32, or F16

@@ -92,6 +92,7 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
     let gemm = !repack
         && n_pairs >= MIN_N
         && panel_bytes <= mul_mat_f::MAX_PACKED
+        && !mul_mat_f::int_dot_is_faster(a.dtype)
         && mul_mat_f::types_ok(a.dtype, b.dtype);
     let panels = off;
     let gemm_scratch = off;
