@@ -52,6 +52,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_vec_dot(DType::Q5_K, vec_dot_q5_K_q8_K);
     t.set_vec_dot(DType::Q6_K, vec_dot_q6_K_q8_K);
     t.set_gemm(DType::F32, gemm_f32);
+    t.set_gemm(DType::F16, gemm_f16);
     // Decode variants (same arithmetic, a software prefetch of the weight row ahead; see
     // `STREAM_PF`): paired in-process runs of 4096 and 16384 x 14336 decode measured 6-18% less
     // time for F16 and BF16 at 1 KiB ahead.
@@ -544,6 +545,80 @@ unsafe fn vec_dot_f32_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
         sumf = a.mul_add(b, sumf);
     }
     sumf
+}
+
+/// F16 weight rows against F16 activation rows (`GemmFn`), two rows at a time through
+/// [`vec_dot_f16_x2_avx2`] (prefetching both 1 KiB ahead, as the decode variant): bitwise
+/// `vec_dot_f16` for each pair.
+fn gemm_f16(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
+    let n = x.iter().chain(y).fold(k, |n, s| n.min(s.len() / 2));
+    debug_assert_eq!(n, k, "gemm slices too short");
+    let rows = x.len();
+    assert!(out.len() >= rows * y.len(), "gemm output too short");
+    for (c, yc) in y.iter().enumerate() {
+        let mut r = 0;
+        while r + 2 <= rows {
+            // SAFETY: every slice holds `n` halves (capped above); `plug` installs this wrapper
+            // only after AVX2, FMA and F16C were detected.
+            let d = unsafe {
+                vec_dot_f16_x2_avx2::<1024>(n, x[r].as_ptr(), x[r + 1].as_ptr(), yc.as_ptr())
+            };
+            out[c * rows + r..c * rows + r + 2].copy_from_slice(&d);
+            r += 2;
+        }
+        if r < rows {
+            // SAFETY: as above.
+            out[c * rows + r] = unsafe { vec_dot_f16_avx2::<1024>(n, x[r].as_ptr(), yc.as_ptr()) };
+        }
+    }
+}
+
+/// [`vec_dot_f16_avx2`] for two weight rows against one activation row, each row with its own
+/// accumulators fed in the same order: bitwise the two single results.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x0`, `x1` and `y` are valid for reading `2 * n` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_f16_x2_avx2<const PF: usize>(
+    n: usize,
+    x0: *const u8,
+    x1: *const u8,
+    y: *const u8,
+) -> [f32; 2] {
+    let (x0, x1, y) = (x0.cast::<u16>(), x1.cast::<u16>(), y.cast::<u16>());
+    let np = n & !31;
+    let mut s0 = [_mm256_setzero_ps(); 4];
+    let mut s1 = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        if PF > 0 {
+            prefetch_ahead(x0.wrapping_add(i).cast(), PF);
+            prefetch_ahead(x1.wrapping_add(i).cast(), PF);
+        }
+        for j in 0..4 {
+            // SAFETY: i + 8 * j + 8 <= np <= n elements are readable in each row.
+            let (a0, a1, b) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(x0.add(i + 8 * j).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(x1.add(i + 8 * j).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(y.add(i + 8 * j).cast())),
+                )
+            };
+            s0[j] = _mm256_fmadd_ps(a0, b, s0[j]);
+            s1[j] = _mm256_fmadd_ps(a1, b, s1[j]);
+        }
+        i += 32;
+    }
+    let mut r = [f32x8_reduce(s0) as f64, f32x8_reduce(s1) as f64];
+    for i in np..n {
+        // SAFETY: i < n.
+        let (a0, a1, b) = unsafe {
+            (x0.add(i).read_unaligned(), x1.add(i).read_unaligned(), y.add(i).read_unaligned())
+        };
+        r[0] += (fp16_to_fp32(a0) * fp16_to_fp32(b)) as f64;
+        r[1] += (fp16_to_fp32(a1) * fp16_to_fp32(b)) as f64;
+    }
+    [r[0] as f32, r[1] as f32]
 }
 
 /// `PF > 0`: prefetch the line `PF` bytes ahead of each 64 bytes of `x` (a hint; no effect on the
@@ -1764,6 +1839,44 @@ mod tests {
             assert!(checked.contains(&ty), "{ty} has no stream variant");
         }
         assert!(checked.contains(&DType::IQ4_NL) && checked.contains(&DType::IQ3_S), "{checked:?}");
+    }
+
+    #[test]
+    fn f16_gemm_gives_vec_dot_bits() {
+        if !crate::kernels::Isa::Avx2.is_supported() {
+            return;
+        }
+        let mut s = 0x0F1E_2D3C_4B5A_6978u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            half::f16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0).to_bits()
+        };
+        for k in [7, 32, 100, 14336 + 7] {
+            let rows: Vec<Vec<u8>> =
+                (0..5).map(|_| (0..k).flat_map(|_| rnd().to_le_bytes()).collect()).collect();
+            let cols: Vec<Vec<u8>> =
+                (0..2).map(|_| (0..k).flat_map(|_| rnd().to_le_bytes()).collect()).collect();
+            for nr in 1..=5 {
+                for nc in 1..=2 {
+                    let x: Vec<&[u8]> = rows[..nr].iter().map(|r| r.as_slice()).collect();
+                    let y: Vec<&[u8]> = cols[..nc].iter().map(|c| c.as_slice()).collect();
+                    let mut out = vec![0f32; nr * nc];
+                    gemm_f16(k, &x, &y, &mut out);
+                    for c in 0..nc {
+                        for r in 0..nr {
+                            let want = vec_dot_f16(k, x[r], y[c]);
+                            assert_eq!(
+                                out[c * nr + r].to_bits(),
+                                want.to_bits(),
+                                "k={k} {nr}x{nc}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
