@@ -53,6 +53,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_vec_dot(DType::Q6_K, vec_dot_q6_K_q8_K);
     t.set_gemm(DType::F32, gemm_f32);
     t.set_gemm(DType::F16, gemm_f16);
+    t.set_gemm(DType::BF16, gemm_bf16);
     // Decode variants (same arithmetic, a software prefetch of the weight row ahead; see
     // `STREAM_PF`): paired in-process runs of 4096 and 16384 x 14336 decode measured 6-18% less
     // time for F16 and BF16 at 1 KiB ahead.
@@ -456,29 +457,69 @@ fn scale_shuffle(i: u8) -> __m128i {
 // ------------------------------------------------------------------------------------------------
 // Float dots. `n` elements, any `n`; same order as the scalar emulations in `quant::fp`.
 
-/// F32 weight rows against F32 activation rows (`GemmFn`): `out[c * x.len() + r]` is bitwise
-/// `vec_dot_f32(x[r], y[c])`. Rows go two at a time through [`vec_dot_f32_x2_avx2`]: decode
-/// (n < 6; more columns take the GEMM) is bound by memory, and two weight streams a thread keep
-/// more lines in flight than one.
-fn gemm_f32(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
-    let n = x.iter().chain(y).fold(k, |n, s| n.min(s.len() / 4));
+/// Two weight rows against one activation row: (n, x0, x1, y) -> the two dots.
+type PairDot = unsafe fn(usize, *const u8, *const u8, *const u8) -> [f32; 2];
+/// One weight row against one activation row: (n, x, y) -> the dot.
+type OneDot = unsafe fn(usize, *const u8, *const u8) -> f32;
+
+/// A `GemmFn` over float rows of `elem` bytes: weight rows two at a time through `two`, an odd
+/// last one through `one`; `out[c * x.len() + r]` is whatever `one(x[r], y[c])` gives, which the
+/// pair kernels match bit for bit. Decode (fewer than 6 columns; more take the GEMM) is bound by
+/// memory, and two weight streams a thread keep more lines in flight than one.
+///
+/// # Safety
+/// `two` and `one` may be called: the CPU has their target features.
+unsafe fn gemm_float_pairs(
+    k: usize,
+    x: &[&[u8]],
+    y: &[&[u8]],
+    out: &mut [f32],
+    elem: usize,
+    two: PairDot,
+    one: OneDot,
+) {
+    let n = x.iter().chain(y).fold(k, |n, s| n.min(s.len() / elem));
     debug_assert_eq!(n, k, "gemm slices too short");
     let rows = x.len();
     assert!(out.len() >= rows * y.len(), "gemm output too short");
     for (c, yc) in y.iter().enumerate() {
+        let o = &mut out[c * rows..(c + 1) * rows];
         let mut r = 0;
         while r + 2 <= rows {
-            // SAFETY: every slice holds `n` f32 (capped above); `plug` installs this wrapper only
-            // after AVX2, FMA and F16C were detected.
-            let d =
-                unsafe { vec_dot_f32_x2_avx2(n, x[r].as_ptr(), x[r + 1].as_ptr(), yc.as_ptr()) };
-            out[c * rows + r..c * rows + r + 2].copy_from_slice(&d);
+            // SAFETY: every slice holds `n` elements (capped above); the caller vouches for the
+            // target features.
+            o[r..r + 2]
+                .copy_from_slice(&unsafe { two(n, x[r].as_ptr(), x[r + 1].as_ptr(), yc.as_ptr()) });
             r += 2;
         }
         if r < rows {
             // SAFETY: as above.
-            out[c * rows + r] = unsafe { vec_dot_f32_avx2(n, x[r].as_ptr(), yc.as_ptr()) };
+            o[r] = unsafe { one(n, x[r].as_ptr(), yc.as_ptr()) };
         }
+    }
+}
+
+/// F32 weight rows against F32 activation rows (`GemmFn`), bitwise `vec_dot_f32` for each pair.
+fn gemm_f32(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
+    // SAFETY: `plug` installs this wrapper only after AVX2, FMA and F16C were detected.
+    unsafe { gemm_float_pairs(k, x, y, out, 4, vec_dot_f32_x2_avx2, vec_dot_f32_avx2) }
+}
+
+/// F16 weight rows against F16 activation rows (`GemmFn`), bitwise `vec_dot_f16` for each pair;
+/// prefetching 1 KiB ahead as the decode variant.
+fn gemm_f16(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
+    // SAFETY: as `gemm_f32`.
+    unsafe {
+        gemm_float_pairs(k, x, y, out, 2, vec_dot_f16_x2_avx2::<1024>, vec_dot_f16_avx2::<1024>)
+    }
+}
+
+/// BF16 weight rows against BF16 activation rows (`GemmFn`), bitwise `vec_dot_bf16` for each
+/// pair; prefetching 1 KiB ahead as the decode variant.
+fn gemm_bf16(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
+    // SAFETY: as `gemm_f32`.
+    unsafe {
+        gemm_float_pairs(k, x, y, out, 2, vec_dot_bf16_x2_avx2::<1024>, vec_dot_bf16_avx2::<1024>)
     }
 }
 
@@ -545,32 +586,6 @@ unsafe fn vec_dot_f32_avx2(n: usize, x: *const u8, y: *const u8) -> f32 {
         sumf = a.mul_add(b, sumf);
     }
     sumf
-}
-
-/// F16 weight rows against F16 activation rows (`GemmFn`), two rows at a time through
-/// [`vec_dot_f16_x2_avx2`] (prefetching both 1 KiB ahead, as the decode variant): bitwise
-/// `vec_dot_f16` for each pair.
-fn gemm_f16(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
-    let n = x.iter().chain(y).fold(k, |n, s| n.min(s.len() / 2));
-    debug_assert_eq!(n, k, "gemm slices too short");
-    let rows = x.len();
-    assert!(out.len() >= rows * y.len(), "gemm output too short");
-    for (c, yc) in y.iter().enumerate() {
-        let mut r = 0;
-        while r + 2 <= rows {
-            // SAFETY: every slice holds `n` halves (capped above); `plug` installs this wrapper
-            // only after AVX2, FMA and F16C were detected.
-            let d = unsafe {
-                vec_dot_f16_x2_avx2::<1024>(n, x[r].as_ptr(), x[r + 1].as_ptr(), yc.as_ptr())
-            };
-            out[c * rows + r..c * rows + r + 2].copy_from_slice(&d);
-            r += 2;
-        }
-        if r < rows {
-            // SAFETY: as above.
-            out[c * rows + r] = unsafe { vec_dot_f16_avx2::<1024>(n, x[r].as_ptr(), yc.as_ptr()) };
-        }
-    }
 }
 
 /// [`vec_dot_f16_avx2`] for two weight rows against one activation row, each row with its own
@@ -715,6 +730,72 @@ unsafe fn vec_dot_bf16_avx2<const PF: usize>(n: usize, x: *const u8, y: *const u
         sumf += (f32::from_bits((a as u32) << 16) * f32::from_bits((b as u32) << 16)) as f64;
     }
     sumf as f32
+}
+
+/// [`vec_dot_bf16_avx2`] for two weight rows against one activation row, each row with its own
+/// accumulators fed in the same order: bitwise the two single results.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x0`, `x1` and `y` are valid for reading `2 * n` bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot_bf16_x2_avx2<const PF: usize>(
+    n: usize,
+    x0: *const u8,
+    x1: *const u8,
+    y: *const u8,
+) -> [f32; 2] {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn widen(v: __m256i) -> (__m256, __m256) {
+        let zero = _mm256_setzero_si256();
+        (
+            _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)),
+            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)),
+        )
+    }
+    let (x0, x1, y) = (x0.cast::<u16>(), x1.cast::<u16>(), y.cast::<u16>());
+    let np = n & !31;
+    let mut a = [[_mm256_setzero_ps(); 4]; 2];
+    let mut i = 0;
+    while i < np {
+        if PF > 0 {
+            prefetch_ahead(x0.wrapping_add(i).cast(), PF);
+            prefetch_ahead(x1.wrapping_add(i).cast(), PF);
+        }
+        for h in 0..2 {
+            // SAFETY: i + 16 * h + 16 <= i + 32 <= np <= n elements are readable in each row.
+            let (v0, v1, vy) = unsafe {
+                (
+                    _mm256_loadu_si256(x0.add(i + 16 * h).cast()),
+                    _mm256_loadu_si256(x1.add(i + 16 * h).cast()),
+                    _mm256_loadu_si256(y.add(i + 16 * h).cast()),
+                )
+            };
+            let (yl, yh) = widen(vy);
+            for (acc, v) in a.iter_mut().zip([v0, v1]) {
+                let (xl, xh) = widen(v);
+                acc[2 * h] = _mm256_fmadd_ps(xl, yl, acc[2 * h]);
+                acc[2 * h + 1] = _mm256_fmadd_ps(xh, yh, acc[2 * h + 1]);
+            }
+        }
+        i += 32;
+    }
+    let mut r = [0f32; 2];
+    for (k, (acc, x)) in a.iter().zip([x0, x1]).enumerate() {
+        let c0 = _mm256_permute2f128_ps::<0x20>(acc[0], acc[1]);
+        let c1 = _mm256_permute2f128_ps::<0x31>(acc[0], acc[1]);
+        let c2 = _mm256_permute2f128_ps::<0x20>(acc[2], acc[3]);
+        let c3 = _mm256_permute2f128_ps::<0x31>(acc[2], acc[3]);
+        let c = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
+        let mut sumf = hsum_float_8(c) as f64;
+        for i in np..n {
+            // SAFETY: i < n.
+            let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
+            sumf += (f32::from_bits((a as u32) << 16) * f32::from_bits((b as u32) << 16)) as f64;
+        }
+        r[k] = sumf as f32;
+    }
+    r
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1842,7 +1923,7 @@ mod tests {
     }
 
     #[test]
-    fn f16_gemm_gives_vec_dot_bits() {
+    fn f16_and_bf16_gemms_give_vec_dot_bits() {
         if !crate::kernels::Isa::Avx2.is_supported() {
             return;
         }
@@ -1851,27 +1932,37 @@ mod tests {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
-            half::f16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0).to_bits()
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         };
-        for k in [7, 32, 100, 14336 + 7] {
-            let rows: Vec<Vec<u8>> =
-                (0..5).map(|_| (0..k).flat_map(|_| rnd().to_le_bytes()).collect()).collect();
-            let cols: Vec<Vec<u8>> =
-                (0..2).map(|_| (0..k).flat_map(|_| rnd().to_le_bytes()).collect()).collect();
-            for nr in 1..=5 {
-                for nc in 1..=2 {
-                    let x: Vec<&[u8]> = rows[..nr].iter().map(|r| r.as_slice()).collect();
-                    let y: Vec<&[u8]> = cols[..nc].iter().map(|c| c.as_slice()).collect();
-                    let mut out = vec![0f32; nr * nc];
-                    gemm_f16(k, &x, &y, &mut out);
-                    for c in 0..nc {
-                        for r in 0..nr {
-                            let want = vec_dot_f16(k, x[r], y[c]);
-                            assert_eq!(
-                                out[c * nr + r].to_bits(),
-                                want.to_bits(),
-                                "k={k} {nr}x{nc}"
-                            );
+        type Pair = (fn(f32) -> u16, GemmPair, fn(usize, &[u8], &[u8]) -> f32);
+        type GemmPair = fn(usize, &[&[u8]], &[&[u8]], &mut [f32]);
+        let kinds: [Pair; 2] = [
+            (|v| half::f16::from_f32(v).to_bits(), gemm_f16, vec_dot_f16),
+            (|v| half::bf16::from_f32(v).to_bits(), gemm_bf16, vec_dot_bf16),
+        ];
+        for (to_bits, gemm, dot) in kinds {
+            for k in [7, 32, 100, 14336 + 7] {
+                let rows: Vec<Vec<u8>> = (0..5)
+                    .map(|_| (0..k).flat_map(|_| to_bits(rnd()).to_le_bytes()).collect())
+                    .collect();
+                let cols: Vec<Vec<u8>> = (0..2)
+                    .map(|_| (0..k).flat_map(|_| to_bits(rnd()).to_le_bytes()).collect())
+                    .collect();
+                for nr in 1..=5 {
+                    for nc in 1..=2 {
+                        let x: Vec<&[u8]> = rows[..nr].iter().map(|r| r.as_slice()).collect();
+                        let y: Vec<&[u8]> = cols[..nc].iter().map(|c| c.as_slice()).collect();
+                        let mut out = vec![0f32; nr * nc];
+                        gemm(k, &x, &y, &mut out);
+                        for c in 0..nc {
+                            for r in 0..nr {
+                                let want = dot(k, x[r], y[c]);
+                                assert_eq!(
+                                    out[c * nr + r].to_bits(),
+                                    want.to_bits(),
+                                    "k={k} {nr}x{nc}"
+                                );
+                            }
                         }
                     }
                 }
