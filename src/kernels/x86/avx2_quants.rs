@@ -687,15 +687,6 @@ unsafe fn vec_dot_f16_avx2<const PF: usize>(n: usize, x: *const u8, y: *const u8
 /// `PF > 0`: prefetch the line `PF` bytes ahead of each 64 bytes of `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_bf16_avx2<const PF: usize>(n: usize, x: *const u8, y: *const u8) -> f32 {
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn widen(v: __m256i) -> (__m256, __m256) {
-        let zero = _mm256_setzero_si256();
-        (
-            _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)),
-            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)),
-        )
-    }
     let (x, y) = (x.cast::<u16>(), y.cast::<u16>());
     let np = n & !31;
     let mut a = [_mm256_setzero_ps(); 4];
@@ -712,24 +703,14 @@ unsafe fn vec_dot_bf16_avx2<const PF: usize>(n: usize, x: *const u8, y: *const u
                     _mm256_loadu_si256(y.add(i + 16 * h).cast()),
                 )
             };
-            let ((xl, xh), (yl, yh)) = (widen(vx), widen(vy));
+            let ((xl, xh), (yl, yh)) = (widen_bf16(vx), widen_bf16(vy));
             a[2 * h] = _mm256_fmadd_ps(xl, yl, a[2 * h]);
             a[2 * h + 1] = _mm256_fmadd_ps(xh, yh, a[2 * h + 1]);
         }
         i += 32;
     }
-    let c0 = _mm256_permute2f128_ps::<0x20>(a[0], a[1]);
-    let c1 = _mm256_permute2f128_ps::<0x31>(a[0], a[1]);
-    let c2 = _mm256_permute2f128_ps::<0x20>(a[2], a[3]);
-    let c3 = _mm256_permute2f128_ps::<0x31>(a[2], a[3]);
-    let c = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
-    let mut sumf = hsum_float_8(c) as f64;
-    for i in np..n {
-        // SAFETY: i < n.
-        let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
-        sumf += (f32::from_bits((a as u32) << 16) * f32::from_bits((b as u32) << 16)) as f64;
-    }
-    sumf as f32
+    // SAFETY: x and y hold n elements (caller contract).
+    unsafe { bf16_finish(a, x, y, np, n) }
 }
 
 /// [`vec_dot_bf16_avx2`] for two weight rows against one activation row, each row with its own
@@ -744,15 +725,6 @@ unsafe fn vec_dot_bf16_x2_avx2<const PF: usize>(
     x1: *const u8,
     y: *const u8,
 ) -> [f32; 2] {
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn widen(v: __m256i) -> (__m256, __m256) {
-        let zero = _mm256_setzero_si256();
-        (
-            _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)),
-            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)),
-        )
-    }
     let (x0, x1, y) = (x0.cast::<u16>(), x1.cast::<u16>(), y.cast::<u16>());
     let np = n & !31;
     let mut a = [[_mm256_setzero_ps(); 4]; 2];
@@ -771,31 +743,51 @@ unsafe fn vec_dot_bf16_x2_avx2<const PF: usize>(
                     _mm256_loadu_si256(y.add(i + 16 * h).cast()),
                 )
             };
-            let (yl, yh) = widen(vy);
+            let (yl, yh) = widen_bf16(vy);
             for (acc, v) in a.iter_mut().zip([v0, v1]) {
-                let (xl, xh) = widen(v);
+                let (xl, xh) = widen_bf16(v);
                 acc[2 * h] = _mm256_fmadd_ps(xl, yl, acc[2 * h]);
                 acc[2 * h + 1] = _mm256_fmadd_ps(xh, yh, acc[2 * h + 1]);
             }
         }
         i += 32;
     }
-    let mut r = [0f32; 2];
-    for (k, (acc, x)) in a.iter().zip([x0, x1]).enumerate() {
-        let c0 = _mm256_permute2f128_ps::<0x20>(acc[0], acc[1]);
-        let c1 = _mm256_permute2f128_ps::<0x31>(acc[0], acc[1]);
-        let c2 = _mm256_permute2f128_ps::<0x20>(acc[2], acc[3]);
-        let c3 = _mm256_permute2f128_ps::<0x31>(acc[2], acc[3]);
-        let c = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
-        let mut sumf = hsum_float_8(c) as f64;
-        for i in np..n {
-            // SAFETY: i < n.
-            let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
-            sumf += (f32::from_bits((a as u32) << 16) * f32::from_bits((b as u32) << 16)) as f64;
-        }
-        r[k] = sumf as f32;
+    // SAFETY: x0, x1 and y hold n elements (caller contract).
+    unsafe { [bf16_finish(a[0], x0, y, np, n), bf16_finish(a[1], x1, y, np, n)] }
+}
+
+/// Eight BF16 values of each 128-bit lane of `v` widened to f32 (`vpunpck{l,h}wd` against zero):
+/// `lo` holds elements 0..4 and 8..12 of 16, `hi` 4..8 and 12..16 (see [`vec_dot_bf16_avx2`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn widen_bf16(v: __m256i) -> (__m256, __m256) {
+    let zero = _mm256_setzero_si256();
+    (
+        _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, v)),
+        _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, v)),
+    )
+}
+
+/// The end of [`vec_dot_bf16_avx2`]: the accumulators put back in ggml's layout and reduced as
+/// ggml does, then the tail `np..n` in f64.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` and `y` hold `n` elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bf16_finish(a: [__m256; 4], x: *const u16, y: *const u16, np: usize, n: usize) -> f32 {
+    let c0 = _mm256_permute2f128_ps::<0x20>(a[0], a[1]);
+    let c1 = _mm256_permute2f128_ps::<0x31>(a[0], a[1]);
+    let c2 = _mm256_permute2f128_ps::<0x20>(a[2], a[3]);
+    let c3 = _mm256_permute2f128_ps::<0x31>(a[2], a[3]);
+    let c = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
+    let mut sumf = hsum_float_8(c) as f64;
+    for i in np..n {
+        // SAFETY: i < n.
+        let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
+        sumf += (f32::from_bits((a as u32) << 16) * f32::from_bits((b as u32) << 16)) as f64;
     }
-    r
+    sumf as f32
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1878,18 +1870,22 @@ mod tests {
         unsafe { check() }
     }
 
+    /// A xorshift stream of values in [-1, 1).
+    fn uniform(mut s: u64) -> impl FnMut() -> f32 {
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
     #[test]
     fn stream_variants_give_the_plain_kernels_bits() {
         if !crate::kernels::Isa::Avx2.is_supported() {
             return;
         }
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rnd = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
+        let mut rnd = uniform(0x9E37_79B9_7F4A_7C15u64);
         // Every type whose AVX2 table has a decode (stream) variant, IQ kernels included.
         let t = crate::kernels::table_for(crate::kernels::Isa::Avx2).unwrap();
         let mut checked = Vec::new();
@@ -1923,31 +1919,23 @@ mod tests {
     }
 
     #[test]
-    fn f16_and_bf16_gemms_give_vec_dot_bits() {
+    fn float_gemms_give_vec_dot_bits() {
         if !crate::kernels::Isa::Avx2.is_supported() {
             return;
         }
-        let mut s = 0x0F1E_2D3C_4B5A_6978u64;
-        let mut rnd = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
-        type Pair = (fn(f32) -> u16, GemmPair, fn(usize, &[u8], &[u8]) -> f32);
-        type GemmPair = fn(usize, &[&[u8]], &[&[u8]], &mut [f32]);
-        let kinds: [Pair; 2] = [
-            (|v| half::f16::from_f32(v).to_bits(), gemm_f16, vec_dot_f16),
-            (|v| half::bf16::from_f32(v).to_bits(), gemm_bf16, vec_dot_bf16),
+        let mut rnd = uniform(0x0F1E_2D3C_4B5A_6978u64);
+        type Gemm = fn(usize, &[&[u8]], &[&[u8]], &mut [f32]);
+        type Kind = (fn(f32) -> Vec<u8>, Gemm, fn(usize, &[u8], &[u8]) -> f32);
+        let kinds: [Kind; 3] = [
+            (|v| v.to_le_bytes().to_vec(), gemm_f32, vec_dot_f32),
+            (|v| half::f16::from_f32(v).to_le_bytes().to_vec(), gemm_f16, vec_dot_f16),
+            (|v| half::bf16::from_f32(v).to_le_bytes().to_vec(), gemm_bf16, vec_dot_bf16),
         ];
-        for (to_bits, gemm, dot) in kinds {
+        for (enc, gemm, dot) in kinds {
             for k in [7, 32, 100, 14336 + 7] {
-                let rows: Vec<Vec<u8>> = (0..5)
-                    .map(|_| (0..k).flat_map(|_| to_bits(rnd()).to_le_bytes()).collect())
-                    .collect();
-                let cols: Vec<Vec<u8>> = (0..2)
-                    .map(|_| (0..k).flat_map(|_| to_bits(rnd()).to_le_bytes()).collect())
-                    .collect();
+                let mut row = || (0..k).flat_map(|_| enc(rnd())).collect::<Vec<u8>>();
+                let rows: Vec<Vec<u8>> = (0..5).map(|_| row()).collect();
+                let cols: Vec<Vec<u8>> = (0..2).map(|_| row()).collect();
                 for nr in 1..=5 {
                     for nc in 1..=2 {
                         let x: Vec<&[u8]> = rows[..nr].iter().map(|r| r.as_slice()).collect();
@@ -1957,50 +1945,9 @@ mod tests {
                         for c in 0..nc {
                             for r in 0..nr {
                                 let want = dot(k, x[r], y[c]);
-                                assert_eq!(
-                                    out[c * nr + r].to_bits(),
-                                    want.to_bits(),
-                                    "k={k} {nr}x{nc}"
-                                );
+                                let got = out[c * nr + r];
+                                assert_eq!(got.to_bits(), want.to_bits(), "k={k} {nr}x{nc}");
                             }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn f32_gemm_gives_vec_dot_bits() {
-        if !crate::kernels::Isa::Avx2.is_supported() {
-            return;
-        }
-        let mut s = 0x1234_5678_9ABC_DEF1u64;
-        let mut rnd = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
-        for k in [7, 32, 100, 14336 + 7] {
-            let rows: Vec<Vec<u8>> =
-                (0..5).map(|_| (0..k).flat_map(|_| rnd().to_le_bytes()).collect()).collect();
-            let cols: Vec<Vec<u8>> =
-                (0..2).map(|_| (0..k).flat_map(|_| rnd().to_le_bytes()).collect()).collect();
-            for nr in 1..=5 {
-                for nc in 1..=2 {
-                    let x: Vec<&[u8]> = rows[..nr].iter().map(|r| r.as_slice()).collect();
-                    let y: Vec<&[u8]> = cols[..nc].iter().map(|c| c.as_slice()).collect();
-                    let mut out = vec![0f32; nr * nc];
-                    gemm_f32(k, &x, &y, &mut out);
-                    for c in 0..nc {
-                        for r in 0..nr {
-                            let want = vec_dot_f32(k, x[r], y[c]);
-                            assert_eq!(
-                                out[c * nr + r].to_bits(),
-                                want.to_bits(),
-                                "k={k} {nr}x{nc}"
-                            );
                         }
                     }
                 }
