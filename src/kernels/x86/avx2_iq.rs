@@ -503,6 +503,24 @@ fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // IQ3_S
 
+/// The end of one IQ3_S step (sub-blocks `ib32`, `ib32 + 1`), shared by the AVX2 and BMI2 kernels:
+/// signs applied to the activations, dot products with the grid values, scaled into `sumi1` and
+/// `sumi2`. A macro, like `iq1m_step`, so both loops keep their code.
+macro_rules! iq3s_step {
+    ($xb:ident, $ib32:ident, $q8_1:ident, $q8_2:ident, $q2_1:ident, $q2_2:ident, $sumi1:ident,
+     $sumi2:ident) => {
+        let s2_1 = sign_mask_32(rd_u32($xb, SIGNS + 4 * $ib32));
+        let s2_2 = sign_mask_32(rd_u32($xb, SIGNS + 4 * $ib32 + 4));
+        let dot1 = _mm256_maddubs_epi16($q2_1, apply_sign($q8_1, s2_1));
+        let dot2 = _mm256_maddubs_epi16($q2_2, apply_sign($q8_2, s2_2));
+        let sc = $xb[SCALES + $ib32 / 2];
+        let ls1 = 2 * (sc & 0xf) as i16 + 1;
+        let ls2 = 2 * (sc >> 4) as i16 + 1;
+        $sumi1 = _mm256_add_epi32($sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
+        $sumi2 = _mm256_add_epi32($sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
+    };
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq3_s_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const XS: usize = size_of::<BlockIQ3S>();
@@ -548,15 +566,7 @@ fn iq3_s_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
             // Indices are below 512 by construction; the mask lets the compiler drop the checks.
             let q2_1 = set8(std::array::from_fn(|k| IQ3S_GRID[idx[k] as usize & 511]));
             let q2_2 = set8(std::array::from_fn(|k| IQ3S_GRID[idx[8 + k] as usize & 511]));
-            let s2_1 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32));
-            let s2_2 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32 + 4));
-            let dot1 = _mm256_maddubs_epi16(q2_1, apply_sign(q8_1, s2_1));
-            let dot2 = _mm256_maddubs_epi16(q2_2, apply_sign(q8_2, s2_2));
-            let sc = xb[SCALES + ib32 / 2];
-            let ls1 = 2 * (sc & 0xf) as i16 + 1;
-            let ls2 = 2 * (sc >> 4) as i16 + 1;
-            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
-            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
+            iq3s_step!(xb, ib32, q8_1, q8_2, q2_1, q2_2, sumi1, sumi2);
         });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
@@ -603,15 +613,7 @@ fn iq3_s_avx2_bmi2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
             };
             let q2_1 = set8([g(p0, 0), g(p0, 1), g(p0, 2), g(p0, 3), g(p1, 0), g(p1, 1), g(p1, 2), g(p1, 3)]);
             let q2_2 = set8([g(p2, 0), g(p2, 1), g(p2, 2), g(p2, 3), g(p3, 0), g(p3, 1), g(p3, 2), g(p3, 3)]);
-            let s2_1 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32));
-            let s2_2 = sign_mask_32(rd_u32(xb, SIGNS + 4 * ib32 + 4));
-            let dot1 = _mm256_maddubs_epi16(q2_1, apply_sign(q8_1, s2_1));
-            let dot2 = _mm256_maddubs_epi16(q2_2, apply_sign(q8_2, s2_2));
-            let sc = xb[SCALES + ib32 / 2];
-            let ls1 = 2 * (sc & 0xf) as i16 + 1;
-            let ls2 = 2 * (sc >> 4) as i16 + 1;
-            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, _mm256_set1_epi16(ls1)));
-            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot2, _mm256_set1_epi16(ls2)));
+            iq3s_step!(xb, ib32, q8_1, q8_2, q2_1, q2_2, sumi1, sumi2);
         });
         let sumi = _mm256_cvtepi32_ps(_mm256_add_epi32(sumi1, sumi2));
         accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
