@@ -668,6 +668,21 @@ fn iq1_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // IQ1_M
 
+/// An IQ1_M block's header, shared by the AVX2 and BMI2 kernels: the f16 block scale `$scale`
+/// (four nibbles spread over the 3-bit scales' words) and the sixteen 3-bit scales as `2 s + 1`
+/// in i16 lanes (`$scales`). A macro, like `iq1m_step`, so both loops keep their code.
+macro_rules! iq1m_scales {
+    ($xb:ident, $shift:ident, $mask:ident, $mone:ident => $scale:ident, $scales:ident) => {
+        let sc64 = rd_u64($xb, SCALES);
+        let sc = [sc64 as u16, (sc64 >> 16) as u16, (sc64 >> 32) as u16, (sc64 >> 48) as u16];
+        let $scale =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+        let $scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64 as i64), $shift);
+        let $scales =
+            _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256($scales, $mask), 1), $mone);
+    };
+}
+
 /// The end of one IQ1_M step (groups `ib`, `ib + 1`), shared by the AVX2 and BMI2 kernels: the grid
 /// values and delta signs against the activations, scaled per 16 levels into `sumi1` (grid) and
 /// `sumi2` (delta). A macro rather than a function: as an `#[inline]` target-feature function
@@ -719,12 +734,7 @@ fn iq1_m_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut accum1 = _mm256_setzero_ps();
     let mut accum2 = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let sc64 = rd_u64(xb, SCALES);
-        let sc = [sc64 as u16, (sc64 >> 16) as u16, (sc64 >> 32) as u16, (sc64 >> 48) as u16];
-        let scale =
-            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
-        let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64 as i64), scales_shift);
-        let scales = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(scales, mask), 1), mone);
+        iq1m_scales!(xb, scales_shift, mask, mone => scale, scales);
         // Shuffles repeating i16 lane ib/2 (first halves) and 4 + ib/2 (second halves) of each
         // 128-bit half, moved on by one lane per step.
         let mut scales_idx1 = _mm256_set1_epi16(0x0100);
@@ -773,12 +783,7 @@ fn iq1_m_avx2_bmi2(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut accum1 = _mm256_setzero_ps();
     let mut accum2 = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
-        let sc64 = rd_u64(xb, SCALES);
-        let sc = [sc64 as u16, (sc64 >> 16) as u16, (sc64 >> 32) as u16, (sc64 >> 48) as u16];
-        let scale =
-            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
-        let scales = _mm256_srlv_epi64(_mm256_set1_epi64x(sc64 as i64), scales_shift);
-        let scales = _mm256_add_epi16(_mm256_slli_epi16(_mm256_and_si256(scales, mask), 1), mone);
+        iq1m_scales!(xb, scales_shift, mask, mone => scale, scales);
         let mut scales_idx1 = _mm256_set1_epi16(0x0100);
         let mut scales_idx2 = _mm256_set1_epi16(0x0908);
         let mut sumi1 = _mm256_setzero_si256();
