@@ -9,7 +9,7 @@
 mod common;
 
 use common::{each, nmse, rand_f32};
-use half::f16;
+use half::{bf16, f16};
 use quantgraph::{
     Buffer, CpuBackend, DType, Error, GluOp, Graph, Isa, Plan, SortOrder, TensorId, TriType,
     UnaryOp,
@@ -21,6 +21,19 @@ fn flat(ne: [usize; 4], i: [usize; 4]) -> usize {
 
 fn r16(x: f64) -> f64 {
     f16::from_f64(x).to_f64()
+}
+
+fn rbf16(x: f64) -> f64 {
+    bf16::from_f32(x as f32).to_f64()
+}
+
+/// `x` rounded to `dt` (F16, BF16; F32 values are exact in f64).
+fn round_to(x: f64, dt: DType) -> f64 {
+    match dt {
+        DType::F16 => r16(x),
+        DType::BF16 => rbf16(x),
+        _ => x,
+    }
 }
 
 fn plan(g: Graph, inputs: &[(TensorId, Vec<f32>)], threads: usize) -> Plan {
@@ -37,6 +50,7 @@ fn run(g: Graph, inputs: &[(TensorId, Vec<f32>)], out: TensorId, threads: usize)
     let p = plan(g, inputs, threads);
     match p.graph().dtype(out).unwrap() {
         DType::F16 => p.output::<f16>(out).unwrap().iter().map(|h| h.to_f32()).collect(),
+        DType::BF16 => p.output::<bf16>(out).unwrap().iter().map(|h| h.to_f32()).collect(),
         _ => p.output::<f32>(out).unwrap().to_vec(),
     }
 }
@@ -45,7 +59,7 @@ fn run(g: Graph, inputs: &[(TensorId, Vec<f32>)], out: TensorId, threads: usize)
 /// Returns (input id, tensor to feed the op, logical shape of that tensor).
 fn source(g: &mut Graph, ne: [usize; 4], dt: DType, permuted: bool) -> (TensorId, TensorId) {
     let x = g.input(DType::F32, &ne).unwrap();
-    let t = if dt == DType::F16 { g.cast(x, DType::F16).unwrap() } else { x };
+    let t = if dt == DType::F32 { x } else { g.cast(x, dt).unwrap() };
     let t = if permuted { g.permute(t, [1, 0, 2, 3]).unwrap() } else { t };
     (x, t)
 }
@@ -53,8 +67,7 @@ fn source(g: &mut Graph, ne: [usize; 4], dt: DType, permuted: bool) -> (TensorId
 /// Value of the op's source at logical index `i`, given the F32 data of the input (`ne`).
 fn src_at(v: &[f32], ne: [usize; 4], i: [usize; 4], dt: DType, permuted: bool) -> f64 {
     let j = if permuted { [i[1], i[0], i[2], i[3]] } else { i };
-    let x = v[flat(ne, j)] as f64;
-    if dt == DType::F16 { r16(x) } else { x }
+    round_to(v[flat(ne, j)] as f64, dt)
 }
 
 fn logical(ne: [usize; 4], permuted: bool) -> [usize; 4] {
@@ -63,10 +76,10 @@ fn logical(ne: [usize; 4], permuted: bool) -> [usize; 4] {
 
 fn check(what: &str, got: &[f32], want: &[f64], dt: DType) {
     assert_eq!(got.len(), want.len(), "{what}: length");
-    let (want, lim): (Vec<f64>, f64) = if dt == DType::F16 {
-        (want.iter().map(|&w| r16(w)).collect(), 1e-6)
-    } else {
+    let (want, lim): (Vec<f64>, f64) = if dt == DType::F32 {
         (want.to_vec(), 1e-7)
+    } else {
+        (want.iter().map(|&w| round_to(w, dt)).collect(), 1e-6)
     };
     let e = nmse(got, &want);
     assert!(e < lim, "{what}: nmse {e} >= {lim}");
@@ -216,12 +229,24 @@ fn all_unary() -> Vec<UnaryOp> {
 const SHAPES: [[usize; 4]; 3] = [[5, 7, 11, 13], [128, 2, 2, 2], [1, 1, 1, 1]];
 
 #[test]
-fn unary_all_22_f32_f16_contiguous_and_permuted() {
+fn unary_all_22_f32_f16_bf16_contiguous_and_permuted() {
     let ops = all_unary();
     assert_eq!(ops.len(), 22);
     for op in ops {
+        // ggml runs GELU, quick GELU, erf GELU and SiLU on F32/F16 only (ops.cpp); the others
+        // (unary-ops.cpp) on BF16 too.
+        let f32_f16_only =
+            matches!(op, UnaryOp::Gelu | UnaryOp::GeluQuick | UnaryOp::GeluErf | UnaryOp::Silu);
+        if f32_f16_only {
+            let mut g = Graph::new();
+            let x = g.input(DType::BF16, &[8]).unwrap();
+            assert!(matches!(g.unary(x, op), Err(Error::Type { .. })), "{} BF16", op.name());
+        }
         for ne in SHAPES {
-            for dt in [DType::F32, DType::F16] {
+            for dt in [DType::F32, DType::F16, DType::BF16] {
+                if dt == DType::BF16 && f32_f16_only {
+                    continue;
+                }
                 for permuted in [false, true] {
                     let mut g = Graph::new();
                     let (x, t) = source(&mut g, ne, dt, permuted);
@@ -317,7 +342,7 @@ fn gelu_and_gelu_quick_match_ggml_f16_tables_bit_for_bit() {
 }
 
 #[test]
-fn binary_f32_f16_combinations_broadcast_in_4_dims() {
+fn binary_f32_f16_bf16_combinations_broadcast_in_4_dims() {
     type F = fn(f64, f64) -> f64;
     let ops: [(&str, F); 4] = [
         ("add", |a, b| a + b),
@@ -327,7 +352,14 @@ fn binary_f32_f16_combinations_broadcast_in_4_dims() {
     ];
     let ne = [5usize, 7, 11, 13];
     let bshapes = [ne, [5, 1, 1, 1], [1, 7, 1, 13], [5, 1, 11, 1], [1, 1, 1, 1]];
-    for (ta, tb) in [(DType::F16, DType::F16), (DType::F16, DType::F32), (DType::F32, DType::F32)] {
+    let combos = [
+        (DType::F16, DType::F16),
+        (DType::F16, DType::F32),
+        (DType::F32, DType::F32),
+        (DType::BF16, DType::BF16),
+        (DType::BF16, DType::F32),
+    ];
+    for (ta, tb) in combos {
         for bne in bshapes {
             for permuted_a in [false, true] {
                 for (name, f) in ops {
@@ -363,11 +395,13 @@ fn binary_f32_f16_combinations_broadcast_in_4_dims() {
     let a = g.input(DType::F32, &[4]).unwrap();
     let b = g.input(DType::F16, &[4]).unwrap();
     assert!(matches!(g.add(a, b), Err(Error::Type { .. })), "F32 + F16 is not a ggml combination");
+    let c = g.input(DType::BF16, &[4]).unwrap();
+    assert!(matches!(g.mul(b, c), Err(Error::Type { .. })), "F16 * BF16 is not one either");
 }
 
 /// Simple elementwise ops with parameters: clamp, leaky_relu, sqr, sqrt, log, sin, cos.
 #[test]
-fn simple_elementwise_ops_f32_f16() {
+fn simple_elementwise_ops_f32_f16_bf16() {
     type F = Box<dyn Fn(f64) -> f64>;
     let cases: Vec<(&str, F)> = vec![
         ("clamp", Box::new(|x: f64| x.clamp(-0.5, 0.25))),
@@ -380,7 +414,21 @@ fn simple_elementwise_ops_f32_f16() {
     ];
     for (name, f) in &cases {
         let positive = matches!(*name, "sqrt" | "log");
-        for dt in [DType::F32, DType::F16] {
+        // sqr .. cos are unary-ops.cpp kernels in ggml (BF16 too); clamp and leaky_relu are not.
+        let with_bf16 = !matches!(*name, "clamp" | "leaky_relu");
+        if !with_bf16 {
+            let mut g = Graph::new();
+            let x = g.input(DType::BF16, &[8]).unwrap();
+            let r =
+                if *name == "clamp" { g.clamp(x, 0.0, 1.0) } else { g.leaky_relu(x, 0.1, false) };
+            assert!(matches!(r, Err(Error::Type { .. })), "{name} BF16");
+        }
+        let types: &[DType] = if with_bf16 {
+            &[DType::F32, DType::F16, DType::BF16]
+        } else {
+            &[DType::F32, DType::F16]
+        };
+        for &dt in types {
             for permuted in [false, true] {
                 let ne = [5usize, 7, 11, 13];
                 let mut g = Graph::new();
@@ -412,8 +460,14 @@ fn simple_elementwise_ops_f32_f16() {
 
 #[test]
 fn add1_add_id_acc_fill() {
-    // add1: F32+F32, F16+F16, F16+F32.
-    for (ta, tb) in [(DType::F32, DType::F32), (DType::F16, DType::F16), (DType::F16, DType::F32)] {
+    // add1: F32+F32, F16+F16, F16+F32, BF16+BF16, BF16+F32.
+    for (ta, tb) in [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::F16),
+        (DType::F16, DType::F32),
+        (DType::BF16, DType::BF16),
+        (DType::BF16, DType::F32),
+    ] {
         let ne = [5usize, 7, 11, 13];
         let mut g = Graph::new();
         let (xa, a) = source(&mut g, ne, ta, false);
@@ -800,8 +854,8 @@ fn sum_sum_rows_mean_cumsum() {
                 check(&format!("{what} {ne:?} permuted={permuted}"), &got, &want, DType::F32);
             }
         }
-        // sum: F32 (f64 accumulation) and F16 (f32 accumulation, F16 result).
-        for dt in [DType::F32, DType::F16] {
+        // sum: F32 (f64 accumulation), F16 and BF16 (f32 accumulation, result in the type).
+        for dt in [DType::F32, DType::F16, DType::BF16] {
             let mut g = Graph::new();
             let (x, t) = source(&mut g, ne, dt, true);
             let y = g.sum(t).unwrap();
@@ -809,7 +863,11 @@ fn sum_sum_rows_mean_cumsum() {
             g.set_output(y);
             let got = run(g, &[(x, v.clone())], y, 2);
             let want: f64 = each(logical(ne, true)).map(|i| src_at(&v, ne, i, dt, true)).sum();
-            let lim = if dt == DType::F16 { 1e-5 * (ne[0] as f64) } else { 1e-5 };
+            let lim = match dt {
+                DType::F16 => 1e-5 * (ne[0] as f64),
+                DType::BF16 => 1e-2 * want.abs().max(1.0),
+                _ => 1e-5,
+            };
             assert!(
                 (got[0] as f64 - want).abs() <= lim.max(want.abs() * 1e-3),
                 "sum {dt}: {got:?} {want}"
@@ -1189,5 +1247,123 @@ fn unary_and_glu_on_views_of_larger_tensors() {
                 check(&format!("{} {dt} view swapped={swapped}", op.name()), &got, &want, dt);
             }
         }
+    }
+}
+
+/// add / add_cast / add1 with a quantized `a` (ggml's add_q_f32 and add1_q_f32): each row is
+/// dequantized, `b` added in f32 and the sum requantized with the type's CPU quantizer (or written
+/// as F32 / F16 / BF16 by add_cast). The reference is the crate's own dequantize + quantize
+/// (`from_float` where ggml's CPU has one), which the golden tests hold bit-exact with ggml, so
+/// the bytes must match exactly.
+#[test]
+fn add_and_add1_with_quantized_a_requantize_rows_bit_for_bit() {
+    use quantgraph::quant;
+    let types = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q8_0,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+        DType::IQ3_S,
+        DType::TQ1_0,
+        DType::TQ2_0,
+        DType::MXFP4,
+        DType::NVFP4,
+        DType::Q1_0,
+        DType::Q2_0,
+    ];
+    let ne = [512usize, 3, 2, 1];
+    let n: usize = ne.iter().product();
+    let requant = |dt: DType, v: &[f32]| {
+        // ggml writes the sum with the type's CPU `from_float` (quantize_for_dot: for IQ4_NL
+        // that is quantize_row_iq4_nl_ref, which differs from the chunk quantizer), else with the
+        // reference quantizer.
+        let mut q = vec![0u8; n / dt.block_size() * dt.type_size()];
+        if quant::quantize_for_dot(dt, v, &mut q).is_err() {
+            quant::quantize(dt, v, &mut q).unwrap();
+        }
+        q
+    };
+    for dt in types {
+        let a_f: Vec<f32> = rand_f32(n, 31).iter().map(|x| x * 2.0).collect();
+        let a_q = requant(dt, &a_f);
+        let mut deq = vec![0f32; n];
+        quant::dequantize(dt, &a_q, &mut deq).unwrap();
+        let vb = rand_f32(n, 32);
+        let sum: Vec<f32> = deq.iter().zip(&vb).map(|(x, y)| x + y).collect();
+
+        let mut g = Graph::new();
+        let a = g.input(dt, &ne).unwrap();
+        let b = g.input(DType::F32, &ne).unwrap();
+        let s = g.input(DType::F32, &[1]).unwrap();
+        let c = g.add(a, b).unwrap();
+        let c32 = g.add_cast(a, b, DType::F32).unwrap();
+        let c16 = g.add_cast(a, b, DType::F16).unwrap();
+        let c1 = g.add1(a, s).unwrap();
+        for t in [c, c32, c16, c1] {
+            g.set_output(t);
+        }
+        assert_eq!(g.dtype(c).unwrap(), dt);
+        assert_eq!(g.dtype(c1).unwrap(), dt);
+        for threads in [1, 3] {
+            let be = CpuBackend::with_threads(threads).unwrap();
+            let mut p = Plan::with_guards(g.clone(), &be, 64).unwrap();
+            p.set_input_bytes(a, &a_q).unwrap();
+            p.set_input(b, &vb).unwrap();
+            p.set_input(s, &[0.75f32]).unwrap();
+            p.compute().unwrap();
+            p.check_guards().unwrap();
+            assert_eq!(p.output_bytes(c).unwrap(), &requant(dt, &sum)[..], "add {dt}");
+            let got32 = p.output::<f32>(c32).unwrap();
+            assert!(got32.iter().zip(&sum).all(|(x, y)| x.to_bits() == y.to_bits()), "{dt} f32");
+            let got16 = p.output::<f16>(c16).unwrap();
+            assert!(got16.iter().zip(&sum).all(|(x, &y)| *x == f16::from_f32(y)), "{dt} f16");
+            let sum1: Vec<f32> = deq.iter().map(|x| x + 0.75).collect();
+            assert_eq!(p.output_bytes(c1).unwrap(), &requant(dt, &sum1)[..], "add1 {dt}");
+        }
+    }
+
+    // Misuse: broadcast b, an F16 b, a type that needs an importance matrix, a quantized result
+    // of another type, and add_cast of F32 (no cast to make).
+    let mut g = Graph::new();
+    let a = g.input(DType::Q4_0, &[64, 4]).unwrap();
+    let row = g.input(DType::F32, &[64, 1]).unwrap();
+    assert!(matches!(g.add(a, row), Err(Error::Shape { .. })), "no broadcast with quantized a");
+    let h = g.input(DType::F16, &[64, 4]).unwrap();
+    assert!(matches!(g.add(a, h), Err(Error::Type { .. })), "quantized a needs an F32 b");
+    let b = g.input(DType::F32, &[64, 4]).unwrap();
+    assert!(matches!(g.add_cast(a, b, DType::Q8_0), Err(Error::Type { .. })));
+    assert!(matches!(g.sub(a, b), Err(Error::Type { .. })), "only add takes a quantized a");
+    let iq = g.input(DType::IQ2_XXS, &[256, 2]).unwrap();
+    let b2 = g.input(DType::F32, &[256, 2]).unwrap();
+    assert!(matches!(g.add(iq, b2), Err(Error::Type { .. })), "IQ2_XXS needs an imatrix");
+    assert!(matches!(g.add_cast(b, b, DType::F16), Err(Error::Type { .. })));
+    // add_cast F16/BF16 + F32 -> F32, broadcast allowed.
+    for ta in [DType::F16, DType::BF16] {
+        let mut g = Graph::new();
+        // a: a permuted view of [7, 5, 11, 13] data, logically [5, 7, 11, 13].
+        let (xa, a) = source(&mut g, [7, 5, 11, 13], ta, true);
+        let xb = g.input(DType::F32, &[5, 1, 11, 1]).unwrap();
+        let c = g.add_cast(a, xb, DType::F32).unwrap();
+        assert_eq!(g.dtype(c).unwrap(), DType::F32);
+        g.set_output(c);
+        let va = rand_f32(5 * 7 * 11 * 13, 33);
+        let vb = rand_f32(5 * 11, 34);
+        let got = run(g, &[(xa, va.clone()), (xb, vb.clone())], c, 2);
+        let ane = [7, 5, 11, 13];
+        let want: Vec<f64> = each([5, 7, 11, 13])
+            .map(|i| {
+                let j = [i[0], 0, i[2], 0];
+                src_at(&va, ane, i, ta, true) + src_at(&vb, [5, 1, 11, 1], j, DType::F32, false)
+            })
+            .collect();
+        check(&format!("add_cast {ta}+f32 -> f32"), &got, &want, DType::F32);
     }
 }

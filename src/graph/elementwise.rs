@@ -79,6 +79,21 @@ fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16)
 }
 
+/// The types of ggml's unary-ops.cpp and binary-ops.cpp kernels: F32, F16 and BF16.
+fn is_float_or_bf16(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// A block-quantized type whose rows `add` and `add1` can read (dequantize) and write back
+/// (ggml's CPU `from_float`, or the reference quantizer where it needs no importance matrix).
+pub(crate) fn quant_rows_rewritable(d: DType) -> bool {
+    let f = crate::quant::format(d);
+    d.is_quantized()
+        && f.dequantize.is_some()
+        && !f.requires_imatrix
+        && (f.from_float.is_some() || f.quantize.is_some())
+}
+
 fn can_repeat(b: &[usize; MAX_DIMS], a: &[usize; MAX_DIMS]) -> bool {
     (0..MAX_DIMS).all(|i| b[i] != 0 && a[i] % b[i] == 0)
 }
@@ -149,6 +164,22 @@ impl Graph {
         Ok((ta.dtype, ta.ne))
     }
 
+    /// Checks an F32/F16/BF16 source of a unary-ops.cpp op and returns (dtype, ne).
+    fn float_or_bf16_src(
+        &self,
+        op: &'static str,
+        a: TensorId,
+    ) -> Result<(DType, [usize; MAX_DIMS])> {
+        let ta = self.get(op, a)?;
+        if !is_float_or_bf16(ta.dtype) {
+            return Err(Error::ty(
+                op,
+                format!("{} (this op takes F32, F16 or BF16)", ta.describe(a)),
+            ));
+        }
+        Ok((ta.dtype, ta.ne))
+    }
+
     fn f32_src(&self, op: &'static str, a: TensorId) -> Result<[usize; MAX_DIMS]> {
         let ta = self.get(op, a)?;
         if ta.dtype != DType::F32 {
@@ -183,7 +214,14 @@ impl Graph {
         op: UnaryOp,
         inplace: bool,
     ) -> Result<TensorId> {
-        let (dt, ne) = self.float_src(op.name(), a)?;
+        // ggml runs GELU, quick GELU, erf GELU and SiLU (ops.cpp) on F32 and F16 only; the other
+        // unary ops (unary-ops.cpp) take BF16 too.
+        let (dt, ne) = match op {
+            UnaryOp::Gelu | UnaryOp::GeluQuick | UnaryOp::GeluErf | UnaryOp::Silu => {
+                self.float_src(op.name(), a)?
+            }
+            _ => self.float_or_bf16_src(op.name(), a)?,
+        };
         if let UnaryOp::Xielu { alpha_n, alpha_p, beta, eps } = op {
             if ![alpha_n, alpha_p, beta, eps].iter().all(|v| v.is_finite()) {
                 return Err(Error::param(
@@ -222,27 +260,34 @@ impl Graph {
     }
 
     fn simple(&mut self, op: Op, a: TensorId, inplace: bool) -> Result<TensorId> {
-        let (dt, ne) = self.float_src(op.name(), a)?;
+        // sqr, sqrt, log, sin, cos are unary-ops.cpp kernels (BF16 too); clamp, leaky_relu and
+        // fill are F32/F16 only in ggml.
+        let (dt, ne) = match op {
+            Op::Sqr | Op::Sqrt | Op::Log | Op::Sin | Op::Cos => {
+                self.float_or_bf16_src(op.name(), a)?
+            }
+            _ => self.float_src(op.name(), a)?,
+        };
         self.finish(op, dt, ne, &[a], inplace)
     }
 
-    /// x * x (ggml_sqr), F32 or F16.
+    /// x * x (ggml_sqr), F32, F16 or BF16.
     pub fn sqr(&mut self, a: TensorId) -> Result<TensorId> {
         self.simple(Op::Sqr, a, false)
     }
-    /// sqrt(x) (ggml_sqrt), F32 or F16.
+    /// sqrt(x) (ggml_sqrt), F32, F16 or BF16.
     pub fn sqrt(&mut self, a: TensorId) -> Result<TensorId> {
         self.simple(Op::Sqrt, a, false)
     }
-    /// ln(x) (ggml_log), F32 or F16.
+    /// ln(x) (ggml_log), F32, F16 or BF16.
     pub fn log(&mut self, a: TensorId) -> Result<TensorId> {
         self.simple(Op::Log, a, false)
     }
-    /// sin(x) (ggml_sin), F32 or F16.
+    /// sin(x) (ggml_sin), F32, F16 or BF16.
     pub fn sin(&mut self, a: TensorId) -> Result<TensorId> {
         self.simple(Op::Sin, a, false)
     }
-    /// cos(x) (ggml_cos), F32 or F16.
+    /// cos(x) (ggml_cos), F32, F16 or BF16.
     pub fn cos(&mut self, a: TensorId) -> Result<TensorId> {
         self.simple(Op::Cos, a, false)
     }
@@ -310,22 +355,62 @@ impl Graph {
 
     // ---- binary ------------------------------------------------------------------------------
 
-    /// ggml's CPU type combinations for add/sub/mul/div: F32+F32, F16+F16 and F16+F32; the
-    /// result has `a`'s type.
+    /// ggml's CPU type combinations for add/sub/mul/div (binary-ops.cpp): F32+F32, F16+F16,
+    /// F16+F32, BF16+BF16 and BF16+F32; the result has `a`'s type.
     pub(crate) fn binary_types(&self, op: &'static str, a: TensorId, b: TensorId) -> Result<DType> {
         let (ta, tb) = (self.get(op, a)?, self.get(op, b)?);
         match (ta.dtype, tb.dtype) {
-            (DType::F32, DType::F32) | (DType::F16, DType::F16) | (DType::F16, DType::F32) => {
-                Ok(ta.dtype)
-            }
+            (DType::F32, DType::F32)
+            | (DType::F16, DType::F16)
+            | (DType::F16, DType::F32)
+            | (DType::BF16, DType::BF16)
+            | (DType::BF16, DType::F32) => Ok(ta.dtype),
             _ => Err(Error::ty(
                 op,
-                format!("{} and {} (F32+F32, F16+F16 or F16+F32)", ta.describe(a), tb.describe(b)),
+                format!(
+                    "{} and {} (F32+F32, F16+F16, F16+F32, BF16+BF16 or BF16+F32; add also takes a quantized a with an F32 b)",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
             )),
         }
     }
 
-    fn binary_impl(&mut self, op: Op, a: TensorId, b: TensorId, inplace: bool) -> Result<TensorId> {
+    /// Checks ggml's `add_q_f32` case: a block-quantized `a` whose rows are rewritable, an F32
+    /// `b` of the same shape, both with contiguous rows.
+    fn check_add_quant(&self, op: &'static str, a: TensorId, b: TensorId) -> Result<()> {
+        let (ta, tb) = (self.get(op, a)?, self.get(op, b)?);
+        if !quant_rows_rewritable(ta.dtype) || tb.dtype != DType::F32 {
+            return Err(Error::ty(
+                op,
+                format!(
+                    "{} + {}: a quantized a needs an F32 b and a type with a dequantizer and a quantizer that needs no importance matrix",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        if ta.ne != tb.ne {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "{} + {}: with a quantized a, b must have a's shape (no broadcast, as ggml)",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        self.rows_contiguous_src(op, a)?;
+        self.rows_contiguous_src(op, b)
+    }
+
+    pub(super) fn binary_impl(
+        &mut self,
+        op: Op,
+        a: TensorId,
+        b: TensorId,
+        inplace: bool,
+    ) -> Result<TensorId> {
         let name = op.name();
         let (ta, tb) = (self.get(name, a)?, self.get(name, b)?);
         if !can_repeat(&tb.ne, &ta.ne) {
@@ -335,8 +420,58 @@ impl Graph {
             ));
         }
         let ne = ta.ne;
+        if matches!(op, Op::Add) && ta.dtype.is_quantized() {
+            self.check_add_quant(name, a, b)?;
+            return self.finish(op, ta.dtype, ne, &[a, b], inplace);
+        }
         let dt = self.binary_types(name, a, b)?;
         self.finish(op, dt, ne, &[a, b], inplace)
+    }
+
+    /// a + b with b broadcast over a, the result in `dtype` (ggml_add_cast): `a` F16 or BF16
+    /// with an F32 `b` gives F32 (or `a`'s type); a quantized `a` (rows dequantized, `b` of the
+    /// same shape added, the sum written as `dtype`) gives F32, F16, BF16 or `a`'s type.
+    pub fn add_cast(&mut self, a: TensorId, b: TensorId, dtype: DType) -> Result<TensorId> {
+        const OP: &str = "add_cast";
+        let (ta, tb) = (self.get(OP, a)?, self.get(OP, b)?);
+        let ne = ta.ne;
+        if ta.dtype.is_quantized() {
+            self.check_add_quant(OP, a, b)?;
+            if !(is_float_or_bf16(dtype) || dtype == ta.dtype) {
+                return Err(Error::ty(
+                    OP,
+                    format!(
+                        "{}: the result of a quantized add is F32, F16, BF16 or {}, not {dtype}",
+                        ta.describe(a),
+                        ta.dtype
+                    ),
+                ));
+            }
+            return self.node(Op::Add, dtype, ne, &[a, b]);
+        }
+        if !matches!(ta.dtype, DType::F16 | DType::BF16) || tb.dtype != DType::F32 {
+            return Err(Error::ty(
+                OP,
+                format!(
+                    "{} + {}: add_cast takes an F16, BF16 or quantized a and an F32 b",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        if !(dtype == DType::F32 || dtype == ta.dtype) {
+            return Err(Error::ty(
+                OP,
+                format!("{}: the result is F32 or {}, not {dtype}", ta.describe(a), ta.dtype),
+            ));
+        }
+        if !can_repeat(&tb.ne, &ta.ne) {
+            return Err(Error::shape(
+                OP,
+                format!("{} cannot be broadcast to {}", tb.describe(b), ta.describe(a)),
+            ));
+        }
+        self.node(Op::Add, dtype, ne, &[a, b])
     }
 
     /// a + b computed in the memory of `a` (ggml_add_inplace).
@@ -356,8 +491,9 @@ impl Graph {
         self.binary_impl(Op::Mul, a, b, true)
     }
 
-    /// a + b for a one-element `b` (ggml_add1): F32+F32, F16+F16 or F16+F32; rows of `a`
-    /// contiguous.
+    /// a + b for a one-element `b` (ggml_add1): F32+F32, F16+F16, F16+F32, BF16+BF16,
+    /// BF16+F32, or a quantized `a` (rows dequantized, requantized) with an F32 scalar; rows of
+    /// `a` contiguous.
     pub fn add1(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
         self.add1_impl(a, b, false)
     }
@@ -371,7 +507,22 @@ impl Graph {
         if tb.nelements() != 1 {
             return Err(Error::shape(OP, format!("b {} must have one element", tb.describe(b))));
         }
-        let dt = self.binary_types(OP, a, b)?;
+        let ta = self.get(OP, a)?;
+        let dt = if ta.dtype.is_quantized() {
+            if !quant_rows_rewritable(ta.dtype) || tb.dtype != DType::F32 {
+                return Err(Error::ty(
+                    OP,
+                    format!(
+                        "{} + {}: a quantized a needs an F32 scalar and a type with a dequantizer and a quantizer that needs no importance matrix",
+                        ta.describe(a),
+                        tb.describe(b)
+                    ),
+                ));
+            }
+            ta.dtype
+        } else {
+            self.binary_types(OP, a, b)?
+        };
         self.rows_contiguous_src(OP, a)?;
         let ne = self.t(a).ne;
         self.finish(Op::Add1, dt, ne, &[a, b], inplace)
@@ -680,9 +831,10 @@ impl Graph {
 
     // ---- reductions and sorting --------------------------------------------------------------
 
-    /// Sum of all elements (ggml_sum): F32 -> F32 \[1\] (f64 accumulation), F16 -> F16 \[1\].
+    /// Sum of all elements (ggml_sum): F32 -> F32 \[1\] (f64 accumulation), F16 -> F16 \[1\]
+    /// and BF16 -> BF16 \[1\] (f32 accumulation, as ggml).
     pub fn sum(&mut self, a: TensorId) -> Result<TensorId> {
-        let (dt, _) = self.float_src("sum", a)?;
+        let (dt, _) = self.float_or_bf16_src("sum", a)?;
         self.finish(Op::Sum, dt, [1, 1, 1, 1], &[a], false)
     }
 

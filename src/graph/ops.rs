@@ -1,7 +1,7 @@
 //! Op nodes: the `Op` enum (ggml's GGML_OP_* with their parameters) and the `Graph` methods that
 //! create them after checking shapes and types with ggml's rules.
 
-use super::{Graph, MAX_DIMS, TensorId, shape_str};
+use super::{Graph, TensorId, shape_str};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -419,41 +419,23 @@ impl Op {
     }
 }
 
-fn can_repeat(b: &[usize; MAX_DIMS], a: &[usize; MAX_DIMS]) -> bool {
-    (0..MAX_DIMS).all(|i| b[i] != 0 && a[i] % b[i] == 0)
-}
-
 impl Graph {
-    fn binary(&mut self, op: Op, a: TensorId, b: TensorId) -> Result<TensorId> {
-        let name = op.name();
-        let ta = self.get(name, a)?;
-        let tb = self.get(name, b)?;
-        if !can_repeat(&tb.ne, &ta.ne) {
-            return Err(Error::shape(
-                name,
-                format!("{} cannot be broadcast to {}", tb.describe(b), ta.describe(a)),
-            ));
-        }
-        let ne = ta.ne;
-        let dt = self.binary_types(name, a, b)?;
-        self.node(op, dt, ne, &[a, b])
-    }
-
-    /// a + b with b broadcast over a (ggml_add).
+    /// a + b with b broadcast over a (ggml_add); see [`Graph::add_cast`] for the result type
+    /// and the quantized `a` case (an F32 `b` of `a`'s shape, the sum requantized).
     pub fn add(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        self.binary(Op::Add, a, b)
+        self.binary_impl(Op::Add, a, b, false)
     }
     /// a - b with b broadcast over a (ggml_sub).
     pub fn sub(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        self.binary(Op::Sub, a, b)
+        self.binary_impl(Op::Sub, a, b, false)
     }
     /// a * b with b broadcast over a (ggml_mul).
     pub fn mul(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        self.binary(Op::Mul, a, b)
+        self.binary_impl(Op::Mul, a, b, false)
     }
     /// a / b with b broadcast over a (ggml_div).
     pub fn div(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
-        self.binary(Op::Div, a, b)
+        self.binary_impl(Op::Div, a, b, false)
     }
 
     fn unary_f32(&mut self, op: Op, a: TensorId) -> Result<TensorId> {

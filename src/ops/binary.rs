@@ -1,5 +1,5 @@
-//! add, sub, mul, div with b broadcast over a (ggml's binary-ops.cpp); F32 here, the F16
-//! combinations in elementwise.rs.
+//! add, sub, mul, div with b broadcast over a (ggml's binary-ops.cpp); F32 here, the F16/BF16
+//! combinations and add with a quantized a in elementwise.rs.
 
 use super::{NodeCtx, split, unravel_row};
 use crate::error::Result;
@@ -8,6 +8,9 @@ use crate::kernels::BinaryF32;
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    if a.dtype.is_quantized() {
+        return super::elementwise::add_quant(ctx, ith);
+    }
     if a.dtype != crate::dtype::DType::F32 || b.dtype != crate::dtype::DType::F32 {
         return super::elementwise::binary_mixed(ctx, ith);
     }

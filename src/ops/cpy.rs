@@ -21,6 +21,29 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     if row_path(node) { nth * align_up(node.dst.ne[0] * 4, 64) } else { 0 }
 }
 
+/// Writes a row of f32 values as `dt`: plain types element by element, block types through the
+/// selected tier's CPU `from_float` (ggml's) or else the reference quantizer. `dst` holds
+/// exactly one row of `src.len()` elements of `dt`.
+pub(crate) fn store_row(op: &'static str, dt: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    if dt.block_size() == 1 {
+        let ts = dt.type_size();
+        debug_assert!(dst.len() >= src.len() * ts);
+        for (i, &v) in src.iter().enumerate() {
+            // SAFETY: dst holds src.len() elements of ts bytes (the contract).
+            unsafe { st(dst.as_mut_ptr().add(i * ts), dt, v) };
+        }
+        Ok(())
+    } else if let Some(ff) = crate::kernels::table().activation_converter(dt) {
+        ff(src, dst);
+        Ok(())
+    } else if let Some(q) = crate::quant::format(dt).quantize {
+        q(src, dst, src.len(), None)?;
+        Ok(())
+    } else {
+        Err(Error::ty(op, format!("cannot write {dt} rows")))
+    }
+}
+
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let (r0, r1) = split(a.nrows(), ith, ctx.nth);
@@ -43,7 +66,6 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let tmp =
             unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
         let to_f32 = super::get_rows::row_converter(a.dtype);
-        let f = crate::quant::format(d.dtype);
         let from_f32 = crate::kernels::table().activation_converter(d.dtype);
         let (sa, sd) = (a.dtype.row_bytes(ne0), d.dtype.row_bytes(ne0));
         for r in r0..r1 {
@@ -69,18 +91,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                     }
                 }
                 let dst = std::slice::from_raw_parts_mut(d.row(j1, j2, j3), sd);
-                if d.dtype.block_size() == 1 {
-                    let ts = d.dtype.type_size();
-                    for (i, &v) in tmp.iter().enumerate() {
-                        st(dst.as_mut_ptr().add(i * ts), d.dtype, v);
-                    }
-                } else if let Some(ff) = from_f32 {
-                    ff(tmp, dst);
-                } else if let Some(q) = f.quantize {
-                    q(tmp, dst, ne0, None)?;
-                } else {
-                    return Err(Error::ty("cpy", format!("cannot write {} rows", d.dtype)));
-                }
+                store_row("cpy", d.dtype, tmp, dst)?;
             }
         }
         return Ok(());

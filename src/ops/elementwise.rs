@@ -1,4 +1,4 @@
-//! Elementwise drivers on F32/F16 (ggml's ops.cpp, unary-ops.cpp, binary-ops.cpp): mixed-type
+//! Elementwise drivers on F32/F16/BF16 and quantized rows (ggml's ops.cpp, unary-ops.cpp, binary-ops.cpp): mixed-type
 //! add/sub/mul/div, add1, add_id, acc, clamp, leaky_relu, sqr, sqrt, log, sin, cos, fill, tri,
 //! diag, diag_mask_inf/zero. Every driver splits dst rows between workers (ggml's contiguous
 //! split), so each output element is written by one worker with one fixed arithmetic.
@@ -7,7 +7,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Op;
-use crate::plan::TView;
+use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
 /// Loads one F32, F16, BF16 or I32 element as f32.
@@ -124,8 +124,9 @@ fn internal(ctx: &NodeCtx<'_>, msg: &str) -> Error {
     Error::Unsupported { op: ctx.node.op.name(), backend: "CPU".into(), msg: msg.into() }
 }
 
-/// add/sub/mul/div when a type is F16 (F16+F16 -> F16, F16+F32 -> F16): b broadcast over a in
-/// all four dims, converted through f32 as ggml's `apply_binary_op`.
+/// add/sub/mul/div when a type is F16 or BF16 (F16+F16, F16+F32, BF16+BF16, BF16+F32; the
+/// result in a's type, or F32 through add_cast): b broadcast over a in all four dims, converted
+/// through f32 as ggml's `apply_binary_op`.
 pub(crate) fn binary_mixed(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let f: fn(f32, f32) -> f32 = match ctx.node.op {
@@ -152,8 +153,61 @@ pub(crate) fn binary_mixed(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     Ok(())
 }
 
+/// Work-buffer bytes of add/add1 with a quantized `a`: one f32 row per worker.
+pub(crate) fn quant_row_work_size(node: &ExecNode, nth: usize) -> usize {
+    match node.src[0].as_ref() {
+        Some(a) if a.dtype.is_quantized() => nth * align_up(a.ne[0] * 4, 64),
+        _ => 0,
+    }
+}
+
+/// add (an F32 `b` of `a`'s shape) or add1 (an F32 scalar) with a block-quantized `a`
+/// (ggml's add_q_f32 / add1_q_f32): each row is dequantized into the worker's scratch row, `b`
+/// is added, and the sum is written as dst's type (requantized, or F32/F16/BF16 for add_cast).
+pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let op = ctx.node.op.name();
+    let ne0 = a.ne[0];
+    let stride = align_up(ne0 * 4, 64);
+    debug_assert!((ith + 1) * stride <= ctx.work_len);
+    // SAFETY: the work buffer holds nth rows of ne0 f32 (quant_row_work_size); this one is ours.
+    let tmp =
+        unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
+    let to_f32 = super::get_rows::row_converter(a.dtype)
+        .ok_or_else(|| internal(ctx, "no dequantizer for a"))?;
+    // SAFETY: add1's b has one element (build-time check).
+    let scalar = matches!(ctx.node.op, Op::Add1).then(|| unsafe { ld(b.ptr, b.dtype) });
+    let (sa, sd) = (a.dtype.row_bytes(ne0), d.dtype.row_bytes(ne0));
+    let (r0, r1) = split(a.nrows(), ith, ctx.nth);
+    for r in r0..r1 {
+        let (i1, i2, i3) = unravel_row(r, &a.ne);
+        // SAFETY: a and dst have the same shape and contiguous rows of sa / sd bytes (build-time
+        // check), so (i1, i2, i3) addresses whole rows; each worker owns its rows. In place, the
+        // row of a is read completely (and its slice dropped) before dst's row is written.
+        unsafe {
+            to_f32(std::slice::from_raw_parts(a.row(i1, i2, i3), sa), tmp);
+            match scalar {
+                Some(v) => tmp.iter_mut().for_each(|x| *x += v),
+                None => {
+                    // b: F32 with a's shape and contiguous rows (build-time check).
+                    let pb = b.row(i1, i2, i3) as *const f32;
+                    for (i, x) in tmp.iter_mut().enumerate() {
+                        *x += pb.add(i).read_unaligned();
+                    }
+                }
+            }
+            let dst = std::slice::from_raw_parts_mut(d.row(i1, i2, i3), sd);
+            super::cpy::store_row(op, d.dtype, tmp, dst)?;
+        }
+    }
+    Ok(())
+}
+
 /// a + b[0] (ggml_compute_forward_add1): the scalar is read in its own type.
 pub(crate) fn add1(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    if ctx.src(0).dtype.is_quantized() {
+        return add_quant(ctx, ith);
+    }
     let b = ctx.src(1);
     // SAFETY: b has exactly one element (build-time check).
     let v = unsafe { ld(b.ptr, b.dtype) };

@@ -151,6 +151,7 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     match node.op {
         Op::MulMat => mul_mat::work_size(node, nth),
+        Op::Add | Op::Add1 => elementwise::quant_row_work_size(node, nth),
         Op::Rope(_) => rope::work_size(node, nth),
         Op::Cpy | Op::Dup => cpy::work_size(node, nth),
         Op::SetRows => set_rows::work_size(node, nth),

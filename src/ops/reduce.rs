@@ -42,7 +42,7 @@ pub(crate) fn sum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         s64 += r64;
         s32 += r32;
     }
-    let v = if a.dtype == DType::F16 { s32 } else { s64 as f32 };
+    let v = if matches!(a.dtype, DType::F16 | DType::BF16) { s32 } else { s64 as f32 };
     // SAFETY: dst is a one-element tensor of a's type.
     unsafe { st(d.ptr, d.dtype, v) };
     Ok(())

@@ -491,7 +491,8 @@ impl Plan {
         self.set_input_bytes(id, bytemuck::cast_slice(data))
     }
 
-    fn check_readable(&self, id: TensorId, want: DType) -> Result<(*const u8, usize)> {
+    /// Address and size of a readable output; `want` (if given) must be its type.
+    fn check_readable(&self, id: TensorId, want: Option<DType>) -> Result<(*const u8, usize)> {
         let t = self.graph.get("output", id)?;
         let p = self.addrs.get(id.index()).copied().unwrap_or(std::ptr::null_mut());
         if p.is_null() {
@@ -500,7 +501,7 @@ impl Plan {
                 t.describe(id)
             )));
         }
-        if t.dtype != want {
+        if let Some(want) = want.filter(|&w| w != t.dtype) {
             return Err(Error::arg(format!("output: {} is not {want}", t.describe(id))));
         }
         if !t.is_contiguous() {
@@ -532,7 +533,7 @@ impl Plan {
 
     /// The contents of an output (or input) tensor after `compute`, as a typed slice.
     pub fn output<T: Element>(&self, id: TensorId) -> Result<&[T]> {
-        let (p, nbytes) = self.check_readable(id, T::DTYPE)?;
+        let (p, nbytes) = self.check_readable(id, Some(T::DTYPE))?;
         if (p as usize) % std::mem::align_of::<T>() != 0 {
             return Err(Error::arg("output: tensor is not aligned for this element type"));
         }
@@ -540,6 +541,15 @@ impl Plan {
         // not reused because the root is an output); alignment checked above; `compute` needs
         // `&mut self`, so nothing writes while the slice is borrowed.
         Ok(unsafe { std::slice::from_raw_parts(p as *const T, nbytes / std::mem::size_of::<T>()) })
+    }
+
+    /// The bytes of an output (or input) tensor of any type after `compute`, in ggml's layout
+    /// (for quantized results: whole blocks, rows in order).
+    pub fn output_bytes(&self, id: TensorId) -> Result<&[u8]> {
+        let (p, nbytes) = self.check_readable(id, None)?;
+        // SAFETY: as in `output`: nbytes of the live arena, not reused, not written while the
+        // slice is borrowed; bytes need no alignment.
+        Ok(unsafe { std::slice::from_raw_parts(p, nbytes) })
     }
 
     /// Runs the graph on the backend's thread pool. On error (abort hook, an index out of range in
