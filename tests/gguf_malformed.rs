@@ -310,7 +310,7 @@ fn bad_offsets() {
     let mut s = Spec::valid();
     s.data_len = 0;
     let mut bytes = s.build();
-    while bytes.len() % 32 == 0 {
+    while bytes.len().is_multiple_of(32) {
         bytes.pop();
     }
     assert_err(&bytes, "file ends before the data section");

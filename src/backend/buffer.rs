@@ -50,11 +50,11 @@ unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Storage::Owned { layout } = self.storage {
-            if layout.size() != 0 {
-                // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `Buffer::alloc` and is freed once.
-                unsafe { std::alloc::dealloc(self.ptr, layout) };
-            }
+        if let Storage::Owned { layout } = self.storage
+            && layout.size() != 0
+        {
+            // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `Buffer::alloc` and is freed once.
+            unsafe { std::alloc::dealloc(self.ptr, layout) };
         }
     }
 }

@@ -62,7 +62,7 @@ pub(crate) fn shape4(ne: &[usize]) -> Result<[usize; 4]> {
 
 /// Bytes of a contiguous tensor in ggml's plain layout.
 pub(crate) fn plain_bytes(dtype: DType, ne: &[usize; 4]) -> Result<usize> {
-    if ne[0] % dtype.block_size() != 0 {
+    if !ne[0].is_multiple_of(dtype.block_size()) {
         return Err(Error::arg(format!(
             "{dtype}: row length {} is not a multiple of the block size {}",
             ne[0],
@@ -89,7 +89,7 @@ pub fn check(dtype: DType, ne: &[usize; 4]) -> Result<()> {
             ),
         });
     }
-    if ne[1] % REPACK_ROWS != 0 || ne[0] == 0 {
+    if !ne[1].is_multiple_of(REPACK_ROWS) || ne[0] == 0 {
         return Err(Error::Unsupported {
             op: "repack",
             backend: "CPU".into(),

@@ -215,7 +215,7 @@ impl DType {
     /// ```
     pub fn row_size(self, n: usize) -> Result<usize> {
         let bs = self.block_size();
-        if n % bs != 0 {
+        if !n.is_multiple_of(bs) {
             return Err(Error::BlockSize { dtype: self, n, block: bs });
         }
         (n / bs).checked_mul(self.type_size()).ok_or(Error::Overflow { what: "row size" })

@@ -95,7 +95,7 @@ pub(crate) fn quant_rows_rewritable(d: DType) -> bool {
 }
 
 fn can_repeat(b: &[usize; MAX_DIMS], a: &[usize; MAX_DIMS]) -> bool {
-    (0..MAX_DIMS).all(|i| b[i] != 0 && a[i] % b[i] == 0)
+    (0..MAX_DIMS).all(|i| b[i] != 0 && a[i].is_multiple_of(b[i]))
 }
 
 /// ggml's `ggml_compute_softplus_f32`, used when `xielu` stores its parameters.
@@ -222,15 +222,15 @@ impl Graph {
             }
             _ => self.float_or_bf16_src(op.name(), a)?,
         };
-        if let UnaryOp::Xielu { alpha_n, alpha_p, beta, eps } = op {
-            if ![alpha_n, alpha_p, beta, eps].iter().all(|v| v.is_finite()) {
-                return Err(Error::param(
-                    "xielu",
-                    format!(
-                        "alpha_n = {alpha_n}, alpha_p = {alpha_p}, beta = {beta}, eps = {eps} must be finite"
-                    ),
-                ));
-            }
+        if let UnaryOp::Xielu { alpha_n, alpha_p, beta, eps } = op
+            && ![alpha_n, alpha_p, beta, eps].iter().all(|v| v.is_finite())
+        {
+            return Err(Error::param(
+                "xielu",
+                format!(
+                    "alpha_n = {alpha_n}, alpha_p = {alpha_p}, beta = {beta}, eps = {eps} must be finite"
+                ),
+            ));
         }
         self.finish(Op::Unary(op), dt, ne, &[a], inplace)
     }
@@ -613,7 +613,7 @@ impl Graph {
                 bne[i].saturating_sub(1).checked_mul(strides[i]).and_then(|x| l.checked_add(x))
             });
         }
-        let fits = offset % 4 == 0
+        let fits = offset.is_multiple_of(4)
             && nb.iter().all(|s| s % 4 == 0)
             && last.and_then(|l| l.checked_add(4)).is_some_and(|end| end <= a_bytes);
         if tb.nelements() > ta.nelements() || !fits || tb.nelements() == 0 {
@@ -679,10 +679,10 @@ impl Graph {
     fn diag_mask(&mut self, op: Op, a: TensorId, inplace: bool) -> Result<TensorId> {
         let name = op.name();
         let ne = self.f32_src(name, a)?;
-        if let Op::DiagMaskInf { n_past } | Op::DiagMaskZero { n_past } = op {
-            if n_past > i32::MAX as usize {
-                return Err(Error::param(name, format!("n_past = {n_past} exceeds i32")));
-            }
+        if let Op::DiagMaskInf { n_past } | Op::DiagMaskZero { n_past } = op
+            && n_past > i32::MAX as usize
+        {
+            return Err(Error::param(name, format!("n_past = {n_past} exceeds i32")));
         }
         self.finish(op, DType::F32, ne, &[a], inplace)
     }

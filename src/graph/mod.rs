@@ -521,7 +521,7 @@ impl Graph {
                 ),
             ));
         }
-        if ne[0] % dtype.block_size() != 0 {
+        if !ne[0].is_multiple_of(dtype.block_size()) {
             return Err(Error::shape(
                 op,
                 format!("ne[0] = {} is not a multiple of {dtype}'s block size", ne[0]),

@@ -126,7 +126,7 @@ impl Graph {
     /// ggml_repeat_4d: `a` tiled to shape `ne` (every dim a multiple of `a`'s).
     pub fn repeat(&mut self, a: TensorId, ne: [usize; 4]) -> Result<TensorId> {
         let ta = self.get("repeat", a)?;
-        if (0..4).any(|d| ta.ne[d] == 0 || ne[d] % ta.ne[d] != 0) {
+        if (0..4).any(|d| ta.ne[d] == 0 || !ne[d].is_multiple_of(ta.ne[d])) {
             return Err(Error::shape(
                 "repeat",
                 format!("{} cannot be tiled to {ne:?}", ta.describe(a)),
@@ -314,7 +314,7 @@ impl Graph {
         let span = super::checked_nbytes(tb.dtype, &tb.ne, &view_nb)
             .ok_or(Error::Overflow { what: "set" })?;
         if offset.checked_add(span).is_none_or(|end| end > ta.nbytes())
-            || offset % ta.dtype.type_size() != 0
+            || !offset.is_multiple_of(ta.dtype.type_size())
         {
             return Err(Error::shape(
                 OP,

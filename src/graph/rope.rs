@@ -130,7 +130,7 @@ impl Graph {
                 ),
             ));
         }
-        if p.n_dims == 0 || p.n_dims % 2 != 0 || p.n_dims > ta.ne[0] {
+        if p.n_dims == 0 || !p.n_dims.is_multiple_of(2) || p.n_dims > ta.ne[0] {
             return Err(Error::param(
                 OP,
                 format!("n_dims = {} must be even, > 0 and <= head size {}", p.n_dims, ta.ne[0]),

@@ -219,15 +219,17 @@ impl Graph {
                 .map(|(w, id, r)| (*w, *id, Some(r.clone())))
                 .chain(read.iter().map(|&(w, id)| (w, id, self.state_range(id))));
             for (wb, ib, rb) in others {
-                if let Some((bb, sb, eb)) = rb {
-                    if ba.same(&bb) && *sa < eb && sb < *ea {
-                        return Err(Error::arg(format!(
-                            "{op}: {wa} {} and {wb} {} overlap in buffer '{}'",
-                            self.t(*ia).describe(*ia),
-                            self.t(ib).describe(ib),
-                            ba.name()
-                        )));
-                    }
+                if let Some((bb, sb, eb)) = rb
+                    && ba.same(&bb)
+                    && *sa < eb
+                    && sb < *ea
+                {
+                    return Err(Error::arg(format!(
+                        "{op}: {wa} {} and {wb} {} overlap in buffer '{}'",
+                        self.t(*ia).describe(*ia),
+                        self.t(ib).describe(ib),
+                        ba.name()
+                    )));
                 }
             }
         }

@@ -5,7 +5,7 @@
 //! a [`KernelTable`] of function pointers is filled from the scalar tier and then overwritten tier by
 //! tier up to the selected one. No feature check happens inside a loop.
 //!
-//! The tier can be forced lower with the environment variable `QUANTGRAPH_ISA=scalar|avx2` (read
+//! The tier can be forced lower with the environment variable `QUANTGRAPH_ISA=scalar|avx2|avx512` (read
 //! once) or with [`set_isa`], so tests can run every tier the machine has in one binary.
 
 pub(crate) mod gemm;
@@ -30,21 +30,24 @@ pub enum Isa {
     Scalar = 0,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2 = 1,
+    /// x86-64 with AVX-512 F, BW, DQ and VL on top of AVX2 (Skylake-X, Ice Lake, Zen 4, Zen 5).
+    Avx512 = 2,
 }
 
 impl Isa {
     /// Every tier this crate knows, lowest first.
-    pub const ALL: [Isa; 2] = [Isa::Scalar, Isa::Avx2];
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
 
     /// Lower-case name as accepted by `QUANTGRAPH_ISA`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
         }
     }
 
-    /// Parses a tier name (`scalar`, `avx2`).
+    /// Parses a tier name (`scalar`, `avx2`, `avx512`).
     pub fn from_name(s: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
     }
@@ -55,6 +58,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => f.avx2 && f.fma && f.f16c,
+            Isa::Avx512 => Isa::Avx2.is_supported() && avx512_tier_features(),
         }
     }
 
@@ -62,6 +66,18 @@ impl Isa {
     pub fn best() -> Isa {
         Isa::ALL.into_iter().rev().find(|i| i.is_supported()).unwrap_or(Isa::Scalar)
     }
+}
+
+/// AVX-512 F, BW, DQ and VL, the subsets the AVX-512 tier's kernels use.
+#[cfg(target_arch = "x86_64")]
+fn avx512_tier_features() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_tier_features() -> bool {
+    false
 }
 
 /// CPU features found at run time, named as ggml's CPU backend reports them.
@@ -218,6 +234,8 @@ pub struct KernelTable {
     /// with software prefetch where it measured faster; `None` means use `vec_dot`.
     vec_dot_stream: [Option<VecDotFn>; N_TYPES],
     from_float: [Option<FromFloatFn>; N_TYPES],
+    /// Row dequantizers (ggml's `to_float`): the format's, or a tier's with the same floats.
+    to_f32: [Option<crate::quant::DequantizeFn>; N_TYPES],
     gemm: [Option<GemmFn>; N_TYPES],
     pub(crate) dot_f32: DotF32,
     pub(crate) add_f32: BinaryF32,
@@ -262,6 +280,7 @@ impl KernelTable {
             vec_dot: [None; N_TYPES],
             vec_dot_stream: [None; N_TYPES],
             from_float: [None; N_TYPES],
+            to_f32: [None; N_TYPES],
             gemm: [None; N_TYPES],
             dot_f32: scalar::dot_f32,
             add_f32: scalar::add_f32,
@@ -303,12 +322,17 @@ impl KernelTable {
             if let Some(v) = f.from_float {
                 t.set_from_float(d, v);
             }
+            t.to_f32[d.ggml_id() as usize] = f.dequantize;
         }
         t.set_gemm(DType::Q4_0, gemm::gemm_q4_0_q8_0);
         t.set_gemm(DType::Q8_0, gemm::gemm_q8_0_q8_0);
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx2 {
             x86::plug_avx2(&mut t);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx512 {
+            x86::avx512::plug(&mut t);
         }
         t.isa = isa;
         t
@@ -333,6 +357,15 @@ impl KernelTable {
     /// The activation converter into vec-dot type `d`.
     pub(crate) fn activation_converter(&self, d: DType) -> Option<FromFloatFn> {
         self.from_float[d.ggml_id() as usize]
+    }
+
+    /// The row dequantizer of type `d` (the same floats in every tier).
+    pub(crate) fn to_f32(&self, d: DType) -> Option<crate::quant::DequantizeFn> {
+        self.to_f32[d.ggml_id() as usize]
+    }
+
+    pub(crate) fn set_to_f32(&mut self, d: DType, f: crate::quant::DequantizeFn) {
+        self.to_f32[d.ggml_id() as usize] = Some(f);
     }
 
     /// The register-tile kernel for weights of type `d` against `d.vec_dot_type()`, if any.
@@ -397,7 +430,8 @@ pub fn vec_dot_with(isa: Isa, dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Res
 static SELECTED: AtomicU8 = AtomicU8::new(u8::MAX);
 
 fn slot(isa: Isa) -> &'static OnceLock<KernelTable> {
-    static TABLES: [OnceLock<KernelTable>; 2] = [OnceLock::new(), OnceLock::new()];
+    static TABLES: [OnceLock<KernelTable>; Isa::ALL.len()] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
     &TABLES[isa as usize]
 }
 
@@ -423,6 +457,7 @@ pub fn selected_isa() -> Isa {
     match SELECTED.load(Ordering::Relaxed) {
         0 => Isa::Scalar,
         1 => Isa::Avx2,
+        2 => Isa::Avx512,
         _ => select_initial_isa(),
     }
 }

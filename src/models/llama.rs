@@ -44,9 +44,9 @@ impl LlamaConfig {
         let c = self;
         if c.n_head == 0
             || c.n_head_kv == 0
-            || c.n_embd % c.n_head != 0
-            || c.n_head % c.n_head_kv != 0
-            || c.head_dim() % 2 != 0
+            || !c.n_embd.is_multiple_of(c.n_head)
+            || !c.n_head.is_multiple_of(c.n_head_kv)
+            || !c.head_dim().is_multiple_of(2)
             || c.n_layer == 0
             || c.n_ctx == 0
             || c.n_vocab == 0

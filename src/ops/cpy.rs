@@ -78,7 +78,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 if let (DType::F32, Some(ff)) = (a.dtype, from_f32) {
                     // F32 rows go to the CPU quantizer as they are (no copy into the scratch
                     // row): the same input values, so the same bytes.
-                    if src.as_ptr() as usize % 4 == 0 && d.dtype.block_size() > 1 {
+                    if (src.as_ptr() as usize).is_multiple_of(4) && d.dtype.block_size() > 1 {
                         let dst = std::slice::from_raw_parts_mut(d.row(j1, j2, j3), sd);
                         ff(std::slice::from_raw_parts(src.as_ptr() as *const f32, ne0), dst);
                         continue;

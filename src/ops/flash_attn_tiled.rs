@@ -26,7 +26,8 @@ const QB: usize = 96;
 /// KV positions per block (6 panels of 16).
 const KVB: usize = 96;
 
-const _: () = assert!(QB % SG_MR == 0 && KVB % SG_NR == 0 && KVB % SG_MR == 0);
+const _: () =
+    assert!(QB.is_multiple_of(SG_MR) && KVB.is_multiple_of(SG_NR) && KVB.is_multiple_of(SG_MR));
 
 /// Zeros standing in for the S rows of missing queries when P is packed.
 static ZERO_ROW: [f32; KVB] = [0.0; KVB];

@@ -152,7 +152,7 @@ pub(crate) fn timestep_embedding(
                 *e.add(j) = arg.cos();
                 *e.add(j + half) = arg.sin();
             }
-            if dim % 2 != 0 {
+            if !dim.is_multiple_of(2) {
                 *e.add(2 * half) = 0.0;
             }
         }

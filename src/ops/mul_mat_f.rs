@@ -80,8 +80,8 @@ pub(crate) fn types_ok(a: DType, b: DType) -> bool {
     let f = crate::quant::format(a);
     f.dequantize.is_some()
         && f.vec_dot.is_some()
-        && KC % a.block_size() == 0
-        && KC % vd.block_size() == 0
+        && KC.is_multiple_of(a.block_size())
+        && KC.is_multiple_of(vd.block_size())
         && vd_to_f32(vd).is_some()
         && (b == DType::F32 && crate::quant::format(vd).from_float.is_some() || b == vd)
 }

@@ -276,7 +276,7 @@ fn convert(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
         unsafe {
             let pb = b.row(i1, i2, 0);
             let s = ctx.work.add(l.scratch + ith * l.scratch_stride);
-            let f = if (pb as usize) % std::mem::align_of::<f32>() == 0 {
+            let f = if (pb as usize).is_multiple_of(std::mem::align_of::<f32>()) {
                 std::slice::from_raw_parts(pb as *const f32, k)
             } else {
                 std::ptr::copy_nonoverlapping(pb, s, k * 4);

@@ -60,7 +60,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             let ar =
                 unsafe { std::slice::from_raw_parts(a.row(l, i2 / dps2, i3 / dps3), a_row_bytes) };
             let row: &[f32] = match a.dtype {
-                DType::F32 if (ar.as_ptr() as usize) % std::mem::align_of::<f32>() == 0 => {
+                DType::F32
+                    if (ar.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>()) =>
+                {
                     // SAFETY: aligned, m contiguous f32 (a_row_bytes == 4 * m).
                     unsafe { std::slice::from_raw_parts(ar.as_ptr() as *const f32, m) }
                 }

@@ -93,7 +93,7 @@ fn fill_cache(
                 th
             } else if sector % 3 == 2 && sector < 3 * sec[2] as usize {
                 tw
-            } else if sector % 3 == 0 && sector < 3 * sec[0] as usize {
+            } else if sector.is_multiple_of(3) && sector < 3 * sec[0] as usize {
                 tt
             } else {
                 te

@@ -39,11 +39,11 @@ impl ArenaAlloc {
         }
         // Grow at the top, absorbing a free block that ends there.
         let mut off = self.top;
-        if let Some(&(o, s)) = self.free.last() {
-            if o + s == self.top {
-                off = o;
-                self.free.pop();
-            }
+        if let Some(&(o, s)) = self.free.last()
+            && o + s == self.top
+        {
+            off = o;
+            self.free.pop();
         }
         self.top = off + size;
         self.peak = self.peak.max(self.top);

@@ -60,10 +60,10 @@ struct Shared<'a> {
 
 impl Shared<'_> {
     fn fail(&self, step: usize, e: Error) {
-        if let Ok(mut slot) = self.error.lock() {
-            if slot.is_none() {
-                *slot = Some(e);
-            }
+        if let Ok(mut slot) = self.error.lock()
+            && slot.is_none()
+        {
+            *slot = Some(e);
         }
         self.stop_at.fetch_min(step, Ordering::AcqRel);
     }
@@ -109,13 +109,13 @@ fn worker(
             if ith == 0 {
                 // Zero the next step's counter; the barrier publishes it.
                 sh.counters[(step + 1) % 2].store(0, Ordering::Relaxed);
-                if phase + 1 == node.phases {
-                    if let Some(h) = sh.hook {
-                        // A panicking hook counts as a request to stop (the other workers are
-                        // waiting at the barrier; unwinding past it would strand them).
-                        if catch_unwind(AssertUnwindSafe(h)).unwrap_or(true) {
-                            sh.fail(step, Error::Aborted);
-                        }
+                if phase + 1 == node.phases
+                    && let Some(h) = sh.hook
+                {
+                    // A panicking hook counts as a request to stop (the other workers are
+                    // waiting at the barrier; unwinding past it would strand them).
+                    if catch_unwind(AssertUnwindSafe(h)).unwrap_or(true) {
+                        sh.fail(step, Error::Aborted);
                     }
                 }
             }
@@ -313,7 +313,7 @@ impl Team {
                 }
                 std::hint::spin_loop();
                 spins = spins.wrapping_add(1);
-                if spins % 256 == 0 && start.elapsed() > HOT_WINDOW {
+                if spins.is_multiple_of(256) && start.elapsed() > HOT_WINDOW {
                     match st.compare_exchange(SPINNING, ASLEEP, Ordering::AcqRel, Ordering::Acquire)
                     {
                         Ok(_) => {

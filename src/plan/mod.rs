@@ -277,23 +277,24 @@ impl Plan {
                 let nbytes = t.nbytes();
                 stats.intermediate_bytes += align_up(nbytes, crate::backend::BUFFER_ALIGNMENT);
                 let mut placed = false;
-                if t.op.can_inplace() && guard == 0 {
-                    if let Some(s0) = t.src[0] {
-                        let p = &graph.tensors[s0.index()];
-                        if is_arena_node(p)
-                            && !p.output
-                            && last_use[s0.index()] == i
-                            && !moved[s0.index()]
-                            && p.dtype == t.dtype
-                            && p.ne == t.ne
-                            && p.nb == t.nb
-                            && t.srcs().skip(1).all(|s| root(s) != s0)
-                        {
-                            offset[i] = offset[s0.index()];
-                            moved[s0.index()] = true;
-                            stats.n_inplace += 1;
-                            placed = true;
-                        }
+                if t.op.can_inplace()
+                    && guard == 0
+                    && let Some(s0) = t.src[0]
+                {
+                    let p = &graph.tensors[s0.index()];
+                    if is_arena_node(p)
+                        && !p.output
+                        && last_use[s0.index()] == i
+                        && !moved[s0.index()]
+                        && p.dtype == t.dtype
+                        && p.ne == t.ne
+                        && p.nb == t.nb
+                        && t.srcs().skip(1).all(|s| root(s) != s0)
+                    {
+                        offset[i] = offset[s0.index()];
+                        moved[s0.index()] = true;
+                        stats.n_inplace += 1;
+                        placed = true;
                     }
                 }
                 if !placed {
@@ -534,7 +535,7 @@ impl Plan {
     /// The contents of an output (or input) tensor after `compute`, as a typed slice.
     pub fn output<T: Element>(&self, id: TensorId) -> Result<&[T]> {
         let (p, nbytes) = self.check_readable(id, Some(T::DTYPE))?;
-        if (p as usize) % std::mem::align_of::<T>() != 0 {
+        if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) {
             return Err(Error::arg("output: tensor is not aligned for this element type"));
         }
         // SAFETY: p points at nbytes of the plan's arena (checked contiguous, live for &self, and

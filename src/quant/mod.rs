@@ -130,7 +130,7 @@ pub fn quantize_with_imatrix(
         dtype,
         msg: "this type has no quantizer (it is a vec-dot-only or integer type)".into(),
     })?;
-    if n_per_row == 0 || src.len() % n_per_row != 0 {
+    if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) {
         return Err(Error::arg(format!(
             "quantize_with_imatrix {dtype}: {} values are not whole rows of {n_per_row}",
             src.len()
@@ -185,10 +185,11 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
 pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
     // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops; the error
     // path is out of line, so this one is a few loads and compares around the kernel call.
-    if let Some(k) = crate::kernels::table().vec_dot(dtype) {
-        if fits(dtype, n, x.len()) && fits(dtype.vec_dot_type(), n, y.len()) {
-            return Ok(k(n, x, y));
-        }
+    if let Some(k) = crate::kernels::table().vec_dot(dtype)
+        && fits(dtype, n, x.len())
+        && fits(dtype.vec_dot_type(), n, y.len())
+    {
+        return Ok(k(n, x, y));
     }
     vec_dot_error(dtype, n, x, y)
 }
@@ -215,6 +216,6 @@ fn fits(d: DType, n: usize, len: usize) -> bool {
     if bs.is_power_of_two() {
         n & (bs - 1) == 0 && (n >> bs.trailing_zeros()).checked_mul(d.type_size()) == Some(len)
     } else {
-        n % bs == 0 && (n / bs).checked_mul(d.type_size()) == Some(len)
+        n.is_multiple_of(bs) && (n / bs).checked_mul(d.type_size()) == Some(len)
     }
 }

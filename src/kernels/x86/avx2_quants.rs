@@ -309,7 +309,7 @@ pub(super) fn hsum_float_8(x: __m256) -> f32 {
 /// `GGML_F32x8_REDUCE` over four accumulators.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn f32x8_reduce(s: [__m256; 4]) -> f32 {
+pub(super) fn f32x8_reduce(s: [__m256; 4]) -> f32 {
     let s0 = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
     let t0 = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps::<1>(s0));
     let t1 = _mm_hadd_ps(t0, t0);

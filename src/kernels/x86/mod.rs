@@ -7,6 +7,7 @@ pub(crate) mod avx2_iq;
 mod avx2_quants;
 mod avx2_repack;
 mod avx2_sgemm;
+pub(crate) mod avx512;
 // --- ops ---
 pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
 // --- end ops ---

@@ -150,7 +150,7 @@ fn quantize_rows<B: Pod>(
     mut quantize_block: impl FnMut(&[f32], Option<&[f32]>) -> Result<B>,
 ) -> Result<()> {
     let bsz = size_of::<B>();
-    if n_per_row == 0 || n_per_row % block_elems != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(block_elems) {
         return Err(Error::arg(format!(
             "rows of {n_per_row} values are not whole blocks of {block_elems}"
         )));

@@ -109,11 +109,11 @@ impl<const N: usize> Search<N> {
             // The `nwant` smallest distinct distances, ascending.
             let mut levels_d: Vec<i32> = Vec::with_capacity(nwant + 1);
             for &d in &d2 {
-                if let Err(at) = levels_d.binary_search(&d) {
-                    if at < nwant {
-                        levels_d.insert(at, d);
-                        levels_d.truncate(nwant);
-                    }
+                if let Err(at) = levels_d.binary_search(&d)
+                    && at < nwant
+                {
+                    levels_d.insert(at, d);
+                    levels_d.truncate(nwant);
                 }
             }
             map[key] = -(neighbours.len() as i32 + 1);

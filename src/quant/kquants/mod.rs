@@ -72,7 +72,7 @@ fn quantize_rows<T: Pod>(
     reference: impl Fn(&[f32]) -> T,
     weighted: impl Fn(&[f32], &[f32]) -> T,
 ) -> Result<()> {
-    if n_per_row == 0 || n_per_row % QK_K != 0 || src.len() % n_per_row != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(QK_K) || !src.len().is_multiple_of(n_per_row) {
         return Err(Error::arg(format!(
             "K-quant rows must be whole super-blocks of {QK_K}: {} values, rows of {n_per_row}",
             src.len()

@@ -1,0 +1,569 @@
+//! AVX-512 tier (needs AVX-512 F, BW, DQ and VL on top of the AVX2 tier; checked once by
+//! `Isa::Avx512.is_supported()` before [`plug`] installs anything). Same names and contracts as
+//! the twins in `../scalar.rs` and `avx2_elementwise.rs`.
+//!
+//! Every kernel here gives the same bits as the AVX2 tier's: the binary kernels do one IEEE
+//! operation per element, and SiLU / SwiGLU run the AVX2 tier's vector exp (ggml's
+//! `ggml_v_expf` operations) on 16 lanes, with the AVX2 tier's scalar tail for the last `n % 8`
+//! elements. (ggml's own AVX-512 build forms 2^n with `vscalefps` instead, which can differ from
+//! its AVX2 build in the last bit; both are within test-backend-ops' limits.)
+
+use std::arch::x86_64::*;
+
+use super::avx2_quants::f32x8_reduce;
+use crate::dtype::DType;
+use crate::kernels::{KernelTable, scalar};
+use crate::quant::util::fp16_to_fp32;
+
+/// Overwrites the entries this tier implements (called after the AVX2 tier's `plug_avx2`).
+pub(crate) fn plug(t: &mut KernelTable) {
+    t.add_f32 = add_f32;
+    t.sub_f32 = sub_f32;
+    t.mul_f32 = mul_f32;
+    t.div_f32 = div_f32;
+    t.silu_f32 = silu_f32;
+    t.swiglu_f32 = swiglu_f32;
+    t.mad_f16 = mad_f16;
+    t.mad_f32 = mad_f32;
+    t.set_vec_dot(DType::F32, vec_dot_f32);
+    t.set_vec_dot(DType::F16, vec_dot_f16);
+    t.set_to_f32(DType::Q4_0, dequantize_q4_0);
+    t.set_to_f32(DType::Q8_0, dequantize_q8_0);
+}
+
+/// How far ahead (in f32 elements, 4 KiB) the streaming kernels prefetch their inputs, as the
+/// AVX2 tier (see `avx2_elementwise::PREFETCH`).
+const PREFETCH: usize = 1024;
+
+#[inline(always)]
+fn prefetch_ahead(p: *const f32, i: usize) {
+    // SAFETY: prefetch only hints the cache; it reads nothing architecturally and never faults,
+    // and `wrapping_add` keeps the address computation defined.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + PREFETCH) as *const i8) };
+}
+
+/// The lanes `[0, k)` of a 16-lane mask, `k <= 16`.
+#[inline(always)]
+fn first_lanes(k: usize) -> __mmask16 {
+    debug_assert!(k <= 16);
+    ((1u32 << k) - 1) as __mmask16
+}
+
+macro_rules! binary_kernels {
+    ($($name:ident => $intr:ident;)*) => {$(
+        /// Elementwise kernel over `n` f32 values, two 16-lane vectors per step with the inputs
+        /// prefetched ahead and a masked tail; one IEEE operation per element (the bits of the
+        /// scalar and AVX2 twins).
+        ///
+        /// # Safety
+        /// As `scalar::add_f32`: valid pointers for `n` elements, exact aliasing only; and the CPU
+        /// supports the AVX-512 tier.
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+        pub(crate) unsafe fn $name(n: usize, dst: *mut f32, a: *const f32, b: *const f32) {
+            let mut i = 0;
+            while i + 32 <= n {
+                prefetch_ahead(a, i);
+                prefetch_ahead(b, i);
+                // SAFETY: i + 32 <= n keeps both vectors' loads and stores inside the n
+                // elements; each lane group is loaded before it is stored (exact aliasing).
+                unsafe {
+                    let x0 = _mm512_loadu_ps(a.add(i));
+                    let y0 = _mm512_loadu_ps(b.add(i));
+                    let x1 = _mm512_loadu_ps(a.add(i + 16));
+                    let y1 = _mm512_loadu_ps(b.add(i + 16));
+                    _mm512_storeu_ps(dst.add(i), $intr(x0, y0));
+                    _mm512_storeu_ps(dst.add(i + 16), $intr(x1, y1));
+                }
+                i += 32;
+            }
+            while i + 16 <= n {
+                // SAFETY: i + 16 <= n.
+                unsafe {
+                    let x = _mm512_loadu_ps(a.add(i));
+                    _mm512_storeu_ps(dst.add(i), $intr(x, _mm512_loadu_ps(b.add(i))));
+                }
+                i += 16;
+            }
+            if i < n {
+                let m = first_lanes(n - i);
+                // SAFETY: the mask covers lanes i..n only; masked-off lanes are neither read
+                // nor written (no fault past the end).
+                unsafe {
+                    let x = _mm512_maskz_loadu_ps(m, a.add(i));
+                    let y = _mm512_maskz_loadu_ps(m, b.add(i));
+                    _mm512_mask_storeu_ps(dst.add(i), m, $intr(x, y));
+                }
+            }
+        }
+    )*};
+}
+binary_kernels! {
+    add_f32 => _mm512_add_ps;
+    sub_f32 => _mm512_sub_ps;
+    mul_f32 => _mm512_mul_ps;
+    div_f32 => _mm512_div_ps;
+}
+
+/// p(b) - 1 of ggml's vector expf (`avx2::v_expf_poly` on 16 lanes).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn v_expf_poly(b: __m512) -> __m512 {
+    let c = |bits: u32| _mm512_set1_ps(f32::from_bits(bits));
+    let u = _mm512_mul_ps(b, b);
+    _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        _mm512_mul_ps(c(0x3f7f_fff6), b),
+    )
+}
+
+/// exp(-x) on 16 lanes with the operations of `avx2_elementwise::v_expf_neg` (the negation folded
+/// into the first two fused multiply-adds, exact), including the rare lanes near overflow and
+/// underflow (`avx2::v_expf`'s second path, lane for lane through masks).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn v_expf_neg(x: __m512) -> __m512 {
+    let c = |bits: u32| _mm512_set1_ps(f32::from_bits(bits));
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = _mm512_fnmadd_ps(x, c(0x3fb8_aa3b), r); // -x / ln2 + r
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmsub_ps(n, c(0x3f31_7200), x));
+    let e = _mm512_slli_epi32::<23>(_mm512_castps_si512(z));
+    let k = _mm512_castsi512_ps(_mm512_add_epi32(e, _mm512_castps_si512(_mm512_set1_ps(1.0))));
+    let abs_n = _mm512_abs_ps(n);
+    let rare = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(abs_n, _mm512_set1_ps(126.0));
+    let j = v_expf_poly(b);
+    let fast = _mm512_fmadd_ps(j, k, k);
+    if rare == 0 {
+        return fast;
+    }
+    // avx2::v_expf's rare path for the argument -x (whose n, z, b and e are the ones above).
+    let le0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+    let g = _mm512_maskz_mov_epi32(le0, _mm512_set1_epi32(0x8200_0000u32 as i32));
+    let s1 = _mm512_castsi512_ps(_mm512_add_epi32(g, _mm512_set1_epi32(0x7f00_0000)));
+    let s2 = _mm512_castsi512_ps(_mm512_sub_epi32(e, g));
+    let huge = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(abs_n, _mm512_set1_ps(192.0));
+    let scaled = _mm512_mul_ps(_mm512_fmadd_ps(s2, j, s2), s1);
+    let v = _mm512_mask_blend_ps(rare, fast, scaled);
+    _mm512_mask_blend_ps(huge, v, _mm512_mul_ps(s1, s1))
+}
+
+/// silu(x) = x / (1 + exp(-x)) on 16 lanes (ggml's `ggml_v_silu` operations).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn v_silu(x: __m512) -> __m512 {
+    _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), v_expf_neg(x)))
+}
+
+/// Runs `f` over `[0, n)` in steps of 32 and 16 lanes, with a masked step for the lanes below
+/// `n & !7`, and `tail` for the last `n % 8` elements: the split of the AVX2 tier (vector exp
+/// for every element of a whole 8-lane group, the scalar function after), so the bits agree.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn silu_like(
+    n: usize,
+    mut step2: impl FnMut(usize),
+    mut step_masked: impl FnMut(usize, __mmask16),
+    mut tail: impl FnMut(usize),
+) {
+    let n8 = n & !7;
+    let mut i = 0;
+    while i + 32 <= n8 {
+        step2(i);
+        i += 32;
+    }
+    while i < n8 {
+        step_masked(i, first_lanes((n8 - i).min(16)));
+        i += 16;
+    }
+    for k in n8..n {
+        tail(k);
+    }
+}
+
+/// SiLU over `n` f32, bitwise the AVX2 tier's `silu_f32`; input prefetched ahead.
+///
+/// # Safety
+/// As `scalar::silu_f32`, and the CPU supports the AVX-512 tier.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn silu_f32(n: usize, dst: *mut f32, a: *const f32) {
+    silu_like(
+        n,
+        |i| {
+            prefetch_ahead(a, i);
+            // SAFETY: silu_like passes i + 32 <= n; loads precede stores (exact aliasing).
+            unsafe {
+                let s0 = v_silu(_mm512_loadu_ps(a.add(i)));
+                let s1 = v_silu(_mm512_loadu_ps(a.add(i + 16)));
+                _mm512_storeu_ps(dst.add(i), s0);
+                _mm512_storeu_ps(dst.add(i + 16), s1);
+            }
+        },
+        |i, m| {
+            // SAFETY: the mask covers lanes below n only; masked-off lanes are not accessed.
+            unsafe {
+                let s = v_silu(_mm512_maskz_loadu_ps(m, a.add(i)));
+                _mm512_mask_storeu_ps(dst.add(i), m, s);
+            }
+        },
+        // SAFETY: silu_like passes k < n.
+        |k| unsafe { *dst.add(k) = scalar::silu(*a.add(k)) },
+    );
+}
+
+/// SwiGLU in one pass, silu(x) * g, bitwise the AVX2 tier's `swiglu_f32`; both inputs
+/// prefetched ahead.
+///
+/// # Safety
+/// As `scalar::swiglu_f32`, and the CPU supports the AVX-512 tier.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn swiglu_f32(n: usize, dst: *mut f32, x: *const f32, g: *const f32) {
+    silu_like(
+        n,
+        |i| {
+            prefetch_ahead(x, i);
+            prefetch_ahead(g, i);
+            // SAFETY: silu_like passes i + 32 <= n; a lane group's loads precede its store.
+            unsafe {
+                let s0 = v_silu(_mm512_loadu_ps(x.add(i)));
+                let s1 = v_silu(_mm512_loadu_ps(x.add(i + 16)));
+                _mm512_storeu_ps(dst.add(i), _mm512_mul_ps(s0, _mm512_loadu_ps(g.add(i))));
+                let g1 = _mm512_loadu_ps(g.add(i + 16));
+                _mm512_storeu_ps(dst.add(i + 16), _mm512_mul_ps(s1, g1));
+            }
+        },
+        |i, m| {
+            // SAFETY: the mask covers lanes below n only; masked-off lanes are not accessed.
+            unsafe {
+                let s = v_silu(_mm512_maskz_loadu_ps(m, x.add(i)));
+                let y = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, g.add(i)));
+                _mm512_mask_storeu_ps(dst.add(i), m, y);
+            }
+        },
+        // SAFETY: silu_like passes k < n.
+        |k| unsafe { *dst.add(k) = scalar::silu(*x.add(k)) * *g.add(k) },
+    );
+}
+
+/// The low and high eight lanes of a 16-lane vector.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn halves(v: __m512) -> (__m256, __m256) {
+    (_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v))
+}
+
+/// ggml's AVX2 float dot product (`avx2_quants::vec_dot_f32_avx2` / `vec_dot_f16_avx2`) with
+/// its four 8-lane accumulators held as two 16-lane ones: elements `32 k + 0..16` feed the
+/// accumulators c0 | c1 and `32 k + 16..32` feed c2 | c3, so every lane sums the same products
+/// in the same order, and the final reduction is the AVX2 one; the bits are the AVX2 tier's.
+/// `load(i)` widens the 16 elements at `i` to f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn dot_paired(
+    np: usize,
+    load_x: impl Fn(usize) -> __m512,
+    load_y: impl Fn(usize) -> __m512,
+) -> f32 {
+    let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut i = 0;
+    while i < np {
+        a = _mm512_fmadd_ps(load_x(i), load_y(i), a);
+        b = _mm512_fmadd_ps(load_x(i + 16), load_y(i + 16), b);
+        i += 32;
+    }
+    let ((c0, c1), (c2, c3)) = (halves(a), halves(b));
+    f32x8_reduce([c0, c1, c2, c3])
+}
+
+/// # Safety
+/// The CPU supports the AVX-512 tier; `x` and `y` are valid for reading `4 * n` bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn vec_dot_f32_avx512(n: usize, x: *const f32, y: *const f32) -> f32 {
+    let np = n & !31;
+    // SAFETY: dot_paired loads 16 elements at i and i + 16 for i + 32 <= np <= n.
+    let mut sumf = dot_paired(
+        np,
+        |i| unsafe { _mm512_loadu_ps(x.add(i)) },
+        |i| unsafe { _mm512_loadu_ps(y.add(i)) },
+    );
+    for i in np..n {
+        // SAFETY: i < n.
+        let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
+        sumf = a.mul_add(b, sumf);
+    }
+    sumf
+}
+
+/// # Safety
+/// The CPU supports the AVX-512 tier; `x` and `y` are valid for reading `2 * n` bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn vec_dot_f16_avx512(n: usize, x: *const u16, y: *const u16) -> f32 {
+    let np = n & !31;
+    let load = |p: *const u16| {
+        // SAFETY: dot_paired loads 16 halves at i and i + 16 for i + 32 <= np <= n.
+        move |i: usize| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.add(i).cast())) }
+    };
+    let mut sumf = dot_paired(np, load(x), load(y)) as f64;
+    for i in np..n {
+        // SAFETY: i < n.
+        let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
+        sumf += (fp16_to_fp32(a) * fp16_to_fp32(b)) as f64;
+    }
+    sumf as f32
+}
+
+/// `ggml_vec_dot_f32`, bitwise the AVX2 tier's.
+fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let n = n.min(x.len() / 4).min(y.len() / 4);
+    // SAFETY: both slices hold n f32; installed only when the AVX-512 tier is supported.
+    unsafe { vec_dot_f32_avx512(n, x.as_ptr().cast(), y.as_ptr().cast()) }
+}
+
+/// `ggml_vec_dot_f16`, bitwise the AVX2 tier's.
+fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let n = n.min(x.len() / 2).min(y.len() / 2);
+    // SAFETY: both slices hold n halves; installed only when the AVX-512 tier is supported.
+    unsafe { vec_dot_f16_avx512(n, x.as_ptr().cast(), y.as_ptr().cast()) }
+}
+
+/// acc += f16(v) * s, one fused multiply-add per element (the AVX2 tier's bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+fn mad_f16_avx512(acc: &mut [f32], v: &[u8], s: f32) {
+    let n = (v.len() / 2).min(acc.len());
+    let vs = _mm512_set1_ps(s);
+    let (pv, pa) = (v.as_ptr() as *const u16, acc.as_mut_ptr());
+    // Whole vectors unmasked: a masked store does not forward to the next call's load of the
+    // same accumulator (flash attention calls this once per KV row), which stalls.
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: i + 16 <= n: 32 bytes of v and 16 floats of acc are in bounds.
+        unsafe {
+            let h = _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(i).cast()));
+            let a = _mm512_loadu_ps(pa.add(i));
+            _mm512_storeu_ps(pa.add(i), _mm512_fmadd_ps(h, vs, a));
+        }
+        i += 16;
+    }
+    if i < n {
+        let m = first_lanes(n - i);
+        // SAFETY: the mask covers elements i..n of both slices only.
+        unsafe {
+            let h = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, pv.add(i).cast()));
+            let a = _mm512_maskz_loadu_ps(m, pa.add(i));
+            _mm512_mask_storeu_ps(pa.add(i), m, _mm512_fmadd_ps(h, vs, a));
+        }
+    }
+}
+
+/// acc += f16(v) * s.
+pub(crate) fn mad_f16(acc: &mut [f32], v: &[u8], s: f32) {
+    // SAFETY: only placed in a table after the AVX-512 tier was detected.
+    unsafe { mad_f16_avx512(acc, v, s) }
+}
+
+/// acc += v * s, one fused multiply-add per element (the AVX2 tier's bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+fn mad_f32_avx512(acc: &mut [f32], v: &[f32], s: f32) {
+    let n = v.len().min(acc.len());
+    let vs = _mm512_set1_ps(s);
+    let (pv, pa) = (v.as_ptr(), acc.as_mut_ptr());
+    // Whole vectors unmasked (see mad_f16_avx512).
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: i + 16 <= n: 16 floats of v and of acc are in bounds.
+        unsafe {
+            let x = _mm512_loadu_ps(pv.add(i));
+            let a = _mm512_loadu_ps(pa.add(i));
+            _mm512_storeu_ps(pa.add(i), _mm512_fmadd_ps(x, vs, a));
+        }
+        i += 16;
+    }
+    if i < n {
+        let m = first_lanes(n - i);
+        // SAFETY: the mask covers elements i..n of both slices only.
+        unsafe {
+            let x = _mm512_maskz_loadu_ps(m, pv.add(i));
+            let a = _mm512_maskz_loadu_ps(m, pa.add(i));
+            _mm512_mask_storeu_ps(pa.add(i), m, _mm512_fmadd_ps(x, vs, a));
+        }
+    }
+}
+
+/// acc += v * s.
+pub(crate) fn mad_f32(acc: &mut [f32], v: &[f32], s: f32) {
+    // SAFETY: only placed in a table after the AVX-512 tier was detected.
+    unsafe { mad_f32_avx512(acc, v, s) }
+}
+
+/// Bytes per Q4_0 block (f16 scale, 16 bytes of nibbles) and per Q8_0 block (f16, 32 i8).
+const Q4_0_BYTES: usize = 18;
+const Q8_0_BYTES: usize = 34;
+
+/// `dequantize_row_q4_0`: (q - 8) * d, low nibbles first; the same floats as ggml's (an exact
+/// int -> float conversion and one multiply per element).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+fn dequantize_q4_0_avx512(src: &[u8], dst: &mut [f32]) {
+    let nb = (src.len() / Q4_0_BYTES).min(dst.len() / 32);
+    let (ps, pd) = (src.as_ptr(), dst.as_mut_ptr());
+    let (mask, eight) = (_mm_set1_epi8(0x0F), _mm512_set1_epi32(8));
+    for i in 0..nb {
+        // SAFETY: block i's 18 bytes are inside src and its 32 floats inside dst (i < nb).
+        unsafe {
+            let b = ps.add(i * Q4_0_BYTES);
+            let d = _mm512_set1_ps(fp16_to_fp32((b as *const u16).read_unaligned()));
+            let q = _mm_loadu_si128(b.add(2).cast());
+            let lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(q, mask)), eight);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+            let hi = _mm512_sub_epi32(_mm512_cvtepu8_epi32(hi), eight);
+            _mm512_storeu_ps(pd.add(32 * i), _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+            _mm512_storeu_ps(pd.add(32 * i + 16), _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+        }
+    }
+}
+
+/// `dequantize_row_q8_0`: q * d, the same floats as ggml's.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+fn dequantize_q8_0_avx512(src: &[u8], dst: &mut [f32]) {
+    let nb = (src.len() / Q8_0_BYTES).min(dst.len() / 32);
+    let (ps, pd) = (src.as_ptr(), dst.as_mut_ptr());
+    for i in 0..nb {
+        // SAFETY: block i's 34 bytes are inside src and its 32 floats inside dst (i < nb).
+        unsafe {
+            let b = ps.add(i * Q8_0_BYTES);
+            let d = _mm512_set1_ps(fp16_to_fp32((b as *const u16).read_unaligned()));
+            for h in 0..2 {
+                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2 + 16 * h).cast()));
+                _mm512_storeu_ps(pd.add(32 * i + 16 * h), _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+            }
+        }
+    }
+}
+
+fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: only placed in a table after the AVX-512 tier was detected.
+    unsafe { dequantize_q4_0_avx512(src, dst) }
+}
+
+fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: only placed in a table after the AVX-512 tier was detected.
+    unsafe { dequantize_q8_0_avx512(src, dst) }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::dtype::DType;
+    use crate::kernels::{Isa, table_for};
+
+    /// Inputs covering the vector exp's fast lanes, its rare lanes (|x| > 87, overflow and
+    /// underflow of exp(-x)), infinities, NaN and signed zeros, at lengths around every step.
+    fn inputs(n: usize) -> Vec<f32> {
+        let special = [0.0, -0.0, 1.0, -1.0, 88.0, -88.0, 90.0, -90.0, 150.0, -150.0, 200.0];
+        let mut s = 0x9E37_79B9u32;
+        (0..n)
+            .map(|i| {
+                if i % 13 == 5 {
+                    return special[i % special.len()];
+                }
+                if i == 7 {
+                    return f32::INFINITY;
+                }
+                if i == 9 {
+                    return f32::NAN;
+                }
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32 - 0.5) * 40.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn avx512_elementwise_kernels_give_the_avx2_tiers_bits() {
+        if !Isa::Avx512.is_supported() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 100, 1000, 3001] {
+            let a = inputs(n);
+            let b: Vec<f32> = inputs(n + 3)[3..].iter().map(|x| x * 0.5 + 0.25).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            type Bin = crate::kernels::BinaryF32;
+            let pairs: [(&str, Bin, Bin); 5] = [
+                ("add", t2.add_f32, t5.add_f32),
+                ("sub", t2.sub_f32, t5.sub_f32),
+                ("mul", t2.mul_f32, t5.mul_f32),
+                ("div", t2.div_f32, t5.div_f32),
+                ("swiglu", t2.swiglu_f32, t5.swiglu_f32),
+            ];
+            for (name, k2, k5) in pairs {
+                let (mut d2, mut d5) = (vec![0f32; n], vec![0f32; n]);
+                // SAFETY: every slice holds n elements; no overlap.
+                unsafe {
+                    k2(n, d2.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+                    k5(n, d5.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+                }
+                assert_eq!(bits(&d2), bits(&d5), "{name} n={n}");
+            }
+            let (mut d2, mut d5) = (vec![0f32; n], a.clone());
+            // SAFETY: n elements each; the AVX-512 call runs in place (exact aliasing allowed).
+            unsafe {
+                (t2.silu_f32)(n, d2.as_mut_ptr(), a.as_ptr());
+                (t5.silu_f32)(n, d5.as_mut_ptr(), d5.as_ptr());
+            }
+            assert_eq!(bits(&d2), bits(&d5), "silu n={n}");
+
+            // Float dot products and multiply-adds.
+            let h = |v: &[f32]| -> Vec<u8> {
+                v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()
+            };
+            let f = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+            let a_small: Vec<f32> =
+                a.iter().map(|x| if x.is_finite() { x * 0.01 } else { 1.0 }).collect();
+            let b_small: Vec<f32> =
+                b.iter().map(|x| if x.is_finite() { x * 0.01 } else { 2.0 }).collect();
+            for (dt, xa, xb) in
+                [(DType::F32, f(&a_small), f(&b_small)), (DType::F16, h(&a_small), h(&b_small))]
+            {
+                let (k2, k5) = (t2.vec_dot(dt).unwrap(), t5.vec_dot(dt).unwrap());
+                assert_eq!(k2(n, &xa, &xb).to_bits(), k5(n, &xa, &xb).to_bits(), "dot {dt} n={n}");
+            }
+            let (mut m2, mut m5) = (b_small.clone(), b_small.clone());
+            (t2.mad_f16)(&mut m2, &h(&a_small), 0.37);
+            (t5.mad_f16)(&mut m5, &h(&a_small), 0.37);
+            assert_eq!(bits(&m2), bits(&m5), "mad_f16 n={n}");
+            (t2.mad_f32)(&mut m2, &a_small, -1.5);
+            (t5.mad_f32)(&mut m5, &a_small, -1.5);
+            assert_eq!(bits(&m2), bits(&m5), "mad_f32 n={n}");
+        }
+    }
+
+    /// The AVX-512 dequantizers give the format's (ggml's) floats, bit for bit.
+    #[test]
+    fn avx512_dequantizers_give_the_formats_floats() {
+        if !Isa::Avx512.is_supported() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let t5 = table_for(Isa::Avx512).unwrap();
+        let v: Vec<f32> =
+            inputs(32 * 37).iter().map(|x| if x.is_finite() { *x } else { 3.0 }).collect();
+        for dt in [DType::Q4_0, DType::Q8_0] {
+            let mut q = vec![0u8; v.len() / 32 * dt.type_size()];
+            crate::quant::quantize(dt, &v, &mut q).unwrap();
+            // A block with a NaN scale and one with an infinite one, as data can hold.
+            q[0..2].copy_from_slice(&0x7e00u16.to_le_bytes());
+            q[dt.type_size()..dt.type_size() + 2].copy_from_slice(&0x7c00u16.to_le_bytes());
+            let (mut want, mut got) = (vec![0f32; v.len()], vec![0f32; v.len()]);
+            (crate::quant::format(dt).dequantize.unwrap())(&q, &mut want);
+            (t5.to_f32(dt).unwrap())(&q, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&want), bits(&got), "{dt}");
+        }
+    }
+}
