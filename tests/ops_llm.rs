@@ -236,8 +236,10 @@ fn run_attn(c: &Attn, nth: usize) -> (Vec<f32>, Vec<f64>) {
     let mut maskv = vec![0f32; c.n_kv * n_q_pad];
     for i in 0..c.n_q {
         for j in 0..c.n_kv {
-            // causal over the last n_q positions, plus a deterministic extra hole
-            if j > c.n_kv - c.n_q + i || (j * 7 + i) % 11 == 0 {
+            // causal over the last n_q positions, a deterministic extra hole, and for even query
+            // rows a fully masked run of 32 positions (whole blocks of the decode kernels)
+            let run = i % 2 == 0 && (32..64).contains(&j) && c.n_kv > 96;
+            if j > c.n_kv - c.n_q + i || (j * 7 + i) % 11 == 0 || run {
                 maskv[i * c.n_kv + j] = f32::NEG_INFINITY;
             } else {
                 maskv[i * c.n_kv + j] = ((j % 5) as f32) * -0.25;
@@ -389,6 +391,24 @@ fn flash_attn_ext_decode_split_kv_with_sinks_alibi_softcap_is_thread_invariant()
     for nth in [2, 3] {
         assert_eq!(run_attn(&c, nth).0, g1, "{nth} threads");
     }
+    // F16 decode with dk != dv (192 / 144: a 128-float accumulator chunk, then 16), GQA, a
+    // KV length that is no multiple of 16, three queries (split KV), masked blocks.
+    let c3 = Attn {
+        dk: 192,
+        dv: 144,
+        n_q: 3,
+        n_kv: 333,
+        n_head: 4,
+        n_head_kv: 2,
+        kv_type: DType::F16,
+        mask: true,
+        sinks: false,
+        p: quantgraph::FlashAttnParams::new(0.07),
+    };
+    let (g1, want) = run_attn(&c3, 1);
+    let e = nmse(&g1, &want);
+    assert!(e < 5e-4, "dk 192 dv 144: nmse {e}");
+    assert_eq!(run_attn(&c3, 3).0, g1, "dk 192 dv 144: 3 threads");
     // No mask, head size 40 (not a power of two).
     let c2 = Attn {
         dk: 40,

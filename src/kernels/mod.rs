@@ -211,6 +211,30 @@ pub(crate) type ExpSubSum = unsafe fn(n: usize, dst: *mut f32, max: f32) -> f64;
 /// (n, d0, d1, x0, x1, cos, sin): see `scalar::rope_rotate_f32`.
 pub(crate) type RopeRotateF32 =
     unsafe fn(usize, *mut f32, *mut f32, *const f32, *const f32, *const f32, *const f32);
+/// One query's flash-attention inner loop over F16 K and V rows (see [`AttendF16`]).
+///
+/// # Safety
+/// The pointers in `AttendF16` are valid for the rows it names; `acc.len()` is the V row length.
+pub(crate) type AttendF16Fn =
+    unsafe fn(a: &AttendF16<'_>, m: &mut f32, s: &mut f32, acc: &mut [f32]);
+
+/// The operands of [`AttendF16Fn`]: `n` KV positions whose K row `j` (`q.len()` halves) starts at
+/// `k + j * k_stride` bytes and V row `j` (`acc.len()` halves) at `v + j * v_stride`. Scores are
+/// `x_j = (q . k_j) * scale`, then `softcap * tanh(x_j)` when `softcap != 0`, plus `mask[j]`
+/// (`-inf` skips a position); the online softmax state (max `m`, sum `s`, accumulator `acc`)
+/// goes on from the caller's. `q` holds the query rounded to f16 (K's vec-dot type), widened.
+pub(crate) struct AttendF16<'a> {
+    pub q: &'a [f32],
+    pub k: *const u8,
+    pub k_stride: usize,
+    pub v: *const u8,
+    pub v_stride: usize,
+    pub n: usize,
+    pub mask: Option<&'a [f32]>,
+    pub scale: f32,
+    pub softcap: f32,
+}
+
 /// (n, dst, a, scale, add): see `scalar::scale_add_f32`.
 pub(crate) type ScaleAddF32 = unsafe fn(usize, *mut f32, *const f32, f32, bool);
 // --- end ops ---
@@ -270,6 +294,9 @@ pub struct KernelTable {
     pub(crate) scale_add_f32: ScaleAddF32,
     /// Row max (NaN ignored).
     pub(crate) max_f32: fn(&[f32]) -> f32,
+    /// flash_attn_ext's per-query loop over F16 K/V (head sizes multiples of 16), where a tier
+    /// has one; otherwise the driver's generic loop runs.
+    pub(crate) attend_f16: Option<AttendF16Fn>,
     // --- end ops ---
 }
 
@@ -307,6 +334,7 @@ impl KernelTable {
             rope_rotate_f32: scalar::rope_rotate_f32,
             scale_add_f32: scalar::scale_add_f32,
             max_f32: scalar::max_f32,
+            attend_f16: None,
             // --- end ops ---
         };
         for d in DType::ALL {

@@ -50,11 +50,12 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
     if shape(node).chunks > 1 { 2 } else { 1 }
 }
 
-/// Per-thread scratch: Q in K's vec-dot type, one V row in f32, the V accumulator.
+/// Per-thread scratch: Q in K's vec-dot type, one V row in f32, the V accumulator, Q widened
+/// back to f32 (the F16 kernel's operand).
 fn scratch_bytes(node: &ExecNode) -> usize {
     let s = shape(node);
     let kd = node.src[1].as_ref().map(|t| t.dtype.vec_dot_type()).unwrap_or(DType::F32);
-    align_up(kd.row_bytes(s.dk), 64) + align_up(s.dv * 4, 64) * 2
+    align_up(kd.row_bytes(s.dk), 64) + align_up(s.dv * 4, 64) * 2 + align_up(s.dk * 4, 64)
 }
 
 fn partial_floats(s: &Shape) -> usize {
@@ -93,6 +94,7 @@ fn attend(
     c0: usize,
     c1: usize,
     qbuf: &mut [u8],
+    qf: &mut [f32],
     vbuf: &mut [f32],
     acc: &mut [f32],
 ) -> Result<Row> {
@@ -119,6 +121,61 @@ fn attend(
     let vrow_bytes = v.dtype.row_bytes(sh.dv);
     acc.fill(0.0);
     let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+    if let Some(kernel) = kt.attend_f16.filter(|_| {
+        k.dtype == DType::F16
+            && v.dtype == DType::F16
+            && sh.dk.is_multiple_of(16)
+            && sh.dv.is_multiple_of(16)
+    }) {
+        // The tier's F16 loop: Q widened from its f16 rounding, the mask converted a block at a
+        // time (times the ALiBi slope), positions in fixed blocks from c0.
+        (kt.f16_bytes_to_f32)(qbuf, qf);
+        let mut mbuf = [0f32; MASK_BLOCK];
+        let mut b0 = c0;
+        while b0 < c1 {
+            let n = (c1 - b0).min(MASK_BLOCK);
+            let mvals = match mask {
+                Some(mt) => {
+                    // SAFETY: iq1 < mask.ne[1] and b0 + n <= n_kv <= mask.ne[0] (build check);
+                    // dims 2, 3 reduced modulo the mask's; mask rows are contiguous.
+                    let pm = unsafe { mt.row(iq1, iq2 % mt.ne[2], iq3 % mt.ne[3]) };
+                    let es = mt.dtype.type_size();
+                    // SAFETY: as above, n elements of the row from b0.
+                    let raw = unsafe { std::slice::from_raw_parts(pm.add(b0 * es), n * es) };
+                    if mt.dtype == DType::F16 {
+                        (kt.f16_bytes_to_f32)(raw, &mut mbuf[..n]);
+                    } else {
+                        for (o, c) in mbuf[..n].iter_mut().zip(raw.chunks_exact(4)) {
+                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        }
+                    }
+                    for x in &mut mbuf[..n] {
+                        *x *= slope;
+                    }
+                    Some(&mbuf[..n])
+                }
+                None => None,
+            };
+            let args = crate::kernels::AttendF16 {
+                q: qf,
+                // SAFETY: b0 < n_kv and (ik2, ik3) index k and v (broadcast checked at build).
+                k: unsafe { k.row(b0, ik2, ik3) },
+                k_stride: k.nb[1],
+                // SAFETY: as for k; v has k's dims 1..3.
+                v: unsafe { v.row(b0, ik2, ik3) },
+                v_stride: v.nb[1],
+                n,
+                mask: mvals,
+                scale,
+                softcap: p.logit_softcap,
+            };
+            // SAFETY: rows b0 .. b0 + n of k and v exist, each dk / dv F16 values (contiguous
+            // rows, build check); acc holds dv floats and qf dk.
+            unsafe { kernel(&args, &mut m, &mut s, acc) };
+            b0 += n;
+        }
+        return Ok(Row { m, s });
+    }
     for ic in c0..c1 {
         let mv = match mask {
             // SAFETY: iq1 < mask.ne[1], ic < n_kv <= mask.ne[0] (build check); dims 2, 3 reduced
@@ -173,6 +230,9 @@ fn attend(
     }
     Ok(Row { m, s })
 }
+
+/// Mask values `attend` converts at a time for the tier's F16 kernel.
+const MASK_BLOCK: usize = 256;
 
 /// How many KV rows ahead `attend` asks for the K and V rows it will read (a decode step streams
 /// K and V from memory; the hardware prefetcher alone leaves the core waiting).
@@ -265,15 +325,14 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &FlashAttnPar
     debug_assert!(partial_bytes + (ith + 1) * sb <= ctx.work_len);
     // SAFETY: the work buffer holds the partials then nth scratch areas of `sb` bytes (work_size);
     // this worker uses only its own scratch area.
-    let (qbuf, vbuf, acc) = unsafe {
+    let (qbuf, vbuf, acc, qf) = unsafe {
         let base = ctx.work.add(partial_bytes + ith * sb);
+        let vb = align_up(sh.dv * 4, 64);
         (
             std::slice::from_raw_parts_mut(base, kd.row_bytes(sh.dk)),
             std::slice::from_raw_parts_mut(base.add(qb) as *mut f32, sh.dv),
-            std::slice::from_raw_parts_mut(
-                base.add(qb + align_up(sh.dv * 4, 64)) as *mut f32,
-                sh.dv,
-            ),
+            std::slice::from_raw_parts_mut(base.add(qb + vb) as *mut f32, sh.dv),
+            std::slice::from_raw_parts_mut(base.add(qb + 2 * vb) as *mut f32, sh.dk),
         )
     };
     if sh.chunks == 1 {
@@ -282,7 +341,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &FlashAttnPar
             if row >= sh.rows {
                 return Ok(());
             }
-            let mut r = attend(ctx, p, &sh, row, 0, sh.n_kv, qbuf, vbuf, acc)?;
+            let mut r = attend(ctx, p, &sh, row, 0, sh.n_kv, qbuf, qf, vbuf, acc)?;
             add_sink(ctx, (row / sh.n_q) % sh.n_head, &mut r, acc);
             write_out(d, &sh, row, acc, r.s);
         }
@@ -297,7 +356,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &FlashAttnPar
             let (row, chunk) = (item / sh.chunks, item % sh.chunks);
             let c0 = chunk * KV_CHUNK;
             let c1 = (c0 + KV_CHUNK).min(sh.n_kv);
-            let r = attend(ctx, p, &sh, row, c0, c1, qbuf, vbuf, acc)?;
+            let r = attend(ctx, p, &sh, row, c0, c1, qbuf, qf, vbuf, acc)?;
             // SAFETY: item < rows * chunks, and each partial holds pf floats inside the partials
             // area; each item is taken by exactly one worker.
             unsafe {
