@@ -277,6 +277,8 @@ pub struct KernelTable {
     pub(crate) mad_f32: fn(&mut [f32], &[f32], f32),
     /// Float GEMM micro-kernel (F32/F16/BF16 `mul_mat` with several columns).
     pub(crate) sgemm: sgemm::SgemmFn,
+    /// Two strips at once, the same bits as two `sgemm` calls (tiers with 32 vector registers).
+    pub(crate) sgemm2: Option<sgemm::Sgemm2Fn>,
     /// Weight strip packer of the float GEMM (a 6-row transpose).
     pub(crate) sgemm_pack: sgemm::PackStripFn,
     pub(crate) sgemm_pack_f16: sgemm::PackStripF16Fn,
@@ -324,6 +326,7 @@ impl KernelTable {
             mad_f16: scalar::mad_f16,
             mad_f32: scalar::mad_f32,
             sgemm: sgemm::sgemm_6x16,
+            sgemm2: None,
             sgemm_pack: sgemm::pack_strip,
             sgemm_pack_f16: sgemm::pack_strip_f16,
             round_f16: sgemm::round_f16,

@@ -17,6 +17,19 @@ pub(crate) const SG_NR: usize = 16;
 pub(crate) type SgemmFn =
     fn(kc: usize, a: &[f32], bp: &[f32], out: &mut [f32; SG_MR * SG_NR], acc: bool);
 
+/// Two strips against one panel: `sgemm(kc, a0, bp, out0, acc)` then `sgemm(kc, a1, bp, out1,
+/// acc)`, the same sums in the same order (a tier with wide registers keeps both tiles'
+/// accumulators live at once).
+pub(crate) type Sgemm2Fn = fn(
+    kc: usize,
+    a0: &[f32],
+    a1: &[f32],
+    bp: &[f32],
+    out0: &mut [f32; SG_MR * SG_NR],
+    out1: &mut [f32; SG_MR * SG_NR],
+    acc: bool,
+);
+
 /// Packs `kc` elements of [`SG_MR`] rows into a weight strip: `out[k * SG_MR + r] = rows[r][k]`.
 /// Each row holds at least `kc` little-endian f32 (`kc * 4` bytes, any alignment); `out` at least
 /// `kc * SG_MR` values. Pure data movement: every tier writes the same values.

@@ -255,7 +255,7 @@ pub(crate) fn gemm_block(
     debug_assert!(
         i1 - i0 <= MC && ncols <= NC && panels.len() >= ncols.div_ceil(SG_NR) * k * SG_NR
     );
-    let kernel = crate::kernels::table().sgemm;
+    let (kernel, kernel2) = (crate::kernels::table().sgemm, crate::kernels::table().sgemm2);
     let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
     let (blck, ts) = (dtype.block_size(), dtype.type_size());
     let (pack, pack_f16) =
@@ -329,13 +329,32 @@ pub(crate) fn gemm_block(
                 &panels[..0]
             };
             let lines = (next_slice.len() * 4).div_ceil(64);
-            for st in 0..n_strips {
+            let fetch = |st: usize| {
                 for l in (lines * st / n_strips)..(lines * (st + 1) / n_strips) {
                     prefetch(next_slice.as_ptr().wrapping_add(l * 16) as *const u8);
                 }
-                let tile = &mut ctiles[(p * (MC / SG_MR) + st) * SG_MR * SG_NR..][..SG_MR * SG_NR];
+            };
+            let tiles = &mut ctiles[p * (MC / SG_MR) * SG_MR * SG_NR..][..n_strips * SG_MR * SG_NR];
+            let mut st = 0;
+            if let Some(kernel2) = kernel2 {
+                // Two strips per call where the tier has the registers (same bits).
+                for pair in tiles.chunks_exact_mut(2 * SG_MR * SG_NR) {
+                    fetch(st);
+                    fetch(st + 1);
+                    let (t0, t1) = pair.split_at_mut(SG_MR * SG_NR);
+                    let (t0, t1) = (t0.try_into().expect("tile"), t1.try_into().expect("tile"));
+                    let a0 = &strips[st * SG_MR * KC..][..kc * SG_MR];
+                    let a1 = &strips[(st + 1) * SG_MR * KC..][..kc * SG_MR];
+                    kernel2(kc, a0, a1, panel, t0, t1, k0 > 0);
+                    st += 2;
+                }
+            }
+            while st < n_strips {
+                fetch(st);
+                let tile = &mut tiles[st * SG_MR * SG_NR..][..SG_MR * SG_NR];
                 let tile: &mut [f32; SG_MR * SG_NR] = tile.try_into().expect("tile");
                 kernel(kc, &strips[st * SG_MR * KC..][..kc * SG_MR], panel, tile, k0 > 0);
+                st += 1;
             }
         }
         k0 += kc;

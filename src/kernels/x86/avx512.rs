@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 
 use super::avx2_quants::f32x8_reduce;
 use crate::dtype::DType;
+use crate::kernels::sgemm::{self, SG_MR, SG_NR};
 use crate::kernels::{AttendF16, KernelTable, scalar};
 use crate::quant::util::fp16_to_fp32;
 
@@ -28,6 +29,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_vec_dot(DType::F32, vec_dot_f32);
     t.set_vec_dot(DType::F16, vec_dot_f16);
     t.attend_f16 = Some(attend_f16_avx512);
+    t.sgemm2 = Some(sgemm_12x16);
     t.set_to_f32(DType::Q4_0, dequantize_q4_0);
     t.set_to_f32(DType::Q8_0, dequantize_q8_0);
 }
@@ -547,6 +549,72 @@ unsafe fn attend_f16_avx512(a: &AttendF16<'_>, m: &mut f32, s: &mut f32, acc: &m
     }
 }
 
+/// Two 6 x 16 float GEMM tiles (`KernelTable::sgemm2`): twelve 16-lane accumulators, one per
+/// row of either strip, each summing its products in k order from zero as the 6 x 16 kernels do
+/// (the same bits); the panel group is loaded once for both strips and every strip value is a
+/// broadcast folded into its multiply-add.
+fn sgemm_12x16(
+    kc: usize,
+    a0: &[f32],
+    a1: &[f32],
+    bp: &[f32],
+    out0: &mut [f32; SG_MR * SG_NR],
+    out1: &mut [f32; SG_MR * SG_NR],
+    acc: bool,
+) {
+    sgemm::check(kc, a0, bp);
+    sgemm::check(kc, a1, bp);
+    // SAFETY: `check` proved both strips hold `kc * 6` values and the panel `kc * 16`; the tiles
+    // hold 6 x 16; installed only when the AVX-512 tier is supported.
+    unsafe {
+        tile_12x16(
+            kc,
+            [a0.as_ptr(), a1.as_ptr()],
+            bp.as_ptr(),
+            [out0.as_mut_ptr(), out1.as_mut_ptr()],
+            acc,
+        )
+    }
+}
+
+/// # Safety
+/// The AVX-512 tier is supported; `a[s]` holds `kc * 6` f32, `bp` `kc * 16`, `out[s]` 6 x 16.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn tile_12x16(kc: usize, a: [*const f32; 2], bp: *const f32, out: [*mut f32; 2], acc: bool) {
+    let mut c = [[_mm512_setzero_ps(); SG_MR]; 2];
+    let step = |k: usize, c: &mut [[__m512; SG_MR]; 2]| {
+        // SAFETY: k < kc: group k of the panel and of both strips are in bounds (contract).
+        unsafe {
+            let b = _mm512_loadu_ps(bp.add(k * SG_NR));
+            for (s, cs) in c.iter_mut().enumerate() {
+                let ak = a[s].add(k * SG_MR);
+                for (r, x) in cs.iter_mut().enumerate() {
+                    *x = _mm512_fmadd_ps(_mm512_set1_ps(*ak.add(r)), b, *x);
+                }
+            }
+        }
+    };
+    let mut k = 0;
+    while k + 2 <= kc {
+        step(k, &mut c);
+        step(k + 1, &mut c);
+        k += 2;
+    }
+    if k < kc {
+        step(k, &mut c);
+    }
+    for (s, cs) in c.iter().enumerate() {
+        for (r, x) in cs.iter().enumerate() {
+            // SAFETY: out[s] holds 6 rows of 16 (contract).
+            unsafe {
+                let o = out[s].add(r * SG_NR);
+                let v = if acc { _mm512_add_ps(_mm512_loadu_ps(o), *x) } else { *x };
+                _mm512_storeu_ps(o, v);
+            }
+        }
+    }
+}
+
 /// Bytes per Q4_0 block (f16 scale, 16 bytes of nibbles) and per Q8_0 block (f16, 32 i8).
 const Q4_0_BYTES: usize = 18;
 const Q8_0_BYTES: usize = 34;
@@ -688,6 +756,35 @@ mod tests {
             (t2.mad_f32)(&mut m2, &a_small, -1.5);
             (t5.mad_f32)(&mut m5, &a_small, -1.5);
             assert_eq!(bits(&m2), bits(&m5), "mad_f32 n={n}");
+        }
+    }
+
+    /// The two-strip GEMM kernel gives the AVX2 tier's two 6 x 16 tiles bit for bit, with and
+    /// without accumulation, for odd and even depths.
+    #[test]
+    fn avx512_sgemm2_gives_two_avx2_tiles() {
+        if !Isa::Avx512.is_supported() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        use crate::kernels::sgemm::{SG_MR, SG_NR};
+        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
+        let k2 = t5.sgemm2.unwrap();
+        for kc in [1usize, 2, 3, 7, 64, 255, 256] {
+            let a0: Vec<f32> = inputs(kc * SG_MR).iter().map(|x| x.clamp(-30.0, 30.0)).collect();
+            let a1: Vec<f32> = a0.iter().rev().map(|x| x * 0.5 - 1.0).collect();
+            let bp: Vec<f32> =
+                inputs(kc * SG_NR + 5)[5..].iter().map(|x| x.clamp(-9.0, 9.0)).collect();
+            for acc in [false, true] {
+                let init: [f32; SG_MR * SG_NR] = std::array::from_fn(|i| i as f32 * 0.25 - 3.0);
+                let (mut w0, mut w1, mut g0, mut g1) = (init, init, init, init);
+                (t2.sgemm)(kc, &a0, &bp, &mut w0, acc);
+                (t2.sgemm)(kc, &a1, &bp, &mut w1, acc);
+                k2(kc, &a0, &a1, &bp, &mut g0, &mut g1, acc);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&w0), bits(&g0), "strip 0 kc={kc} acc={acc}");
+                assert_eq!(bits(&w1), bits(&g1), "strip 1 kc={kc} acc={acc}");
+            }
         }
     }
 
