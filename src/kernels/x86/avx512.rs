@@ -30,6 +30,9 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_vec_dot(DType::F16, vec_dot_f16);
     t.attend_f16 = Some(attend_f16_avx512);
     t.sgemm2 = Some(sgemm_12x16);
+    if std::arch::is_x86_feature_detected!("avx512vnni") {
+        super::avx512_gemm::plug(t);
+    }
     t.set_to_f32(DType::Q4_0, dequantize_q4_0);
     t.set_to_f32(DType::Q8_0, dequantize_q8_0);
 }

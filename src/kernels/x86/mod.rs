@@ -8,6 +8,7 @@ mod avx2_quants;
 mod avx2_repack;
 mod avx2_sgemm;
 pub(crate) mod avx512;
+mod avx512_gemm;
 // --- ops ---
 pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
 // --- end ops ---
