@@ -28,6 +28,8 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.mad_f32 = mad_f32;
     t.set_vec_dot(DType::F32, vec_dot_f32);
     t.set_vec_dot(DType::F16, vec_dot_f16);
+    t.set_gemm(DType::F32, gemm_float::<false>);
+    t.set_gemm(DType::F16, gemm_float::<true>);
     t.attend_f16 = Some(attend_f16_avx512);
     t.sgemm2 = Some(sgemm_12x16);
     if std::arch::is_x86_feature_detected!("avx512vnni") {
@@ -318,6 +320,128 @@ fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let n = n.min(x.len() / 2).min(y.len() / 2);
     // SAFETY: both slices hold n halves; installed only when the AVX-512 tier is supported.
     unsafe { vec_dot_f16_avx512(n, x.as_ptr().cast(), y.as_ptr().cast()) }
+}
+
+/// Weight rows prefetched this many bytes ahead by the float decode tiles.
+const FLOAT_TILE_PF: usize = 2048;
+
+/// `R x C` float dot products (F32, or F16 when `F16`), each output bitwise the AVX2 tier's
+/// `vec_dot` (ggml's four 8-lane accumulators held as two 16-lane ones, the AVX2 reduction, the
+/// same scalar tail); each activation vector is loaded once for the `R` rows, and each weight row
+/// is prefetched ahead. Result `[c][r]`.
+///
+/// # Safety
+/// The CPU supports the AVX-512 tier; every pointer is valid for `n` elements.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn float_tile<const F16: bool, const R: usize, const C: usize>(
+    n: usize,
+    x: [*const u8; R],
+    y: [*const u8; C],
+) -> [[f32; R]; C] {
+    let es = if F16 { 2 } else { 4 };
+    // SAFETY (for every call): the caller's pointers hold n elements and i + 16 <= np <= n.
+    let load = |p: *const u8, i: usize| unsafe {
+        if F16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i).cast()))
+        } else {
+            _mm512_loadu_ps(p.add(4 * i).cast())
+        }
+    };
+    let np = n & !31;
+    let mut acc = [[[_mm512_setzero_ps(); 2]; R]; C];
+    let mut i = 0;
+    while i < np {
+        for xr in x {
+            for line in 0..(32 * es) / 64 {
+                let ahead = xr.wrapping_add(i * es + FLOAT_TILE_PF + 64 * line);
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            }
+        }
+        for h in 0..2 {
+            let xv: [__m512; R] = std::array::from_fn(|r| load(x[r], i + 16 * h));
+            for c in 0..C {
+                let yv = load(y[c], i + 16 * h);
+                for r in 0..R {
+                    acc[c][r][h] = _mm512_fmadd_ps(xv[r], yv, acc[c][r][h]);
+                }
+            }
+        }
+        i += 32;
+    }
+    let mut res = [[0f32; R]; C];
+    for c in 0..C {
+        for r in 0..R {
+            let ((c0, c1), (c2, c3)) = (halves(acc[c][r][0]), halves(acc[c][r][1]));
+            let red = f32x8_reduce([c0, c1, c2, c3]);
+            res[c][r] = if F16 {
+                let mut sumf = red as f64;
+                for t in np..n {
+                    // SAFETY: t < n.
+                    let (a, b) = unsafe {
+                        (
+                            (x[r] as *const u16).add(t).read_unaligned(),
+                            (y[c] as *const u16).add(t).read_unaligned(),
+                        )
+                    };
+                    sumf += (fp16_to_fp32(a) * fp16_to_fp32(b)) as f64;
+                }
+                sumf as f32
+            } else {
+                let mut sumf = red;
+                for t in np..n {
+                    // SAFETY: t < n.
+                    let (a, b) = unsafe {
+                        (
+                            (x[r] as *const f32).add(t).read_unaligned(),
+                            (y[c] as *const f32).add(t).read_unaligned(),
+                        )
+                    };
+                    sumf = a.mul_add(b, sumf);
+                }
+                sumf
+            };
+        }
+    }
+    res
+}
+
+/// The float `GemmFn` of this tier: tiles of up to 4 weight rows by 2 activation rows.
+fn gemm_float<const F16: bool>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
+    let es = if F16 { 2 } else { 4 };
+    let n = x.iter().chain(y).fold(k, |n, s| n.min(s.len() / es));
+    debug_assert_eq!(n, k, "gemm slices too short");
+    let rows = x.len();
+    assert!(out.len() >= rows * y.len(), "gemm output too short");
+    macro_rules! run {
+        ($r:literal, $c:literal) => {{
+            let xp: [*const u8; $r] = std::array::from_fn(|i| x[i].as_ptr());
+            let yp: [*const u8; $c] = std::array::from_fn(|i| y[i].as_ptr());
+            // SAFETY: every slice holds n elements (capped above); installed only when the
+            // AVX-512 tier is supported.
+            let res = unsafe { float_tile::<F16, $r, $c>(n, xp, yp) };
+            for c in 0..$c {
+                out[c * $r..c * $r + $r].copy_from_slice(&res[c]);
+            }
+        }};
+    }
+    match (rows, y.len()) {
+        (4, 2) => run!(4, 2),
+        (4, 1) => run!(4, 1),
+        (3, 2) => run!(3, 2),
+        (3, 1) => run!(3, 1),
+        (2, 2) => run!(2, 2),
+        (2, 1) => run!(2, 1),
+        (1, 2) => run!(1, 2),
+        _ => {
+            for (c, yc) in y.iter().enumerate() {
+                for (r, xr) in x.iter().enumerate() {
+                    // SAFETY: as above, one pair.
+                    let res = unsafe { float_tile::<F16, 1, 1>(n, [xr.as_ptr()], [yc.as_ptr()]) };
+                    out[c * rows + r] = res[0][0];
+                }
+            }
+        }
+    }
 }
 
 /// acc += f16(v) * s, one fused multiply-add per element (the AVX2 tier's bits).
@@ -759,6 +883,48 @@ mod tests {
             (t2.mad_f32)(&mut m2, &a_small, -1.5);
             (t5.mad_f32)(&mut m5, &a_small, -1.5);
             assert_eq!(bits(&m2), bits(&m5), "mad_f32 n={n}");
+        }
+    }
+
+    /// The float decode tiles give the AVX2 tier's bits for every shape and length.
+    #[test]
+    fn avx512_float_tiles_give_the_avx2_tiers_bits() {
+        if !Isa::Avx512.is_supported() {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
+        for n in [1usize, 31, 32, 33, 64, 100, 4096 + 7] {
+            let rows: Vec<Vec<f32>> = (0..6)
+                .map(|r| {
+                    inputs(n + r)
+                        .iter()
+                        .skip(r)
+                        .map(|x| if x.is_finite() { x * 0.05 } else { 0.5 })
+                        .collect()
+                })
+                .collect();
+            for dt in [DType::F32, DType::F16] {
+                let enc = |v: &[f32]| -> Vec<u8> {
+                    if dt == DType::F16 {
+                        v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()
+                    } else {
+                        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+                    }
+                };
+                let bytes: Vec<Vec<u8>> = rows.iter().map(|v| enc(v)).collect();
+                let xs: Vec<&[u8]> = bytes[..4].iter().map(|v| &v[..]).collect();
+                let ys: Vec<&[u8]> = bytes[4..].iter().map(|v| &v[..]).collect();
+                for r in 1..=4 {
+                    for c in 1..=2 {
+                        let (mut o2, mut o5) = ([0f32; 8], [0f32; 8]);
+                        (t2.gemm(dt).unwrap())(n, &xs[..r], &ys[..c], &mut o2);
+                        (t5.gemm(dt).unwrap())(n, &xs[..r], &ys[..c], &mut o5);
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&o2), bits(&o5), "{dt} n={n} {r}x{c}");
+                    }
+                }
+            }
         }
     }
 
