@@ -339,7 +339,8 @@ unsafe fn float_tile<const F16: bool, const R: usize, const C: usize>(
     y: [*const u8; C],
 ) -> [[f32; R]; C] {
     let es = if F16 { 2 } else { 4 };
-    // SAFETY (for every call): the caller's pointers hold n elements and i + 16 <= np <= n.
+    // SAFETY: every call passes one of the caller's pointers, which hold n elements, and
+    // i + 16 <= np <= n.
     let load = |p: *const u8, i: usize| unsafe {
         if F16 {
             _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i).cast()))
