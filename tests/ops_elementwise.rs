@@ -36,13 +36,16 @@ fn round_to(x: f64, dt: DType) -> f64 {
     }
 }
 
+/// Plans with 64 guard bytes around every tensor and checks them after the compute, so an op
+/// that writes past its output (or into another tensor) fails the test.
 fn plan(g: Graph, inputs: &[(TensorId, Vec<f32>)], threads: usize) -> Plan {
     let be = CpuBackend::with_threads(threads).unwrap();
-    let mut p = Plan::new(g, &be).unwrap();
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
     for (id, v) in inputs {
         p.set_input(*id, v).unwrap();
     }
     p.compute().unwrap();
+    p.check_guards().unwrap();
     p
 }
 
@@ -295,7 +298,7 @@ fn gelu_and_gelu_quick_match_ggml_f16_tables_bit_for_bit() {
         let x = g.input(DType::F16, &[256, 256]).unwrap();
         let y = g.unary(x, op).unwrap();
         g.set_output(y);
-        let mut p = Plan::new(g, &CpuBackend::with_threads(3).unwrap()).unwrap();
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
         p.set_input(x, &all).unwrap();
         p.compute().unwrap();
         let table: Vec<u16> = p.output::<f16>(y).unwrap().iter().map(|h| h.to_bits()).collect();
@@ -490,7 +493,7 @@ fn add1_add_id_acc_fill() {
     let c = g.add_id(a, b, ids).unwrap();
     g.set_output(c);
     let be = CpuBackend::with_threads(2).unwrap();
-    let mut pl = Plan::new(g, &be).unwrap();
+    let mut pl = Plan::with_guards(g, &be, 64).unwrap();
     let va = rand_f32(n * m * p, 5);
     let vb = rand_f32(n * k, 6);
     let vi: Vec<i32> = (0..(m * p) as i32).map(|i| (i * 7 + 1) % k as i32).collect();
@@ -911,7 +914,7 @@ fn argmax_count_equal_argsort_top_k_exact() {
         let b = g.input(DType::I32, &ne).unwrap();
         let c = g.count_equal(a, b).unwrap();
         g.set_output(c);
-        let mut p = Plan::new(g, &CpuBackend::with_threads(threads).unwrap()).unwrap();
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(threads).unwrap(), 64).unwrap();
         p.set_input(a, &va).unwrap();
         p.set_input(b, &vb).unwrap();
         p.compute().unwrap();
@@ -1035,7 +1038,7 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
         let vb: Vec<f32> = rand_f32(21, 25).iter().map(|x| x + 0.5).collect();
         let vb: Vec<f32> = if name == "add1" { vec![0.5; 21] } else { vb };
         let be = CpuBackend::with_threads(3).unwrap();
-        let mut p = Plan::new(g, &be).unwrap();
+        let mut p = Plan::with_guards(g, &be, 64).unwrap();
         if p.set_input(b, &vb).is_err() {
             // b unused by this op: the plan left it out.
         }

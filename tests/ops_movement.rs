@@ -38,7 +38,7 @@ fn cast_to_and_from_every_quantizable_type_matches_the_quant_api() {
             }
         };
         g.set_output(back);
-        let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
         p.set_input(a, &x).unwrap();
         p.compute().unwrap();
         let got = p.output::<f32>(back).unwrap().to_vec();
@@ -73,7 +73,7 @@ fn bf16_and_i32_copies_with_permuted_layouts() {
     g.set_output(c);
     g.set_output(i);
     let x: Vec<f32> = (0..24).map(|v| v as f32 * 1.25 - 7.0).collect();
-    let mut plan = Plan::new(g, &CpuBackend::with_threads(3).unwrap()).unwrap();
+    let mut plan = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
     plan.set_input(a, &x).unwrap();
     plan.compute().unwrap();
     let got = plan.output::<f32>(c).unwrap().to_vec();
@@ -102,7 +102,7 @@ fn set_rows_writes_a_kv_cache_and_checks_ids() {
         let _ = w;
         let all = g.cast(kv, DType::F32).unwrap();
         g.set_output(all);
-        let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
         p.set_input(b, &x).unwrap();
         if id_t == DType::I64 {
             p.set_input(ids, &[5i64, 1, 5]).unwrap();
@@ -202,7 +202,7 @@ fn concat_repeat_pad_roll_match_index_references() {
     g.set_output(r);
     g.set_output(rb);
     let xa: Vec<f32> = (0..6).map(|v| v as f32).collect();
-    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(a, &xa).unwrap();
     p.compute().unwrap();
     let want: Vec<f32> =
@@ -224,7 +224,7 @@ fn concat_repeat_pad_roll_match_index_references() {
     for t in [pz, pc, pr, ro] {
         g.set_output(t);
     }
-    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(a, &x).unwrap();
     p.compute().unwrap();
     let wz: Vec<f32> = each([7, 4, 4, 2])
@@ -279,7 +279,7 @@ fn arange_and_timestep_embedding() {
     let e = g.timestep_embedding(t, 7, 10000).unwrap();
     g.set_output(r);
     g.set_output(e);
-    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(t, &[0.0f32, 1.0, 250.0]).unwrap();
     p.compute().unwrap();
     assert_eq!(p.output::<f32>(r).unwrap(), &[1.0, 1.5, 2.0, 2.5, 3.0, 3.5]);
@@ -332,7 +332,7 @@ fn custom_ops_run_closures_and_survive_panics() {
         let b = g.input(DType::F32, &[5]).unwrap();
         let y = g.map_custom2(x, b, "twice_plus", n_tasks, body.clone()).unwrap();
         g.set_output(y);
-        let mut p = Plan::new(g, &CpuBackend::with_threads(3).unwrap()).unwrap();
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
         let xv = rand_f32(20, 61);
         let bv = rand_f32(5, 62);
         p.set_input(x, &xv).unwrap();
@@ -351,7 +351,7 @@ fn custom_ops_run_closures_and_survive_panics() {
     let x = g.input(DType::F32, &[5, 4]).unwrap();
     let y = g.map_custom1(x, "refuser", None, errs).unwrap();
     g.set_output(y);
-    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(x, &[0.0f32; 20]).unwrap();
     assert!(p.compute().unwrap_err().to_string().contains("refused"));
     custom_sources_must_be_f32().unwrap();

@@ -373,7 +373,7 @@ fn ssm_scan_rejects_bad_inputs_and_ids() {
     // An id out of range is data: compute returns Err and the plan stays usable.
     let y = g.ssm_scan(s, x, dt, a, b, c, ids, 1).unwrap();
     g.set_output(y);
-    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     for (id, n) in [(s, 16 * 4 * 4 * 2), (x, 4 * 4 * 3 * 2), (dt, 24), (a, 4), (b, 192), (c, 192)] {
         p.set_input(id, &rand_f32(n, 1)).unwrap();
     }

@@ -168,8 +168,8 @@ impl Plan {
     }
 
     /// A plan for overrun tests: every input and intermediate gets its own arena region (no reuse,
-    /// nothing in place) framed by `guard` bytes of a fixed pattern; [`Plan::check_guards`] then
-    /// reports any byte an op wrote outside its output.
+    /// nothing in place) framed by `guard` bytes of a fixed pattern; every `compute` then checks
+    /// them ([`Plan::check_guards`]) and returns `Err` if an op wrote outside its output.
     pub fn with_guards(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
         Plan::build(graph, backend, guard.max(1).next_multiple_of(crate::backend::BUFFER_ALIGNMENT))
     }
@@ -582,7 +582,12 @@ impl Plan {
         let res =
             exec::run(&self.nodes, &pool, nth, self.work.ptr(), self.work.len(), hook.as_deref());
         self.guards.clear();
-        res.map_err(|e| self.relabel(e))
+        res.map_err(|e| self.relabel(e))?;
+        // A guarded plan (overrun tests) checks its guard bytes after every compute.
+        if !self.guards_at.is_empty() {
+            self.check_guards()?;
+        }
+        Ok(())
     }
 
     /// Replaces a node placeholder ("#17") in a compute error with the node's description.
