@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_quants::f32x8_reduce;
+use super::avx2_quants::{f32x8_reduce, hsum_float_8};
 use crate::dtype::DType;
 use crate::kernels::sgemm::{self, SG_MR, SG_NR};
 use crate::kernels::{AttendF16, KernelTable, scalar};
@@ -28,8 +28,9 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.mad_f32 = mad_f32;
     t.set_vec_dot(DType::F32, vec_dot_f32);
     t.set_vec_dot(DType::F16, vec_dot_f16);
-    t.set_gemm(DType::F32, gemm_float::<false>);
-    t.set_gemm(DType::F16, gemm_float::<true>);
+    t.set_gemm(DType::F32, gemm_float::<EF32>);
+    t.set_gemm(DType::F16, gemm_float::<EF16>);
+    t.set_gemm(DType::BF16, gemm_float::<EBF16>);
     t.attend_f16 = Some(attend_f16_avx512);
     t.sgemm2 = Some(sgemm_12x16);
     if std::arch::is_x86_feature_detected!("avx512vnni") {
@@ -325,27 +326,35 @@ fn vec_dot_f16(n: usize, x: &[u8], y: &[u8]) -> f32 {
 /// Weight rows prefetched this many bytes ahead by the float decode tiles.
 const FLOAT_TILE_PF: usize = 2048;
 
-/// `R x C` float dot products (F32, or F16 when `F16`), each output bitwise the AVX2 tier's
-/// `vec_dot` (ggml's four 8-lane accumulators held as two 16-lane ones, the AVX2 reduction, the
-/// same scalar tail); each activation vector is loaded once for the `R` rows, and each weight row
-/// is prefetched ahead. Result `[c][r]`.
+/// Element types of the float tiles.
+const EF32: u8 = 0;
+const EF16: u8 = 1;
+const EBF16: u8 = 2;
+
+/// `R x C` float dot products (element type `E`: F32, F16 or BF16), each output bitwise the AVX2
+/// tier's `vec_dot` (ggml's four 8-lane accumulators held as two 16-lane ones, the AVX2
+/// reduction of that type, the same scalar tail); each activation vector is loaded once for the
+/// `R` rows, and each weight row is prefetched ahead. Result `[c][r]`.
 ///
 /// # Safety
 /// The CPU supports the AVX-512 tier; every pointer is valid for `n` elements.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn float_tile<const F16: bool, const R: usize, const C: usize>(
+unsafe fn float_tile<const E: u8, const R: usize, const C: usize>(
     n: usize,
     x: [*const u8; R],
     y: [*const u8; C],
 ) -> [[f32; R]; C] {
-    let es = if F16 { 2 } else { 4 };
+    let es = if E == EF32 { 4 } else { 2 };
     // SAFETY: every call passes one of the caller's pointers, which hold n elements, and
     // i + 16 <= np <= n.
     let load = |p: *const u8, i: usize| unsafe {
-        if F16 {
-            _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i).cast()))
-        } else {
-            _mm512_loadu_ps(p.add(4 * i).cast())
+        match E {
+            EF16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i).cast())),
+            EBF16 => {
+                let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(2 * i).cast()));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
+            }
+            _ => _mm512_loadu_ps(p.add(4 * i).cast()),
         }
     };
     let np = n & !31;
@@ -373,8 +382,25 @@ unsafe fn float_tile<const F16: bool, const R: usize, const C: usize>(
     for c in 0..C {
         for r in 0..R {
             let ((c0, c1), (c2, c3)) = (halves(acc[c][r][0]), halves(acc[c][r][1]));
-            let red = f32x8_reduce([c0, c1, c2, c3]);
-            res[c][r] = if F16 {
+            res[c][r] = if E == EBF16 {
+                // avx2_quants::bf16_finish's reduction and f64 tail.
+                let cs = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
+                let mut sumf = hsum_float_8(cs) as f64;
+                for t in np..n {
+                    // SAFETY: t < n.
+                    let (a, b) = unsafe {
+                        (
+                            (x[r] as *const u16).add(t).read_unaligned(),
+                            (y[c] as *const u16).add(t).read_unaligned(),
+                        )
+                    };
+                    let (a, b) =
+                        (f32::from_bits((a as u32) << 16), f32::from_bits((b as u32) << 16));
+                    sumf += (a * b) as f64;
+                }
+                sumf as f32
+            } else if E == EF16 {
+                let red = f32x8_reduce([c0, c1, c2, c3]);
                 let mut sumf = red as f64;
                 for t in np..n {
                     // SAFETY: t < n.
@@ -388,7 +414,7 @@ unsafe fn float_tile<const F16: bool, const R: usize, const C: usize>(
                 }
                 sumf as f32
             } else {
-                let mut sumf = red;
+                let mut sumf = f32x8_reduce([c0, c1, c2, c3]);
                 for t in np..n {
                     // SAFETY: t < n.
                     let (a, b) = unsafe {
@@ -407,8 +433,8 @@ unsafe fn float_tile<const F16: bool, const R: usize, const C: usize>(
 }
 
 /// The float `GemmFn` of this tier: tiles of up to 4 weight rows by 2 activation rows.
-fn gemm_float<const F16: bool>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
-    let es = if F16 { 2 } else { 4 };
+fn gemm_float<const E: u8>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
+    let es = if E == EF32 { 4 } else { 2 };
     let n = x.iter().chain(y).fold(k, |n, s| n.min(s.len() / es));
     debug_assert_eq!(n, k, "gemm slices too short");
     let rows = x.len();
@@ -419,7 +445,7 @@ fn gemm_float<const F16: bool>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f3
             let yp: [*const u8; $c] = std::array::from_fn(|i| y[i].as_ptr());
             // SAFETY: every slice holds n elements (capped above); installed only when the
             // AVX-512 tier is supported.
-            let res = unsafe { float_tile::<F16, $r, $c>(n, xp, yp) };
+            let res = unsafe { float_tile::<E, $r, $c>(n, xp, yp) };
             for c in 0..$c {
                 out[c * $r..c * $r + $r].copy_from_slice(&res[c]);
             }
@@ -437,7 +463,7 @@ fn gemm_float<const F16: bool>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f3
             for (c, yc) in y.iter().enumerate() {
                 for (r, xr) in x.iter().enumerate() {
                     // SAFETY: as above, one pair.
-                    let res = unsafe { float_tile::<F16, 1, 1>(n, [xr.as_ptr()], [yc.as_ptr()]) };
+                    let res = unsafe { float_tile::<E, 1, 1>(n, [xr.as_ptr()], [yc.as_ptr()]) };
                     out[c * rows + r] = res[0][0];
                 }
             }
@@ -905,12 +931,16 @@ mod tests {
                         .collect()
                 })
                 .collect();
-            for dt in [DType::F32, DType::F16] {
+            for dt in [DType::F32, DType::F16, DType::BF16] {
                 let enc = |v: &[f32]| -> Vec<u8> {
-                    if dt == DType::F16 {
-                        v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()
-                    } else {
-                        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+                    match dt {
+                        DType::F16 => {
+                            v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect()
+                        }
+                        DType::BF16 => {
+                            v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect()
+                        }
+                        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
                     }
                 };
                 let bytes: Vec<Vec<u8>> = rows.iter().map(|v| enc(v)).collect();
