@@ -35,6 +35,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.sgemm2 = Some(sgemm_12x16);
     if std::arch::is_x86_feature_detected!("avx512vnni") {
         super::avx512_gemm::plug(t);
+        super::avx512_repack::plug(t);
     }
     t.set_to_f32(DType::Q4_0, dequantize_q4_0);
     t.set_to_f32(DType::Q8_0, dequantize_q8_0);

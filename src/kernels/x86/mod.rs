@@ -9,6 +9,7 @@ mod avx2_repack;
 mod avx2_sgemm;
 pub(crate) mod avx512;
 mod avx512_gemm;
+mod avx512_repack;
 // --- ops ---
 pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
 // --- end ops ---
