@@ -200,8 +200,8 @@ mod tests {
                     let mut v = vec![0u8; nb * 40];
                     for b in 0..nb {
                         let blk = &mut v[b * 40..(b + 1) * 40];
-                        let q: Vec<i8> = (0..32).map(|_| (rnd() % 255) as i8 / 1).collect();
-                        let q: Vec<i8> = q.iter().map(|&v| v.max(-127)).collect();
+                        // Q8_0 levels (-127..=127), as the activation converter writes them.
+                        let q: Vec<i8> = (0..32).map(|_| ((rnd() % 255) as i8).max(-127)).collect();
                         let sum: i32 = q.iter().map(|&v| v as i32).sum();
                         blk[0..4].copy_from_slice(
                             &(0.01f32 + (rnd() % 100) as f32 * 1e-4).to_le_bytes(),
