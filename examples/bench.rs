@@ -663,8 +663,9 @@ fn model(
     Ok(())
 }
 
-/// The f32 FMA peak of `threads` threads: 12 independent 8-lane FMA chains per thread (AVX2),
-/// median of 5 runs of about 0.1 s. Prefill f32 matmul is compared against this number.
+/// The f32 FMA peak of `threads` threads: 12 independent FMA chains per thread, 16-lane where
+/// the CPU has AVX-512 (the width quantgraph's AVX-512 tier uses), else 8-lane (AVX2); median of
+/// 5 runs of about 0.1 s. Prefill f32 matmul is compared against this number.
 fn fma_peak(threads: usize) -> f64 {
     #[cfg(target_arch = "x86_64")]
     fn per_thread(iters: u64) -> u64 {
@@ -687,7 +688,28 @@ fn fma_peak(threads: usize) -> f64 {
             unsafe { _mm256_storeu_ps(s.as_mut_ptr(), t) };
             s.iter().sum()
         }
-        if std::arch::is_x86_feature_detected!("fma") {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chains16(iters: u64) -> f32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm512_set1_ps(0.5); 12];
+            let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm512_fmadd_ps(*v, m, a);
+                }
+            }
+            let mut t = acc[0];
+            for v in &acc[1..] {
+                t = _mm512_add_ps(t, *v);
+            }
+            _mm512_reduce_add_ps(t)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512 F detected just above.
+            let v = unsafe { chains16(iters) };
+            std::hint::black_box(v);
+            iters * 12 * 16 * 2
+        } else if std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: AVX2/FMA detected just above.
             let v = unsafe { chains(iters) };
             std::hint::black_box(v);

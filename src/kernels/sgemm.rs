@@ -30,6 +30,11 @@ pub(crate) type Sgemm2Fn = fn(
     acc: bool,
 );
 
+// BF16 pairs (`KernelTable::sgemm_bf16` / `sgemm2_bf16`): the same signatures with `kc` counting
+// pairs of K values; every f32 slot of the strips and the panel holds two BF16 values (element
+// 2j in the low half, 2j + 1 in the high half) as raw bits, and the kernel sums their products
+// with the CPU's BF16 dot-product instruction.
+
 /// Packs `kc` elements of [`SG_MR`] rows into a weight strip: `out[k * SG_MR + r] = rows[r][k]`.
 /// Each row holds at least `kc` little-endian f32 (`kc * 4` bytes, any alignment); `out` at least
 /// `kc * SG_MR` values. Pure data movement: every tier writes the same values.

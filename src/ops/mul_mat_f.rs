@@ -17,7 +17,7 @@
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::sgemm::{SG_MR, SG_NR};
+use crate::kernels::sgemm::{SG_MR, SG_NR, Sgemm2Fn, SgemmFn};
 use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::DequantizeFn;
 use std::sync::atomic::Ordering;
@@ -131,6 +131,29 @@ fn unsupported(what: String) -> Error {
     Error::Unsupported { op: "mul_mat", backend: "CPU".into(), msg: what }
 }
 
+/// BF16 weights with an even K take the tier's BF16-pair kernels (`KernelTable::sgemm_bf16`),
+/// where it has them: phase 0 packs the activations (rounded to BF16, as ggml) as BF16 pairs, and
+/// the weight rows are packed as they are. Decided from the selected tier in each phase; the tier
+/// must not change while a compute runs (`kernels::set_isa` is for tests and comparisons).
+pub(crate) fn bf16_pairs(a: DType, k: usize) -> Option<(SgemmFn, Sgemm2Fn)> {
+    if a == DType::BF16 && k.is_multiple_of(2) { crate::kernels::table().sgemm_bf16 } else { None }
+}
+
+/// Writes column `c` of a panel: `col`'s values, or (`pairs`: BF16 pairs, `col` holding BF16
+/// values exactly) two per slot, element 2j in the low half and 2j + 1 in the high half.
+pub(crate) fn panel_column(panel: &mut [f32], c: usize, col: &[f32], pairs: bool) {
+    if pairs {
+        for (kp, two) in col.chunks_exact(2).enumerate() {
+            let bits = (two[0].to_bits() >> 16) | (two[1].to_bits() & 0xFFFF_0000);
+            panel[kp * SG_NR + c] = f32::from_bits(bits);
+        }
+    } else {
+        for (kk, &v) in col.iter().enumerate() {
+            panel[kk * SG_NR + c] = v;
+        }
+    }
+}
+
 /// Phase 0: packs b into 16-column f32 panels, through the weight type's vec-dot type.
 pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
@@ -156,6 +179,7 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         DType::BF16 => Some(table.round_bf16),
         _ => None,
     };
+    let pairs = bf16_pairs(a.dtype, k).is_some();
     // SAFETY: this is worker ith, in its one call for phase 0.
     let sc = unsafe { scratch(ctx, ith) };
     let (rowb, vdb) = sc.split_at_mut(align_up(k * 4, 64));
@@ -206,9 +230,7 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             if let Some(round) = round {
                 round(rowf);
             }
-            for (kk, &v) in rowf.iter().enumerate() {
-                panel[kk * SG_NR + c] = v;
-            }
+            panel_column(panel, c, rowf, pairs);
         }
     }
     Ok(())
@@ -255,7 +277,13 @@ pub(crate) fn gemm_block(
     debug_assert!(
         i1 - i0 <= MC && ncols <= NC && panels.len() >= ncols.div_ceil(SG_NR) * k * SG_NR
     );
-    let (kernel, kernel2) = (crate::kernels::table().sgemm, crate::kernels::table().sgemm2);
+    let bf16 = bf16_pairs(dtype, k);
+    // With BF16 pairs every K count below (K blocks, panel and strip offsets) is in pairs.
+    let div = if bf16.is_some() { 2 } else { 1 };
+    let (kernel, kernel2) = match bf16 {
+        Some((one, two)) => (one, Some(two)),
+        None => (crate::kernels::table().sgemm, crate::kernels::table().sgemm2),
+    };
     let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
     let (blck, ts) = (dtype.block_size(), dtype.type_size());
     let (pack, pack_f16) =
@@ -285,7 +313,7 @@ pub(crate) fn gemm_block(
                 let bytes = unsafe {
                     std::slice::from_raw_parts(a_row(i).add(k0 / blck * ts), kc / blck * ts)
                 };
-                if dtype == DType::F32 || dtype == DType::F16 {
+                if dtype == DType::F32 || dtype == DType::F16 || bf16.is_some() {
                     *row = bytes;
                 } else {
                     deq(bytes, &mut buf[..kc]);
@@ -293,7 +321,10 @@ pub(crate) fn gemm_block(
                 }
             }
             let strip = &mut strips[st * SG_MR * KC..][..kc * SG_MR];
-            if dtype == DType::F16 {
+            if bf16.is_some() {
+                // The rows' BF16 pairs move as 4-byte units: the f32 packer's transpose.
+                pack(kc / 2, rows, strip);
+            } else if dtype == DType::F16 {
                 pack_f16(kc, rows, strip);
             } else {
                 pack(kc, rows, strip);
@@ -317,14 +348,15 @@ pub(crate) fn gemm_block(
                     }
                 }
             }
-            let base = p * panel_floats(k) + k0 * SG_NR;
-            let panel = &panels[base..base + kc * SG_NR];
+            let (k0d, kcd) = (k0 / div, kc / div);
+            let base = p * panel_floats(k) + k0d * SG_NR;
+            let panel = &panels[base..base + kcd * SG_NR];
             // The next panel's slice (or the first panel's of the next K block), a line range
             // per strip, is fetched while this one runs: panels stream from L3 or memory.
             let (np, nk0) = if p + 1 < n_panels { (p + 1, k0) } else { (0, next) };
             let next_slice = if nk0 < k {
-                let nb = np * panel_floats(k) + nk0 * SG_NR;
-                &panels[nb..nb + KC.min(k - nk0) * SG_NR]
+                let nb = np * panel_floats(k) + nk0 / div * SG_NR;
+                &panels[nb..nb + KC.min(k - nk0) / div * SG_NR]
             } else {
                 &panels[..0]
             };
@@ -343,9 +375,9 @@ pub(crate) fn gemm_block(
                     fetch(st + 1);
                     let (t0, t1) = pair.split_at_mut(SG_MR * SG_NR);
                     let (t0, t1) = (t0.try_into().expect("tile"), t1.try_into().expect("tile"));
-                    let a0 = &strips[st * SG_MR * KC..][..kc * SG_MR];
-                    let a1 = &strips[(st + 1) * SG_MR * KC..][..kc * SG_MR];
-                    kernel2(kc, a0, a1, panel, t0, t1, k0 > 0);
+                    let a0 = &strips[st * SG_MR * KC..][..kcd * SG_MR];
+                    let a1 = &strips[(st + 1) * SG_MR * KC..][..kcd * SG_MR];
+                    kernel2(kcd, a0, a1, panel, t0, t1, k0 > 0);
                     st += 2;
                 }
             }
@@ -353,7 +385,7 @@ pub(crate) fn gemm_block(
                 fetch(st);
                 let tile = &mut tiles[st * SG_MR * SG_NR..][..SG_MR * SG_NR];
                 let tile: &mut [f32; SG_MR * SG_NR] = tile.try_into().expect("tile");
-                kernel(kc, &strips[st * SG_MR * KC..][..kc * SG_MR], panel, tile, k0 > 0);
+                kernel(kcd, &strips[st * SG_MR * KC..][..kcd * SG_MR], panel, tile, k0 > 0);
                 st += 1;
             }
         }

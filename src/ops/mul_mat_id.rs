@@ -163,6 +163,7 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let vd = a.dtype.vec_dot_type();
     let from = mul_mat_f::vd_to_f32(vd).ok_or_else(|| unsupported(format!("no {vd} -> f32")))?;
     let pf = mul_mat_f::panel_floats(k);
+    let bf16_pairs = mul_mat_f::bf16_pairs(a.dtype, k).is_some();
     let n_pairs = ids.ne[0] * ids.ne[1];
     // SAFETY: worker 0 filled offsets and pairs in phase 0 and the barrier published them; the
     // panel area and this worker's scratch lie inside the work buffer (layout), and each panel
@@ -206,9 +207,7 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
                         std::slice::from_raw_parts(b_row_ptr(ctx, l, p), vd.row_bytes(k))
                     };
                     from(bytes, rowf);
-                    for (kk, &v) in rowf.iter().enumerate() {
-                        panel[kk * SG_NR + c] = v;
-                    }
+                    mul_mat_f::panel_column(panel, c, rowf, bf16_pairs);
                 }
                 None => {
                     for kk in 0..k {

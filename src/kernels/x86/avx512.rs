@@ -33,6 +33,9 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_gemm(DType::BF16, gemm_float::<EBF16>);
     t.attend_f16 = Some(attend_f16_avx512);
     t.sgemm2 = Some(sgemm_12x16);
+    if std::arch::is_x86_feature_detected!("avx512bf16") {
+        t.sgemm_bf16 = Some((sgemm_bf16_6x16, sgemm_bf16_12x16));
+    }
     if std::arch::is_x86_feature_detected!("avx512vnni") {
         super::avx512_gemm::plug(t);
         super::avx512_repack::plug(t);
@@ -757,6 +760,84 @@ unsafe fn tile_12x16(kc: usize, a: [*const f32; 2], bp: *const f32, out: [*mut f
     }
     if k < kc {
         step(k, &mut c);
+    }
+    for (s, cs) in c.iter().enumerate() {
+        for (r, x) in cs.iter().enumerate() {
+            // SAFETY: out[s] holds 6 rows of 16 (contract).
+            unsafe {
+                let o = out[s].add(r * SG_NR);
+                let v = if acc { _mm512_add_ps(_mm512_loadu_ps(o), *x) } else { *x };
+                _mm512_storeu_ps(o, v);
+            }
+        }
+    }
+}
+
+/// BF16 pairs, one strip (`KernelTable::sgemm_bf16`): `kc` pairs of K values.
+fn sgemm_bf16_6x16(kc: usize, a: &[f32], bp: &[f32], out: &mut [f32; SG_MR * SG_NR], acc: bool) {
+    sgemm::check(kc, a, bp);
+    // SAFETY: `check` proved the strip holds `kc * 6` slots and the panel `kc * 16`; the tile
+    // holds 6 x 16; installed only on CPUs with the AVX-512 tier and AVX512_BF16.
+    unsafe { tile_bf16::<1>(kc, [a.as_ptr()], bp.as_ptr(), [out.as_mut_ptr()], acc) }
+}
+
+/// BF16 pairs, two strips (`KernelTable::sgemm_bf16`).
+fn sgemm_bf16_12x16(
+    kc: usize,
+    a0: &[f32],
+    a1: &[f32],
+    bp: &[f32],
+    out0: &mut [f32; SG_MR * SG_NR],
+    out1: &mut [f32; SG_MR * SG_NR],
+    acc: bool,
+) {
+    sgemm::check(kc, a0, bp);
+    sgemm::check(kc, a1, bp);
+    // SAFETY: as `sgemm_bf16_6x16`, for both strips and tiles.
+    unsafe {
+        tile_bf16::<2>(
+            kc,
+            [a0.as_ptr(), a1.as_ptr()],
+            bp.as_ptr(),
+            [out0.as_mut_ptr(), out1.as_mut_ptr()],
+            acc,
+        )
+    }
+}
+
+/// `S` strips of 6 rows by one 16-column panel in BF16 pairs: per pair of K values, the panel's
+/// 16 pairs in one register and each row's pair broadcast into `vdpbf16ps` (two products added
+/// into the row's 16 column sums, odd element first, as the instruction defines; denormal inputs
+/// read as zero).
+///
+/// # Safety
+/// The AVX-512 tier and AVX512_BF16 are available; `a[s]` holds `kc * 6` slots, `bp` `kc * 16`,
+/// `out[s]` 6 x 16 floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")]
+unsafe fn tile_bf16<const S: usize>(
+    kc: usize,
+    a: [*const f32; S],
+    bp: *const f32,
+    out: [*mut f32; S],
+    acc: bool,
+) {
+    let mut c = [[_mm512_setzero_ps(); SG_MR]; S];
+    let mut k = 0;
+    while k < kc {
+        // SAFETY: k < kc: pair group k of the panel and of every strip is in bounds; the
+        // transmutes reinterpret 64 bytes of packed BF16 pairs as the instruction's operand type.
+        unsafe {
+            let b = std::mem::transmute::<__m512, __m512bh>(_mm512_loadu_ps(bp.add(k * SG_NR)));
+            for (s, cs) in c.iter_mut().enumerate() {
+                let ak = a[s].add(k * SG_MR) as *const i32;
+                for (r, x) in cs.iter_mut().enumerate() {
+                    let av =
+                        std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*ak.add(r)));
+                    *x = _mm512_dpbf16_ps(*x, av, b);
+                }
+            }
+        }
+        k += 1;
     }
     for (s, cs) in c.iter().enumerate() {
         for (r, x) in cs.iter().enumerate() {
