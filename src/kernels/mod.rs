@@ -279,6 +279,8 @@ pub struct KernelTable {
     pub(crate) sgemm: sgemm::SgemmFn,
     /// Two strips at once, the same bits as two `sgemm` calls (tiers with 32 vector registers).
     pub(crate) sgemm2: Option<sgemm::Sgemm2Fn>,
+    /// Two strips by two panels, the same bits as four `sgemm` calls.
+    pub(crate) sgemm22: Option<sgemm::Sgemm22Fn>,
     /// BF16 weights against BF16 activations in pairs of K values (see `kernels::sgemm`), one
     /// strip and two strips per call, where the CPU has a BF16 dot-product instruction.
     pub(crate) sgemm_bf16: Option<(sgemm::SgemmFn, sgemm::Sgemm2Fn)>,
@@ -330,6 +332,7 @@ impl KernelTable {
             mad_f32: scalar::mad_f32,
             sgemm: sgemm::sgemm_6x16,
             sgemm2: None,
+            sgemm22: None,
             sgemm_bf16: None,
             sgemm_pack: sgemm::pack_strip,
             sgemm_pack_f16: sgemm::pack_strip_f16,

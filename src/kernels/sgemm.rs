@@ -30,6 +30,11 @@ pub(crate) type Sgemm2Fn = fn(
     acc: bool,
 );
 
+/// Two strips against two panels: tile `2 s + p` is strip `s` by panel `p`, the same sums in the
+/// same order as four `sgemm` calls.
+pub(crate) type Sgemm22Fn =
+    fn(kc: usize, a: [&[f32]; 2], bp: [&[f32]; 2], out: [&mut [f32; SG_MR * SG_NR]; 4], acc: bool);
+
 // BF16 pairs (`KernelTable::sgemm_bf16` / `sgemm2_bf16`): the same signatures with `kc` counting
 // pairs of K values; every f32 slot of the strips and the panel holds two BF16 values (element
 // 2j in the low half, 2j + 1 in the high half) as raw bits, and the kernel sums their products

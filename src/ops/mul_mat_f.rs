@@ -280,9 +280,12 @@ pub(crate) fn gemm_block(
     let bf16 = bf16_pairs(dtype, k);
     // With BF16 pairs every K count below (K blocks, panel and strip offsets) is in pairs.
     let div = if bf16.is_some() { 2 } else { 1 };
-    let (kernel, kernel2) = match bf16 {
-        Some((one, two)) => (one, Some(two)),
-        None => (crate::kernels::table().sgemm, crate::kernels::table().sgemm2),
+    let (kernel, kernel2, kernel22) = match bf16 {
+        Some((one, two)) => (one, Some(two), None),
+        None => {
+            let t = crate::kernels::table();
+            (t.sgemm, t.sgemm2, t.sgemm22)
+        }
     };
     let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
     let (blck, ts) = (dtype.block_size(), dtype.type_size());
@@ -337,23 +340,30 @@ pub(crate) fn gemm_block(
         let next = k0 + kc;
         let window = n_panels.min(PREFETCH_PANELS);
         let (seg, seg_len) = (next / blck * ts, KC.min(k.saturating_sub(next)) / blck * ts);
-        for p in 0..n_panels {
-            if next < k && p + window >= n_panels {
-                let w = p + window - n_panels;
-                let (r0, r1) = ((i1 - i0) * w / window, (i1 - i0) * (w + 1) / window);
-                for i in i0 + r0..i0 + r1 {
-                    let row = a_row(i).wrapping_add(seg);
-                    for off in (0..seg_len).step_by(64) {
-                        prefetch(row.wrapping_add(off));
+        let (k0d, kcd) = (k0 / div, kc / div);
+        let mut p = 0;
+        while p < n_panels {
+            // Two panels at a time where the tier has a 2 x 2 tile kernel (same bits).
+            let group = if kernel22.is_some() && p + 1 < n_panels { 2 } else { 1 };
+            for q in p..p + group {
+                if next < k && q + window >= n_panels {
+                    let w = q + window - n_panels;
+                    let (r0, r1) = ((i1 - i0) * w / window, (i1 - i0) * (w + 1) / window);
+                    for i in i0 + r0..i0 + r1 {
+                        let row = a_row(i).wrapping_add(seg);
+                        for off in (0..seg_len).step_by(64) {
+                            prefetch(row.wrapping_add(off));
+                        }
                     }
                 }
             }
-            let (k0d, kcd) = (k0 / div, kc / div);
-            let base = p * panel_floats(k) + k0d * SG_NR;
-            let panel = &panels[base..base + kcd * SG_NR];
+            let panel_at = |q: usize| {
+                let base = q * panel_floats(k) + k0d * SG_NR;
+                &panels[base..base + kcd * SG_NR]
+            };
             // The next panel's slice (or the first panel's of the next K block), a line range
-            // per strip, is fetched while this one runs: panels stream from L3 or memory.
-            let (np, nk0) = if p + 1 < n_panels { (p + 1, k0) } else { (0, next) };
+            // per strip, is fetched while this group runs: panels stream from L3 or memory.
+            let (np, nk0) = if p + group < n_panels { (p + group, k0) } else { (0, next) };
             let next_slice = if nk0 < k {
                 let nb = np * panel_floats(k) + nk0 / div * SG_NR;
                 &panels[nb..nb + KC.min(k - nk0) / div * SG_NR]
@@ -366,28 +376,54 @@ pub(crate) fn gemm_block(
                     prefetch(next_slice.as_ptr().wrapping_add(l * 16) as *const u8);
                 }
             };
-            let tiles = &mut ctiles[p * (MC / SG_MR) * SG_MR * SG_NR..][..n_strips * SG_MR * SG_NR];
+            let strip = |st: usize| &strips[st * SG_MR * KC..][..kcd * SG_MR];
+            const T: usize = SG_MR * SG_NR;
             let mut st = 0;
-            if let Some(kernel2) = kernel2 {
-                // Two strips per call where the tier has the registers (same bits).
-                for pair in tiles.chunks_exact_mut(2 * SG_MR * SG_NR) {
+            if let (2, Some(kernel22)) = (group, kernel22) {
+                let (left, right) = ctiles.split_at_mut((p + 1) * (MC / SG_MR) * T);
+                let tp = &mut left[p * (MC / SG_MR) * T..][..n_strips * T];
+                let tq = &mut right[..n_strips * T];
+                let (b0, b1) = (panel_at(p), panel_at(p + 1));
+                for (pp, pq) in tp.chunks_exact_mut(2 * T).zip(tq.chunks_exact_mut(2 * T)) {
                     fetch(st);
                     fetch(st + 1);
-                    let (t0, t1) = pair.split_at_mut(SG_MR * SG_NR);
+                    let (t00, t10) = pp.split_at_mut(T);
+                    let (t01, t11) = pq.split_at_mut(T);
+                    let tiles = [t00, t01, t10, t11].map(|t| t.try_into().expect("tile"));
+                    kernel22(kcd, [strip(st), strip(st + 1)], [b0, b1], tiles, k0 > 0);
+                    st += 2;
+                }
+                if st < n_strips {
+                    fetch(st);
+                    for (q, tiles) in [(p, tp), (p + 1, tq)] {
+                        let tile: &mut [f32; T] =
+                            (&mut tiles[st * T..][..T]).try_into().expect("tile");
+                        kernel(kcd, strip(st), panel_at(q), tile, k0 > 0);
+                    }
+                }
+                p += 2;
+                continue;
+            }
+            let panel = panel_at(p);
+            let tiles = &mut ctiles[p * (MC / SG_MR) * T..][..n_strips * T];
+            if let Some(kernel2) = kernel2 {
+                // Two strips per call where the tier has the registers (same bits).
+                for pair in tiles.chunks_exact_mut(2 * T) {
+                    fetch(st);
+                    fetch(st + 1);
+                    let (t0, t1) = pair.split_at_mut(T);
                     let (t0, t1) = (t0.try_into().expect("tile"), t1.try_into().expect("tile"));
-                    let a0 = &strips[st * SG_MR * KC..][..kcd * SG_MR];
-                    let a1 = &strips[(st + 1) * SG_MR * KC..][..kcd * SG_MR];
-                    kernel2(kcd, a0, a1, panel, t0, t1, k0 > 0);
+                    kernel2(kcd, strip(st), strip(st + 1), panel, t0, t1, k0 > 0);
                     st += 2;
                 }
             }
             while st < n_strips {
                 fetch(st);
-                let tile = &mut tiles[st * SG_MR * SG_NR..][..SG_MR * SG_NR];
-                let tile: &mut [f32; SG_MR * SG_NR] = tile.try_into().expect("tile");
-                kernel(kcd, &strips[st * SG_MR * KC..][..kcd * SG_MR], panel, tile, k0 > 0);
+                let tile: &mut [f32; T] = (&mut tiles[st * T..][..T]).try_into().expect("tile");
+                kernel(kcd, strip(st), panel, tile, k0 > 0);
                 st += 1;
             }
+            p += 1;
         }
         k0 += kc;
     }

@@ -33,6 +33,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_gemm(DType::BF16, gemm_float::<EBF16>);
     t.attend_f16 = Some(attend_f16_avx512);
     t.sgemm2 = Some(sgemm_12x16);
+    t.sgemm22 = Some(sgemm_12x32);
     if std::arch::is_x86_feature_detected!("avx512bf16") {
         t.sgemm_bf16 = Some((sgemm_bf16_6x16, sgemm_bf16_12x16));
     }
@@ -773,6 +774,67 @@ unsafe fn tile_12x16(kc: usize, a: [*const f32; 2], bp: *const f32, out: [*mut f
     }
 }
 
+/// Two strips by two panels (`KernelTable::sgemm22`): 24 accumulators, each row's sums in k
+/// order from zero as the 6 x 16 kernels (the same bits); per k, two panel loads and 12
+/// broadcasts feed 24 multiply-adds.
+fn sgemm_12x32(
+    kc: usize,
+    a: [&[f32]; 2],
+    bp: [&[f32]; 2],
+    out: [&mut [f32; SG_MR * SG_NR]; 4],
+    acc: bool,
+) {
+    for (s, p) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        sgemm::check(kc, a[s], bp[p]);
+    }
+    let o = out.map(|t| t.as_mut_ptr());
+    // SAFETY: `check` proved both strips hold `kc * 6` values and both panels `kc * 16`; the
+    // four tiles hold 6 x 16; installed only when the AVX-512 tier is supported.
+    unsafe {
+        tile_12x32(kc, [a[0].as_ptr(), a[1].as_ptr()], [bp[0].as_ptr(), bp[1].as_ptr()], o, acc)
+    }
+}
+
+/// # Safety
+/// The AVX-512 tier is supported; `a[s]` holds `kc * 6` f32, `bp[p]` `kc * 16`, `out[t]` 6 x 16.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn tile_12x32(
+    kc: usize,
+    a: [*const f32; 2],
+    bp: [*const f32; 2],
+    out: [*mut f32; 4],
+    acc: bool,
+) {
+    // c[s][p][r]: strip s, panel p, row r.
+    let mut c = [[[_mm512_setzero_ps(); SG_MR]; 2]; 2];
+    for k in 0..kc {
+        // SAFETY: k < kc: group k of both panels and both strips are in bounds (contract).
+        unsafe {
+            let b = [_mm512_loadu_ps(bp[0].add(k * SG_NR)), _mm512_loadu_ps(bp[1].add(k * SG_NR))];
+            for (s, cs) in c.iter_mut().enumerate() {
+                let ak = a[s].add(k * SG_MR);
+                for r in 0..SG_MR {
+                    let av = _mm512_set1_ps(*ak.add(r));
+                    cs[0][r] = _mm512_fmadd_ps(av, b[0], cs[0][r]);
+                    cs[1][r] = _mm512_fmadd_ps(av, b[1], cs[1][r]);
+                }
+            }
+        }
+    }
+    for (s, cs) in c.iter().enumerate() {
+        for (p, cp) in cs.iter().enumerate() {
+            for (r, x) in cp.iter().enumerate() {
+                // SAFETY: out[2 s + p] holds 6 rows of 16 (contract).
+                unsafe {
+                    let o = out[2 * s + p].add(r * SG_NR);
+                    let v = if acc { _mm512_add_ps(_mm512_loadu_ps(o), *x) } else { *x };
+                    _mm512_storeu_ps(o, v);
+                }
+            }
+        }
+    }
+}
+
 /// BF16 pairs, one strip (`KernelTable::sgemm_bf16`): `kc` pairs of K values.
 fn sgemm_bf16_6x16(kc: usize, a: &[f32], bp: &[f32], out: &mut [f32; SG_MR * SG_NR], acc: bool) {
     sgemm::check(kc, a, bp);
@@ -1066,6 +1128,17 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&w0), bits(&g0), "strip 0 kc={kc} acc={acc}");
                 assert_eq!(bits(&w1), bits(&g1), "strip 1 kc={kc} acc={acc}");
+                // Two strips by two panels.
+                let bq: Vec<f32> = bp.iter().map(|x| x * -0.75 + 0.5).collect();
+                let (mut w2, mut w3) = (init, init);
+                (t2.sgemm)(kc, &a0, &bq, &mut w2, acc);
+                (t2.sgemm)(kc, &a1, &bq, &mut w3, acc);
+                let mut g = [init; 4];
+                let [g00, g01, g10, g11] = &mut g;
+                (t5.sgemm22.unwrap())(kc, [&a0, &a1], [&bp, &bq], [g00, g01, g10, g11], acc);
+                for (t, want) in [(0, &w0), (1, &w2), (2, &w1), (3, &w3)] {
+                    assert_eq!(bits(&g[t]), bits(want), "2x2 tile {t} kc={kc} acc={acc}");
+                }
             }
         }
     }
