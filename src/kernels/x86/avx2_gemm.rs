@@ -38,64 +38,7 @@ fn gemm_q8_0_q8_0(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
     gemm_q0::<false>(k, x, y, out);
 }
 
-const fn x_block<const Q4: bool>() -> usize {
-    if Q4 { size_of::<BlockQ4_0>() } else { size_of::<BlockQ8_0>() }
-}
-
-#[inline(always)]
-fn gemm_q0<const Q4: bool>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
-    // Cap the block count by what every slice really holds, so the kernel stays in bounds even if
-    // a caller broke the contract (`k / 32` whole blocks in each slice).
-    let mut nb = k / 32;
-    for xr in x {
-        nb = nb.min(xr.len() / x_block::<Q4>());
-    }
-    for yc in y {
-        nb = nb.min(yc.len() / size_of::<BlockQ8_0>());
-    }
-    debug_assert_eq!(nb, k / 32, "gemm slices too short");
-    let rows = x.len();
-    assert!(out.len() >= rows * y.len(), "gemm output too short");
-    match (rows, y.len()) {
-        (4, 2) => tile::<Q4, 4, 2>(nb, x, y, out),
-        (4, 1) => tile::<Q4, 4, 1>(nb, x, y, out),
-        (3, 2) => tile::<Q4, 3, 2>(nb, x, y, out),
-        (3, 1) => tile::<Q4, 3, 1>(nb, x, y, out),
-        (2, 2) => tile::<Q4, 2, 2>(nb, x, y, out),
-        (2, 1) => tile::<Q4, 2, 1>(nb, x, y, out),
-        (1, 2) => tile::<Q4, 1, 2>(nb, x, y, out),
-        _ => {
-            // Any other shape (larger than the register tile, or empty): one output at a time.
-            for (c, yc) in y.iter().enumerate() {
-                for (r, xr) in x.iter().enumerate() {
-                    let mut o = [0.0f32];
-                    tile::<Q4, 1, 1>(nb, &[xr], &[yc], &mut o);
-                    out[c * rows + r] = o[0];
-                }
-            }
-        }
-    }
-}
-
-/// Runs the `R x C` kernel on the first `R` slices of `x` and `C` of `y`, each holding at least
-/// `nb` blocks (checked by `gemm_q0`), and stores the results at `out[c * R + r]`.
-#[inline(always)]
-fn tile<const Q4: bool, const R: usize, const C: usize>(
-    nb: usize,
-    x: &[&[u8]],
-    y: &[&[u8]],
-    out: &mut [f32],
-) {
-    let xp: [*const u8; R] = std::array::from_fn(|r| x[r].as_ptr());
-    let yp: [*const u8; C] = std::array::from_fn(|c| y[c].as_ptr());
-    // SAFETY: `gemm_q0` capped `nb` so that each of these `R` weight rows holds `nb` blocks of
-    // `x_block::<Q4>()` bytes and each of the `C` activation rows `nb` Q8_0 blocks, which is all
-    // the kernel reads; `plug` only installs the wrappers after AVX2, FMA and F16C were detected.
-    let acc = unsafe { tile_q0_avx2::<Q4, R, C>(nb, xp, yp) };
-    for c in 0..C {
-        out[c * R..c * R + R].copy_from_slice(&acc[c]);
-    }
-}
+q0_tile_driver!(tile_q0_avx2);
 
 /// `R x C` dot products of `nb` blocks each: `R` Q4_0 (when `Q4`) or Q8_0 weight rows against `C`
 /// Q8_0 activation rows. Result `[c][r]`.

@@ -257,46 +257,12 @@ unsafe fn kq_block<const KIND: u8>(xb: &[u8], b: usize, y: &[&[u8]], acc: &mut [
     }
 }
 
-fn gemm_q4_0_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    q0::<KIND_Q4_0>(x, y, acc);
-}
-
-fn gemm_iq4_nl_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    q0::<KIND_IQ4_NL>(x, y, acc);
-}
-
-fn gemm_mxfp4_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    q0::<KIND_MXFP4>(x, y, acc);
-}
-
 /// How far ahead the single-column kernels prefetch weights. Paired in-process runs of 4096 x 14336
 /// decode (2 threads, the distance switched between computes of one plan) measured 8 KiB at
 /// 1.13-1.23x the former 1 KiB for Q4_0, MXFP4 and IQ4_NL (16 KiB: 1.1-1.3x, less steady).
 const PREFETCH_BYTES: usize = 8192;
 
-const fn q0_group_bytes(kind: u8) -> usize {
-    if kind == KIND_MXFP4 { 136 } else { 144 }
-}
-
-#[inline(always)]
-fn q0<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    let nb = x.len() / q0_group_bytes(KIND);
-    assert!(acc.len() == y.len(), "repack kernel: bad column count");
-    assert!(y.iter().all(|c| c.len() >= nb * Y0_BYTES), "repack kernel: activations too short");
-    for (y, acc) in y.chunks(REPACK_NC).zip(acc.chunks_mut(REPACK_NC)) {
-        // SAFETY: `plug` installs these wrappers only on CPUs with AVX2, FMA and F16C; x holds
-        // `nb` group blocks and every y row `nb` activation blocks (checked above); acc has
-        // y.len() rows.
-        unsafe {
-            match y.len() {
-                1 => q0_kernel::<KIND, 1>(nb, x.as_ptr(), y, acc),
-                2 => q0_kernel::<KIND, 2>(nb, x.as_ptr(), y, acc),
-                3 => q0_kernel::<KIND, 3>(nb, x.as_ptr(), y, acc),
-                _ => q0_kernel::<KIND, 4>(nb, x.as_ptr(), y, acc),
-            }
-        }
-    }
-}
+q0_repack_driver!();
 
 /// # Safety
 /// AVX2, FMA and F16C are available; `x` points at `nb` group blocks; `y` has NC rows of at least

@@ -32,65 +32,12 @@ fn gemm_q8_0_q8_0(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
     gemm_q0::<false>(k, x, y, out);
 }
 
-const fn x_block<const Q4: bool>() -> usize {
-    if Q4 { size_of::<BlockQ4_0>() } else { size_of::<BlockQ8_0>() }
-}
-
 /// How far ahead (bytes) each weight row is prefetched: the rows of a decode step stream from
 /// memory, four at a time, more streams than the hardware prefetcher follows well (q8_0
 /// 4096x14336 decode on Zen 5: 73 GFLOPS without, 92-102 at 2 KiB, 89-104 at 4 KiB).
 const PF: usize = 2048;
 
-#[inline(always)]
-fn gemm_q0<const Q4: bool>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
-    // Cap the block count by what every slice holds (the AVX2 twin's contract check).
-    let mut nb = k / 32;
-    for xr in x {
-        nb = nb.min(xr.len() / x_block::<Q4>());
-    }
-    for yc in y {
-        nb = nb.min(yc.len() / size_of::<BlockQ8_0>());
-    }
-    debug_assert_eq!(nb, k / 32, "gemm slices too short");
-    let rows = x.len();
-    assert!(out.len() >= rows * y.len(), "gemm output too short");
-    match (rows, y.len()) {
-        (4, 2) => tile::<Q4, 4, 2>(nb, x, y, out),
-        (4, 1) => tile::<Q4, 4, 1>(nb, x, y, out),
-        (3, 2) => tile::<Q4, 3, 2>(nb, x, y, out),
-        (3, 1) => tile::<Q4, 3, 1>(nb, x, y, out),
-        (2, 2) => tile::<Q4, 2, 2>(nb, x, y, out),
-        (2, 1) => tile::<Q4, 2, 1>(nb, x, y, out),
-        (1, 2) => tile::<Q4, 1, 2>(nb, x, y, out),
-        _ => {
-            for (c, yc) in y.iter().enumerate() {
-                for (r, xr) in x.iter().enumerate() {
-                    let mut o = [0.0f32];
-                    tile::<Q4, 1, 1>(nb, &[xr], &[yc], &mut o);
-                    out[c * rows + r] = o[0];
-                }
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn tile<const Q4: bool, const R: usize, const C: usize>(
-    nb: usize,
-    x: &[&[u8]],
-    y: &[&[u8]],
-    out: &mut [f32],
-) {
-    let xp: [*const u8; R] = std::array::from_fn(|r| x[r].as_ptr());
-    let yp: [*const u8; C] = std::array::from_fn(|c| y[c].as_ptr());
-    // SAFETY: `gemm_q0` capped `nb` so that each weight row holds `nb` blocks and each
-    // activation row `nb` Q8_0 blocks, all the kernel reads; `plug` installs the wrappers only
-    // on a CPU with the AVX-512 tier and AVX512_VNNI.
-    let acc = unsafe { tile_q0_avx512::<Q4, R, C>(nb, xp, yp) };
-    for c in 0..C {
-        out[c * R..c * R + R].copy_from_slice(&acc[c]);
-    }
-}
+q0_tile_driver!(tile_q0_avx512);
 
 /// The quants of weight block `ib` of row `bx` as 32 signed bytes (Q4_0: nibbles - 8, low
 /// nibbles first; Q8_0: as stored) and its scale.

@@ -28,44 +28,10 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_repack(DType::MXFP4, gemm_mxfp4_x8);
 }
 
-fn gemm_q4_0_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    q0::<KIND_Q4_0>(x, y, acc);
-}
-
-fn gemm_iq4_nl_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    q0::<KIND_IQ4_NL>(x, y, acc);
-}
-
-fn gemm_mxfp4_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    q0::<KIND_MXFP4>(x, y, acc);
-}
-
 /// How far ahead the single-column kernels prefetch weights (as the AVX2 twins).
 const PREFETCH_BYTES: usize = 8192;
 
-const fn q0_group_bytes(kind: u8) -> usize {
-    if kind == KIND_MXFP4 { 136 } else { 144 }
-}
-
-#[inline(always)]
-fn q0<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    let nb = x.len() / q0_group_bytes(KIND);
-    assert!(acc.len() == y.len(), "repack kernel: bad column count");
-    assert!(y.iter().all(|c| c.len() >= nb * Y0_BYTES), "repack kernel: activations too short");
-    for (y, acc) in y.chunks(REPACK_NC).zip(acc.chunks_mut(REPACK_NC)) {
-        // SAFETY: `plug` installs these wrappers only on CPUs with the AVX-512 tier and VNNI; x
-        // holds `nb` group blocks and every y row `nb` activation blocks (checked above); acc has
-        // y.len() rows.
-        unsafe {
-            match y.len() {
-                1 => q0_kernel::<KIND, 1>(nb, x.as_ptr(), y, acc),
-                2 => q0_kernel::<KIND, 2>(nb, x.as_ptr(), y, acc),
-                3 => q0_kernel::<KIND, 3>(nb, x.as_ptr(), y, acc),
-                _ => q0_kernel::<KIND, 4>(nb, x.as_ptr(), y, acc),
-            }
-        }
-    }
-}
+q0_repack_driver!();
 
 /// # Safety
 /// The AVX-512 tier and VNNI are available; `x` points at `nb` group blocks; `y` has NC rows of

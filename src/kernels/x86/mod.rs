@@ -1,5 +1,123 @@
 //! x86-64 tiers. Each file is one tier with the same function names as `../scalar.rs`.
 
+/// The shape dispatch of the Q4_0 / Q8_0 register tiles (`avx2_gemm.rs`, `avx512_gemm.rs`):
+/// `x_block`, `gemm_q0` (caps the block count by what every slice holds, picks the `R x C`
+/// instance, one output at a time for other shapes) and `tile` (runs `$kernel::<Q4, R, C>` and
+/// stores `out[c * R + r]`). The invoking file's `plug` installs the wrappers only on a CPU with
+/// `$kernel`'s features, which makes the call sound.
+/// The wrappers of the repacked Q4_0-family kernels (`avx2_repack.rs`, `avx512_repack.rs`):
+/// `gemm_{q4_0,iq4_nl,mxfp4}_x8`, `q0_group_bytes` and `q0` (length checks, then the invoking
+/// file's `q0_kernel::<KIND, NC>` on chunks of up to `REPACK_NC` columns). The invoking file's
+/// `plug` installs the wrappers only on a CPU with `q0_kernel`'s features.
+macro_rules! q0_repack_driver {
+    () => {
+        fn gemm_q4_0_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+            q0::<KIND_Q4_0>(x, y, acc);
+        }
+
+        fn gemm_iq4_nl_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+            q0::<KIND_IQ4_NL>(x, y, acc);
+        }
+
+        fn gemm_mxfp4_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+            q0::<KIND_MXFP4>(x, y, acc);
+        }
+
+        const fn q0_group_bytes(kind: u8) -> usize {
+            if kind == KIND_MXFP4 { 136 } else { 144 }
+        }
+
+        #[inline(always)]
+        fn q0<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+            let nb = x.len() / q0_group_bytes(KIND);
+            assert!(acc.len() == y.len(), "repack kernel: bad column count");
+            assert!(
+                y.iter().all(|c| c.len() >= nb * Y0_BYTES),
+                "repack kernel: activations too short"
+            );
+            for (y, acc) in y.chunks(REPACK_NC).zip(acc.chunks_mut(REPACK_NC)) {
+                // SAFETY: `plug` installs these wrappers only on CPUs with the kernel's target
+                // features; x holds `nb` group blocks and every y row `nb` activation blocks
+                // (checked above); acc has y.len() rows.
+                unsafe {
+                    match y.len() {
+                        1 => q0_kernel::<KIND, 1>(nb, x.as_ptr(), y, acc),
+                        2 => q0_kernel::<KIND, 2>(nb, x.as_ptr(), y, acc),
+                        3 => q0_kernel::<KIND, 3>(nb, x.as_ptr(), y, acc),
+                        _ => q0_kernel::<KIND, 4>(nb, x.as_ptr(), y, acc),
+                    }
+                }
+            }
+        }
+    };
+}
+
+macro_rules! q0_tile_driver {
+    ($kernel:ident) => {
+        const fn x_block<const Q4: bool>() -> usize {
+            if Q4 { size_of::<BlockQ4_0>() } else { size_of::<BlockQ8_0>() }
+        }
+
+        #[inline(always)]
+        fn gemm_q0<const Q4: bool>(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32]) {
+            // Cap the block count by what every slice really holds, so the kernel stays in
+            // bounds even if a caller broke the contract (`k / 32` whole blocks in each slice).
+            let mut nb = k / 32;
+            for xr in x {
+                nb = nb.min(xr.len() / x_block::<Q4>());
+            }
+            for yc in y {
+                nb = nb.min(yc.len() / size_of::<BlockQ8_0>());
+            }
+            debug_assert_eq!(nb, k / 32, "gemm slices too short");
+            let rows = x.len();
+            assert!(out.len() >= rows * y.len(), "gemm output too short");
+            match (rows, y.len()) {
+                (4, 2) => tile::<Q4, 4, 2>(nb, x, y, out),
+                (4, 1) => tile::<Q4, 4, 1>(nb, x, y, out),
+                (3, 2) => tile::<Q4, 3, 2>(nb, x, y, out),
+                (3, 1) => tile::<Q4, 3, 1>(nb, x, y, out),
+                (2, 2) => tile::<Q4, 2, 2>(nb, x, y, out),
+                (2, 1) => tile::<Q4, 2, 1>(nb, x, y, out),
+                (1, 2) => tile::<Q4, 1, 2>(nb, x, y, out),
+                _ => {
+                    // Any other shape (larger than the register tile, or empty): one output at
+                    // a time.
+                    for (c, yc) in y.iter().enumerate() {
+                        for (r, xr) in x.iter().enumerate() {
+                            let mut o = [0.0f32];
+                            tile::<Q4, 1, 1>(nb, &[xr], &[yc], &mut o);
+                            out[c * rows + r] = o[0];
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Runs the `R x C` kernel on the first `R` slices of `x` and `C` of `y`, each holding
+        /// at least `nb` blocks (checked by `gemm_q0`), and stores the results at
+        /// `out[c * R + r]`.
+        #[inline(always)]
+        fn tile<const Q4: bool, const R: usize, const C: usize>(
+            nb: usize,
+            x: &[&[u8]],
+            y: &[&[u8]],
+            out: &mut [f32],
+        ) {
+            let xp: [*const u8; R] = std::array::from_fn(|r| x[r].as_ptr());
+            let yp: [*const u8; C] = std::array::from_fn(|c| y[c].as_ptr());
+            // SAFETY: `gemm_q0` capped `nb` so that each of these `R` weight rows holds `nb`
+            // blocks of `x_block::<Q4>()` bytes and each of the `C` activation rows `nb` Q8_0
+            // blocks, which is all the kernel reads; `plug` installs the wrappers only on a CPU
+            // with the kernel's target features.
+            let acc = unsafe { $kernel::<Q4, R, C>(nb, xp, yp) };
+            for c in 0..C {
+                out[c * R..c * R + R].copy_from_slice(&acc[c]);
+            }
+        }
+    };
+}
+
 pub(crate) mod avx2;
 pub(crate) mod avx2_conv; // vision: conv_2d / conv_3d register tile
 mod avx2_gemm;
