@@ -35,23 +35,33 @@ pub(crate) fn plug(t: &mut KernelTable) {
 }
 
 fn gemm_tq2_0_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    kq::<KIND_TQ2_0>(x, y, acc);
+    kq::<KIND_TQ2_0, 2>(x, y, acc);
 }
 
 fn gemm_q4_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    kq::<KIND_Q4_K>(x, y, acc);
+    kq::<KIND_Q4_K, 2>(x, y, acc);
 }
 
 fn gemm_q6_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    kq::<KIND_Q6_K>(x, y, acc);
+    kq::<KIND_Q6_K, 0>(x, y, acc);
 }
 
 fn gemm_q2_k_x8(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
-    kq::<KIND_Q2_K>(x, y, acc);
+    kq::<KIND_Q2_K, 2>(x, y, acc);
+}
+
+/// The repacked K-quant (and TQ2_0) kernels with a decode prefetch `AHEAD` group blocks ahead,
+/// for tiers whose memory system wants another distance (the same arithmetic and bits).
+pub(super) fn kq_kernel<const KIND: u8, const AHEAD: usize>(
+    x: &[u8],
+    y: &[&[u8]],
+    acc: &mut [[f32; 8]],
+) {
+    kq::<KIND, AHEAD>(x, y, acc);
 }
 
 #[inline(always)]
-fn kq<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
+fn kq<const KIND: u8, const AHEAD: usize>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     let gb = k_group_bytes(KIND);
     let nb = x.len() / gb;
     assert!(acc.len() == y.len(), "repack kernel: bad column count");
@@ -59,12 +69,13 @@ fn kq<const KIND: u8>(x: &[u8], y: &[&[u8]], acc: &mut [[f32; 8]]) {
     for b in 0..nb {
         let xb = &x[b * gb..(b + 1) * gb];
         if y.len() <= REPACK_NC {
-            // Decode streams the weights once: ask for the block after next, line by line (a
-            // hint; addresses past the end are never dereferenced). Q6_K's blocks are bigger
-            // (26 lines a group): asking for the current block's lines all at once measured
-            // 6-9% faster than two blocks ahead (paired in-process runs, 4096 and 16384 x 14336
-            // weights), and no prefetch at all is slower than either.
-            let ahead = xb.as_ptr().wrapping_add(if KIND == KIND_Q6_K { 0 } else { 2 * gb });
+            // Decode streams the weights once: ask for the block AHEAD blocks on, line by line
+            // (a hint; addresses past the end are never dereferenced). On Zen 3 (the AVX2
+            // tier's distances): two blocks ahead, but Q6_K's blocks are bigger (26 lines a
+            // group) and asking for the current block's lines all at once measured 6-9% faster
+            // than two blocks ahead (paired in-process runs, 4096 and 16384 x 14336 weights),
+            // and no prefetch at all slower than either.
+            let ahead = xb.as_ptr().wrapping_add(AHEAD * gb);
             for l in (0..gb).step_by(64) {
                 // SAFETY: prefetching is a hint with no memory access semantics.
                 unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l) as *const i8) };
