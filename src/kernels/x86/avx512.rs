@@ -37,6 +37,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
     if std::arch::is_x86_feature_detected!("avx512bf16") {
         t.sgemm_bf16 = Some((sgemm_bf16_6x16, sgemm_bf16_12x16));
     }
+    super::avx2_quants::plug_stream_8k(t);
     // The AVX2 repacked K-quant kernels with the decode prefetch further ahead: on Zen 5,
     // 4096x14336 repacked decode, 2 threads, alternating binaries: q6_K 86-94 GFLOPS with the
     // AVX2 tier's distance (the current block) -> 163-173 at 8 blocks (4 and 16 alike), q4_K
