@@ -2,7 +2,8 @@
 //! F32 GELU (f16 table, gathered on AVX2), neox rope rotation, F32 -> Q8_0 copy and the tiled
 //! flash attention (vector score scaling/masking and row max). Each is bitwise identical for 1,
 //! 2 and 3 threads on each tier; across tiers GELU, rope and the Q8_0 bytes are bitwise equal and
-//! SwiGLU and attention (vector exp, FMA GEMM on AVX2) agree to rounding. Sizes leave tails after
+//! SwiGLU and attention (vector exp, FMA GEMM on AVX2, the AVX-512 F16 decode loop) agree to
+//! rounding. Sizes leave tails after
 //! every vector width, block and tile. A separate test binary because the tier is process-wide.
 
 mod common;
@@ -33,6 +34,9 @@ fn run(
 }
 
 type Case = (&'static str, bool, fn(usize) -> Vec<f32>);
+
+/// `set_isa` is process-wide: the tests of this binary take this lock.
+static ISA_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn swiglu_split(t: usize) -> Vec<f32> {
     run(t, |g| {
@@ -104,6 +108,23 @@ fn attn(mask: bool, softcap: f32, t: usize) -> Vec<f32> {
     })
 }
 
+/// Decode: 2 queries over a long F16 KV (split into chunks; the AVX-512 tier's F16 loop), head
+/// size 128, GQA, a mask.
+fn attn_decode(t: usize) -> Vec<f32> {
+    run(t, |g| {
+        let (d, nq, nkv) = (128, 2, 1000);
+        let q = g.input(DType::F32, &[d, nq, 4]).unwrap();
+        let k32 = g.input(DType::F32, &[d, nkv, 2]).unwrap();
+        let v32 = g.input(DType::F32, &[d, nkv, 2]).unwrap();
+        let m32 = g.input(DType::F32, &[nkv, 4]).unwrap();
+        let k = g.cast(k32, DType::F16).unwrap();
+        let v = g.cast(v32, DType::F16).unwrap();
+        let m = g.cast(m32, DType::F16).unwrap();
+        let o = g.flash_attn_ext(q, k, v, Some(m), None, FlashAttnParams::new(0.02)).unwrap();
+        (vec![(q, d * nq * 4), (k32, d * nkv * 2), (v32, d * nkv * 2), (m32, nkv * 4)], vec![], o)
+    })
+}
+
 fn attn_masked(t: usize) -> Vec<f32> {
     attn(true, 0.0, t)
 }
@@ -119,7 +140,8 @@ fn attn_softcap(t: usize) -> Vec<f32> {
 #[test]
 fn llm_fast_paths_agree_across_tiers_and_threads() {
     // (name, bitwise across tiers, run)
-    let cases: [Case; 9] = [
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cases: [Case; 10] = [
         ("swiglu split", false, swiglu_split),
         ("swiglu fused", false, swiglu_fused),
         ("gelu", true, gelu),
@@ -129,6 +151,7 @@ fn llm_fast_paths_agree_across_tiers_and_threads() {
         ("flash_attn masked", false, attn_masked),
         ("flash_attn unmasked", false, attn_unmasked),
         ("flash_attn softcap", false, attn_softcap),
+        ("flash_attn decode f16", false, attn_decode),
     ];
     let prev = quantgraph::kernels::selected_isa();
     let tiers: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_supported()).collect();
@@ -159,6 +182,38 @@ fn llm_fast_paths_agree_across_tiers_and_threads() {
                 assert!(e < 1e-10, "{name}: {isa:?} vs scalar nmse {e}");
             }
         }
+    }
+    set_isa(prev).unwrap();
+}
+
+/// A NaN in one head's K makes that head's output NaN (as ggml's online softmax does) and leaves
+/// the other heads finite, on every tier (the AVX-512 F16 decode loop and the generic one).
+#[test]
+fn flash_attn_ext_decode_propagates_nan_scores_per_head() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (d, n_kv, heads) = (64usize, 300usize, 2usize);
+    let prev = quantgraph::kernels::selected_isa();
+    for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+        set_isa(isa).unwrap();
+        let mut g = Graph::new();
+        let q = g.input(DType::F32, &[d, 1, heads]).unwrap();
+        let k32 = g.input(DType::F32, &[d, n_kv, heads]).unwrap();
+        let v32 = g.input(DType::F32, &[d, n_kv, heads]).unwrap();
+        let k = g.cast(k32, DType::F16).unwrap();
+        let v = g.cast(v32, DType::F16).unwrap();
+        let o = g.flash_attn_ext(q, k, v, None, None, FlashAttnParams::new(0.125)).unwrap();
+        g.set_output(o);
+        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
+        let mut kv = rand_f32(d * n_kv * heads, 2);
+        kv[d * 17 + 3] = f32::NAN; // head 0, position 17
+        p.set_input(q, &rand_f32(d * heads, 1)).unwrap();
+        p.set_input(k32, &kv).unwrap();
+        p.set_input(v32, &rand_f32(d * n_kv * heads, 3)).unwrap();
+        p.compute().unwrap();
+        let out = p.output::<f32>(o).unwrap();
+        // dst is [d, heads, 1]: head 0 first.
+        assert!(out[..d].iter().all(|x| x.is_nan()), "{}: head 0 {:?}", isa.name(), &out[..4]);
+        assert!(out[d..].iter().all(|x| x.is_finite()), "{}: head 1", isa.name());
     }
     set_isa(prev).unwrap();
 }

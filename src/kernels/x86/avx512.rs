@@ -682,8 +682,15 @@ unsafe fn attend_f16_avx512(a: &AttendF16<'_>, m: &mut f32, s: &mut f32, acc: &m
         // SAFETY: sc holds 16 floats.
         let xs = unsafe { _mm512_loadu_ps(sc.as_ptr()) };
         let bmax = _mm512_reduce_max_ps(xs);
-        if bmax == f32::NEG_INFINITY || bmax.is_nan() {
-            // Every position masked; (a NaN score is left to the generic path's rules: skip.)
+        if bmax == f32::NEG_INFINITY {
+            // Every position masked: the block adds nothing.
+            j0 += nb;
+            continue;
+        }
+        if bmax.is_nan() || sc[..nb].iter().any(|x| x.is_nan()) {
+            // A NaN score (NaN in Q or K) makes ggml's sum and accumulator NaN: the same here.
+            *s = f32::NAN;
+            acc.fill(f32::NAN);
             j0 += nb;
             continue;
         }
