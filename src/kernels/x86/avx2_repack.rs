@@ -271,7 +271,7 @@ unsafe fn kq_block<const KIND: u8>(xb: &[u8], b: usize, y: &[&[u8]], acc: &mut [
 /// How far ahead the single-column kernels prefetch weights. Paired in-process runs of 4096 x 14336
 /// decode (2 threads, the distance switched between computes of one plan) measured 8 KiB at
 /// 1.13-1.23x the former 1 KiB for Q4_0, MXFP4 and IQ4_NL (16 KiB: 1.1-1.3x, less steady).
-const PREFETCH_BYTES: usize = 8192;
+pub(super) const PREFETCH_BYTES: usize = 8192;
 
 q0_repack_driver!();
 

@@ -28,8 +28,8 @@ pub(crate) fn plug(t: &mut KernelTable) {
     t.set_repack(DType::MXFP4, gemm_mxfp4_x8);
 }
 
-/// How far ahead the single-column kernels prefetch weights (as the AVX2 twins).
-const PREFETCH_BYTES: usize = 8192;
+/// How far ahead the single-column kernels prefetch weights: the AVX2 twins' distance.
+use super::avx2_repack::PREFETCH_BYTES;
 
 q0_repack_driver!();
 
