@@ -1000,14 +1000,14 @@ fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::{avx2_and_avx512, xorshift32};
     use crate::dtype::DType;
-    use crate::kernels::{Isa, table_for};
 
     /// Inputs covering the vector exp's fast lanes, its rare lanes (|x| > 87, overflow and
     /// underflow of exp(-x)), infinities, NaN and signed zeros, at lengths around every step.
     fn inputs(n: usize) -> Vec<f32> {
         let special = [0.0, -0.0, 1.0, -1.0, 88.0, -88.0, 90.0, -90.0, 150.0, -150.0, 200.0];
-        let mut s = 0x9E37_79B9u32;
+        let mut rnd = xorshift32(0x9E37_79B9);
         (0..n)
             .map(|i| {
                 if i % 13 == 5 {
@@ -1019,21 +1019,14 @@ mod tests {
                 if i == 9 {
                     return f32::NAN;
                 }
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32 - 0.5) * 40.0
+                (rnd() as f32 / u32::MAX as f32 - 0.5) * 40.0
             })
             .collect()
     }
 
     #[test]
     fn avx512_elementwise_kernels_give_the_avx2_tiers_bits() {
-        if !Isa::Avx512.is_supported() {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
-        }
-        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
+        let Some((t2, t5)) = avx2_and_avx512(false) else { return };
         for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 100, 1000, 3001] {
             let a = inputs(n);
             let b: Vec<f32> = inputs(n + 3)[3..].iter().map(|x| x * 0.5 + 0.25).collect();
@@ -1091,11 +1084,7 @@ mod tests {
     /// The float decode tiles give the AVX2 tier's bits for every shape and length.
     #[test]
     fn avx512_float_tiles_give_the_avx2_tiers_bits() {
-        if !Isa::Avx512.is_supported() {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
-        }
-        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
+        let Some((t2, t5)) = avx2_and_avx512(false) else { return };
         for n in [1usize, 31, 32, 33, 64, 100, 4096 + 7] {
             let rows: Vec<Vec<f32>> = (0..6)
                 .map(|r| {
@@ -1138,12 +1127,8 @@ mod tests {
     /// without accumulation, for odd and even depths.
     #[test]
     fn avx512_sgemm2_gives_two_avx2_tiles() {
-        if !Isa::Avx512.is_supported() {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
-        }
         use crate::kernels::sgemm::{SG_MR, SG_NR};
-        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
+        let Some((t2, t5)) = avx2_and_avx512(false) else { return };
         let k2 = t5.sgemm2.unwrap();
         for kc in [1usize, 2, 3, 7, 64, 255, 256] {
             let a0: Vec<f32> = inputs(kc * SG_MR).iter().map(|x| x.clamp(-30.0, 30.0)).collect();
@@ -1177,11 +1162,7 @@ mod tests {
     /// The AVX-512 dequantizers give the format's (ggml's) floats, bit for bit.
     #[test]
     fn avx512_dequantizers_give_the_formats_floats() {
-        if !Isa::Avx512.is_supported() {
-            eprintln!("skipped: no AVX-512 on this CPU");
-            return;
-        }
-        let t5 = table_for(Isa::Avx512).unwrap();
+        let Some((_, t5)) = avx2_and_avx512(false) else { return };
         let v: Vec<f32> =
             inputs(32 * 37).iter().map(|x| if x.is_finite() { *x } else { 3.0 }).collect();
         for dt in [DType::Q4_0, DType::Q8_0] {

@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 use std::mem::{offset_of, size_of};
 
-use super::avx2_quants::{F16_TO_F32, hsum_float_8, rd_u16};
+use super::avx2_quants::{F16_TO_F32, bytes_from_nibbles_32, hsum_float_8, rd_u16};
 use crate::dtype::DType;
 use crate::kernels::{GEMM_MR, GEMM_NR, KernelTable};
 use crate::quant::legacy::{BlockQ4_0, BlockQ8_0};
@@ -53,12 +53,7 @@ unsafe fn x_quants<const Q4: bool>(bx: *const u8, ib: usize) -> (__m256i, f32) {
         if Q4 {
             let d = F16_TO_F32[rd_u16(b.add(offset_of!(BlockQ4_0, d))) as usize];
             let q = _mm_loadu_si128(b.add(offset_of!(BlockQ4_0, qs)).cast());
-            let bytes = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-            let v = _mm256_sub_epi8(
-                _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F)),
-                _mm256_set1_epi8(8),
-            );
-            (v, d)
+            (_mm256_sub_epi8(bytes_from_nibbles_32(q), _mm256_set1_epi8(8)), d)
         } else {
             let d = F16_TO_F32[rd_u16(b.add(offset_of!(BlockQ8_0, d))) as usize];
             (_mm256_loadu_si256(b.add(offset_of!(BlockQ8_0, qs)).cast()), d)
@@ -175,25 +170,15 @@ unsafe fn tile_q0_avx512<const Q4: bool, const R: usize, const C: usize>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::{avx2_and_avx512, xorshift32};
     use crate::dtype::DType;
-    use crate::kernels::{Isa, table_for};
 
     /// Every tile shape gives the AVX2 tier's bits, for odd and even block counts, on rows with
     /// -128 activations, zero weights and extreme scales.
     #[test]
     fn avx512_vnni_tiles_give_the_avx2_tiers_bits() {
-        if !(Isa::Avx512.is_supported() && std::arch::is_x86_feature_detected!("avx512vnni")) {
-            eprintln!("skipped: no AVX-512 VNNI on this CPU");
-            return;
-        }
-        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
-        let mut s = 0x1234_5678u32;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            s
-        };
+        let Some((t2, t5)) = avx2_and_avx512(true) else { return };
+        let mut rnd = xorshift32(0x1234_5678);
         for dt in [DType::Q4_0, DType::Q8_0] {
             for nb in [1usize, 2, 3, 8, 33] {
                 let k = nb * 32;

@@ -130,25 +130,15 @@ unsafe fn q0_kernel<const KIND: u8, const NC: usize>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_util::{avx2_and_avx512, xorshift32};
     use crate::dtype::DType;
-    use crate::kernels::{Isa, table_for};
 
     /// Random group blocks (finite scales) against random activation blocks: the AVX-512 kernels
     /// give the AVX2 kernels' accumulators bit for bit, for 1 to 6 columns (chunks of 4).
     #[test]
     fn avx512_repack_q4_0_family_gives_the_avx2_tiers_bits() {
-        if !(Isa::Avx512.is_supported() && std::arch::is_x86_feature_detected!("avx512vnni")) {
-            eprintln!("skipped: no AVX-512 VNNI on this CPU");
-            return;
-        }
-        let (t2, t5) = (table_for(Isa::Avx2).unwrap(), table_for(Isa::Avx512).unwrap());
-        let mut s = 0x2545_f491u32;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            s
-        };
+        let Some((t2, t5)) = avx2_and_avx512(true) else { return };
+        let mut rnd = xorshift32(0x2545_f491);
         for (dt, gb) in [(DType::Q4_0, 144usize), (DType::IQ4_NL, 144), (DType::MXFP4, 136)] {
             let nb = 5;
             let mut x: Vec<u8> = (0..nb * gb).map(|_| rnd() as u8).collect();

@@ -165,3 +165,34 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     avx2_elementwise::plug(t);
     // --- end ops ---
 }
+
+/// Test helpers shared by the tier files' tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::kernels::{Isa, KernelTable, table_for};
+
+    /// A deterministic xorshift32 stream of test data.
+    pub(crate) fn xorshift32(mut s: u32) -> impl FnMut() -> u32 {
+        move || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        }
+    }
+
+    /// The AVX2 and AVX-512 tables, to compare a kernel of the AVX-512 tier with its AVX2 twin;
+    /// `None` (the test says it skips) on a CPU without the AVX-512 tier, or without
+    /// AVX512_VNNI when `vnni`.
+    pub(crate) fn avx2_and_avx512(
+        vnni: bool,
+    ) -> Option<(&'static KernelTable, &'static KernelTable)> {
+        let ok = Isa::Avx512.is_supported()
+            && (!vnni || std::arch::is_x86_feature_detected!("avx512vnni"));
+        if !ok {
+            eprintln!("skipped: no AVX-512{} on this CPU", if vnni { " VNNI" } else { "" });
+            return None;
+        }
+        Some((table_for(Isa::Avx2)?, table_for(Isa::Avx512)?))
+    }
+}
