@@ -510,7 +510,8 @@ fn select_initial_isa() -> Isa {
 }
 
 /// Forces a tier for every later computation in this process (for tests and comparisons).
-/// Fails when the CPU does not support `isa`.
+/// A compute already running keeps the table it started with for the ops whose phases must agree
+/// on a data layout. Fails when the CPU does not support `isa`.
 pub fn set_isa(isa: Isa) -> Result<()> {
     if !isa.is_supported() {
         return Err(Error::arg(format!("ISA {} is not supported by this CPU", isa.name())));

@@ -51,6 +51,10 @@ pub(crate) struct NodeCtx<'a> {
     /// A chunk counter, zero at the start of every phase.
     pub counter: &'a AtomicUsize,
     pub nth: usize,
+    /// The kernel table of the tier selected when the compute started: one tier for every phase
+    /// of the compute, even if `kernels::set_isa` changes the selection meanwhile. Ops whose
+    /// phases must agree on a data layout (the BF16-pair GEMM) read their kernels here.
+    pub kt: &'static crate::kernels::KernelTable,
 }
 
 impl NodeCtx<'_> {

@@ -17,6 +17,7 @@
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::KernelTable;
 use crate::kernels::sgemm::{SG_MR, SG_NR, Sgemm2Fn, SgemmFn};
 use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::DequantizeFn;
@@ -133,10 +134,10 @@ fn unsupported(what: String) -> Error {
 
 /// BF16 weights with an even K take the tier's BF16-pair kernels (`KernelTable::sgemm_bf16`),
 /// where it has them: phase 0 packs the activations (rounded to BF16, as ggml) as BF16 pairs, and
-/// the weight rows are packed as they are. Decided from the selected tier in each phase; the tier
-/// must not change while a compute runs (`kernels::set_isa` is for tests and comparisons).
-pub(crate) fn bf16_pairs(a: DType, k: usize) -> Option<(SgemmFn, Sgemm2Fn)> {
-    if a == DType::BF16 && k.is_multiple_of(2) { crate::kernels::table().sgemm_bf16 } else { None }
+/// the weight rows are packed as they are. `kt` is the compute's table (`NodeCtx::kt`), so the
+/// packing and the GEMM phases agree on the layout.
+pub(crate) fn bf16_pairs(kt: &KernelTable, a: DType, k: usize) -> Option<(SgemmFn, Sgemm2Fn)> {
+    if a == DType::BF16 && k.is_multiple_of(2) { kt.sgemm_bf16 } else { None }
 }
 
 /// Writes column `c` of a panel: `col`'s values, or (`pairs`: BF16 pairs, `col` holding BF16
@@ -163,7 +164,7 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let vd = a.dtype.vec_dot_type();
     let quant = !is_float(a.dtype);
     let (to_vd, from_vd) = if quant {
-        let to = crate::kernels::table().activation_converter(vd);
+        let to = ctx.kt.activation_converter(vd);
         let from = vd_to_f32(vd);
         match (to, from) {
             (Some(t), Some(f)) => (Some(t), Some(f)),
@@ -173,13 +174,13 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         (None, None)
     };
     // F16/BF16 weights: activations take that precision (a product of two such values is exact).
-    let table = crate::kernels::table();
+    let table = ctx.kt;
     let round: Option<fn(&mut [f32])> = match a.dtype {
         DType::F16 => Some(table.round_f16),
         DType::BF16 => Some(table.round_bf16),
         _ => None,
     };
-    let pairs = bf16_pairs(a.dtype, k).is_some();
+    let pairs = bf16_pairs(ctx.kt, a.dtype, k).is_some();
     // SAFETY: this is worker ith, in its one call for phase 0.
     let sc = unsafe { scratch(ctx, ith) };
     let (rowb, vdb) = sc.split_at_mut(align_up(k * 4, 64));
@@ -264,6 +265,7 @@ static ZERO_ROW: [u8; KC * 4] = [0; KC * 4];
 /// in steps of `KC`, summing the kernel's partial sums in K order.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_block(
+    kt: &KernelTable,
     dtype: DType,
     k: usize,
     i0: usize,
@@ -277,20 +279,16 @@ pub(crate) fn gemm_block(
     debug_assert!(
         i1 - i0 <= MC && ncols <= NC && panels.len() >= ncols.div_ceil(SG_NR) * k * SG_NR
     );
-    let bf16 = bf16_pairs(dtype, k);
+    let bf16 = bf16_pairs(kt, dtype, k);
     // With BF16 pairs every K count below (K blocks, panel and strip offsets) is in pairs.
     let div = if bf16.is_some() { 2 } else { 1 };
     let (kernel, kernel2, kernel22) = match bf16 {
         Some((one, two)) => (one, Some(two), None),
-        None => {
-            let t = crate::kernels::table();
-            (t.sgemm, t.sgemm2, t.sgemm22)
-        }
+        None => (kt.sgemm, kt.sgemm2, kt.sgemm22),
     };
     let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
     let (blck, ts) = (dtype.block_size(), dtype.type_size());
-    let (pack, pack_f16) =
-        (crate::kernels::table().sgemm_pack, crate::kernels::table().sgemm_pack_f16);
+    let (pack, pack_f16) = (kt.sgemm_pack, kt.sgemm_pack_f16);
     let (strips, rest) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
     let (row_bufs, ctiles) = rest.split_at_mut(SG_MR * KC);
     let n_strips = (i1 - i0).div_ceil(SG_MR);
@@ -473,7 +471,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let panels = &packed[base..base + (j1 - j0).div_ceil(SG_NR) * panel_floats(k)];
         // SAFETY: rows i < m of batch (ia2, ia3) exist and hold k elements (plan-time checks).
         let a_row = |i: usize| unsafe { a.row(i, ia2, ia3) as *const u8 };
-        gemm_block(a.dtype, k, i0, i1, a_row, panels, j1 - j0, scf, |i, c, v| {
+        gemm_block(ctx.kt, a.dtype, k, i0, i1, a_row, panels, j1 - j0, scf, |i, c, v| {
             // SAFETY: (i, j0 + c) is inside this task's block of dst, which only this worker
             // writes; the indices are below dst's shape.
             unsafe {

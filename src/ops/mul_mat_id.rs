@@ -163,7 +163,7 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let vd = a.dtype.vec_dot_type();
     let from = mul_mat_f::vd_to_f32(vd).ok_or_else(|| unsupported(format!("no {vd} -> f32")))?;
     let pf = mul_mat_f::panel_floats(k);
-    let bf16_pairs = mul_mat_f::bf16_pairs(a.dtype, k).is_some();
+    let bf16_pairs = mul_mat_f::bf16_pairs(ctx.kt, a.dtype, k).is_some();
     let n_pairs = ids.ne[0] * ids.ne[1];
     // SAFETY: worker 0 filled offsets and pairs in phase 0 and the barrier published them; the
     // panel area and this worker's scratch lie inside the work buffer (layout), and each panel
@@ -432,6 +432,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             // hold k elements in whole blocks (build check).
             let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
             mul_mat_f::gemm_block(
+                ctx.kt,
                 a.dtype,
                 k,
                 i0,

@@ -56,6 +56,9 @@ struct Shared<'a> {
     /// 0 zeroes the other one before barrier s, when no worker can still be using it.
     counters: [AtomicUsize; 2],
     hook: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
+    /// The kernel table of the tier selected when the compute started, the same for every node,
+    /// phase and worker of the compute.
+    kt: &'static crate::kernels::KernelTable,
 }
 
 impl Shared<'_> {
@@ -95,7 +98,14 @@ fn worker(
     for node in nodes {
         for phase in 0..node.phases {
             if !sh.stopped(step) {
-                let ctx = NodeCtx { node, work, work_len, counter: &sh.counters[step % 2], nth };
+                let ctx = NodeCtx {
+                    node,
+                    work,
+                    work_len,
+                    counter: &sh.counters[step % 2],
+                    nth,
+                    kt: sh.kt,
+                };
                 let r = catch_unwind(AssertUnwindSafe(|| crate::ops::compute(&ctx, phase, ith)));
                 match r {
                     Ok(Ok(())) => {}
@@ -142,6 +152,7 @@ pub(crate) fn run(
         error: Mutex::new(None),
         counters: [AtomicUsize::new(0), AtomicUsize::new(0)],
         hook,
+        kt: crate::kernels::table(),
     };
     let work = WorkPtr(work);
     if nth == 1 {
