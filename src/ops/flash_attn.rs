@@ -100,7 +100,7 @@ fn attend(
 ) -> Result<Row> {
     let (q, k, v) = (ctx.src(0), ctx.src(1), ctx.src(2));
     let mask = ctx.node.src[3].as_ref();
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let unsupported =
         |msg: String| Error::Unsupported { op: "flash_attn_ext", backend: "CPU".into(), msg };
     let vd = k.dtype.vec_dot_type();

@@ -208,7 +208,7 @@ pub(crate) fn compute(
     let mask = ctx.node.src[3].as_ref();
     let l = layout(ctx.node);
     let (dk, dv, dv16) = (l.dk, l.dv, l.dv16);
-    let table = crate::kernels::table();
+    let table = ctx.kt;
     let kernel = table.sgemm;
     let unsupported = |t: DType| Error::Unsupported {
         op: "flash_attn_ext",
