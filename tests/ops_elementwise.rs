@@ -1333,6 +1333,31 @@ fn add_and_add1_with_quantized_a_requantize_rows_bit_for_bit() {
         }
     }
 
+    // In place on a quantized state (a KV-cache-like buffer): the rows are requantized in their
+    // own bytes, and the bytes after the tensor stay untouched.
+    for dt in [DType::Q4_0, DType::Q4_K, DType::IQ4_NL] {
+        let a_f: Vec<f32> = rand_f32(n, 35).iter().map(|x| x * 2.0).collect();
+        let a_q = requant(dt, &a_f);
+        let buf = Buffer::alloc(a_q.len() + 64).unwrap();
+        buf.fill(0xA5).unwrap();
+        buf.write(0, &a_q).unwrap();
+        let mut deq = vec![0f32; n];
+        quant::dequantize(dt, &a_q, &mut deq).unwrap();
+        let vb = rand_f32(n, 36);
+        let mut g = Graph::new();
+        let st = g.state(dt, &ne, &buf, 0).unwrap();
+        let b = g.input(DType::F32, &ne).unwrap();
+        let c = g.add_inplace(st, b).unwrap();
+        g.set_output(c);
+        let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+        p.set_input(b, &vb).unwrap();
+        p.compute().unwrap();
+        let bytes = buf.with_bytes(|s| s.to_vec()).unwrap();
+        let sum: Vec<f32> = deq.iter().zip(&vb).map(|(x, y)| x + y).collect();
+        assert_eq!(&bytes[..a_q.len()], &requant(dt, &sum)[..], "add_inplace {dt}");
+        assert!(bytes[a_q.len()..].iter().all(|&x| x == 0xA5), "add_inplace {dt}: overrun");
+    }
+
     // Misuse: broadcast b, an F16 b, a type that needs an importance matrix, a quantized result
     // of another type, and add_cast of F32 (no cast to make).
     let mut g = Graph::new();
