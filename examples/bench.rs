@@ -735,6 +735,58 @@ fn fma_peak(threads: usize) -> f64 {
     median(runs)
 }
 
+/// The int8 dot-product peak of `threads` threads where the CPU has AVX-512 VNNI: 12 independent
+/// `vpdpbusd` chains per thread, each instruction 64 multiply-adds (128 operations, counted as
+/// GFLOPS are); median of 5 runs. Quantized prefill (the integer GEMM) is compared against it.
+fn int8_peak(threads: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    fn per_thread(iters: u64) -> u64 {
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        unsafe fn chains(iters: u64) -> i32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm512_set1_epi32(1); 12];
+            let (u, s) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm512_dpbusd_epi32(*v, u, s);
+                }
+            }
+            let mut t = acc[0];
+            for v in &acc[1..] {
+                t = _mm512_add_epi32(t, *v);
+            }
+            _mm512_reduce_add_epi32(t)
+        }
+        // SAFETY: int8_peak runs this only where AVX-512 F and VNNI were detected.
+        let v = unsafe { chains(iters) };
+        std::hint::black_box(v);
+        iters * 12 * 64 * 2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    fn per_thread(_iters: u64) -> u64 {
+        0
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vnni"))
+    {
+        return None;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    return None;
+    let iters = 5_000_000u64;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let ops: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(|| per_thread(iters))).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        runs.push(ops as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    Some(median(runs))
+}
+
 /// Vision ops (issue #7): conv_2d (3x3, 64->64 channels, 64x64 image, batch 1, stride 1, pad 1;
 /// `conv_2d_f16` with an F16 kernel), im2col of the same shapes (F32 and `im2col_f16` results)
 /// and a 2x2 max pool_2d (stride 2) over 64 channels of 128x128. Prints GFLOPS for the
@@ -865,6 +917,9 @@ fn main() {
         Some("peak") => {
             let t: usize = arg(&args, 1, "THREADS");
             println!("quantgraph peak threads={t} gflops={:.1}", fma_peak(t));
+            if let Some(g) = int8_peak(t) {
+                println!("quantgraph int8_peak threads={t} gops={g:.1}");
+            }
             Ok(())
         }
         Some("bandwidth") => {

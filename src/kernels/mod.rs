@@ -9,6 +9,7 @@
 //! once) or with [`set_isa`], so tests can run every tier the machine has in one binary.
 
 pub(crate) mod gemm;
+pub(crate) mod igemm;
 pub(crate) mod recurrent;
 pub(crate) mod repack;
 pub(crate) mod scalar;
@@ -290,6 +291,8 @@ pub struct KernelTable {
     /// Activation rounding through F16 / BF16 for the float GEMM (in place).
     pub(crate) round_f16: fn(&mut [f32]),
     pub(crate) round_bf16: fn(&mut [f32]),
+    /// Integer GEMM micro-kernels (Q8_K-family weights with several columns).
+    pub(crate) igemm: igemm::IgemmKernels,
     // --- repacked weights (kernels/repack.rs, x86/avx2_repack.rs) ---
     repack: [Option<repack::RepackGemmFn>; N_TYPES],
     // --- ops: fused / contiguous elementwise kernels ---
@@ -338,6 +341,7 @@ impl KernelTable {
             sgemm_pack_f16: sgemm::pack_strip_f16,
             round_f16: sgemm::round_f16,
             round_bf16: sgemm::round_bf16,
+            igemm: igemm::SCALAR,
             repack: [None; N_TYPES],
             // --- ops ---
             swiglu_f32: scalar::swiglu_f32,

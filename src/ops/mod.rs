@@ -15,6 +15,7 @@ mod get_rows;
 mod glu;
 mod mul_mat;
 mod mul_mat_f;
+mod mul_mat_q;
 mod mul_mat_repack;
 mod norm;
 mod reduce;

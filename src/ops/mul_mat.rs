@@ -26,7 +26,12 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
     if super::mul_mat_repack::applies(node) {
         return 2;
     }
-    if super::mul_mat_f::applies(node) || needs_conversion(node) { 2 } else { 1 }
+    if super::mul_mat_q::applies(node) || super::mul_mat_f::applies(node) || needs_conversion(node)
+    {
+        2
+    } else {
+        1
+    }
 }
 
 fn converted_row_bytes(node: &ExecNode) -> usize {
@@ -40,6 +45,9 @@ fn converted_row_bytes(node: &ExecNode) -> usize {
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     if super::mul_mat_repack::applies(node) {
         return super::mul_mat_repack::work_size(node, nth);
+    }
+    if super::mul_mat_q::applies(node) {
+        return super::mul_mat_q::work_size(node, nth);
     }
     if super::mul_mat_f::applies(node) {
         return super::mul_mat_f::work_size(node, nth);
@@ -102,6 +110,13 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             super::mul_mat_repack::convert(ctx, ith)
         } else {
             super::mul_mat_repack::compute(ctx, ith)
+        };
+    }
+    if super::mul_mat_q::applies(ctx.node) {
+        return if phase == 0 {
+            super::mul_mat_q::pack(ctx, ith)
+        } else {
+            super::mul_mat_q::compute(ctx, ith)
         };
     }
     if super::mul_mat_f::applies(ctx.node) {

@@ -13,15 +13,19 @@
 //! count.
 
 use super::mul_mat_f::{self, MIN_N};
+use super::mul_mat_q;
 use super::mul_mat_repack as mmr;
 use super::{NodeCtx, split};
 use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
+use crate::dtype::QK_K;
 use crate::error::{Error, Result};
+use crate::kernels::igemm::{ABlock, IG_NR};
 use crate::kernels::repack::{act_block_bytes, group_block_bytes};
 use crate::kernels::sgemm::SG_NR;
 use crate::kernels::{GEMM_MR, GEMM_NR};
 use crate::plan::{ExecNode, align_up};
+use crate::quant::unpack::{IntFormat, int_format};
 use std::sync::atomic::Ordering;
 
 /// Weight rows per chunk when an expert has two or more pairs, and pairs per chunk.
@@ -51,6 +55,11 @@ struct Layout {
     panels: usize,
     /// Per-thread f32 scratch of the GEMM (`gemm_scratch` floats each).
     gemm_scratch: usize,
+    /// The weights' integer form when experts with `mul_mat_q::MIN_N` pairs or more take the
+    /// integer GEMM (as `mul_mat` does for such a column count).
+    int: Option<IntFormat>,
+    /// The integer GEMM's packed activation blocks (`nkb` per panel of 16 pairs).
+    iblocks: usize,
     /// `n_as + 1` pair offsets (usize) into `pairs`.
     offsets: usize,
     /// `n_used * n_tokens` (slot, token) pairs (two u32), grouped by expert.
@@ -96,6 +105,20 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
         && mul_mat_f::types_ok(a.dtype, b.dtype);
     let panels = off;
     let gemm_scratch = off;
+    let nkb = k / QK_K;
+    let n_ipanels = n_pairs / IG_NR + n_as.min(n_pairs / mul_mat_q::MIN_N);
+    let iblock_bytes = n_ipanels * nkb * size_of::<ABlock>();
+    let int = if !repack
+        && n_pairs >= mul_mat_q::MIN_N
+        && vd == DType::Q8_K
+        && k.is_multiple_of(QK_K)
+        && b.dtype == DType::F32
+        && iblock_bytes <= mul_mat_f::MAX_PACKED
+    {
+        int_format(a.dtype)
+    } else {
+        None
+    };
     let mut l = Layout {
         repack,
         conv,
@@ -107,13 +130,19 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
         gemm,
         panels,
         gemm_scratch,
+        int,
+        iblocks: off,
         offsets,
         pairs,
         end: off,
     };
-    if gemm {
+    if gemm || int.is_some() {
         l.panels = off;
         off = align_up(off + panel_bytes, 64);
+        if int.is_some() {
+            l.iblocks = off;
+            off += iblock_bytes;
+        }
         l.gemm_scratch = off;
         off += nth * gemm_scratch_bytes(k);
     }
@@ -123,12 +152,26 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
 
 /// Per-thread GEMM scratch: `gemm_block`'s, or one f32 activation row while packing.
 fn gemm_scratch_bytes(k: usize) -> usize {
-    align_up(mul_mat_f::BLOCK_SCRATCH.max(k) * 4, 64)
+    align_up(mul_mat_f::BLOCK_SCRATCH.max(k) * 4, 64).max(mul_mat_q::BLOCK_SCRATCH)
 }
 
-/// Whether expert chunks of `count` pairs take the GEMM.
+/// Whether expert chunks of `count` pairs take the integer GEMM.
+fn int_expert(l: &Layout, count: usize) -> bool {
+    l.int.is_some() && count >= mul_mat_q::MIN_N
+}
+
+/// Whether expert chunks of `count` pairs take the f32 GEMM.
 fn gemm_expert(l: &Layout, count: usize) -> bool {
-    l.gemm && count >= MIN_N
+    l.gemm && count >= MIN_N && !int_expert(l, count)
+}
+
+/// The first integer-GEMM panel of expert `e` (`e == n_as`: the number of such panels).
+fn first_ipanel(l: &Layout, offsets: &[usize], e: usize) -> usize {
+    (0..e)
+        .map(|x| offsets[x + 1] - offsets[x])
+        .filter(|&count| int_expert(l, count))
+        .map(|count| count.div_ceil(IG_NR))
+        .sum()
 }
 
 /// The first panel of expert `e` in the panel area (`e == n_as`: the number of panels).
@@ -220,9 +263,66 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     Ok(())
 }
 
+/// Phase 1 with the integer GEMM: the activation blocks of every integer-GEMM expert (16 of its
+/// pairs per panel), from the Q8_K rows phase 0 converted.
+fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
+    let Some(fmt) = l.int.as_ref() else {
+        return Ok(());
+    };
+    let (a, ids) = (ctx.src(0), ctx.src(2));
+    let (k, n_as) = (a.ne[0], a.ne[2]);
+    let nkb = k / QK_K;
+    let n_pairs = ids.ne[0] * ids.ne[1];
+    let q8_bytes = DType::Q8_K.row_bytes(k);
+    // SAFETY: worker 0 filled offsets and pairs in phase 0 and the barrier published them.
+    let (offsets, pairs) = unsafe {
+        (
+            std::slice::from_raw_parts(ctx.work.add(l.offsets) as *const usize, n_as + 1),
+            std::slice::from_raw_parts(ctx.work.add(l.pairs) as *const [u32; 2], n_pairs),
+        )
+    };
+    let total = first_ipanel(l, offsets, n_as);
+    let (u0, u1) = split(total, ith, ctx.nth);
+    let (mut e, mut at) = (0, 0);
+    for u in u0..u1 {
+        // The expert owning panel u (experts are walked in order; u only grows).
+        loop {
+            let count = offsets[e + 1] - offsets[e];
+            let np = if int_expert(l, count) { count.div_ceil(IG_NR) } else { 0 };
+            if u < at + np {
+                break;
+            }
+            at += np;
+            e += 1;
+        }
+        let group = &pairs[offsets[e]..offsets[e + 1]];
+        let pi = u - at;
+        // SAFETY: panel u < total lies inside the block area (layout); only this worker writes
+        // its nkb blocks.
+        let blocks = unsafe {
+            std::slice::from_raw_parts_mut(
+                (ctx.work.add(l.iblocks) as *mut ABlock).add(u * nkb),
+                nkb,
+            )
+        };
+        for c in 0..IG_NR {
+            match group.get(pi * IG_NR + c) {
+                Some(&p) => {
+                    // SAFETY: pairs hold checked (slot, token) indices (phase 0); phase 0
+                    // converted the row to Q8_K (b is F32, so `conv`), q8_bytes long.
+                    let q8 = unsafe { std::slice::from_raw_parts(b_row_ptr(ctx, l, p), q8_bytes) };
+                    mul_mat_q::pack_column(fmt, q8, blocks, c);
+                }
+                None => mul_mat_q::zero_column(blocks, c),
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn phases(node: &ExecNode) -> u8 {
     // Convert and group; pack the GEMM experts' activations; the chunks.
-    if layout(node, 1).is_some_and(|l| l.gemm) { 3 } else { 2 }
+    if layout(node, 1).is_some_and(|l| l.gemm || l.int.is_some()) { 3 } else { 2 }
 }
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
@@ -243,6 +343,8 @@ fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
         0
     } else if l.repack {
         (m / REPACK_ROWS).div_ceil(mmr::TASK_GROUPS) * count.div_ceil(mmr::TASK_COLS)
+    } else if int_expert(l, count) {
+        m.div_ceil(mul_mat_q::MC) * count.div_ceil(mul_mat_q::NC)
     } else if gemm_expert(l, count) {
         m.div_ceil(mul_mat_f::MC) * count.div_ceil(mul_mat_f::NC)
     } else {
@@ -361,8 +463,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         }
         return Ok(());
     }
-    if l.gemm && phase == 1 {
-        return pack_panels(ctx, &l, ith);
+    if (l.gemm || l.int.is_some()) && phase == 1 {
+        pack_panels(ctx, &l, ith)?;
+        return pack_int_panels(ctx, &l, ith);
     }
     let (a, b, ids, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
     let table = crate::kernels::table();
@@ -407,6 +510,51 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         }
     };
     while let Some((e, group, local)) = next_chunk(ctx, starts, offsets, pairs) {
+        if let (Some(fmt), true) = (l.int.as_ref(), int_expert(&l, group.len())) {
+            let blocks_m = m.div_ceil(mul_mat_q::MC);
+            let (tm, tn) = (local % blocks_m, local / blocks_m);
+            let (i0, i1) = (tm * mul_mat_q::MC, ((tm + 1) * mul_mat_q::MC).min(m));
+            let cols = &group[tn * mul_mat_q::NC..((tn + 1) * mul_mat_q::NC).min(group.len())];
+            let nkb = k / QK_K;
+            let p0 = first_ipanel(&l, offsets, e) + tn * mul_mat_q::NC / IG_NR;
+            // SAFETY: phase 1 packed these blocks and the barrier published them; the scratch
+            // area is this worker's (layout).
+            let (ab, scratch) = unsafe {
+                (
+                    std::slice::from_raw_parts(
+                        (ctx.work.add(l.iblocks) as *const ABlock).add(p0 * nkb),
+                        cols.len().div_ceil(IG_NR) * nkb,
+                    ),
+                    std::slice::from_raw_parts_mut(
+                        ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)),
+                        mul_mat_q::BLOCK_SCRATCH,
+                    ),
+                )
+            };
+            // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
+            // hold k elements in whole blocks (build check).
+            let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
+            let kernel = ctx.kt.igemm.get(fmt.sub, fmt.has_min);
+            let bsize = a.dtype.type_size();
+            mul_mat_q::int_block(
+                fmt,
+                kernel,
+                bsize,
+                nkb,
+                i0,
+                i1,
+                a_row,
+                ab,
+                cols.len(),
+                scratch,
+                |i, j, v| {
+                    // SAFETY: (i, pair cols[j]) belongs to this chunk, which only this worker took;
+                    // each pair appears once in `pairs`.
+                    unsafe { *dst_at(i, cols[j]) = v }
+                },
+            )?;
+            continue;
+        }
         if gemm_expert(&l, group.len()) {
             let blocks_m = m.div_ceil(mul_mat_f::MC);
             let (tm, tn) = (local % blocks_m, local / blocks_m);

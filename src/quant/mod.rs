@@ -12,6 +12,7 @@ pub(crate) mod kquants;
 pub(crate) mod legacy;
 pub(crate) mod lowbit;
 pub(crate) mod ternary;
+pub(crate) mod unpack;
 pub(crate) mod util;
 
 use crate::dtype::DType;

@@ -99,7 +99,7 @@ fn quantize_tq1_0(src: &[f32], dst: &mut [u8], _n: usize, _imatrix: Option<&[f32
 
 /// The trit (0..=2) of element `k` of a TQ1_0 block, in ggml's element order.
 #[inline(always)]
-fn tq1_trit(b: &BlockTq1_0, k: usize) -> i32 {
+pub(crate) fn tq1_trit(b: &BlockTq1_0, k: usize) -> i32 {
     match k {
         0..160 => unpack_trit(b.qs[k % 32], k / 32),
         160..240 => unpack_trit(b.qs[32 + (k - 160) % 16], (k - 160) / 16),

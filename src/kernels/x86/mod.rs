@@ -127,6 +127,7 @@ mod avx2_repack;
 mod avx2_sgemm;
 pub(crate) mod avx512;
 mod avx512_gemm;
+mod avx512_igemm;
 mod avx512_repack;
 // --- ops ---
 pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
@@ -161,6 +162,7 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.round_f16 = avx2_sgemm::round_f16;
     t.round_bf16 = avx2_sgemm::round_bf16;
     avx2_repack::plug(t);
+    t.igemm = avx512_igemm::AVX2;
     // --- ops ---
     avx2_elementwise::plug(t);
     // --- end ops ---

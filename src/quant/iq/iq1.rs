@@ -328,13 +328,13 @@ pub(crate) fn vec_dot_iq1_s_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// The four little-endian u16 scale words of an IQ1_M block.
 #[inline(always)]
-fn iq1m_sc(b: &BlockIQ1M) -> [u16; 4] {
+pub(crate) fn iq1m_sc(b: &BlockIQ1M) -> [u16; 4] {
     std::array::from_fn(|i| u16::from_le_bytes([b.scales[2 * i], b.scales[2 * i + 1]]))
 }
 
 /// The f16 bits of an IQ1_M super-block scale.
 #[inline(always)]
-fn iq1m_scale(sc: &[u16; 4]) -> u16 {
+pub(crate) fn iq1m_scale(sc: &[u16; 4]) -> u16 {
     (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000)
 }
 

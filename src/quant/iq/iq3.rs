@@ -333,7 +333,7 @@ pub(crate) fn quantize_iq3_s(
 
 /// The 9-bit grid index of element pair `l` (0..4) of an IQ3_S half-block with high bits `qh`.
 #[inline(always)]
-fn iq3s_index(qs: &[u8], qh: u8, l: usize) -> (usize, usize) {
+pub(crate) fn iq3s_index(qs: &[u8], qh: u8, l: usize) -> (usize, usize) {
     let qh = qh as usize;
     (
         qs[2 * l] as usize | ((qh << (8 - 2 * l)) & 256),

@@ -21,6 +21,7 @@ pub(crate) mod iq2;
 pub(crate) mod iq3;
 pub(crate) mod iq4;
 mod search;
+pub(crate) mod unpack;
 
 use super::FormatFns;
 use crate::dtype::DType;

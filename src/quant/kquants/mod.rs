@@ -29,7 +29,7 @@ mod q6_k;
 mod q8_k;
 
 pub(crate) use q2_k::BlockQ2K;
-pub(crate) use q3_k::BlockQ3K;
+pub(crate) use q3_k::{BlockQ3K, unpack_scales as q3_k_scales};
 pub(crate) use q4_k::BlockQ4K;
 pub(crate) use q5_k::BlockQ5K;
 pub(crate) use q6_k::BlockQ6K;

@@ -39,7 +39,7 @@ fn get_scale(scales: &[u8; 12], j: usize) -> i32 {
 }
 
 /// ggml's 16 signed scales (still offset by 32) unpacked from 12 bytes with its `kmask` shuffle.
-fn unpack_scales(packed: &[u8; 12]) -> [i8; 16] {
+pub(crate) fn unpack_scales(packed: &[u8; 12]) -> [i8; 16] {
     const KMASK1: u32 = 0x0303_0303;
     const KMASK2: u32 = 0x0f0f_0f0f;
     let word = |k: usize| {

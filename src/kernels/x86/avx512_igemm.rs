@@ -1,0 +1,109 @@
+//! Integer GEMM micro-kernels (`kernels::igemm`) with AVX-512 VNNI (`vpdpbusd`), and the AVX2
+//! tier's instance of the portable kernel. Needs AVX-512 F, BW, DQ, VL and VNNI; `plug` installs
+//! them only where the CPU has those.
+//!
+//! One zmm lane per activation column: for each 4 K values, one load of the panel's 64 level
+//! bytes serves the 8 weight rows, each row's 4 codes broadcast into a `vpdpbusd` (unsigned codes
+//! times signed levels, summed in int32 without saturation). Per sub-block the 8 raw sums are
+//! corrected by the bias sums and multiplied by the row's integer scale into the block sums
+//! (`vpmulld`); the float scales are applied once per super-block. The integer sums equal the
+//! portable kernel's, and the float steps are the same operations, so the bits are the same.
+
+use std::arch::x86_64::*;
+
+use crate::dtype::QK_K;
+use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, igemm_generic};
+
+/// The AVX-512 VNNI kernels.
+pub(crate) const VNNI: IgemmKernels = IgemmKernels {
+    sub16: vnni::<16, false>,
+    sub16_min: vnni::<16, true>,
+    sub32: vnni::<32, false>,
+    sub32_min: vnni::<32, true>,
+};
+
+/// The portable kernels compiled for AVX2 (the compiler vectorises the 16 columns).
+pub(crate) const AVX2: IgemmKernels = IgemmKernels {
+    sub16: avx2::<16, false>,
+    sub16_min: avx2::<16, true>,
+    sub32: avx2::<32, false>,
+    sub32_min: avx2::<32, true>,
+};
+
+fn vnni<const SUB: usize, const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]) {
+    // SAFETY: `plug` installs this kernel only on a CPU with AVX-512 F/BW/DQ/VL and VNNI; the
+    // references cover every byte the kernel reads and writes (fixed-size arrays).
+    unsafe { vnni_kernel::<SUB, MIN>(w, a, acc) }
+}
+
+fn avx2<const SUB: usize, const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]) {
+    // SAFETY: `plug_avx2` installs this only on a CPU with AVX2 and FMA.
+    unsafe { avx2_kernel::<SUB, MIN>(w, a, acc) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn avx2_kernel<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+) {
+    igemm_generic::<SUB, MIN>(w, a, acc)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+fn vnni_kernel<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+) {
+    let nsub = QK_K / SUB;
+    let wc = w.codes.as_ptr();
+    let ac = a.codes.as_ptr();
+    let mut s1 = [_mm512_setzero_si512(); IG_MR];
+    let mut s2 = [_mm512_setzero_si512(); IG_MR];
+    for j in 0..nsub {
+        let mut raw = [_mm512_setzero_si512(); IG_MR];
+        for g in j * SUB / 4..(j + 1) * SUB / 4 {
+            // SAFETY: g < 64, so the 64 bytes at g * 64 are inside `a.codes` (4096 bytes, the
+            // block is 64-byte aligned and so is every g * 64).
+            let av = unsafe { _mm512_load_si512(ac.add(g * 64) as *const __m512i) };
+            for (r, raw) in raw.iter_mut().enumerate() {
+                // SAFETY: r < 8 and 4 * g + 4 <= 256: the 4 bytes are inside row r's codes.
+                let wv = unsafe { (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned() };
+                *raw = _mm512_dpbusd_epi32(*raw, _mm512_set1_epi32(wv), av);
+            }
+        }
+        // SAFETY: j < 16: the 16 sums at j * 16 are inside `a.bsums` (256 entries, 64-byte
+        // aligned rows of 16).
+        let bs = unsafe { _mm512_load_si512(a.bsums.as_ptr().add(j * IG_NR) as *const __m512i) };
+        for r in 0..IG_MR {
+            let sc = _mm512_set1_epi32(w.scales[r * 16 + j]);
+            let corr = if MIN { raw[r] } else { _mm512_sub_epi32(raw[r], bs) };
+            s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(corr, sc));
+        }
+    }
+    // The mins' sums do not depend on the products: a second pass keeps the first one's
+    // register set to the raw and block sums.
+    if MIN {
+        for j in 0..nsub {
+            // SAFETY: as above.
+            let bs =
+                unsafe { _mm512_load_si512(a.bsums.as_ptr().add(j * IG_NR) as *const __m512i) };
+            for r in 0..IG_MR {
+                let mn = _mm512_set1_epi32(w.mins[r * 16 + j]);
+                s2[r] = _mm512_add_epi32(s2[r], _mm512_mullo_epi32(bs, mn));
+            }
+        }
+    }
+    // SAFETY: `a.d` holds 16 floats.
+    let da = unsafe { _mm512_loadu_ps(a.d.as_ptr()) };
+    for (r, row) in acc.iter_mut().enumerate() {
+        let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[r]), _mm512_set1_ps(w.d[r]));
+        if MIN {
+            f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[r]), _mm512_cvtepi32_ps(s2[r]), f);
+        }
+        let p = row.as_mut_ptr();
+        // SAFETY: `row` holds 16 floats.
+        unsafe { _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(f, da))) };
+    }
+}

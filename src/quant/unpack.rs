@@ -1,0 +1,300 @@
+//! Weights of the Q8_K-family types (K-quants, IQ and ternary formats) as unsigned 8-bit codes
+//! with integer sub-block scales: the form the integer GEMM multiplies against Q8_K activations.
+//!
+//! Element `i` of a 256-element super-block is, for the values one `unpack` returns,
+//!
+//! ```text
+//! w[i] = d * scales[i / sub] * (codes[i] - bias) - dmin * mins[i / sub]
+//! ```
+//!
+//! which is the value the type's dequantizer gives (up to the order of the f32 roundings). With
+//! Q8_K activations `a` (scale `da`, sums of every 16 levels `bsums`) the dot product of one
+//! super-block is then exact integer arithmetic before two float scalings:
+//! `da * (d * sum_j scales[j] * (sum_i codes[i] a[i] - bias * bsum_j) - dmin * sum_j mins[j] * bsum_j)`.
+//! Every code is at most 255 and `|scales| * max(codes)` stays below 2^15, so the int32 sums cannot
+//! overflow for any block (the bound is tested per type).
+
+use crate::dtype::{DType, QK_K};
+use crate::quant::util::fp16_to_fp32;
+
+/// Unpacks one super-block (`block` is exactly the type's block size) into 256 codes and
+/// `256 / sub` scales and mins (the rest of the arrays is left as it was); returns `(d, dmin)`.
+pub(crate) type UnpackFn = fn(
+    block: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    mins: &mut [i32; 16],
+) -> (f32, f32);
+
+/// How one weight type maps onto the integer form.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IntFormat {
+    /// Elements per scale: 16 or 32.
+    pub sub: usize,
+    /// Constant subtracted from every code (signed levels made unsigned); 0 for types with mins.
+    pub bias: i32,
+    /// Whether the type has per-sub-block mins (`dmin * mins[j]`).
+    pub has_min: bool,
+    pub unpack: UnpackFn,
+}
+
+/// The integer form of `d`, for the types whose vec-dot type is Q8_K.
+pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
+    let f = |sub, bias, has_min, unpack| Some(IntFormat { sub, bias, has_min, unpack });
+    match d {
+        DType::Q2_K => f(16, 0, true, unpack_q2_K as UnpackFn),
+        DType::Q3_K => f(16, 4, false, unpack_q3_K),
+        DType::Q4_K => f(32, 0, true, unpack_q4_K),
+        DType::Q5_K => f(32, 0, true, unpack_q5_K),
+        DType::Q6_K => f(16, 32, false, unpack_q6_K),
+        DType::IQ4_XS => f(32, 128, false, unpack_iq4_xs),
+        DType::TQ1_0 => f(32, 1, false, unpack_tq1_0),
+        DType::TQ2_0 => f(32, 1, false, unpack_tq2_0),
+        _ => crate::quant::iq::unpack::int_format(d),
+    }
+}
+
+fn block<T: bytemuck::AnyBitPattern>(b: &[u8]) -> T {
+    bytemuck::pod_read_unaligned(b)
+}
+
+#[allow(non_snake_case)]
+fn unpack_q2_K(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    mins: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::kquants::BlockQ2K = block(b);
+    for (j, &sc) in x.scales.iter().enumerate() {
+        scales[j] = (sc & 0xF) as i32;
+        mins[j] = (sc >> 4) as i32;
+    }
+    // Element l + 32*k of each 128 sits in bits 2k..2k+2 of byte l of its 32.
+    for (n, out) in codes.chunks_exact_mut(128).enumerate() {
+        let q = &x.qs[32 * n..32 * n + 32];
+        for (k, o) in out.chunks_exact_mut(32).enumerate() {
+            for (o, &v) in o.iter_mut().zip(q) {
+                *o = (v >> (2 * k)) & 3;
+            }
+        }
+    }
+    (fp16_to_fp32(x.d), fp16_to_fp32(x.dmin))
+}
+
+#[allow(non_snake_case)]
+fn unpack_q3_K(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    _: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::kquants::BlockQ3K = block(b);
+    for (s, v) in scales.iter_mut().zip(crate::quant::kquants::q3_k_scales(&x.scales)) {
+        *s = v as i32 - 32;
+    }
+    // Low 2 bits as in Q2_K; the high bit (set means "no -4") adds 4 to the biased code.
+    for (n, out) in codes.chunks_exact_mut(128).enumerate() {
+        let q = &x.qs[32 * n..32 * n + 32];
+        for (k, o) in out.chunks_exact_mut(32).enumerate() {
+            let bit = 1u8 << (4 * n + k);
+            for ((o, &v), &h) in o.iter_mut().zip(q).zip(&x.hmask) {
+                *o = ((v >> (2 * k)) & 3) | if h & bit != 0 { 4 } else { 0 };
+            }
+        }
+    }
+    (fp16_to_fp32(x.d), 0.0)
+}
+
+/// Q4_K / Q5_K scales and mins: 8 six-bit pairs.
+fn k4_scales(packed: &[u8; 12], scales: &mut [i32; 16], mins: &mut [i32; 16]) {
+    for j in 0..8 {
+        let (s, m) = crate::quant::kquants::helpers::get_scale_min_k4(j, packed);
+        scales[j] = s as i32;
+        mins[j] = m as i32;
+    }
+}
+
+#[allow(non_snake_case)]
+fn unpack_q4_K(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    mins: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::kquants::BlockQ4K = block(b);
+    k4_scales(&x.scales, scales, mins);
+    for (q, out) in x.qs.chunks_exact(32).zip(codes.chunks_exact_mut(64)) {
+        let (lo, hi) = out.split_at_mut(32);
+        for ((l, h), &v) in lo.iter_mut().zip(hi.iter_mut()).zip(q) {
+            *l = v & 0xF;
+            *h = v >> 4;
+        }
+    }
+    (fp16_to_fp32(x.d), fp16_to_fp32(x.dmin))
+}
+
+#[allow(non_snake_case)]
+fn unpack_q5_K(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    mins: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::kquants::BlockQ5K = block(b);
+    k4_scales(&x.scales, scales, mins);
+    for (j, (q, out)) in x.qs.chunks_exact(32).zip(codes.chunks_exact_mut(64)).enumerate() {
+        let (lo, hi) = out.split_at_mut(32);
+        for (((l, h), &v), &b) in lo.iter_mut().zip(hi.iter_mut()).zip(q).zip(&x.qh) {
+            *l = (v & 0xF) | (((b >> (2 * j)) & 1) << 4);
+            *h = (v >> 4) | (((b >> (2 * j + 1)) & 1) << 4);
+        }
+    }
+    (fp16_to_fp32(x.d), fp16_to_fp32(x.dmin))
+}
+
+#[allow(non_snake_case)]
+fn unpack_q6_K(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    _: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::kquants::BlockQ6K = block(b);
+    for (s, &v) in scales.iter_mut().zip(&x.scales) {
+        *s = v as i32;
+    }
+    for (k, out) in codes.chunks_exact_mut(128).enumerate() {
+        let (ql, qh) = (&x.ql[64 * k..64 * k + 64], &x.qh[32 * k..32 * k + 32]);
+        let (o01, o23) = out.split_at_mut(64);
+        let (o0, o1) = o01.split_at_mut(32);
+        let (o2, o3) = o23.split_at_mut(32);
+        for l in 0..32 {
+            let h = qh[l];
+            o0[l] = (ql[l] & 0xF) | ((h & 3) << 4);
+            o1[l] = (ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4);
+            o2[l] = (ql[l] >> 4) | (((h >> 4) & 3) << 4);
+            o3[l] = (ql[l + 32] >> 4) | (((h >> 6) & 3) << 4);
+        }
+    }
+    (fp16_to_fp32(x.d), 0.0)
+}
+
+fn unpack_iq4_xs(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    _: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::iq::iq4::BlockIQ4XS = block(b);
+    // kvalues_iq4nl + 128, so the codes are unsigned.
+    let lut = crate::quant::iq::grids::KVALUES_IQ4NL.map(|v| (v as i32 + 128) as u8);
+    for (ib, (out, qs)) in codes.chunks_exact_mut(32).zip(x.qs.chunks_exact(16)).enumerate() {
+        let ls = ((x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) as i32
+            | ((((x.scales_h >> (2 * ib)) & 3) as i32) << 4);
+        scales[ib] = ls - 32;
+        let (lo, hi) = out.split_at_mut(16);
+        for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
+            *l = lut[(q & 0xf) as usize];
+            *h = lut[(q >> 4) as usize];
+        }
+    }
+    (fp16_to_fp32(x.d), 0.0)
+}
+
+/// TQ1_0: trits 0..=2 are the codes (bias 1), one scale of 1.
+fn unpack_tq1_0(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    _: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::ternary::BlockTq1_0 = block(b);
+    for (k, c) in codes.iter_mut().enumerate() {
+        *c = crate::quant::ternary::tq1_trit(&x, k) as u8;
+    }
+    scales[..8].fill(1);
+    (fp16_to_fp32(x.d), 0.0)
+}
+
+/// TQ2_0: the 2-bit codes (trit + 1), one scale of 1.
+fn unpack_tq2_0(
+    b: &[u8],
+    codes: &mut [u8; QK_K],
+    scales: &mut [i32; 16],
+    _: &mut [i32; 16],
+) -> (f32, f32) {
+    let x: crate::quant::ternary::BlockTq2_0 = block(b);
+    for (n, out) in codes.chunks_exact_mut(128).enumerate() {
+        let q = &x.qs[32 * n..32 * n + 32];
+        for (k, o) in out.chunks_exact_mut(32).enumerate() {
+            for (o, &v) in o.iter_mut().zip(q) {
+                *o = (v >> (2 * k)) & 3;
+            }
+        }
+    }
+    scales[..8].fill(1);
+    (fp16_to_fp32(x.d), 0.0)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Rebuilds the f32 weights of one row from its integer form.
+    pub(crate) fn rebuild(dtype: DType, row: &[u8]) -> Vec<f32> {
+        let f = int_format(dtype).expect("integer form");
+        let bs = dtype.type_size();
+        let mut out = Vec::new();
+        for b in row.chunks_exact(bs) {
+            let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
+            let (d, dmin) = (f.unpack)(b, &mut codes, &mut sc, &mut mn);
+            for (i, &c) in codes.iter().enumerate() {
+                let j = i / f.sub;
+                assert!(sc[j].unsigned_abs() * 255 < 1 << 15, "{dtype}: scale {} too large", sc[j]);
+                assert!(mn[j].unsigned_abs() * 255 < 1 << 15, "{dtype}: min {} too large", mn[j]);
+                let m = if f.has_min { dmin * mn[j] as f32 } else { 0.0 };
+                out.push(d * sc[j] as f32 * (c as i32 - f.bias) as f32 - m);
+            }
+        }
+        out
+    }
+
+    /// The integer form of `dtype` gives the dequantizer's weights (relative 1e-6) for random rows.
+    pub(crate) fn check_type(dtype: DType) {
+        let n = 4 * QK_K;
+        let mut s = 0x9E37_79B9u32;
+        let x: Vec<f32> = (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32 - 0.5) * 3.0
+            })
+            .collect();
+        let mut q = vec![0u8; dtype.row_bytes(n)];
+        let imat = vec![1.0f32; n];
+        let im = crate::quant::format(dtype).requires_imatrix.then_some(&imat[..]);
+        (crate::quant::format(dtype).quantize.expect("quantize"))(&x, &mut q, n, im).unwrap();
+        let mut want = vec![0f32; n];
+        (crate::quant::format(dtype).dequantize.expect("dequantize"))(&q, &mut want);
+        let got = rebuild(dtype, &q);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-3), "{dtype} element {i}: {g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn kquant_integer_forms_rebuild_the_dequantized_weights() {
+        for d in [DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+            check_type(d);
+        }
+    }
+
+    #[test]
+    fn iq4_xs_and_ternary_integer_forms_rebuild_the_dequantized_weights() {
+        for d in [DType::IQ4_XS, DType::TQ1_0, DType::TQ2_0] {
+            check_type(d);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! mul_mat of the Q8_K-family weight types (K-quants, IQ, ternary) with 16 or more columns, which
+//! runs the integer GEMM: accuracy against a dequantize-then-f64 reference on odd M/N tails and
+//! broadcasts, every tier bitwise equal to the scalar one, thread-count invariance, and agreement
+//! with one `vec_dot` per output element.
+
+mod common;
+
+use common::{matmul_f64, nmse, rand_f32, tiers};
+use quantgraph::kernels::{Isa, set_isa, vec_dot_with};
+use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix};
+use quantgraph::{CpuBackend, DType, Graph, Plan};
+use std::sync::Mutex;
+
+/// `set_isa` is process-wide: tests that switch tiers take this lock.
+static ISA_LOCK: Mutex<()> = Mutex::new(());
+
+const TYPES: [DType; 15] = [
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+    DType::IQ4_XS,
+    DType::IQ3_S,
+    DType::IQ3_XXS,
+    DType::IQ2_S,
+    DType::IQ2_XS,
+    DType::IQ2_XXS,
+    DType::IQ1_S,
+    DType::IQ1_M,
+    DType::TQ1_0,
+    DType::TQ2_0,
+];
+
+struct Case {
+    ty: DType,
+    ane: [usize; 4],
+    bne: [usize; 4],
+    a_q: Vec<u8>,
+    a_deq: Vec<f32>,
+    b: Vec<f32>,
+}
+
+fn case(ty: DType, ane: [usize; 4], bne: [usize; 4], seed: u64) -> Case {
+    let a_f32 = rand_f32(ane.iter().product(), seed);
+    let mut a_q = vec![0u8; ty.row_size(ane[0]).unwrap() * ane[1..].iter().product::<usize>()];
+    if quantize(ty, &a_f32, &mut a_q).is_err() {
+        // IQ1 and IQ2 types need an importance matrix.
+        let imatrix = vec![1.0f32; ane[0]];
+        quantize_with_imatrix(ty, &a_f32, ane[0], &imatrix, &mut a_q).unwrap();
+    }
+    let mut a_deq = vec![0f32; a_f32.len()];
+    dequantize(ty, &a_q, &mut a_deq).unwrap();
+    let b = rand_f32(bne.iter().product(), seed + 1);
+    Case { ty, ane, bne, a_q, a_deq, b }
+}
+
+fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
+    set_isa(isa).unwrap();
+    let be = CpuBackend::with_threads(threads).unwrap();
+    let mut g = Graph::new();
+    let a = g.input(c.ty, &c.ane).unwrap();
+    let b = g.input(DType::F32, &c.bne).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    g.set_output(y);
+    // Guard bytes around every tensor catch a tile writing outside its output.
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
+    p.set_input_bytes(a, &c.a_q).unwrap();
+    p.set_input(b, &c.b).unwrap();
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    let out = p.output::<f32>(y).unwrap().to_vec();
+    set_isa(Isa::best()).unwrap();
+    out
+}
+
+/// Odd row counts (partial bands of 8 and tasks), 16 columns and ragged panels, broadcasts.
+fn shapes() -> Vec<([usize; 4], [usize; 4])> {
+    vec![
+        ([256, 13, 1, 1], [256, 16, 1, 1]),
+        ([512, 70, 1, 1], [512, 33, 1, 1]),
+        ([256, 9, 2, 1], [256, 17, 4, 3]),
+    ]
+}
+
+#[test]
+fn int_gemm_matches_dequantized_f64_reference_on_odd_tails() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        for (s, (ane, bne)) in shapes().into_iter().enumerate() {
+            let c = case(ty, ane, bne, 100 + s as u64);
+            let want = matmul_f64(&c.a_deq, ane, &c.b, bne);
+            let got = run(&c, Isa::best(), 2);
+            let e = nmse(&got, &want);
+            assert!(e < 5e-4, "{ty} {ane:?} x {bne:?}: nmse {e}");
+        }
+    }
+}
+
+#[test]
+fn int_gemm_tiers_are_bitwise_the_scalar_kernel() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        let (ane, bne) = ([512, 70, 1, 1], [512, 33, 1, 1]);
+        let c = case(ty, ane, bne, 300);
+        let want = run(&c, Isa::Scalar, 2);
+        for isa in tiers() {
+            let got = run(&c, isa, 2);
+            let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{ty} {}: differs from the scalar tier", isa.name());
+        }
+    }
+}
+
+#[test]
+fn int_gemm_is_bitwise_identical_for_1_2_3_threads() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in [DType::Q4_K, DType::Q6_K, DType::IQ2_XS] {
+        let (ane, bne) = ([256, 150, 1, 1], [256, 530, 1, 1]);
+        let c = case(ty, ane, bne, 7);
+        let one = run(&c, Isa::best(), 1);
+        for threads in [2, 3] {
+            let got = run(&c, Isa::best(), threads);
+            let same = one.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{ty}: {threads} threads differ from 1");
+        }
+    }
+}
+
+#[test]
+fn int_gemm_matches_one_vec_dot_per_element() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in TYPES {
+        let (ane, bne) = ([512, 19, 1, 1], [512, 17, 1, 1]);
+        let c = case(ty, ane, bne, 500);
+        let k = ane[0];
+        let (ra, rb) = (ty.row_size(k).unwrap(), DType::Q8_K.row_size(k).unwrap());
+        let mut b_q = vec![0u8; rb * c.b.len() / k];
+        quantize_for_dot(DType::Q8_K, &c.b, &mut b_q).unwrap();
+        let got = run(&c, Isa::best(), 2);
+        let scale = got.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (m, n) = (ane[1], bne[1]);
+        for j in 0..n {
+            for i in 0..m {
+                let want =
+                    vec_dot_with(Isa::Scalar, ty, k, &c.a_q[i * ra..][..ra], &b_q[j * rb..][..rb])
+                        .unwrap();
+                // The same integer products; the float scalings are applied in another order.
+                let g = got[j * m + i];
+                assert!((g - want).abs() <= 2e-6 * scale, "{ty} ({i}, {j}): {g} vs {want}");
+            }
+        }
+    }
+}
