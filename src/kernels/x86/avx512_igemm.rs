@@ -61,25 +61,43 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
     let ac = a.codes.as_ptr();
     let mut s1 = [_mm512_setzero_si512(); IG_MR];
     let mut s2 = [_mm512_setzero_si512(); IG_MR];
-    for j in 0..nsub {
-        let mut raw = [_mm512_setzero_si512(); IG_MR];
+    // Two sub-blocks at a time: 16 independent `vpdpbusd` chains hide the instruction's latency.
+    for j in (0..nsub).step_by(2) {
+        let mut raw = [[_mm512_setzero_si512(); IG_MR]; 2];
         for g in j * SUB / 4..(j + 1) * SUB / 4 {
-            // SAFETY: g < 64, so the 64 bytes at g * 64 are inside `a.codes` (4096 bytes, the
-            // block is 64-byte aligned and so is every g * 64).
-            let av = unsafe { _mm512_load_si512(ac.add(g * 64) as *const __m512i) };
-            for (r, raw) in raw.iter_mut().enumerate() {
-                // SAFETY: r < 8 and 4 * g + 4 <= 256: the 4 bytes are inside row r's codes.
-                let wv = unsafe { (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned() };
-                *raw = _mm512_dpbusd_epi32(*raw, _mm512_set1_epi32(wv), av);
+            let g2 = g + SUB / 4;
+            // SAFETY: g, g2 < 64 (j + 1 < nsub, as nsub is even), so the 64 bytes at g * 64 and
+            // g2 * 64 are inside `a.codes` (4096 bytes, 64-byte aligned).
+            let (av0, av1) = unsafe {
+                (
+                    _mm512_load_si512(ac.add(g * 64) as *const __m512i),
+                    _mm512_load_si512(ac.add(g2 * 64) as *const __m512i),
+                )
+            };
+            for r in 0..IG_MR {
+                // SAFETY: r < 8 and 4 * g2 + 4 <= 256: both 4-byte groups are inside row r's
+                // codes.
+                let (w0, w1) = unsafe {
+                    (
+                        (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned(),
+                        (wc.add(r * QK_K + 4 * g2) as *const i32).read_unaligned(),
+                    )
+                };
+                raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], _mm512_set1_epi32(w0), av0);
+                raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], _mm512_set1_epi32(w1), av1);
             }
         }
-        // SAFETY: j < 16: the 16 sums at j * 16 are inside `a.bsums` (256 entries, 64-byte
-        // aligned rows of 16).
-        let bs = unsafe { _mm512_load_si512(a.bsums.as_ptr().add(j * IG_NR) as *const __m512i) };
-        for r in 0..IG_MR {
-            let sc = _mm512_set1_epi32(w.scales[r * 16 + j]);
-            let corr = if MIN { raw[r] } else { _mm512_sub_epi32(raw[r], bs) };
-            s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(corr, sc));
+        for (h, raw) in raw.iter().enumerate() {
+            let jh = j + h;
+            // SAFETY: jh < 16: the 16 sums at jh * 16 are inside `a.bsums` (256 entries,
+            // 64-byte aligned rows of 16).
+            let bs =
+                unsafe { _mm512_load_si512(a.bsums.as_ptr().add(jh * IG_NR) as *const __m512i) };
+            for r in 0..IG_MR {
+                let sc = _mm512_set1_epi32(w.scales[r * 16 + jh]);
+                let corr = if MIN { raw[r] } else { _mm512_sub_epi32(raw[r], bs) };
+                s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(corr, sc));
+            }
         }
     }
     // The mins' sums do not depend on the products: a second pass keeps the first one's
