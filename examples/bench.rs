@@ -722,15 +722,21 @@ fn fma_peak(threads: usize) -> f64 {
     fn per_thread(_iters: u64) -> u64 {
         0
     }
+    per_second_on_threads(threads, per_thread)
+}
+
+/// Median over 5 runs of `threads` threads each calling `work(5_000_000)`: the operations they
+/// report, in billions per second.
+fn per_second_on_threads(threads: usize, work: fn(u64) -> u64) -> f64 {
     let iters = 5_000_000u64;
     let mut runs = Vec::new();
     for _ in 0..5 {
         let t0 = Instant::now();
-        let flops: u64 = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(|| per_thread(iters))).collect();
+        let ops: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(move || work(iters))).collect();
             hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
         });
-        runs.push(flops as f64 / t0.elapsed().as_secs_f64() / 1e9);
+        runs.push(ops as f64 / t0.elapsed().as_secs_f64() / 1e9);
     }
     median(runs)
 }
@@ -774,17 +780,7 @@ fn int8_peak(threads: usize) -> Option<f64> {
     }
     #[cfg(not(target_arch = "x86_64"))]
     return None;
-    let iters = 5_000_000u64;
-    let mut runs = Vec::new();
-    for _ in 0..5 {
-        let t0 = Instant::now();
-        let ops: u64 = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(|| per_thread(iters))).collect();
-            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
-        });
-        runs.push(ops as f64 / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    Some(median(runs))
+    Some(per_second_on_threads(threads, per_thread))
 }
 
 /// Vision ops (issue #7): conv_2d (3x3, 64->64 channels, 64x64 image, batch 1, stride 1, pad 1;

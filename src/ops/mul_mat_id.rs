@@ -199,6 +199,26 @@ unsafe fn b_row_ptr(ctx: &NodeCtx<'_>, l: &Layout, p: [u32; 2]) -> *const u8 {
     }
 }
 
+/// Moves `(e, at)` (an expert and its first panel) on to the expert owning panel `u`, where an
+/// expert with `count` pairs has `panels(count)` panels. Experts are walked in order and `u`
+/// only grows between calls.
+fn panel_owner(
+    offsets: &[usize],
+    panels: impl Fn(usize) -> usize,
+    u: usize,
+    e: &mut usize,
+    at: &mut usize,
+) {
+    loop {
+        let np = panels(offsets[*e + 1] - offsets[*e]);
+        if u < *at + np {
+            return;
+        }
+        *at += np;
+        *e += 1;
+    }
+}
+
 /// Phase 1 with the GEMM: the activation panels of every GEMM expert (16 of its pairs each).
 fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let (a, ids) = (ctx.src(0), ctx.src(2));
@@ -225,16 +245,8 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let (u0, u1) = split(total, ith, ctx.nth);
     let (mut e, mut at) = (0, 0);
     for u in u0..u1 {
-        // The expert owning panel u (experts are walked in order; u only grows).
-        loop {
-            let count = offsets[e + 1] - offsets[e];
-            let np = if gemm_expert(l, count) { count.div_ceil(SG_NR) } else { 0 };
-            if u < at + np {
-                break;
-            }
-            at += np;
-            e += 1;
-        }
+        let gemm_panels = |count| if gemm_expert(l, count) { count.div_ceil(SG_NR) } else { 0 };
+        panel_owner(offsets, gemm_panels, u, &mut e, &mut at);
         let group = &pairs[offsets[e]..offsets[e + 1]];
         let pi = u - at;
         // SAFETY: panel u < total lies inside the panel area; only this worker writes it.
@@ -285,16 +297,8 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let (u0, u1) = split(total, ith, ctx.nth);
     let (mut e, mut at) = (0, 0);
     for u in u0..u1 {
-        // The expert owning panel u (experts are walked in order; u only grows).
-        loop {
-            let count = offsets[e + 1] - offsets[e];
-            let np = if int_expert(l, count) { count.div_ceil(IG_NR) } else { 0 };
-            if u < at + np {
-                break;
-            }
-            at += np;
-            e += 1;
-        }
+        let int_panels = |count| if int_expert(l, count) { count.div_ceil(IG_NR) } else { 0 };
+        panel_owner(offsets, int_panels, u, &mut e, &mut at);
         let group = &pairs[offsets[e]..offsets[e + 1]];
         let pi = u - at;
         // SAFETY: panel u < total lies inside the block area (layout); only this worker writes
