@@ -80,7 +80,8 @@ impl IgemmKernels {
     }
 }
 
-/// The portable kernels.
+/// The portable kernels: the reference every SIMD kernel is tested against bit for bit.
+#[cfg(test)]
 pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     sub16: igemm_generic::<16, false>,
     sub16_min: igemm_generic::<16, true>,
@@ -88,9 +89,8 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     sub32_min: igemm_generic::<32, true>,
 };
 
-/// The micro-kernel in plain Rust, written so that a compiler can vectorise the 16 columns (the
-/// AVX2 tier instantiates it under `target_feature`).
-#[inline(always)]
+/// The micro-kernel in plain Rust: the definition every SIMD kernel is tested against.
+#[cfg(test)]
 pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: &ABlock,
@@ -156,4 +156,61 @@ pub(crate) fn pack_q8k_column(
         a.bsums[j * IG_NR + c] = if bias != 0 { s * bias } else { s };
     }
     a.d[c] = d;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{Isa, table_for};
+
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    /// Random bands and panels, with extremes (codes 255, levels -128/127, scales at the format
+    /// bound) mixed in; every tier with integer kernels gives the portable kernel's bits.
+    #[test]
+    fn igemm_tiers_are_bitwise_the_portable_kernel() {
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for case in 0..24 {
+            let mut w: WBand = bytemuck::Zeroable::zeroed();
+            let mut a: ABlock = bytemuck::Zeroable::zeroed();
+            let extreme = case % 3 == 0;
+            for c in w.codes.iter_mut() {
+                *c = if extreme { 255 } else { xorshift(&mut s) as u8 };
+            }
+            for v in w.scales.iter_mut().chain(w.mins.iter_mut()) {
+                *v = (xorshift(&mut s) % 256) as i32 - 128;
+            }
+            for (d, dm) in w.d.iter_mut().zip(w.dmin.iter_mut()) {
+                *d = (xorshift(&mut s) % 1000) as f32 * 1e-4;
+                *dm = (xorshift(&mut s) % 1000) as f32 * 1e-4;
+            }
+            for q in a.codes.iter_mut() {
+                *q = if extreme { -128 } else { xorshift(&mut s) as i8 };
+            }
+            for b in a.bsums.iter_mut() {
+                *b = (xorshift(&mut s) % 8192) as i32 - 4096;
+            }
+            for d in a.d.iter_mut() {
+                *d = (xorshift(&mut s) % 1000) as f32 * 1e-3;
+            }
+            for isa in Isa::ALL {
+                let Some(k) = table_for(isa).and_then(|t| t.igemm) else { continue };
+                for (sub, min) in [(16, false), (16, true), (32, false), (32, true)] {
+                    let mut want = [[0.5f32; IG_NR]; IG_MR];
+                    let mut got = want;
+                    (SCALAR.get(sub, min))(&w, &a, &mut want);
+                    (k.get(sub, min))(&w, &a, &mut got);
+                    let same = want.iter().flatten().zip(got.iter().flatten());
+                    for (x, y) in same {
+                        assert_eq!(x.to_bits(), y.to_bits(), "{isa:?} sub {sub} min {min}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -291,8 +291,11 @@ pub struct KernelTable {
     /// Activation rounding through F16 / BF16 for the float GEMM (in place).
     pub(crate) round_f16: fn(&mut [f32]),
     pub(crate) round_bf16: fn(&mut [f32]),
-    /// Integer GEMM micro-kernels (Q8_K-family weights with several columns).
-    pub(crate) igemm: igemm::IgemmKernels,
+    /// Integer GEMM micro-kernels (Q8_K-family weights with several columns), where the tier
+    /// has kernels faster than its f32 GEMM on dequantized weights (AVX-512 VNNI). The portable
+    /// twin (`igemm::SCALAR`) ran at a quarter of the portable f32 GEMM's speed, so the portable
+    /// and AVX2 tiers keep that GEMM.
+    pub(crate) igemm: Option<igemm::IgemmKernels>,
     // --- repacked weights (kernels/repack.rs, x86/avx2_repack.rs) ---
     repack: [Option<repack::RepackGemmFn>; N_TYPES],
     // --- ops: fused / contiguous elementwise kernels ---
@@ -341,7 +344,7 @@ impl KernelTable {
             sgemm_pack_f16: sgemm::pack_strip_f16,
             round_f16: sgemm::round_f16,
             round_bf16: sgemm::round_bf16,
-            igemm: igemm::SCALAR,
+            igemm: None,
             repack: [None; N_TYPES],
             // --- ops ---
             swiglu_f32: scalar::swiglu_f32,

@@ -46,17 +46,18 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     if super::mul_mat_repack::applies(node) {
         return super::mul_mat_repack::work_size(node, nth);
     }
-    if super::mul_mat_q::applies(node) {
-        return super::mul_mat_q::work_size(node, nth);
-    }
+    // The integer GEMM runs only on tiers with its kernels; the plan holds room for the path
+    // every tier takes, so it does not depend on the tier selected when it was made.
+    let int =
+        if super::mul_mat_q::applies(node) { super::mul_mat_q::work_size(node, nth) } else { 0 };
     if super::mul_mat_f::applies(node) {
-        return super::mul_mat_f::work_size(node, nth);
+        return int.max(super::mul_mat_f::work_size(node, nth));
     }
     if !needs_conversion(node) {
-        return 0;
+        return int;
     }
     let b = node.src[1].as_ref().map(|b| (b.nrows(), b.ne[0])).unwrap_or((0, 0));
-    b.0 * converted_row_bytes(node) + nth * crate::plan::align_up(b.1 * 4, 64)
+    int.max(b.0 * converted_row_bytes(node) + nth * crate::plan::align_up(b.1 * 4, 64))
 }
 
 fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
@@ -112,7 +113,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             super::mul_mat_repack::compute(ctx, ith)
         };
     }
-    if super::mul_mat_q::applies(ctx.node) {
+    if ctx.kt.igemm.is_some() && super::mul_mat_q::applies(ctx.node) {
         return if phase == 0 {
             super::mul_mat_q::pack(ctx, ith)
         } else {

@@ -20,6 +20,7 @@ use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
 use crate::dtype::QK_K;
 use crate::error::{Error, Result};
+use crate::kernels::KernelTable;
 use crate::kernels::igemm::{ABlock, IG_NR};
 use crate::kernels::repack::{act_block_bytes, group_block_bytes};
 use crate::kernels::sgemm::SG_NR;
@@ -58,6 +59,9 @@ struct Layout {
     /// The weights' integer form when experts with `mul_mat_q::MIN_N` pairs or more take the
     /// integer GEMM (as `mul_mat` does for such a column count).
     int: Option<IntFormat>,
+    /// Whether this compute's tier has integer GEMM kernels (`int` sizes the buffers either way,
+    /// so plans do not depend on the tier).
+    int_on: bool,
     /// The integer GEMM's packed activation blocks (`nkb` per panel of 16 pairs).
     iblocks: usize,
     /// `n_as + 1` pair offsets (usize) into `pairs`.
@@ -67,7 +71,7 @@ struct Layout {
     end: usize,
 }
 
-fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
+fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
     let (a, b, ids) = (node.src[0].as_ref()?, node.src[1].as_ref()?, node.src[2].as_ref()?);
     let vd = a.dtype.vec_dot_type();
     let repack = a.repacked;
@@ -131,6 +135,7 @@ fn layout(node: &ExecNode, nth: usize) -> Option<Layout> {
         panels,
         gemm_scratch,
         int,
+        int_on: kt.igemm.is_some(),
         iblocks: off,
         offsets,
         pairs,
@@ -157,7 +162,7 @@ fn gemm_scratch_bytes(k: usize) -> usize {
 
 /// Whether expert chunks of `count` pairs take the integer GEMM.
 fn int_expert(l: &Layout, count: usize) -> bool {
-    l.int.is_some() && count >= mul_mat_q::MIN_N
+    l.int.is_some() && l.int_on && count >= mul_mat_q::MIN_N
 }
 
 /// Whether expert chunks of `count` pairs take the f32 GEMM.
@@ -278,7 +283,7 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
 /// Phase 1 with the integer GEMM: the activation blocks of every integer-GEMM expert (16 of its
 /// pairs per panel), from the Q8_K rows phase 0 converted.
 fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
-    let Some(fmt) = l.int.as_ref() else {
+    let Some(fmt) = l.int.as_ref().filter(|_| l.int_on) else {
         return Ok(());
     };
     let (a, ids) = (ctx.src(0), ctx.src(2));
@@ -326,11 +331,15 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
 
 pub(crate) fn phases(node: &ExecNode) -> u8 {
     // Convert and group; pack the GEMM experts' activations; the chunks.
-    if layout(node, 1).is_some_and(|l| l.gemm || l.int.is_some()) { 3 } else { 2 }
+    if layout(node, 1, crate::kernels::table()).is_some_and(|l| l.gemm || l.int.is_some()) {
+        3
+    } else {
+        2
+    }
 }
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
-    layout(node, nth).map_or(0, |l| l.end)
+    layout(node, nth, crate::kernels::table()).map_or(0, |l| l.end)
 }
 
 fn unsupported(msg: String) -> Error {
@@ -456,7 +465,8 @@ fn group(ctx: &NodeCtx<'_>, l: &Layout) -> Result<()> {
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
-    let l = layout(ctx.node, ctx.nth).ok_or_else(|| unsupported("missing source".into()))?;
+    let l =
+        layout(ctx.node, ctx.nth, ctx.kt).ok_or_else(|| unsupported("missing source".into()))?;
     debug_assert!(l.end <= ctx.work_len);
     if phase == 0 {
         if l.conv {
@@ -538,7 +548,11 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
             // hold k elements in whole blocks (build check).
             let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
-            let kernel = ctx.kt.igemm.get(fmt.sub, fmt.has_min);
+            let kernel = ctx
+                .kt
+                .igemm
+                .ok_or_else(|| unsupported("no integer GEMM kernels in this tier".into()))?
+                .get(fmt.sub, fmt.has_min);
             let bsize = a.dtype.type_size();
             mul_mat_q::int_block(
                 fmt,

@@ -1,6 +1,8 @@
 //! `mul_mat` with several columns as an integer GEMM, for weights whose vec-dot type is Q8_K
 //! (K-quants, IQ and ternary types): int8 products summed exactly in int32 per sub-block, the
-//! sub-block scales applied in int32 and the block scales in f32 (`kernels::igemm`).
+//! sub-block scales applied in int32 and the block scales in f32 (`kernels::igemm`). It runs on
+//! the tiers that have integer kernels (`KernelTable::igemm`: AVX-512 VNNI); the others keep the
+//! f32 GEMM of `mul_mat_f`, which is faster there.
 //!
 //! Phase 0 (all threads) quantizes b's columns to Q8_K with the CPU's `from_float`, as ggml does
 //! for these types, and regroups them into panels of 16 columns per super-block (`ABlock`).
@@ -187,7 +189,11 @@ pub(crate) fn zero_column(blocks: &mut [ABlock], c: usize) {
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let fmt = format_of(a.dtype)?;
-    let kernel = ctx.kt.igemm.get(fmt.sub, fmt.has_min);
+    let kernel = ctx
+        .kt
+        .igemm
+        .ok_or_else(|| unsupported("no integer GEMM kernels in this tier".into()))?
+        .get(fmt.sub, fmt.has_min);
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
     let nkb = k / QK_K;
     let np = panels(n);

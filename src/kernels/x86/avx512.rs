@@ -59,7 +59,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
         super::avx2_repack::kq_kernel::<{ crate::kernels::repack::KIND_TQ2_0 }, RK_AHEAD>,
     );
     if std::arch::is_x86_feature_detected!("avx512vnni") {
-        t.igemm = super::avx512_igemm::VNNI;
+        t.igemm = Some(super::avx512_igemm::VNNI);
         super::avx512_gemm::plug(t);
         super::avx512_repack::plug(t);
     }

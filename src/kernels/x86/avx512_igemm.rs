@@ -1,6 +1,5 @@
-//! Integer GEMM micro-kernels (`kernels::igemm`) with AVX-512 VNNI (`vpdpbusd`), and the AVX2
-//! tier's instance of the portable kernel. Needs AVX-512 F, BW, DQ, VL and VNNI; `plug` installs
-//! them only where the CPU has those.
+//! Integer GEMM micro-kernels (`kernels::igemm`) with AVX-512 VNNI (`vpdpbusd`). Needs AVX-512
+//! F, BW, DQ, VL and VNNI; `plug` installs them only where the CPU has those.
 //!
 //! One zmm lane per activation column: for each 4 K values, one load of the panel's 64 level
 //! bytes serves the 8 weight rows, each row's 4 codes broadcast into a `vpdpbusd` (unsigned codes
@@ -12,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
-use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, igemm_generic};
+use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand};
 
 /// The AVX-512 VNNI kernels.
 pub(crate) const VNNI: IgemmKernels = IgemmKernels {
@@ -22,32 +21,10 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     sub32_min: vnni::<32, true>,
 };
 
-/// The portable kernels compiled for AVX2 (the compiler vectorises the 16 columns).
-pub(crate) const AVX2: IgemmKernels = IgemmKernels {
-    sub16: avx2::<16, false>,
-    sub16_min: avx2::<16, true>,
-    sub32: avx2::<32, false>,
-    sub32_min: avx2::<32, true>,
-};
-
 fn vnni<const SUB: usize, const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]) {
     // SAFETY: `plug` installs this kernel only on a CPU with AVX-512 F/BW/DQ/VL and VNNI; the
     // references cover every byte the kernel reads and writes (fixed-size arrays).
     unsafe { vnni_kernel::<SUB, MIN>(w, a, acc) }
-}
-
-fn avx2<const SUB: usize, const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]) {
-    // SAFETY: `plug_avx2` installs this only on a CPU with AVX2 and FMA.
-    unsafe { avx2_kernel::<SUB, MIN>(w, a, acc) }
-}
-
-#[target_feature(enable = "avx2,fma")]
-fn avx2_kernel<const SUB: usize, const MIN: bool>(
-    w: &WBand,
-    a: &ABlock,
-    acc: &mut [[f32; IG_NR]; IG_MR],
-) {
-    igemm_generic::<SUB, MIN>(w, a, acc)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]

@@ -162,7 +162,6 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.round_f16 = avx2_sgemm::round_f16;
     t.round_bf16 = avx2_sgemm::round_bf16;
     avx2_repack::plug(t);
-    t.igemm = avx512_igemm::AVX2;
     // --- ops ---
     avx2_elementwise::plug(t);
     // --- end ops ---
