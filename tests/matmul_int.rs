@@ -138,3 +138,30 @@ fn int_gemm_matches_one_vec_dot_per_element() {
         }
     }
 }
+
+/// b already in Q8_K (the vec-dot type) gives bitwise what F32 b, converted by the op, gives.
+#[test]
+fn int_gemm_b_in_q8_k_matches_f32_b() {
+    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for ty in [DType::Q4_K, DType::Q6_K, DType::IQ4_XS] {
+        let (ane, bne) = ([512, 70, 1, 1], [512, 21, 1, 1]);
+        let c = case(ty, ane, bne, 900);
+        let want = run(&c, Isa::best(), 2);
+        let mut b_q = vec![0u8; DType::Q8_K.row_size(c.b.len()).unwrap()];
+        quantize_for_dot(DType::Q8_K, &c.b, &mut b_q).unwrap();
+        let be = CpuBackend::with_threads(2).unwrap();
+        let mut g = Graph::new();
+        let a = g.input(ty, &ane).unwrap();
+        let b = g.input(DType::Q8_K, &bne).unwrap();
+        let y = g.mul_mat(a, b).unwrap();
+        g.set_output(y);
+        let mut p = Plan::with_guards(g, &be, 64).unwrap();
+        p.set_input_bytes(a, &c.a_q).unwrap();
+        p.set_input_bytes(b, &b_q).unwrap();
+        p.compute().unwrap();
+        p.check_guards().unwrap();
+        let got = p.output::<f32>(y).unwrap();
+        let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{ty}: q8_K b differs from F32 b");
+    }
+}

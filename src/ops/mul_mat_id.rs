@@ -116,7 +116,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
         && n_pairs >= mul_mat_q::MIN_N
         && vd == DType::Q8_K
         && k.is_multiple_of(QK_K)
-        && b.dtype == DType::F32
+        && (b.dtype == DType::F32 || b.dtype == DType::Q8_K)
         && iblock_bytes <= mul_mat_f::MAX_PACKED
     {
         int_format(a.dtype)
@@ -317,8 +317,8 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
         for c in 0..IG_NR {
             match group.get(pi * IG_NR + c) {
                 Some(&p) => {
-                    // SAFETY: pairs hold checked (slot, token) indices (phase 0); phase 0
-                    // converted the row to Q8_K (b is F32, so `conv`), q8_bytes long.
+                    // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row is in
+                    // Q8_K (b's own contiguous row, or converted in phase 0), q8_bytes long.
                     let q8 = unsafe { std::slice::from_raw_parts(b_row_ptr(ctx, l, p), q8_bytes) };
                     mul_mat_q::pack_column(fmt, q8, blocks, c);
                 }

@@ -5,7 +5,7 @@
 //! f32 GEMM of `mul_mat_f`, which is faster there.
 //!
 //! Phase 0 (all threads) quantizes b's columns to Q8_K with the CPU's `from_float`, as ggml does
-//! for these types, and regroups them into panels of 16 columns per super-block (`ABlock`).
+//! for these types (or takes b's Q8_K rows as they are), and regroups them into panels of 16 columns per super-block (`ABlock`).
 //! Phase 1 hands out tasks of up to [`MC`] weight rows by [`NC`] columns through the node's
 //! counter; a task walks K one super-block at a time, unpacks its rows' block into bands of 8
 //! (`WBand`, in the worker's scratch) and runs the micro-kernel on every (panel, band) pair into
@@ -24,8 +24,10 @@ use std::sync::atomic::Ordering;
 pub(crate) const MC: usize = 64;
 /// Columns per task (32 panels): the task's f32 tile is `MC * NC * 4` = 128 KiB, in L2.
 pub(crate) const NC: usize = 512;
-/// Fewer columns than this use the dot-product tiles (a panel of 16 would be mostly padding).
-pub(crate) const MIN_N: usize = 16;
+/// Fewer columns than this use the dot-product tiles. q4_K 4096 x N x 4096, 2 threads,
+/// alternating binaries: the tiles give 98 GFLOPS at N = 4 (the integer GEMM 63); at N = 6 the
+/// integer GEMM gives 81 where the f32 GEMM gave 22, at N = 16 264 against 66.
+pub(crate) const MIN_N: usize = 6;
 
 const Q8K_BYTES: usize = 292;
 
@@ -36,7 +38,7 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
     };
     !a.repacked
         && node.dst.ne[1] >= MIN_N
-        && b.dtype == DType::F32
+        && (b.dtype == DType::F32 || b.dtype == DType::Q8_K && b.nb[0] == b.dtype.type_size())
         && a.ne[0] > 0
         && a.ne[0].is_multiple_of(QK_K)
         && a.dtype.vec_dot_type() == DType::Q8_K
@@ -152,6 +154,13 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         }
         for c in 0..IG_NR.min(n - p * IG_NR) {
             let j = p * IG_NR + c;
+            if b.dtype == DType::Q8_K {
+                // SAFETY: j < b.ne[1], (i2, i3) below b's dims; b's rows are nkb contiguous
+                // Q8_K blocks (applies).
+                let row = unsafe { std::slice::from_raw_parts(b.row(j, i2, i3), nkb * Q8K_BYTES) };
+                pack_column(&fmt, row, ab, c);
+                continue;
+            }
             for (i, v) in colf.iter_mut().enumerate() {
                 // SAFETY: j < b.ne[1], (i2, i3) below b's dims, i < ne[0]: inside b (extent
                 // validated at plan time); read unaligned since views may sit at any offset.
