@@ -2,11 +2,14 @@
 //! print the generated ids with prefill and decode speed.
 //!
 //! ```text
-//! cargo run --release --example llama -- FILE.gguf [N_PROMPT] [N_GEN] [THREADS] [N_CTX]
+//! cargo run --release --example llama -- FILE.gguf [N_PROMPT] [N_GEN] [THREADS] [N_CTX] [--repack]
 //! cargo run --release --example llama -- --synthetic [N_PROMPT] [N_GEN] [THREADS] [N_CTX]
 //! ```
 //! `--synthetic` writes an 8-layer d=1024 model with Q4_0 weights to a temporary file first.
 //! Token ids are generated deterministically (no tokenizer is needed to measure speed).
+//! `--repack` copies the weights the CPU_REPACK buffer type takes (Q4_0, IQ4_NL, MXFP4, Q4_K,
+//! Q6_K, TQ2_0, Q2_K) into its interleaved layout first, as llama.cpp's CPU backend does by
+//! default.
 
 use quantgraph::models::llama::{Llama, LlamaConfig, WeightTypes, argmax, synthetic_gguf};
 use quantgraph::{Backend, CpuBackend, DType, GgufFile};
@@ -20,7 +23,9 @@ fn main() {
 }
 
 fn run() -> quantgraph::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let repack = args.iter().any(|a| a == "--repack");
+    args.retain(|a| a != "--repack");
     let num = |i: usize, d: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
     let (n_prompt, n_gen, threads) = (num(1, 512), num(2, 32), num(3, 2));
     let n_ctx = num(4, n_prompt + n_gen);
@@ -46,7 +51,11 @@ fn run() -> quantgraph::Result<()> {
     };
     let file = GgufFile::open(&path)?;
     let backend = CpuBackend::with_threads(threads)?;
-    let mut model = Llama::from_gguf(&file, Some(n_ctx), &backend)?;
+    let mut model = if repack {
+        Llama::from_gguf_repacked(&file, Some(n_ctx), &backend)?.0
+    } else {
+        Llama::from_gguf(&file, Some(n_ctx), &backend)?
+    };
     let nv = model.config().n_vocab;
     let prompt: Vec<u32> = (0..n_prompt).map(|i| ((i * 7919 + 13) % nv) as u32).collect();
     let t0 = Instant::now();
@@ -70,10 +79,11 @@ fn run() -> quantgraph::Result<()> {
     );
     println!("generated: {out:?}");
     println!(
-        "quantgraph llama prefill_tokens={n_prompt} prefill_tok_s={:.1} decode_tokens={n_gen} decode_tok_s={:.1} threads={}",
+        "quantgraph llama prefill_tokens={n_prompt} prefill_tok_s={:.1} decode_tokens={n_gen} decode_tok_s={:.1} threads={}{}",
         n_prompt as f64 / t_prefill,
         n_gen as f64 / t_decode,
-        backend.n_threads()
+        backend.n_threads(),
+        if repack { " repack" } else { "" }
     );
     Ok(())
 }
