@@ -5,7 +5,8 @@
 //! f32 GEMM of `mul_mat_f`, which is faster there.
 //!
 //! Phase 0 (all threads) quantizes b's columns to Q8_K with the CPU's `from_float`, as ggml does
-//! for these types (or takes b's Q8_K rows as they are), and regroups them into panels of 16 columns per super-block (`ABlock`).
+//! for these types (or takes b's Q8_K rows as they are), and regroups them into panels of 16
+//! columns per super-block (`ABlock`).
 //! Phase 1 hands out tasks of up to [`MC`] weight rows by [`NC`] columns through the node's
 //! counter; a task walks K one super-block at a time, unpacks its rows' block into bands of 8
 //! (`WBand`, in the worker's scratch) and runs the micro-kernel on every (panel, band) pair into
