@@ -7,7 +7,7 @@
 mod common;
 
 use common::{matmul_f64, nmse, rand_f32};
-use quantgraph::kernels::{Isa, set_isa, vec_dot_with};
+use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix};
 use quantgraph::{CpuBackend, DType, Graph, Plan};
 use std::sync::Mutex;
@@ -57,22 +57,7 @@ fn case(ty: DType, ane: [usize; 4], bne: [usize; 4], seed: u64) -> Case {
 }
 
 fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
-    set_isa(isa).unwrap();
-    let be = CpuBackend::with_threads(threads).unwrap();
-    let mut g = Graph::new();
-    let a = g.input(c.ty, &c.ane).unwrap();
-    let b = g.input(DType::F32, &c.bne).unwrap();
-    let y = g.mul_mat(a, b).unwrap();
-    g.set_output(y);
-    // Guard bytes around every tensor catch a tile writing outside its output.
-    let mut p = Plan::with_guards(g, &be, 64).unwrap();
-    p.set_input_bytes(a, &c.a_q).unwrap();
-    p.set_input(b, &c.b).unwrap();
-    p.compute().unwrap();
-    p.check_guards().unwrap();
-    let out = p.output::<f32>(y).unwrap().to_vec();
-    set_isa(Isa::best()).unwrap();
-    out
+    common::mul_mat_guarded(isa, threads, c.ty, c.ane, &c.a_q, c.bne, &c.b)
 }
 
 /// Odd row counts (partial bands of 8 and tasks), 16 columns and ragged panels, broadcasts.

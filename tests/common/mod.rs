@@ -189,3 +189,35 @@ pub fn assert_close_to_scale(got: &[f32], want: &[f32], tol: f32, what: &str) {
         assert!((g - w).abs() <= tol * scale, "{what} [{idx}]: {g} vs {w}");
     }
 }
+
+/// `mul_mat(a, b)` on tier `isa` with `threads` threads, on a plan with guard bytes (checked after
+/// the compute): `a` of type `ty` and shape `ane` given as bytes, `b` F32 of shape `bne`. Switches
+/// the process-wide tier back to the best one afterwards (callers hold their ISA lock).
+pub fn mul_mat_guarded(
+    isa: quantgraph::kernels::Isa,
+    threads: usize,
+    ty: quantgraph::DType,
+    ane: [usize; 4],
+    a_bytes: &[u8],
+    bne: [usize; 4],
+    b: &[f32],
+) -> Vec<f32> {
+    use quantgraph::kernels::{Isa, set_isa};
+    use quantgraph::{CpuBackend, DType, Graph, Plan};
+    set_isa(isa).unwrap();
+    let be = CpuBackend::with_threads(threads).unwrap();
+    let mut g = Graph::new();
+    let a_in = g.input(ty, &ane).unwrap();
+    let b_in = g.input(DType::F32, &bne).unwrap();
+    let y = g.mul_mat(a_in, b_in).unwrap();
+    g.set_output(y);
+    // Guard bytes around every tensor catch a kernel writing outside its output.
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
+    p.set_input_bytes(a_in, a_bytes).unwrap();
+    p.set_input(b_in, b).unwrap();
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    let out = p.output::<f32>(y).unwrap().to_vec();
+    set_isa(Isa::best()).unwrap();
+    out
+}
