@@ -111,7 +111,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
     let gemm_scratch = off;
     let nkb = k / QK_K;
     let n_ipanels = n_pairs / IG_NR + n_as.min(n_pairs / mul_mat_q::MIN_N);
-    let iblock_bytes = n_ipanels * nkb * size_of::<ABlock>();
+    let iblock_bytes = n_ipanels.saturating_mul(nkb).saturating_mul(size_of::<ABlock>());
     let int = if !repack
         && n_pairs >= mul_mat_q::MIN_N
         && vd == DType::Q8_K
@@ -204,57 +204,72 @@ unsafe fn b_row_ptr(ctx: &NodeCtx<'_>, l: &Layout, p: [u32; 2]) -> *const u8 {
     }
 }
 
-/// Moves `(e, at)` (an expert and its first panel) on to the expert owning panel `u`, where an
-/// expert with `count` pairs has `panels(count)` panels. Experts are walked in order and `u`
-/// only grows between calls.
-fn panel_owner(
-    offsets: &[usize],
-    panels: impl Fn(usize) -> usize,
-    u: usize,
-    e: &mut usize,
-    at: &mut usize,
-) {
-    loop {
-        let np = panels(offsets[*e + 1] - offsets[*e]);
-        if u < *at + np {
-            return;
-        }
-        *at += np;
-        *e += 1;
+/// Phase 0's grouping: `n_as + 1` pair offsets per expert and the (slot, token) pairs.
+///
+/// # Safety
+/// Phase 0 is over (worker 0 filled both regions and the barrier published them) and nobody
+/// writes them any more in this compute.
+unsafe fn grouping<'a>(ctx: &NodeCtx<'_>, l: &Layout) -> (&'a [usize], &'a [[u32; 2]]) {
+    let (n_as, ids) = (ctx.src(0).ne[2], ctx.src(2));
+    let n_pairs = ids.ne[0] * ids.ne[1];
+    // SAFETY: both regions lie inside the work buffer (layout), aligned for their types, and
+    // per the contract are initialised and read-only from now on.
+    unsafe {
+        (
+            std::slice::from_raw_parts(ctx.work.add(l.offsets) as *const usize, n_as + 1),
+            std::slice::from_raw_parts(ctx.work.add(l.pairs) as *const [u32; 2], n_pairs),
+        )
     }
+}
+
+/// Worker `ith`'s share of the panels of every expert, where an expert with `count` pairs has
+/// `panels(count)` of them: `(panel index, expert, panel index within the expert)`.
+fn my_panels<'o>(
+    offsets: &'o [usize],
+    panels: impl Fn(usize) -> usize + 'o,
+    ith: usize,
+    nth: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> + 'o {
+    let n_as = offsets.len() - 1;
+    let total: usize = (0..n_as).map(|e| panels(offsets[e + 1] - offsets[e])).sum();
+    let (u0, u1) = split(total, ith, nth);
+    let (mut e, mut at) = (0, 0);
+    (u0..u1).map(move |u| {
+        // Experts are walked in order and u only grows.
+        loop {
+            let np = panels(offsets[e + 1] - offsets[e]);
+            if u < at + np {
+                break;
+            }
+            at += np;
+            e += 1;
+        }
+        (u, e, u - at)
+    })
 }
 
 /// Phase 1 with the GEMM: the activation panels of every GEMM expert (16 of its pairs each).
 fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
-    let (a, ids) = (ctx.src(0), ctx.src(2));
-    let (k, n_as) = (a.ne[0], a.ne[2]);
+    let a = ctx.src(0);
+    let k = a.ne[0];
     let vd = a.dtype.vec_dot_type();
     let from = mul_mat_f::vd_to_f32(vd).ok_or_else(|| unsupported(format!("no {vd} -> f32")))?;
     let pf = mul_mat_f::panel_floats(k);
     let bf16_pairs = mul_mat_f::bf16_pairs(ctx.kt, a.dtype, k).is_some();
-    let n_pairs = ids.ne[0] * ids.ne[1];
-    // SAFETY: worker 0 filled offsets and pairs in phase 0 and the barrier published them; the
-    // panel area and this worker's scratch lie inside the work buffer (layout), and each panel
-    // below is written by the one worker whose share holds it.
-    let (offsets, pairs, rowf) = unsafe {
-        (
-            std::slice::from_raw_parts(ctx.work.add(l.offsets) as *const usize, n_as + 1),
-            std::slice::from_raw_parts(ctx.work.add(l.pairs) as *const [u32; 2], n_pairs),
-            std::slice::from_raw_parts_mut(
-                ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)) as *mut f32,
-                k,
-            ),
+    // SAFETY: pack_panels runs in phase 1, after phase 0's grouping.
+    let (offsets, pairs) = unsafe { grouping(ctx, l) };
+    // SAFETY: this worker's scratch lies inside the work buffer (layout) and only it uses it.
+    let rowf = unsafe {
+        std::slice::from_raw_parts_mut(
+            ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)) as *mut f32,
+            k,
         )
     };
-    let total = first_panel(l, offsets, n_as);
-    let (u0, u1) = split(total, ith, ctx.nth);
-    let (mut e, mut at) = (0, 0);
-    for u in u0..u1 {
-        let gemm_panels = |count| if gemm_expert(l, count) { count.div_ceil(SG_NR) } else { 0 };
-        panel_owner(offsets, gemm_panels, u, &mut e, &mut at);
+    let gemm_panels = |count| if gemm_expert(l, count) { count.div_ceil(SG_NR) } else { 0 };
+    for (u, e, pi) in my_panels(offsets, gemm_panels, ith, ctx.nth) {
         let group = &pairs[offsets[e]..offsets[e + 1]];
-        let pi = u - at;
-        // SAFETY: panel u < total lies inside the panel area; only this worker writes it.
+        // SAFETY: panel u lies inside the panel area (sized for every GEMM expert's panels);
+        // only this worker's share holds it.
         let panel = unsafe {
             std::slice::from_raw_parts_mut((ctx.work.add(l.panels) as *mut f32).add(u * pf), pf)
         };
@@ -286,28 +301,17 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let Some(fmt) = l.int.as_ref().filter(|_| l.int_on) else {
         return Ok(());
     };
-    let (a, ids) = (ctx.src(0), ctx.src(2));
-    let (k, n_as) = (a.ne[0], a.ne[2]);
+    let a = ctx.src(0);
+    let k = a.ne[0];
     let nkb = k / QK_K;
-    let n_pairs = ids.ne[0] * ids.ne[1];
     let q8_bytes = DType::Q8_K.row_bytes(k);
-    // SAFETY: worker 0 filled offsets and pairs in phase 0 and the barrier published them.
-    let (offsets, pairs) = unsafe {
-        (
-            std::slice::from_raw_parts(ctx.work.add(l.offsets) as *const usize, n_as + 1),
-            std::slice::from_raw_parts(ctx.work.add(l.pairs) as *const [u32; 2], n_pairs),
-        )
-    };
-    let total = first_ipanel(l, offsets, n_as);
-    let (u0, u1) = split(total, ith, ctx.nth);
-    let (mut e, mut at) = (0, 0);
-    for u in u0..u1 {
-        let int_panels = |count| if int_expert(l, count) { count.div_ceil(IG_NR) } else { 0 };
-        panel_owner(offsets, int_panels, u, &mut e, &mut at);
+    // SAFETY: pack_int_panels runs in phase 1, after phase 0's grouping.
+    let (offsets, pairs) = unsafe { grouping(ctx, l) };
+    let int_panels = |count| if int_expert(l, count) { count.div_ceil(IG_NR) } else { 0 };
+    for (u, e, pi) in my_panels(offsets, int_panels, ith, ctx.nth) {
         let group = &pairs[offsets[e]..offsets[e + 1]];
-        let pi = u - at;
-        // SAFETY: panel u < total lies inside the block area (layout); only this worker writes
-        // its nkb blocks.
+        // SAFETY: panel u lies inside the block area (sized for every integer expert's panels);
+        // only this worker's share holds its nkb blocks.
         let blocks = unsafe {
             std::slice::from_raw_parts_mut(
                 (ctx.work.add(l.iblocks) as *mut ABlock).add(u * nkb),

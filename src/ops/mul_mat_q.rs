@@ -55,9 +55,13 @@ fn panels(n: usize) -> usize {
     n.div_ceil(IG_NR)
 }
 
-/// Packed activations: per batch, per panel, per super-block one `ABlock`.
+/// Packed activations: per batch, per panel, per super-block one `ABlock` (saturating, so a
+/// huge b fails the `MAX_PACKED` check instead of wrapping).
 fn packed_bytes(b: &TView) -> usize {
-    batches(b) * panels(b.ne[1]) * (b.ne[0] / QK_K) * size_of::<ABlock>()
+    batches(b)
+        .saturating_mul(panels(b.ne[1]))
+        .saturating_mul(b.ne[0] / QK_K)
+        .saturating_mul(size_of::<ABlock>())
 }
 
 /// Rows per task for `m` weight rows: `MC`, halved (down to one band) while there are fewer
