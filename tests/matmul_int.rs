@@ -1,5 +1,6 @@
-//! mul_mat of the Q8_K-family weight types (K-quants, IQ, ternary) with 16 or more columns, which
-//! runs the integer GEMM where the CPU has AVX-512 VNNI (the f32 GEMM elsewhere): accuracy
+//! mul_mat of the weight types with an integer form (K-quants, IQ, ternary against Q8_K; legacy,
+//! IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0 against Q8_0 / Q8_1) with 6 or more columns, which runs the
+//! integer GEMM where the CPU has AVX-512 VNNI (the f32 GEMM elsewhere): accuracy
 //! against a dequantize-then-f64 reference on odd M/N tails and broadcasts, thread-count
 //! invariance, and agreement with one `vec_dot` per output element. The kernels' bits against
 //! the portable kernel are tested in `kernels::igemm`.
@@ -15,7 +16,17 @@ use std::sync::Mutex;
 /// `set_isa` is process-wide: tests that switch tiers take this lock.
 static ISA_LOCK: Mutex<()> = Mutex::new(());
 
-const TYPES: [DType; 15] = [
+const TYPES: [DType; 25] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::IQ4_NL,
+    DType::MXFP4,
+    DType::NVFP4,
+    DType::Q1_0,
+    DType::Q2_0,
     DType::Q2_K,
     DType::Q3_K,
     DType::Q4_K,
@@ -60,12 +71,14 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
     common::mul_mat_guarded(isa, threads, c.ty, c.ane, &c.a_q, c.bne, &c.b)
 }
 
-/// Odd row counts (partial bands of 8 and tasks), 16 columns and ragged panels, broadcasts.
-fn shapes() -> Vec<([usize; 4], [usize; 4])> {
+/// Odd row counts (partial bands of 8 and tasks), 16 columns and ragged panels, broadcasts; for
+/// the block types also rows that end in a partial 256-element step (K = 384, 640, 128).
+fn shapes(ty: DType) -> Vec<([usize; 4], [usize; 4])> {
+    let k = if ty.block_size() == 256 { [256, 512, 256] } else { [384, 640, 128] };
     vec![
-        ([256, 13, 1, 1], [256, 16, 1, 1]),
-        ([512, 70, 1, 1], [512, 33, 1, 1]),
-        ([256, 9, 2, 1], [256, 17, 4, 3]),
+        ([k[0], 13, 1, 1], [k[0], 16, 1, 1]),
+        ([k[1], 70, 1, 1], [k[1], 33, 1, 1]),
+        ([k[2], 9, 2, 1], [k[2], 17, 4, 3]),
     ]
 }
 
@@ -73,7 +86,7 @@ fn shapes() -> Vec<([usize; 4], [usize; 4])> {
 fn int_gemm_matches_dequantized_f64_reference_on_odd_tails() {
     let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
-        for (s, (ane, bne)) in shapes().into_iter().enumerate() {
+        for (s, (ane, bne)) in shapes(ty).into_iter().enumerate() {
             let c = case(ty, ane, bne, 100 + s as u64);
             let want = matmul_f64(&c.a_deq, ane, &c.b, bne);
             let got = run(&c, Isa::best(), 2);
@@ -86,8 +99,10 @@ fn int_gemm_matches_dequantized_f64_reference_on_odd_tails() {
 #[test]
 fn int_gemm_is_bitwise_identical_for_1_2_3_threads() {
     let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    for ty in [DType::Q4_K, DType::Q6_K, DType::IQ2_XS] {
-        let (ane, bne) = ([256, 150, 1, 1], [256, 530, 1, 1]);
+    for (ty, k) in
+        [(DType::Q4_K, 256), (DType::Q6_K, 256), (DType::IQ2_XS, 256), (DType::Q4_1, 384)]
+    {
+        let (ane, bne) = ([k, 150, 1, 1], [k, 530, 1, 1]);
         let c = case(ty, ane, bne, 7);
         let one = run(&c, Isa::best(), 1);
         for threads in [2, 3] {
@@ -102,12 +117,13 @@ fn int_gemm_is_bitwise_identical_for_1_2_3_threads() {
 fn int_gemm_matches_one_vec_dot_per_element() {
     let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
-        let (ane, bne) = ([512, 19, 1, 1], [512, 17, 1, 1]);
+        let k = if ty.block_size() == 256 { 512 } else { 640 };
+        let (ane, bne) = ([k, 19, 1, 1], [k, 17, 1, 1]);
         let c = case(ty, ane, bne, 500);
-        let k = ane[0];
-        let (ra, rb) = (ty.row_size(k).unwrap(), DType::Q8_K.row_size(k).unwrap());
+        let vd = ty.vec_dot_type();
+        let (ra, rb) = (ty.row_size(k).unwrap(), vd.row_size(k).unwrap());
         let mut b_q = vec![0u8; rb * c.b.len() / k];
-        quantize_for_dot(DType::Q8_K, &c.b, &mut b_q).unwrap();
+        quantize_for_dot(vd, &c.b, &mut b_q).unwrap();
         let got = run(&c, Isa::best(), 2);
         let scale = got.iter().fold(0f32, |m, v| m.max(v.abs()));
         let (m, n) = (ane[1], bne[1]);
@@ -124,20 +140,28 @@ fn int_gemm_matches_one_vec_dot_per_element() {
     }
 }
 
-/// b already in Q8_K (the vec-dot type) gives bitwise what F32 b, converted by the op, gives.
+/// b already in the vec-dot type (Q8_K, Q8_0, Q8_1) gives bitwise what F32 b, converted by the
+/// op, gives.
 #[test]
-fn int_gemm_b_in_q8_k_matches_f32_b() {
+fn int_gemm_b_in_vec_dot_type_matches_f32_b() {
     let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    for ty in [DType::Q4_K, DType::Q6_K, DType::IQ4_XS] {
-        let (ane, bne) = ([512, 70, 1, 1], [512, 21, 1, 1]);
+    for (ty, k) in [
+        (DType::Q4_K, 512),
+        (DType::Q6_K, 512),
+        (DType::IQ4_XS, 512),
+        (DType::Q4_0, 576),
+        (DType::Q5_1, 576),
+    ] {
+        let (ane, bne) = ([k, 70, 1, 1], [k, 21, 1, 1]);
         let c = case(ty, ane, bne, 900);
         let want = run(&c, Isa::best(), 2);
-        let mut b_q = vec![0u8; DType::Q8_K.row_size(c.b.len()).unwrap()];
-        quantize_for_dot(DType::Q8_K, &c.b, &mut b_q).unwrap();
+        let vd = ty.vec_dot_type();
+        let mut b_q = vec![0u8; vd.row_size(c.b.len()).unwrap()];
+        quantize_for_dot(vd, &c.b, &mut b_q).unwrap();
         let be = CpuBackend::with_threads(2).unwrap();
         let mut g = Graph::new();
         let a = g.input(ty, &ane).unwrap();
-        let b = g.input(DType::Q8_K, &bne).unwrap();
+        let b = g.input(vd, &bne).unwrap();
         let y = g.mul_mat(a, b).unwrap();
         g.set_output(y);
         let mut p = Plan::with_guards(g, &be, 64).unwrap();
@@ -147,6 +171,6 @@ fn int_gemm_b_in_q8_k_matches_f32_b() {
         p.check_guards().unwrap();
         let got = p.output::<f32>(y).unwrap();
         let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "{ty}: q8_K b differs from F32 b");
+        assert!(same, "{ty}: {vd} b differs from F32 b");
     }
 }

@@ -19,6 +19,18 @@
 //! so every tier that forms the same float expression gives the same bits: `f = s1 * d`, then
 //! `f = fma(-dmin, s2, f)` for types with mins, then `acc = acc + f * da` with the product rounded
 //! first. The K walk is in super-block order whatever the thread count.
+//!
+//! Block types (Q8_0 / Q8_1 activations) have float scales per sub-block `j` of 16 or 32 on both
+//! sides (`fscales`, `ds`), so their kernels scale every sub-block's integer sum in f32:
+//!
+//! ```text
+//! f = (sum_{i in j} codes[r][i] * a[c][i] - bias * bsum[j][c]) * ds[j][c]
+//! acc[r][c] = fma(f, fscales[r][j], acc[r][c])
+//! acc[r][c] = fma(ms[j][c], fmins[r][j], acc[r][c])                (Q4_1, Q5_1: Q8_1's s)
+//! ```
+//!
+//! A row shorter than a whole number of super-blocks ends in a padded one: codes, scales and
+//! sums 0, which adds exactly 0.
 
 use crate::dtype::QK_K;
 
@@ -39,8 +51,12 @@ pub(crate) struct WBand {
     pub mins: [i32; IG_MR * 16],
     pub d: [f32; IG_MR],
     pub dmin: [f32; IG_MR],
+    /// Float scale of sub-block `j` of row `r` at `fscales[r * 16 + j]` (block types).
+    pub fscales: [f32; IG_MR * 16],
+    /// Float min of sub-block `j` of row `r` at `fmins[r * 16 + j]` (block types with mins).
+    pub fmins: [f32; IG_MR * 16],
 }
-const _: () = assert!(size_of::<WBand>() == 3136);
+const _: () = assert!(size_of::<WBand>() == 4160);
 
 /// One panel of [`IG_NR`] activation columns over one super-block.
 #[repr(C, align(64))]
@@ -53,31 +69,57 @@ pub(crate) struct ABlock {
     pub bsums: [i32; 16 * IG_NR],
     /// Q8_K scale of each column (0 for padding columns).
     pub d: [f32; IG_NR],
+    /// Q8_0 / Q8_1 scale of sub-block `j`, column `c` at `ds[j * 16 + c]` (block types).
+    pub ds: [f32; 16 * IG_NR],
+    /// Q8_1's `s` (the block's scale times its level sum) of sub-block `j`, column `c` at
+    /// `ms[j * 16 + c]` (block types with mins).
+    pub ms: [f32; 16 * IG_NR],
 }
-const _: () = assert!(size_of::<ABlock>() == 5184);
+const _: () = assert!(size_of::<ABlock>() == 7232);
 
 /// One band x one panel x one super-block into `acc[r][c]` (see the module notes). Every tier's
 /// kernel gives the same bits as [`igemm_generic`].
 pub(crate) type IgemmFn = fn(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]);
 
-/// The kernels of one tier, for the four (sub-block size, mins) combinations.
+/// The kernels of one tier, for the four (sub-block size, mins) combinations with integer
+/// scales and the three with float scales (no block type has mins per 16).
 #[derive(Clone, Copy)]
 pub(crate) struct IgemmKernels {
     pub sub16: IgemmFn,
     pub sub16_min: IgemmFn,
     pub sub32: IgemmFn,
     pub sub32_min: IgemmFn,
+    pub blk16: IgemmFn,
+    pub blk32: IgemmFn,
+    pub blk32_min: IgemmFn,
 }
 
 impl IgemmKernels {
-    pub(crate) fn get(&self, sub: usize, has_min: bool) -> IgemmFn {
-        match (sub, has_min) {
-            (16, false) => self.sub16,
-            (16, true) => self.sub16_min,
-            (_, false) => self.sub32,
-            (_, true) => self.sub32_min,
+    /// The kernel for sub-blocks of `sub` elements, with or without mins, with integer or float
+    /// (`float_scales`) sub-block scales.
+    pub(crate) fn get(&self, sub: usize, has_min: bool, float_scales: bool) -> IgemmFn {
+        match (float_scales, sub, has_min) {
+            (false, 16, false) => self.sub16,
+            (false, 16, true) => self.sub16_min,
+            (false, _, false) => self.sub32,
+            (false, _, true) => self.sub32_min,
+            (true, 16, _) => self.blk16,
+            (true, _, false) => self.blk32,
+            (true, _, true) => self.blk32_min,
         }
     }
+
+    /// Every (sub, has_min, float_scales) combination `get` distinguishes.
+    #[cfg(test)]
+    pub(crate) const KINDS: [(usize, bool, bool); 7] = [
+        (16, false, false),
+        (16, true, false),
+        (32, false, false),
+        (32, true, false),
+        (16, false, true),
+        (32, false, true),
+        (32, true, true),
+    ];
 }
 
 /// The portable kernels: the reference every SIMD kernel is tested against bit for bit.
@@ -87,7 +129,53 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     sub16_min: igemm_generic::<16, true>,
     sub32: igemm_generic::<32, false>,
     sub32_min: igemm_generic::<32, true>,
+    blk16: igemm_blocks_generic::<16, false>,
+    blk32: igemm_blocks_generic::<32, false>,
+    blk32_min: igemm_blocks_generic::<32, true>,
 };
+
+/// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,
+/// per column (wrapping, as `vpdpbusd`).
+#[cfg(test)]
+fn raw_sums<const SUB: usize>(w: &WBand, a: &ABlock, r: usize, j: usize) -> [i32; IG_NR] {
+    let codes = &w.codes[r * QK_K..(r + 1) * QK_K];
+    let mut raw = [0i32; IG_NR];
+    for g in j * SUB / 4..(j + 1) * SUB / 4 {
+        let wq = &codes[4 * g..4 * g + 4];
+        let aq = &a.codes[g * 64..g * 64 + 64];
+        for c in 0..IG_NR {
+            let mut s = 0i32;
+            for e in 0..4 {
+                s += wq[e] as i32 * aq[c * 4 + e] as i32;
+            }
+            raw[c] = raw[c].wrapping_add(s);
+        }
+    }
+    raw
+}
+
+/// The float-scale micro-kernel in plain Rust (module notes).
+#[cfg(test)]
+pub(crate) fn igemm_blocks_generic<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+) {
+    for (r, row) in acc.iter_mut().enumerate() {
+        for j in 0..QK_K / SUB {
+            let raw = raw_sums::<SUB>(w, a, r, j);
+            let (ws, wm) = (w.fscales[r * 16 + j], w.fmins[r * 16 + j]);
+            for (c, v) in row.iter_mut().enumerate() {
+                let corr = if MIN { raw[c] } else { raw[c].wrapping_sub(a.bsums[j * IG_NR + c]) };
+                let f = corr as f32 * a.ds[j * IG_NR + c];
+                *v = f.mul_add(ws, *v);
+                if MIN {
+                    *v = a.ms[j * IG_NR + c].mul_add(wm, *v);
+                }
+            }
+        }
+    }
+}
 
 /// The micro-kernel in plain Rust: the definition every SIMD kernel is tested against.
 #[cfg(test)]
@@ -100,20 +188,8 @@ pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
     for r in 0..IG_MR {
         let mut s1 = [0i32; IG_NR];
         let mut s2 = [0i32; IG_NR];
-        let codes = &w.codes[r * QK_K..(r + 1) * QK_K];
         for j in 0..nsub {
-            let mut raw = [0i32; IG_NR];
-            for g in j * SUB / 4..(j + 1) * SUB / 4 {
-                let wq = &codes[4 * g..4 * g + 4];
-                let aq = &a.codes[g * 64..g * 64 + 64];
-                for c in 0..IG_NR {
-                    let mut s = 0i32;
-                    for e in 0..4 {
-                        s += wq[e] as i32 * aq[c * 4 + e] as i32;
-                    }
-                    raw[c] = raw[c].wrapping_add(s);
-                }
-            }
+            let raw = raw_sums::<SUB>(w, a, r, j);
             let bs = &a.bsums[j * IG_NR..(j + 1) * IG_NR];
             let (sc, mn) = (w.scales[r * 16 + j], w.mins[r * 16 + j]);
             for c in 0..IG_NR {
@@ -158,6 +234,43 @@ pub(crate) fn pack_q8k_column(
     a.d[c] = d;
 }
 
+/// Regroups the Q8_0 / Q8_1 blocks of one column's row (`blocks_q`: `(d, s, levels)` per 32
+/// elements, at most 8, from the super-block's start) into column `c` of panel block `a`, with
+/// scales per `sub` (16 or 32) and level sums times `bias`; the rest of the super-block's
+/// column is zeroed (a row's last, partial super-block).
+pub(crate) fn pack_q8_blocks_column(
+    a: &mut ABlock,
+    c: usize,
+    blocks_q: impl ExactSizeIterator<Item = (f32, f32, [i8; 32])>,
+    sub: usize,
+    bias: i32,
+) {
+    let n = blocks_q.len();
+    debug_assert!(n <= QK_K / 32);
+    let per = 32 / sub;
+    for (b, (d, s, qs)) in blocks_q.enumerate() {
+        for e in 0..8 {
+            let g = b * 8 + e;
+            a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].copy_from_slice(&qs[4 * e..4 * e + 4]);
+        }
+        for (h, part) in qs.chunks_exact(sub).enumerate() {
+            let j = b * per + h;
+            let sum: i32 = part.iter().map(|&v| v as i32).sum();
+            a.bsums[j * IG_NR + c] = sum * bias;
+            a.ds[j * IG_NR + c] = d;
+            a.ms[j * IG_NR + c] = s;
+        }
+    }
+    for g in n * 8..QK_K / 4 {
+        a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].fill(0);
+    }
+    for j in n * per..QK_K / sub {
+        a.bsums[j * IG_NR + c] = 0;
+        a.ds[j * IG_NR + c] = 0.0;
+        a.ms[j * IG_NR + c] = 0.0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +302,12 @@ mod tests {
                 *d = (xorshift(&mut s) % 1000) as f32 * 1e-4;
                 *dm = (xorshift(&mut s) % 1000) as f32 * 1e-4;
             }
+            for v in w.fscales.iter_mut().chain(w.fmins.iter_mut()) {
+                *v = ((xorshift(&mut s) % 2000) as f32 - 1000.0) * 1e-4;
+            }
+            for v in a.ds.iter_mut().chain(a.ms.iter_mut()) {
+                *v = (xorshift(&mut s) % 1000) as f32 * 1e-3;
+            }
             for q in a.codes.iter_mut() {
                 *q = if extreme { -128 } else { xorshift(&mut s) as i8 };
             }
@@ -200,14 +319,14 @@ mod tests {
             }
             for isa in Isa::ALL {
                 let Some(k) = table_for(isa).and_then(|t| t.igemm) else { continue };
-                for (sub, min) in [(16, false), (16, true), (32, false), (32, true)] {
+                for (sub, min, fl) in IgemmKernels::KINDS {
                     let mut want = [[0.5f32; IG_NR]; IG_MR];
                     let mut got = want;
-                    (SCALAR.get(sub, min))(&w, &a, &mut want);
-                    (k.get(sub, min))(&w, &a, &mut got);
+                    (SCALAR.get(sub, min, fl))(&w, &a, &mut want);
+                    (k.get(sub, min, fl))(&w, &a, &mut got);
                     let same = want.iter().flatten().zip(got.iter().flatten());
                     for (x, y) in same {
-                        assert_eq!(x.to_bits(), y.to_bits(), "{isa:?} sub {sub} min {min}");
+                        assert_eq!(x.to_bits(), y.to_bits(), "{isa:?} {sub} {min} {fl}");
                     }
                 }
             }

@@ -18,7 +18,6 @@ use super::mul_mat_repack as mmr;
 use super::{NodeCtx, split};
 use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
-use crate::dtype::QK_K;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
 use crate::kernels::igemm::{ABlock, IG_NR};
@@ -109,20 +108,17 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
         && mul_mat_f::types_ok(a.dtype, b.dtype);
     let panels = off;
     let gemm_scratch = off;
-    let nkb = k / QK_K;
+    let nkb = mul_mat_q::k_steps(k);
     let n_ipanels = n_pairs / IG_NR + n_as.min(n_pairs / mul_mat_q::MIN_N);
     let iblock_bytes = n_ipanels.saturating_mul(nkb).saturating_mul(size_of::<ABlock>());
-    let int = if !repack
-        && n_pairs >= mul_mat_q::MIN_N
-        && vd == DType::Q8_K
-        && k.is_multiple_of(QK_K)
-        && (b.dtype == DType::F32 || b.dtype == DType::Q8_K)
-        && iblock_bytes <= mul_mat_f::MAX_PACKED
-    {
-        int_format(a.dtype)
-    } else {
-        None
-    };
+    let int = int_format(a.dtype).filter(|f| {
+        !repack
+            && n_pairs >= mul_mat_q::MIN_N
+            && f.act == vd
+            && k.is_multiple_of(vd.block_size())
+            && (b.dtype == DType::F32 || b.dtype == vd)
+            && iblock_bytes <= mul_mat_f::MAX_PACKED
+    });
     let mut l = Layout {
         repack,
         conv,
@@ -296,15 +292,15 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
 }
 
 /// Phase 1 with the integer GEMM: the activation blocks of every integer-GEMM expert (16 of its
-/// pairs per panel), from the Q8_K rows phase 0 converted.
+/// pairs per panel), from the activation rows (Q8_K, Q8_0 or Q8_1) phase 0 converted.
 fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let Some(fmt) = l.int.as_ref().filter(|_| l.int_on) else {
         return Ok(());
     };
     let a = ctx.src(0);
     let k = a.ne[0];
-    let nkb = k / QK_K;
-    let q8_bytes = DType::Q8_K.row_bytes(k);
+    let nkb = mul_mat_q::k_steps(k);
+    let q8_bytes = fmt.act.row_bytes(k);
     // SAFETY: pack_int_panels runs in phase 1, after phase 0's grouping.
     let (offsets, pairs) = unsafe { grouping(ctx, l) };
     let int_panels = |count| if int_expert(l, count) { count.div_ceil(IG_NR) } else { 0 };
@@ -322,7 +318,8 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
             match group.get(pi * IG_NR + c) {
                 Some(&p) => {
                     // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row is in
-                    // Q8_K (b's own contiguous row, or converted in phase 0), q8_bytes long.
+                    // the activation type (b's own contiguous row, or converted in phase 0),
+                    // q8_bytes long.
                     let q8 = unsafe { std::slice::from_raw_parts(b_row_ptr(ctx, l, p), q8_bytes) };
                     mul_mat_q::pack_column(fmt, q8, blocks, c);
                 }
@@ -533,7 +530,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             let (tm, tn) = (local % blocks_m, local / blocks_m);
             let (i0, i1) = (tm * mul_mat_q::MC, ((tm + 1) * mul_mat_q::MC).min(m));
             let cols = &group[tn * mul_mat_q::NC..((tn + 1) * mul_mat_q::NC).min(group.len())];
-            let nkb = k / QK_K;
+            let nkb = mul_mat_q::k_steps(k);
             let p0 = first_ipanel(&l, offsets, e) + tn * mul_mat_q::NC / IG_NR;
             // SAFETY: phase 1 packed these blocks and the barrier published them; the scratch
             // area is this worker's (layout).
@@ -556,13 +553,13 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 .kt
                 .igemm
                 .ok_or_else(|| unsupported("no integer GEMM kernels in this tier".into()))?
-                .get(fmt.sub, fmt.has_min);
+                .get(fmt.sub, fmt.has_min, fmt.float_scales());
             let bsize = a.dtype.type_size();
             mul_mat_q::int_block(
                 fmt,
                 kernel,
                 bsize,
-                nkb,
+                k,
                 i0,
                 i1,
                 a_row,

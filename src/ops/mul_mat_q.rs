@@ -1,12 +1,15 @@
-//! `mul_mat` with several columns as an integer GEMM, for weights whose vec-dot type is Q8_K
-//! (K-quants, IQ and ternary types): int8 products summed exactly in int32 per sub-block, the
-//! sub-block scales applied in int32 and the block scales in f32 (`kernels::igemm`). It runs on
-//! the tiers that have integer kernels (`KernelTable::igemm`: AVX-512 VNNI); the others keep the
-//! f32 GEMM of `mul_mat_f`, which is faster there.
+//! `mul_mat` with several columns as an integer GEMM, for weights with an integer form
+//! (`quant::unpack`): the K-quants, IQ and ternary types against Q8_K activations, the legacy
+//! types, IQ4_NL, MXFP4, NVFP4, Q1_0 and Q2_0 against Q8_0 / Q8_1. int8 products are summed
+//! exactly in int32 per sub-block; the sub-block scales are applied in int32 and the block scales
+//! in f32 (super-block types), or all scales in f32 per sub-block (block types)
+//! (`kernels::igemm`). It runs on the tiers that have integer kernels (`KernelTable::igemm`:
+//! AVX-512 VNNI); the others keep the f32 GEMM of `mul_mat_f`, which is faster there.
 //!
-//! Phase 0 (all threads) quantizes b's columns to Q8_K with the CPU's `from_float`, as ggml does
-//! for these types (or takes b's Q8_K rows as they are), and regroups them into panels of 16
-//! columns per super-block (`ABlock`).
+//! Phase 0 (all threads) quantizes b's columns to the weight type's vec-dot type with the CPU's
+//! `from_float`, as ggml does (or takes b's rows as they are when already in that type), and
+//! regroups them into panels of 16 columns per 256 elements of K (`ABlock`; a row of a block type
+//! whose length is not a multiple of 256 ends in a zero-padded one).
 //! Phase 1 hands out tasks of up to [`MC`] weight rows by [`NC`] columns through the node's
 //! counter; a task walks K one super-block at a time, unpacks its rows' block into bands of 8
 //! (`WBand`, in the worker's scratch) and runs the micro-kernel on every (panel, band) pair into
@@ -16,9 +19,11 @@
 use super::NodeCtx;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
-use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmFn, WBand, pack_q8k_column};
+use crate::kernels::igemm::{
+    ABlock, IG_MR, IG_NR, IgemmFn, WBand, pack_q8_blocks_column, pack_q8k_column,
+};
 use crate::plan::{ExecNode, TView, align_up};
-use crate::quant::unpack::{IntFormat, int_format};
+use crate::quant::unpack::{IntFormat, Unpack, int_format};
 use std::sync::atomic::Ordering;
 
 /// Weight rows per task (at most; fewer when that gives each thread several tasks).
@@ -37,14 +42,21 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
     let (Some(a), Some(b)) = (node.src[0].as_ref(), node.src[1].as_ref()) else {
         return false;
     };
+    let Some(fmt) = int_format(a.dtype) else {
+        return false;
+    };
     !a.repacked
         && node.dst.ne[1] >= MIN_N
-        && (b.dtype == DType::F32 || b.dtype == DType::Q8_K && b.nb[0] == b.dtype.type_size())
+        && (b.dtype == DType::F32 || b.dtype == fmt.act && b.nb[0] == b.dtype.type_size())
         && a.ne[0] > 0
-        && a.ne[0].is_multiple_of(QK_K)
-        && a.dtype.vec_dot_type() == DType::Q8_K
-        && int_format(a.dtype).is_some()
+        && a.ne[0].is_multiple_of(a.dtype.block_size())
+        && a.ne[0].is_multiple_of(fmt.act.block_size())
         && packed_bytes(b) <= super::mul_mat_f::MAX_PACKED
+}
+
+/// 256-element steps of K (the last one padded for block types).
+pub(crate) fn k_steps(k: usize) -> usize {
+    k.div_ceil(QK_K)
 }
 
 fn batches(b: &TView) -> usize {
@@ -60,7 +72,7 @@ fn panels(n: usize) -> usize {
 fn packed_bytes(b: &TView) -> usize {
     batches(b)
         .saturating_mul(panels(b.ne[1]))
-        .saturating_mul(b.ne[0] / QK_K)
+        .saturating_mul(k_steps(b.ne[0]))
         .saturating_mul(size_of::<ABlock>())
 }
 
@@ -75,10 +87,11 @@ fn task_rows(m: usize, n: usize, batches: usize, nth: usize) -> usize {
     mc
 }
 
-/// Per-thread scratch: phase 0 needs one f32 column and its Q8_K blocks; phase 1 the unpacked
-/// bands and the f32 tile. They share the area.
+/// Per-thread scratch: phase 0 needs one f32 column and its activation blocks (Q8_K is the
+/// largest per element of the three); phase 1 the unpacked bands and the f32 tile. They share
+/// the area.
 fn scratch_bytes(k: usize) -> usize {
-    let pack = align_up(k * 4, 64) + align_up(k / QK_K * Q8K_BYTES, 64);
+    let pack = align_up(k * 4, 64) + align_up(k.div_ceil(32) * 36, 64).max(k_steps(k) * Q8K_BYTES);
     pack.max(BLOCK_SCRATCH)
 }
 
@@ -132,17 +145,18 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let fmt = format_of(a.dtype)?;
     let from = ctx
         .kt
-        .activation_converter(DType::Q8_K)
-        .ok_or_else(|| unsupported("no f32 -> q8_K conversion".into()))?;
+        .activation_converter(fmt.act)
+        .ok_or_else(|| unsupported(format!("no f32 -> {} conversion", fmt.act)))?;
     let (k, n) = (b.ne[0], b.ne[1]);
-    let nkb = k / QK_K;
+    let nkb = k_steps(k);
+    let q8_bytes = fmt.act.row_bytes(k);
     let np = panels(n);
     let units = batches(b) * np;
     // SAFETY: this worker's own scratch area (one call per phase).
     let sc = unsafe { scratch(ctx, ith) };
     let (colf, rest) = sc.split_at_mut(align_up(k * 4, 64));
     let colf: &mut [f32] = bytemuck::try_cast_slice_mut(&mut colf[..k * 4]).map_err(layout)?;
-    let q8 = &mut rest[..nkb * Q8K_BYTES];
+    let q8 = &mut rest[..q8_bytes];
     // SAFETY: see act_blocks; units are split between workers, so this worker alone writes the
     // blocks of its units.
     let blocks = unsafe { act_blocks(ctx) };
@@ -159,10 +173,10 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         }
         for c in 0..IG_NR.min(n - p * IG_NR) {
             let j = p * IG_NR + c;
-            if b.dtype == DType::Q8_K {
-                // SAFETY: j < b.ne[1], (i2, i3) below b's dims; b's rows are nkb contiguous
-                // Q8_K blocks (applies).
-                let row = unsafe { std::slice::from_raw_parts(b.row(j, i2, i3), nkb * Q8K_BYTES) };
+            if b.dtype == fmt.act {
+                // SAFETY: j < b.ne[1], (i2, i3) below b's dims; b's rows are contiguous blocks
+                // of the activation type, q8_bytes long (applies).
+                let row = unsafe { std::slice::from_raw_parts(b.row(j, i2, i3), q8_bytes) };
                 pack_column(&fmt, row, ab, c);
                 continue;
             }
@@ -178,11 +192,36 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     Ok(())
 }
 
-/// Regroups one column's Q8_K row (`q8`, whole blocks) into column `c` of a panel's blocks.
+/// Regroups one column's row in the activation type (`q8`: Q8_K, Q8_0 or Q8_1, whole blocks)
+/// into column `c` of a panel's blocks (one per 256 elements).
 pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: usize) {
-    for (blk, q) in blocks.iter_mut().zip(q8.chunks_exact(Q8K_BYTES)) {
-        let qb: crate::quant::kquants::BlockQ8K = bytemuck::pod_read_unaligned(q);
-        pack_q8k_column(blk, c, &qb.qs, &qb.bsums, qb.d, fmt.sub, fmt.bias);
+    use crate::quant::legacy::{BlockQ8_0, BlockQ8_1};
+    use crate::quant::util::fp16_to_fp32;
+    match fmt.act {
+        DType::Q8_K => {
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks_exact(Q8K_BYTES)) {
+                let qb: crate::quant::kquants::BlockQ8K = bytemuck::pod_read_unaligned(q);
+                pack_q8k_column(blk, c, &qb.qs, &qb.bsums, qb.d, fmt.sub, fmt.bias);
+            }
+        }
+        DType::Q8_1 => {
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * size_of::<BlockQ8_1>())) {
+                let it = q.chunks_exact(size_of::<BlockQ8_1>()).map(|q| {
+                    let qb: BlockQ8_1 = bytemuck::pod_read_unaligned(q);
+                    (fp16_to_fp32(qb.d), fp16_to_fp32(qb.s), qb.qs)
+                });
+                pack_q8_blocks_column(blk, c, it, fmt.sub, fmt.bias);
+            }
+        }
+        _ => {
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * size_of::<BlockQ8_0>())) {
+                let it = q.chunks_exact(size_of::<BlockQ8_0>()).map(|q| {
+                    let qb: BlockQ8_0 = bytemuck::pod_read_unaligned(q);
+                    (fp16_to_fp32(qb.d), 0.0, qb.qs)
+                });
+                pack_q8_blocks_column(blk, c, it, fmt.sub, fmt.bias);
+            }
+        }
     }
 }
 
@@ -194,6 +233,8 @@ pub(crate) fn zero_column(blocks: &mut [ABlock], c: usize) {
         }
         for j in 0..16 {
             blk.bsums[j * IG_NR + c] = 0;
+            blk.ds[j * IG_NR + c] = 0.0;
+            blk.ms[j * IG_NR + c] = 0.0;
         }
         blk.d[c] = 0.0;
     }
@@ -207,9 +248,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         .kt
         .igemm
         .ok_or_else(|| unsupported("no integer GEMM kernels in this tier".into()))?
-        .get(fmt.sub, fmt.has_min);
+        .get(fmt.sub, fmt.has_min, fmt.float_scales());
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
-    let nkb = k / QK_K;
+    let nkb = k_steps(k);
     let np = panels(n);
     let nbatch = d.ne[2] * d.ne[3];
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
@@ -240,7 +281,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         // SAFETY: i < m = a.ne[1], (i2 / r2, i3 / r3) inside a (broadcast checked at build);
         // a's rows are contiguous whole blocks (build check).
         let a_row = |i: usize| unsafe { a.row(i, i2 / r2, i3 / r3) as *const u8 };
-        int_block(&fmt, kernel, bsize, nkb, i0, i1, a_row, ab, (n - j0).min(NC), sc, |i, j, v| {
+        int_block(&fmt, kernel, bsize, k, i0, i1, a_row, ab, (n - j0).min(NC), sc, |i, j, v| {
             // SAFETY: i < m, j0 + j < n, (i2, i3) below dst's dims 2 and 3; the element belongs
             // to this task, which only this worker took.
             unsafe {
@@ -257,14 +298,15 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 pub(crate) const BLOCK_SCRATCH: usize = (MC / IG_MR) * size_of::<WBand>() + MC * NC * 4;
 
 /// One task of the integer GEMM: weight rows `i0..i1` (at most [`MC`]; `a_row(i)` points at row
-/// `i`'s `nkb` blocks of `bsize` bytes) against `ncols` (at most [`NC`]) packed columns (`ab`:
-/// panel-major, `nkb` blocks per panel), calling `write(i, j, value)` once per output.
+/// `i`'s `k` elements in whole blocks of `bsize` bytes) against `ncols` (at most [`NC`]) packed
+/// columns (`ab`: panel-major, `k_steps(k)` blocks per panel), calling `write(i, j, value)` once
+/// per output.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn int_block(
     fmt: &IntFormat,
     kernel: IgemmFn,
     bsize: usize,
-    nkb: usize,
+    k: usize,
     i0: usize,
     i1: usize,
     a_row: impl Fn(usize) -> *const u8,
@@ -274,6 +316,7 @@ pub(crate) fn int_block(
     mut write: impl FnMut(usize, usize, f32),
 ) -> Result<()> {
     debug_assert!(i1 - i0 <= MC && ncols <= NC);
+    let nkb = k_steps(k);
     let np = ncols.div_ceil(IG_NR);
     let nbands = (i1 - i0).div_ceil(IG_MR);
     if ab.len() < np * nkb || i1 - i0 > MC || ncols > NC {
@@ -294,17 +337,45 @@ pub(crate) fn int_block(
         for (r, i) in (i0..i1).enumerate() {
             let band = &mut bands[r / IG_MR];
             let rr = r % IG_MR;
-            // SAFETY: the caller's a_row(i) points at nkb whole blocks; kb < nkb.
-            let src = unsafe { std::slice::from_raw_parts(a_row(i).add(kb * bsize), bsize) };
             let codes: &mut [u8; QK_K] =
                 (&mut band.codes[rr * QK_K..(rr + 1) * QK_K]).try_into().expect("256 codes");
-            let scales: &mut [i32; 16] =
-                (&mut band.scales[rr * 16..rr * 16 + 16]).try_into().expect("16 scales");
-            let mins: &mut [i32; 16] =
-                (&mut band.mins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
-            let (dd, dmin) = (fmt.unpack)(src, codes, scales, mins);
-            band.d[rr] = dd;
-            band.dmin[rr] = dmin;
+            match fmt.unpack {
+                Unpack::Super(unpack) => {
+                    // SAFETY: the caller's a_row(i) points at nkb whole super-blocks; kb < nkb.
+                    let src =
+                        unsafe { std::slice::from_raw_parts(a_row(i).add(kb * bsize), bsize) };
+                    let scales: &mut [i32; 16] =
+                        (&mut band.scales[rr * 16..rr * 16 + 16]).try_into().expect("16 scales");
+                    let mins: &mut [i32; 16] =
+                        (&mut band.mins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
+                    let (dd, dmin) = unpack(src, codes, scales, mins);
+                    band.d[rr] = dd;
+                    band.dmin[rr] = dmin;
+                }
+                Unpack::Blocks { elems, f } => {
+                    let (per, ns) = (QK_K / elems, elems / fmt.sub);
+                    let here = (k - kb * QK_K).min(QK_K) / elems;
+                    let scales = &mut band.fscales[rr * 16..rr * 16 + 16];
+                    let mins = &mut band.fmins[rr * 16..rr * 16 + 16];
+                    for b in 0..here {
+                        // SAFETY: a_row(i) points at k / elems whole blocks of bsize bytes, and
+                        // kb * per + b < k / elems (b < here).
+                        let src = unsafe {
+                            std::slice::from_raw_parts(a_row(i).add((kb * per + b) * bsize), bsize)
+                        };
+                        f(
+                            src,
+                            &mut codes[b * elems..(b + 1) * elems],
+                            &mut scales[b * ns..(b + 1) * ns],
+                            &mut mins[b * ns..(b + 1) * ns],
+                        );
+                    }
+                    // The last step of a row that is not a whole number of them: zero padding.
+                    codes[here * elems..].fill(0);
+                    scales[here * ns..].fill(0.0);
+                    mins[here * ns..].fill(0.0);
+                }
+            }
         }
         for p in 0..np {
             let a = &ab[p * nkb + kb];

@@ -295,13 +295,13 @@ fn pack_qh(l: &[u8; 32]) -> [u8; 4] {
 
 /// The 4-bit quants of a block in element order (low nibbles are elements 0..16).
 #[inline(always)]
-fn unpack_nibbles(qs: &[u8; 16]) -> [u8; 32] {
+pub(crate) fn unpack_nibbles(qs: &[u8; 16]) -> [u8; 32] {
     std::array::from_fn(|j| if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 })
 }
 
 /// The 5-bit quants of a block in element order: nibbles plus the bit of `qh`.
 #[inline(always)]
-fn unpack_q5(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
+pub(crate) fn unpack_q5(qs: &[u8; 16], qh: [u8; 4]) -> [u8; 32] {
     let qh = u32::from_le_bytes(qh);
     let mut v = unpack_nibbles(qs);
     for (j, q) in v.iter_mut().enumerate() {

@@ -1,7 +1,13 @@
-//! Weights of the Q8_K-family types (K-quants, IQ and ternary formats) as unsigned 8-bit codes
-//! with integer sub-block scales: the form the integer GEMM multiplies against Q8_K activations.
+//! Weights as unsigned 8-bit codes with sub-block scales: the form the integer GEMM multiplies
+//! against int8 activations. Two families:
 //!
-//! Element `i` of a 256-element super-block is, for the values one `unpack` returns,
+//! - **Super-blocks** (K-quants, IQ and ternary formats; Q8_K activations): integer sub-block
+//!   scales and mins, two float scales per 256 elements ([`Unpack::Super`], below).
+//! - **Blocks** (legacy, IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0; Q8_0 / Q8_1 activations): a float scale
+//!   per 16 or 32 elements, and a float min per block for Q4_1 / Q5_1 ([`Unpack::Blocks`]):
+//!   `w[i] = scales[i / sub] * (codes[i] - bias) + mins[i / sub]`.
+//!
+//! Element `i` of a 256-element super-block is, for the values one super-block `unpack` returns,
 //!
 //! ```text
 //! w[i] = d * scales[i / sub] * (codes[i] - bias) - dmin * mins[i / sub]
@@ -17,6 +23,8 @@
 use crate::dtype::{DType, QK_K};
 use crate::quant::util::fp16_to_fp32;
 
+mod blocks;
+
 /// Unpacks one super-block (`block` is exactly the type's block size) into 256 codes and
 /// `256 / sub` scales and mins (the rest of the arrays is left as it was); returns `(d, dmin)`.
 pub(crate) type UnpackFn = fn(
@@ -26,6 +34,21 @@ pub(crate) type UnpackFn = fn(
     mins: &mut [i32; 16],
 ) -> (f32, f32);
 
+/// Unpacks one block of a Q8_0-family type (`block` is exactly the type's block size) into its
+/// codes (`codes.len()` is the block's element count) and one float scale (and min) per `sub`
+/// elements (`scales.len()`, `mins.len()`: elements / sub; mins untouched without them).
+pub(crate) type BlockUnpackFn =
+    fn(block: &[u8], codes: &mut [u8], scales: &mut [f32], mins: &mut [f32]);
+
+/// The two families of integer forms (module notes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Unpack {
+    /// One 256-element super-block per call, integer scales.
+    Super(UnpackFn),
+    /// One block of `elems` elements (32, 64 or 128) per call, float scales.
+    Blocks { elems: usize, f: BlockUnpackFn },
+}
+
 /// How one weight type maps onto the integer form.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct IntFormat {
@@ -33,14 +56,29 @@ pub(crate) struct IntFormat {
     pub sub: usize,
     /// Constant subtracted from every code (signed levels made unsigned); 0 for types with mins.
     pub bias: i32,
-    /// Whether the type has per-sub-block mins (`dmin * mins[j]`).
+    /// Whether the type has per-sub-block mins (`dmin * mins[j]`, or the float `mins[j]`).
     pub has_min: bool,
-    pub unpack: UnpackFn,
+    /// The activation type the products take (the weight type's vec-dot type): Q8_K for
+    /// super-blocks, Q8_0 or Q8_1 for blocks.
+    pub act: DType,
+    pub unpack: Unpack,
 }
 
-/// The integer form of `d`, for the types whose vec-dot type is Q8_K.
+impl IntFormat {
+    /// A super-block form (Q8_K activations).
+    pub(crate) fn superblock(sub: usize, bias: i32, has_min: bool, f: UnpackFn) -> IntFormat {
+        IntFormat { sub, bias, has_min, act: DType::Q8_K, unpack: Unpack::Super(f) }
+    }
+
+    /// Whether the scales are floats (the block family).
+    pub(crate) fn float_scales(&self) -> bool {
+        matches!(self.unpack, Unpack::Blocks { .. })
+    }
+}
+
+/// The integer form of `d`: every type whose vec-dot type is Q8_K, Q8_0 or Q8_1 and has one.
 pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
-    let f = |sub, bias, has_min, unpack| Some(IntFormat { sub, bias, has_min, unpack });
+    let f = |sub, bias, has_min, unpack| Some(IntFormat::superblock(sub, bias, has_min, unpack));
     match d {
         DType::Q2_K => f(16, 0, true, unpack_q2_K as UnpackFn),
         DType::Q3_K => f(16, 4, false, unpack_q3_K),
@@ -50,6 +88,16 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
         DType::IQ4_XS => f(32, 128, false, unpack_iq4_xs),
         DType::TQ1_0 => f(32, 1, false, unpack_tq1_0),
         DType::TQ2_0 => f(32, 1, false, unpack_tq2_0),
+        DType::Q4_0
+        | DType::Q4_1
+        | DType::Q5_0
+        | DType::Q5_1
+        | DType::Q8_0
+        | DType::IQ4_NL
+        | DType::MXFP4
+        | DType::NVFP4
+        | DType::Q1_0
+        | DType::Q2_0 => blocks::int_format(d),
         _ => crate::quant::iq::unpack::int_format(d),
     }
 }
@@ -246,9 +294,25 @@ pub(crate) mod tests {
         let f = int_format(dtype).expect("integer form");
         let bs = dtype.type_size();
         let mut out = Vec::new();
+        let unpack = match f.unpack {
+            Unpack::Super(u) => u,
+            Unpack::Blocks { elems, f: u } => {
+                for b in row.chunks_exact(bs) {
+                    let mut codes = vec![0u8; elems];
+                    let (mut sc, mut mn) = (vec![0f32; elems / f.sub], vec![0f32; elems / f.sub]);
+                    u(b, &mut codes, &mut sc, &mut mn);
+                    for (i, &c) in codes.iter().enumerate() {
+                        let j = i / f.sub;
+                        let m = if f.has_min { mn[j] } else { 0.0 };
+                        out.push(sc[j] * (c as i32 - f.bias) as f32 + m);
+                    }
+                }
+                return out;
+            }
+        };
         for b in row.chunks_exact(bs) {
             let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
-            let (d, dmin) = (f.unpack)(b, &mut codes, &mut sc, &mut mn);
+            let (d, dmin) = unpack(b, &mut codes, &mut sc, &mut mn);
             for (i, &c) in codes.iter().enumerate() {
                 let j = i / f.sub;
                 assert!(sc[j].unsigned_abs() * 255 < 1 << 15, "{dtype}: scale {} too large", sc[j]);
@@ -287,6 +351,24 @@ pub(crate) mod tests {
     #[test]
     fn kquant_integer_forms_rebuild_the_dequantized_weights() {
         for d in [DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+            check_type(d);
+        }
+    }
+
+    #[test]
+    fn block_integer_forms_rebuild_the_dequantized_weights() {
+        for d in [
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q8_0,
+            DType::IQ4_NL,
+            DType::MXFP4,
+            DType::NVFP4,
+            DType::Q1_0,
+            DType::Q2_0,
+        ] {
             check_type(d);
         }
     }

@@ -7,6 +7,8 @@
 //! corrected by the bias sums and multiplied by the row's integer scale into the block sums
 //! (`vpmulld`); the float scales are applied once per super-block. The integer sums equal the
 //! portable kernel's, and the float steps are the same operations, so the bits are the same.
+//! The block types' kernels (`vnni_blocks`) share the product loop and scale every sub-block's
+//! sums in f32 instead.
 
 use std::arch::x86_64::*;
 
@@ -19,6 +21,9 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     sub16_min: vnni::<16, true>,
     sub32: vnni::<32, false>,
     sub32_min: vnni::<32, true>,
+    blk16: vnni_blocks::<16, false>,
+    blk32: vnni_blocks::<32, false>,
+    blk32_min: vnni_blocks::<32, true>,
 };
 
 fn vnni<const SUB: usize, const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]) {
@@ -100,5 +105,78 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
         let p = row.as_mut_ptr();
         // SAFETY: `row` holds 16 floats.
         unsafe { _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(f, da))) };
+    }
+}
+
+fn vnni_blocks<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+) {
+    // SAFETY: as `vnni`.
+    unsafe { vnni_blocks_kernel::<SUB, MIN>(w, a, acc) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+fn vnni_blocks_kernel<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+) {
+    let nsub = QK_K / SUB;
+    let wc = w.codes.as_ptr();
+    let ac = a.codes.as_ptr();
+    let mut out = [_mm512_setzero_ps(); IG_MR];
+    for (o, row) in out.iter_mut().zip(acc.iter()) {
+        // SAFETY: `row` holds 16 floats.
+        *o = unsafe { _mm512_loadu_ps(row.as_ptr()) };
+    }
+    for j in (0..nsub).step_by(2) {
+        let mut raw = [[_mm512_setzero_si512(); IG_MR]; 2];
+        for g in j * SUB / 4..(j + 1) * SUB / 4 {
+            let g2 = g + SUB / 4;
+            // SAFETY: as in `vnni_kernel`: g, g2 < 64.
+            let (av0, av1) = unsafe {
+                (
+                    _mm512_load_si512(ac.add(g * 64) as *const __m512i),
+                    _mm512_load_si512(ac.add(g2 * 64) as *const __m512i),
+                )
+            };
+            for r in 0..IG_MR {
+                // SAFETY: as in `vnni_kernel`.
+                let (w0, w1) = unsafe {
+                    (
+                        (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned(),
+                        (wc.add(r * QK_K + 4 * g2) as *const i32).read_unaligned(),
+                    )
+                };
+                raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], _mm512_set1_epi32(w0), av0);
+                raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], _mm512_set1_epi32(w1), av1);
+            }
+        }
+        for (h, raw) in raw.iter().enumerate() {
+            let jh = j + h;
+            // SAFETY: jh < 16: the 16 entries at jh * 16 are inside `a.bsums`, `a.ds` and
+            // `a.ms` (256 entries each).
+            let (bs, ds, ms) = unsafe {
+                (
+                    _mm512_loadu_si512(a.bsums.as_ptr().add(jh * IG_NR) as *const __m512i),
+                    _mm512_loadu_ps(a.ds.as_ptr().add(jh * IG_NR)),
+                    _mm512_loadu_ps(a.ms.as_ptr().add(jh * IG_NR)),
+                )
+            };
+            for r in 0..IG_MR {
+                let corr = if MIN { raw[r] } else { _mm512_sub_epi32(raw[r], bs) };
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(corr), ds);
+                out[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(w.fscales[r * 16 + jh]), out[r]);
+                if MIN {
+                    out[r] = _mm512_fmadd_ps(ms, _mm512_set1_ps(w.fmins[r * 16 + jh]), out[r]);
+                }
+            }
+        }
+    }
+    for (o, row) in out.iter().zip(acc.iter_mut()) {
+        // SAFETY: `row` holds 16 floats.
+        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), *o) };
     }
 }
