@@ -291,10 +291,11 @@ pub struct KernelTable {
     /// Activation rounding through F16 / BF16 for the float GEMM (in place).
     pub(crate) round_f16: fn(&mut [f32]),
     pub(crate) round_bf16: fn(&mut [f32]),
-    /// Integer GEMM micro-kernels (Q8_K-family weights with several columns), where the tier
-    /// has kernels faster than its f32 GEMM on dequantized weights (AVX-512 VNNI). The portable
-    /// twin (`igemm::SCALAR`) ran at a quarter of the portable f32 GEMM's speed, so the portable
-    /// and AVX2 tiers keep that GEMM.
+    /// Integer GEMM micro-kernels (weights with an integer form, several columns), where the
+    /// tier has kernels faster than its f32 GEMM on dequantized weights: AVX-512 VNNI; on the
+    /// AVX2 tier AVX-VNNI, or `vpmaddubsw` for codes up to 127 (`IgemmKernels::max_code`). The
+    /// portable twin (`igemm::SCALAR`) ran at a quarter of the portable f32 GEMM's speed, so the
+    /// portable tier keeps that GEMM.
     pub(crate) igemm: Option<igemm::IgemmKernels>,
     // --- repacked weights (kernels/repack.rs, x86/avx2_repack.rs) ---
     repack: [Option<repack::RepackGemmFn>; N_TYPES],

@@ -113,7 +113,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             super::mul_mat_repack::compute(ctx, ith)
         };
     }
-    if ctx.kt.igemm.is_some() && super::mul_mat_q::applies(ctx.node) {
+    if super::mul_mat_q::runs_on(ctx.node, ctx.kt) {
         return if phase == 0 {
             super::mul_mat_q::pack(ctx, ith)
         } else {

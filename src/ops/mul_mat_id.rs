@@ -131,7 +131,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
         panels,
         gemm_scratch,
         int,
-        int_on: kt.igemm.is_some(),
+        int_on: int.is_some_and(|f| mul_mat_q::kernels_for(kt, &f).is_some()),
         iblocks: off,
         offsets,
         pairs,
@@ -549,10 +549,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
             // hold k elements in whole blocks (build check).
             let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
-            let kernel = ctx
-                .kt
-                .igemm
-                .ok_or_else(|| unsupported("no integer GEMM kernels in this tier".into()))?
+            let kernel = mul_mat_q::kernels_for(ctx.kt, fmt)
+                .ok_or_else(|| unsupported(format!("no integer GEMM kernels for {}", a.dtype)))?
                 .get(fmt.sub, fmt.has_min, fmt.float_scales());
             let bsize = a.dtype.type_size();
             mul_mat_q::int_block(

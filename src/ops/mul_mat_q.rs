@@ -3,8 +3,9 @@
 //! types, IQ4_NL, MXFP4, NVFP4, Q1_0 and Q2_0 against Q8_0 / Q8_1. int8 products are summed
 //! exactly in int32 per sub-block; the sub-block scales are applied in int32 and the block scales
 //! in f32 (super-block types), or all scales in f32 per sub-block (block types)
-//! (`kernels::igemm`). It runs on the tiers that have integer kernels (`KernelTable::igemm`:
-//! AVX-512 VNNI); the others keep the f32 GEMM of `mul_mat_f`, which is faster there.
+//! (`kernels::igemm`). It runs where the tier has integer kernels for the type's codes
+//! (`KernelTable::igemm`: AVX-512 VNNI, AVX-VNNI, or AVX2 `vpmaddubsw` for codes up to 127); the
+//! others keep the f32 GEMM of `mul_mat_f`, which is faster there.
 //!
 //! Phase 0 (all threads) quantizes b's columns to the weight type's vec-dot type with the CPU's
 //! `from_float`, as ggml does (or takes b's rows as they are when already in that type), and
@@ -19,8 +20,9 @@
 use super::NodeCtx;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
+use crate::kernels::KernelTable;
 use crate::kernels::igemm::{
-    ABlock, IG_MR, IG_NR, IgemmFn, WBand, pack_q8_blocks_column, pack_q8k_column,
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, WBand, pack_q8_blocks_column, pack_q8k_column,
 };
 use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::unpack::{IntFormat, Unpack, int_format};
@@ -52,6 +54,21 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
         && a.ne[0].is_multiple_of(a.dtype.block_size())
         && a.ne[0].is_multiple_of(fmt.act.block_size())
         && packed_bytes(b) <= super::mul_mat_f::MAX_PACKED
+}
+
+/// The tier's integer kernels for weights of format `fmt`, if it has kernels that multiply its
+/// codes exactly.
+pub(crate) fn kernels_for(kt: &KernelTable, fmt: &IntFormat) -> Option<IgemmKernels> {
+    kt.igemm.filter(|k| fmt.max_code <= k.max_code)
+}
+
+/// Whether this node runs the integer GEMM with table `kt` (else the f32 GEMM or the tiles).
+pub(crate) fn runs_on(node: &ExecNode, kt: &KernelTable) -> bool {
+    applies(node)
+        && node.src[0]
+            .as_ref()
+            .and_then(|a| int_format(a.dtype))
+            .is_some_and(|f| kernels_for(kt, &f).is_some())
 }
 
 /// 256-element steps of K (the last one padded for block types).
@@ -244,10 +261,10 @@ pub(crate) fn zero_column(blocks: &mut [ABlock], c: usize) {
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let fmt = format_of(a.dtype)?;
-    let kernel = ctx
-        .kt
-        .igemm
-        .ok_or_else(|| unsupported("no integer GEMM kernels in this tier".into()))?
+    let kernel = kernels_for(ctx.kt, &fmt)
+        .ok_or_else(|| {
+            unsupported(format!("no integer GEMM kernels for {} in this tier", a.dtype))
+        })?
         .get(fmt.sub, fmt.has_min, fmt.float_scales());
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
     let nkb = k_steps(k);

@@ -58,6 +58,9 @@ pub(crate) struct IntFormat {
     pub bias: i32,
     /// Whether the type has per-sub-block mins (`dmin * mins[j]`, or the float `mins[j]`).
     pub has_min: bool,
+    /// The largest code the type's unpacker writes (kernels that multiply codes only up to 127
+    /// exactly leave larger ones to the f32 GEMM).
+    pub max_code: u8,
     /// The activation type the products take (the weight type's vec-dot type): Q8_K for
     /// super-blocks, Q8_0 or Q8_1 for blocks.
     pub act: DType,
@@ -66,8 +69,14 @@ pub(crate) struct IntFormat {
 
 impl IntFormat {
     /// A super-block form (Q8_K activations).
-    pub(crate) fn superblock(sub: usize, bias: i32, has_min: bool, f: UnpackFn) -> IntFormat {
-        IntFormat { sub, bias, has_min, act: DType::Q8_K, unpack: Unpack::Super(f) }
+    pub(crate) fn superblock(
+        sub: usize,
+        bias: i32,
+        has_min: bool,
+        max_code: u8,
+        f: UnpackFn,
+    ) -> IntFormat {
+        IntFormat { sub, bias, has_min, max_code, act: DType::Q8_K, unpack: Unpack::Super(f) }
     }
 
     /// Whether the scales are floats (the block family).
@@ -78,16 +87,18 @@ impl IntFormat {
 
 /// The integer form of `d`: every type whose vec-dot type is Q8_K, Q8_0 or Q8_1 and has one.
 pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
-    let f = |sub, bias, has_min, unpack| Some(IntFormat::superblock(sub, bias, has_min, unpack));
+    let f = |sub, bias, has_min, max, unpack| {
+        Some(IntFormat::superblock(sub, bias, has_min, max, unpack))
+    };
     match d {
-        DType::Q2_K => f(16, 0, true, unpack_q2_K as UnpackFn),
-        DType::Q3_K => f(16, 4, false, unpack_q3_K),
-        DType::Q4_K => f(32, 0, true, unpack_q4_K),
-        DType::Q5_K => f(32, 0, true, unpack_q5_K),
-        DType::Q6_K => f(16, 32, false, unpack_q6_K),
-        DType::IQ4_XS => f(32, 128, false, unpack_iq4_xs),
-        DType::TQ1_0 => f(32, 1, false, unpack_tq1_0),
-        DType::TQ2_0 => f(32, 1, false, unpack_tq2_0),
+        DType::Q2_K => f(16, 0, true, 3, unpack_q2_K as UnpackFn),
+        DType::Q3_K => f(16, 4, false, 7, unpack_q3_K),
+        DType::Q4_K => f(32, 0, true, 15, unpack_q4_K),
+        DType::Q5_K => f(32, 0, true, 31, unpack_q5_K),
+        DType::Q6_K => f(16, 32, false, 63, unpack_q6_K),
+        DType::IQ4_XS => f(32, 128, false, 255, unpack_iq4_xs),
+        DType::TQ1_0 => f(32, 1, false, 2, unpack_tq1_0),
+        DType::TQ2_0 => f(32, 1, false, 3, unpack_tq2_0),
         DType::Q4_0
         | DType::Q4_1
         | DType::Q5_0
@@ -303,6 +314,7 @@ pub(crate) mod tests {
                     u(b, &mut codes, &mut sc, &mut mn);
                     for (i, &c) in codes.iter().enumerate() {
                         let j = i / f.sub;
+                        assert!(c <= f.max_code, "{dtype}: code {c} above {}", f.max_code);
                         let m = if f.has_min { mn[j] } else { 0.0 };
                         out.push(sc[j] * (c as i32 - f.bias) as f32 + m);
                     }
@@ -315,6 +327,7 @@ pub(crate) mod tests {
             let (d, dmin) = unpack(b, &mut codes, &mut sc, &mut mn);
             for (i, &c) in codes.iter().enumerate() {
                 let j = i / f.sub;
+                assert!(c <= f.max_code, "{dtype}: code {c} above {}", f.max_code);
                 assert!(sc[j].unsigned_abs() * 255 < 1 << 15, "{dtype}: scale {} too large", sc[j]);
                 assert!(mn[j].unsigned_abs() * 255 < 1 << 15, "{dtype}: min {} too large", mn[j]);
                 let m = if f.has_min { dmin * mn[j] as f32 } else { 0.0 };

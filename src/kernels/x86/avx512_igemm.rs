@@ -24,6 +24,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     blk16: vnni_blocks::<16, false>,
     blk32: vnni_blocks::<32, false>,
     blk32_min: vnni_blocks::<32, true>,
+    max_code: 255,
 };
 
 fn vnni<const SUB: usize, const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]) {

@@ -121,6 +121,7 @@ macro_rules! q0_tile_driver {
 pub(crate) mod avx2;
 pub(crate) mod avx2_conv; // vision: conv_2d / conv_3d register tile
 mod avx2_gemm;
+mod avx2_igemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
 mod avx2_repack;
@@ -162,9 +163,22 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.round_f16 = avx2_sgemm::round_f16;
     t.round_bf16 = avx2_sgemm::round_bf16;
     avx2_repack::plug(t);
+    t.igemm = Some(if std::arch::is_x86_feature_detected!("avxvnni") {
+        avx2_igemm::AVX_VNNI
+    } else {
+        avx2_igemm::MADDUBS
+    });
     // --- ops ---
     avx2_elementwise::plug(t);
     // --- end ops ---
+}
+
+/// The AVX2 `vpmaddubsw` integer GEMM kernels where the CPU can run them (the tier installs the
+/// AVX-VNNI ones instead where it has those).
+#[cfg(test)]
+pub(crate) fn avx2_igemm_maddubs() -> Option<crate::kernels::igemm::IgemmKernels> {
+    (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"))
+        .then_some(avx2_igemm::MADDUBS)
 }
 
 /// Test helpers shared by the tier files' tests.

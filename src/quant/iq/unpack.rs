@@ -26,7 +26,7 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
         DType::IQ3_S => (32, unpack_iq3_s),
         _ => return None,
     };
-    Some(IntFormat::superblock(sub, BIAS, false, unpack))
+    Some(IntFormat::superblock(sub, BIAS, false, 255, unpack))
 }
 
 const BIAS: i32 = 128;

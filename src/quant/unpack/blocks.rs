@@ -16,22 +16,23 @@ use crate::quant::util::fp16_to_fp32;
 const FP4_BIAS: i32 = 12;
 
 pub(super) fn int_format(d: DType) -> Option<IntFormat> {
-    let (elems, sub, bias, has_min, f): (usize, usize, i32, bool, BlockUnpackFn) = match d {
-        DType::Q4_0 => (32, 32, 8, false, unpack_q4_0),
-        DType::Q4_1 => (32, 32, 0, true, unpack_q4_1),
-        DType::Q5_0 => (32, 32, 16, false, unpack_q5_0),
-        DType::Q5_1 => (32, 32, 0, true, unpack_q5_1),
-        DType::Q8_0 => (32, 32, 128, false, unpack_q8_0),
-        DType::IQ4_NL => (32, 32, 128, false, unpack_iq4_nl),
-        DType::MXFP4 => (32, 32, FP4_BIAS, false, unpack_mxfp4),
-        DType::NVFP4 => (64, 16, FP4_BIAS, false, unpack_nvfp4),
-        DType::Q1_0 => (128, 32, 1, false, unpack_q1_0),
-        DType::Q2_0 => (64, 32, 1, false, unpack_q2_0),
+    type Row = (usize, usize, i32, bool, u8, BlockUnpackFn);
+    let (elems, sub, bias, has_min, max_code, f): Row = match d {
+        DType::Q4_0 => (32, 32, 8, false, 15, unpack_q4_0),
+        DType::Q4_1 => (32, 32, 0, true, 15, unpack_q4_1),
+        DType::Q5_0 => (32, 32, 16, false, 31, unpack_q5_0),
+        DType::Q5_1 => (32, 32, 0, true, 31, unpack_q5_1),
+        DType::Q8_0 => (32, 32, 128, false, 255, unpack_q8_0),
+        DType::IQ4_NL => (32, 32, 128, false, 255, unpack_iq4_nl),
+        DType::MXFP4 => (32, 32, FP4_BIAS, false, 24, unpack_mxfp4),
+        DType::NVFP4 => (64, 16, FP4_BIAS, false, 24, unpack_nvfp4),
+        DType::Q1_0 => (128, 32, 1, false, 2, unpack_q1_0),
+        DType::Q2_0 => (64, 32, 1, false, 3, unpack_q2_0),
         _ => return None,
     };
     let act = d.vec_dot_type();
     debug_assert!(act == DType::Q8_0 || act == DType::Q8_1);
-    Some(IntFormat { sub, bias, has_min, act, unpack: Unpack::Blocks { elems, f } })
+    Some(IntFormat { sub, bias, has_min, max_code, act, unpack: Unpack::Blocks { elems, f } })
 }
 
 fn block<T: bytemuck::AnyBitPattern>(b: &[u8]) -> T {
