@@ -41,7 +41,7 @@ pub mod quant;
 
 pub use backend::{
     AbortHook, Backend, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice, CpuRegistry,
-    CpuRepackBufferType, Device, DeviceCaps, DeviceProps, DeviceType, Registry,
+    CpuRepackBufferType, Device, DeviceCaps, DeviceProps, DeviceType, MAX_THREADS, Registry,
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};

@@ -136,6 +136,7 @@ impl Graph {
                 ta.describe(a)
             )));
         }
+        super::check_no_self_overlap(op.name(), ta, a)?;
         let (nb, offs) = (ta.nb, if ta.view_src.is_some() { ta.view_offs } else { 0 });
         let mut src = [None; MAX_SRC];
         for (s, &id) in src.iter_mut().zip(srcs) {
