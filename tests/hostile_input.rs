@@ -345,3 +345,89 @@ fn thread_counts_above_the_maximum_are_refused_at_once() {
     be.set_n_threads(2).unwrap();
     assert_eq!(be.n_threads(), 2);
 }
+
+// ---- 7. Hangs: unbounded loops and computes that wait on themselves ---------------------------------
+
+#[test]
+fn dsv4_hc_comb_iteration_count_is_bounded() {
+    let mut g = Graph::new();
+    let mixes = g.input(DType::F32, &[24, 2]).unwrap();
+    let scale = g.input(DType::F32, &[3]).unwrap();
+    let base = g.input(DType::F32, &[24]).unwrap();
+    for n in [i32::MAX, quantgraph::DSV4_HC_MAX_ITER + 1] {
+        let e = g.dsv4_hc_comb(mixes, scale, base, 1e-6, n).unwrap_err();
+        match &e {
+            Error::Param { op, msg } => {
+                assert_eq!(*op, "dsv4_hc_comb");
+                assert!(msg.contains(&format!("n_iter = {n}")) && msg.contains("1024"), "{e}");
+            }
+            _ => panic!("{e:?}"),
+        }
+    }
+    // The largest count accepted runs in a moment.
+    let y = g.dsv4_hc_comb(mixes, scale, base, 1e-6, quantgraph::DSV4_HC_MAX_ITER).unwrap();
+    g.set_output(y);
+    let mut p = Plan::new(g, &CpuBackend::with_threads(1).unwrap()).unwrap();
+    p.set_input(mixes, &[0.5f32; 48]).unwrap();
+    p.set_input(scale, &[1.0f32; 3]).unwrap();
+    p.set_input(base, &[0.0f32; 24]).unwrap();
+    let start = std::time::Instant::now();
+    p.compute().unwrap();
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    // Uniform logits stay uniform: every entry 1/4.
+    assert!(p.output::<f32>(y).unwrap().iter().all(|v| (v - 0.25).abs() < 1e-3));
+}
+
+/// A plan on `be` whose custom op runs `inner` on worker 0 and records its result.
+fn nesting_plan(
+    be: &CpuBackend,
+    inner: impl Fn() -> quantgraph::Result<()> + Send + Sync + 'static,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) -> (Plan, quantgraph::TensorId) {
+    let body: quantgraph::CustomFn = std::sync::Arc::new(move |a| {
+        if a.ith == 0 {
+            let r = inner();
+            seen.lock().unwrap().push(match r {
+                Ok(()) => "ok".into(),
+                Err(e) => e.to_string(),
+            });
+        }
+        a.dst.fill(1.0);
+        Ok(())
+    });
+    let mut g = Graph::new();
+    let x = g.input(DType::F32, &[8, 4]).unwrap();
+    let y = g.map_custom1(x, "nested", None, body).unwrap();
+    g.set_output(y);
+    let mut p = Plan::new(g, be).unwrap();
+    p.set_input(x, &[0.0f32; 32]).unwrap();
+    (p, x)
+}
+
+#[test]
+fn a_compute_nested_back_through_another_backend_is_an_error_not_a_deadlock() {
+    use std::sync::{Arc, Mutex, mpsc};
+    // a (backend X) -> b (backend Y) -> c (backend X again): X's team is busy running a, so c
+    // would wait for a, which waits for b, which waits for c.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let x = CpuBackend::with_threads(2).unwrap();
+        let y = CpuBackend::with_threads(2).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (c_plan, _) = nesting_plan(&x, || Ok(()), seen.clone());
+        let c_plan = Arc::new(Mutex::new(c_plan));
+        let (b_plan, _) = nesting_plan(&y, move || c_plan.lock().unwrap().compute(), seen.clone());
+        let b_plan = Arc::new(Mutex::new(b_plan));
+        let (mut a_plan, _) =
+            nesting_plan(&x, move || b_plan.lock().unwrap().compute(), seen.clone());
+        let r = a_plan.compute().map_err(|e| e.to_string());
+        let log = seen.lock().unwrap().clone();
+        let _ = tx.send((r, log));
+    });
+    let (r, log) = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("deadlocked");
+    assert_eq!(r, Ok(()));
+    // c refused (inside b), then b finished, then a.
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert!(log[0].contains("through a compute on another backend"), "{log:?}");
+    assert_eq!(log[1], "ok");
+}

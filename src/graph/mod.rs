@@ -32,6 +32,10 @@ use crate::error::{Error, Result};
 pub const MAX_DIMS: usize = 4;
 /// Maximum number of source tensors of one node (ggml's `GGML_MAX_SRC`).
 pub const MAX_SRC: usize = 10;
+/// Most normalisation rounds [`Graph::dsv4_hc_comb`] accepts. Each round runs for every token
+/// inside one node, between abort-hook polls, so the count is bounded: ggml's `i32::MAX` would
+/// keep a compute busy for minutes per token.
+pub const DSV4_HC_MAX_ITER: i32 = 1024;
 
 /// A handle to a tensor inside one [`Graph`]. It remembers which graph made it (clones of a graph
 /// share their handles), so a handle passed to another graph is refused instead of silently
