@@ -117,6 +117,18 @@ fn destinations_whose_rows_overlap_are_refused() {
     let e = g.set_rows(v, rows, ids).unwrap_err();
     shape_err(e, "set_rows", &["more than once"]);
 
+    // set and acc write b through caller strides into a copy of a: rows of b must not land on
+    // the same bytes either.
+    let small = g.input(DType::F32, &[8, 4]).unwrap();
+    let e = g.set(dst, small, [16, 64, 64], 0).unwrap_err();
+    shape_err(e, "set", &["more than once", "stride of 16 bytes inside a span of 32"]);
+    let e = g.acc(dst, small, [0, 128, 128], 0).unwrap_err();
+    shape_err(e, "acc", &["more than once"]);
+    let e = g.acc_inplace(dst, small, [16, 128, 128], 0).unwrap_err();
+    shape_err(e, "acc", &["more than once"]);
+    g.set(dst, small, [32, 128, 128], 0).unwrap();
+    g.acc(dst, small, [256, 1024, 1024], 0).unwrap();
+
     // Disjoint strided and transposed destinations are still accepted and computed.
     let wide = g.input(DType::F32, &[64, 8]).unwrap();
     let every_other = g.view_2d(wide, [64, 4], 512, 0).unwrap();

@@ -244,31 +244,49 @@ fn check_view_align(
 }
 
 /// A tensor an op writes must not reach the same byte through two different indices, or two
-/// workers (or one kernel's reads and writes) race on it. Sufficient test: with the dims of more
-/// than one element sorted by stride, each stride clears everything the smaller ones span.
+/// workers (or one kernel's reads and writes) race on it.
 pub(crate) fn check_no_self_overlap(op: &'static str, t: &Tensor, id: TensorId) -> Result<()> {
-    let bs = t.dtype.block_size();
-    let mut dims: Vec<(usize, usize)> = (0..MAX_DIMS)
-        .map(|d| (if d == 0 { t.ne[0] / bs } else { t.ne[d] }, t.nb[d]))
-        .filter(|&(n, _)| n > 1)
-        .collect();
-    if dims.is_empty() || t.ne.contains(&0) {
+    check_disjoint_layout(op, t.dtype, &t.ne, &t.nb, || t.describe(id))
+}
+
+/// Sufficient test that a layout maps distinct indices to distinct bytes: with the dims of more
+/// than one element sorted by stride, each stride clears everything the smaller ones span.
+/// (Interleavings that pass this test are the layouts ggml builds; a stride inside the span of a
+/// smaller one means two indices share bytes.) `what` names the written tensor.
+pub(crate) fn check_disjoint_layout(
+    op: &'static str,
+    dtype: DType,
+    ne: &[usize; MAX_DIMS],
+    nb: &[usize; MAX_DIMS],
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    if ne.contains(&0) {
         return Ok(());
     }
+    let bs = dtype.block_size();
+    let mut dims = [(0usize, 0usize); MAX_DIMS];
+    let mut n = 0;
+    for d in 0..MAX_DIMS {
+        let count = if d == 0 { ne[0] / bs } else { ne[d] };
+        if count > 1 {
+            dims[n] = (count, nb[d]);
+            n += 1;
+        }
+    }
+    let dims = &mut dims[..n];
     dims.sort_by_key(|&(_, s)| s);
-    let mut span = t.dtype.type_size();
-    for &(n, stride) in &dims {
+    let mut span = dtype.type_size();
+    for &(count, stride) in dims.iter() {
         if stride < span {
             return Err(Error::shape(
                 op,
                 format!(
-                    "destination {} with strides {:?} writes some bytes more than once (a stride of {stride} bytes inside a span of {span}); writing it would race",
-                    t.describe(id),
-                    t.nb
+                    "destination {} with strides {nb:?} writes some bytes more than once (a stride of {stride} bytes inside a span of {span}); writing it would race",
+                    what()
                 ),
             ));
         }
-        span = (n - 1).saturating_mul(stride).saturating_add(span);
+        span = (count - 1).saturating_mul(stride).saturating_add(span);
     }
     Ok(())
 }

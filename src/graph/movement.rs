@@ -326,6 +326,10 @@ impl Graph {
                 ),
             ));
         }
+        // Workers write disjoint rows of b; rows that land on the same bytes would race.
+        super::check_disjoint_layout(OP, tb.dtype, &tb.ne, &view_nb, || {
+            format!("view of {} for {}", ta.describe(a), tb.describe(b))
+        })?;
         let (dt, ne) = (ta.dtype, ta.ne);
         self.node(Op::Set { nb, offset }, dt, ne, &[a, b])
     }
