@@ -74,6 +74,20 @@ fn misaligned_weights_and_gguf_tensors_are_refused() {
     let e = g.state(DType::F16, &[4], &buf, 3).unwrap_err();
     shape_err(e, "state", &["f16", "byte offset 3"]);
     g.weight(DType::F32, &[4], &buf, 4).unwrap();
+    // Borrowed memory that itself starts at an odd address: offset 0 is not enough, the address
+    // is what the kernels dereference.
+    struct OddStart(Vec<u8>);
+    impl AsRef<[u8]> for OddStart {
+        fn as_ref(&self) -> &[u8] {
+            let skip = (4 - self.0.as_ptr() as usize % 4) % 4 + 1; // 1 past a multiple of 4
+            &self.0[skip..skip + 32]
+        }
+    }
+    let odd = Buffer::from_host(OddStart(vec![0; 40]));
+    let e = g.weight(DType::F32, &[4], &odd, 0).unwrap_err();
+    shape_err(e, "weight", &["f32", "byte offset 0", "misaligned"]);
+    g.weight(DType::F32, &[4], &odd, 3).unwrap();
+    g.weight(DType::I8, &[4], &odd, 0).unwrap();
 
     // A GGUF file with general.alignment = 1 and an f32 tensor after an odd number of bytes.
     let f32s: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -186,6 +200,20 @@ fn zero_dims_and_plan_size_overflow_return_errors() {
     let ids0 = g.view_2d(ids, [2, 0], 8, 0).unwrap();
     let e = g.set_rows(dst, rows, ids0).unwrap_err();
     shape_err(e, "set_rows", &["ids"]);
+
+    // Empty results compute to nothing (a cpy of [0, 4] used to divide by its ne[0] of 0).
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[0, 4]).unwrap();
+    let d = g.input(DType::F16, &[0, 4]).unwrap();
+    let c = g.cpy(a, d).unwrap();
+    let s = g.sum(a).unwrap();
+    g.set_output(c);
+    g.set_output(s);
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input::<f32>(a, &[]).unwrap();
+    p.set_input_bytes(d, &[]).unwrap();
+    p.compute().unwrap();
+    assert_eq!(p.output::<f32>(s).unwrap(), &[0.0]);
 
     // Three live 2^62-byte tensors do not fit an arena: Err before allocating, not a wrapped size.
     let mut g = Graph::new();

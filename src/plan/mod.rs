@@ -396,7 +396,9 @@ impl Plan {
         };
         for i in 0..n {
             let t = &graph.tensors[i];
-            if !needed[i] || matches!(t.op, Op::None | Op::View) {
+            // A node with an empty result has nothing to write (kernels index rows by the
+            // result's dims, which may be 0); leaving it out keeps them from dividing by zero.
+            if !needed[i] || matches!(t.op, Op::None | Op::View) || t.nelements() == 0 {
                 continue;
             }
             let id = graph.id_at(i);
