@@ -41,7 +41,7 @@ pub mod quant;
 
 pub use backend::{
     AbortHook, Backend, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice, CpuRegistry,
-    CpuRepackBufferType, Device, DeviceCaps, DeviceProps, DeviceType, Registry,
+    CpuRepackBufferType, Device, DeviceCaps, DeviceProps, DeviceType, MAX_THREADS, Registry,
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
@@ -50,7 +50,7 @@ pub use graph::{
     CustomArgs, CustomFn, FlashAttnParams, Gather, GluOp, Graph, Op, RopeMode, RopeParams,
     ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
 };
-pub use graph::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams};
+pub use graph::{DSV4_HC_MAX_ITER, FlashAttnBackLayout, Im2colBackParams, Pool2dParams};
 // vision ops (src/graph/vision.rs)
 pub use graph::{Conv2dParams, Conv3dParams, PoolOp};
 pub use kernels::{CpuFeatures, Isa};

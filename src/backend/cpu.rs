@@ -183,6 +183,23 @@ impl CpuShared {
     }
 }
 
+/// Most worker threads a CPU backend runs (ggml's `GGML_MAX_N_THREADS`). Work buffers and the
+/// per-node barrier scale with the thread count, so more is refused up front instead of spending
+/// seconds creating threads that then fail or make planning crawl.
+pub const MAX_THREADS: usize = 512;
+
+fn check_thread_count(op: &str, n: usize) -> Result<()> {
+    if n == 0 {
+        return Err(Error::arg(format!("{op}: thread count must be at least 1")));
+    }
+    if n > MAX_THREADS {
+        return Err(Error::arg(format!(
+            "{op}: thread count {n} is above the maximum of {MAX_THREADS}"
+        )));
+    }
+    Ok(())
+}
+
 fn build_pool(n: usize) -> Result<crate::plan::exec::Workers> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
@@ -206,16 +223,14 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend with one worker per physical core.
+    /// A backend with one worker per physical core (at most [`MAX_THREADS`]).
     pub fn new() -> Result<CpuBackend> {
-        CpuBackend::with_threads(num_cpus::get_physical().max(1))
+        CpuBackend::with_threads(num_cpus::get_physical().clamp(1, MAX_THREADS))
     }
 
-    /// A backend with `n` worker threads.
+    /// A backend with `n` worker threads, 1 to [`MAX_THREADS`].
     pub fn with_threads(n: usize) -> Result<CpuBackend> {
-        if n == 0 {
-            return Err(Error::arg("CpuBackend: thread count must be at least 1"));
-        }
+        check_thread_count("CpuBackend", n)?;
         let pool = build_pool(n)?;
         Ok(CpuBackend {
             shared: Arc::new(CpuShared {
@@ -248,9 +263,7 @@ impl Backend for CpuBackend {
         self.shared.n_threads.load(Ordering::Relaxed)
     }
     fn set_n_threads(&self, n: usize) -> Result<()> {
-        if n == 0 {
-            return Err(Error::arg("set_n_threads: thread count must be at least 1"));
-        }
+        check_thread_count("set_n_threads", n)?;
         if n == self.n_threads() {
             return Ok(());
         }

@@ -11,7 +11,9 @@ pub mod repack;
 pub(crate) use buffer::BufferGuard;
 pub use buffer::{BUFFER_ALIGNMENT, Buffer};
 pub(crate) use cpu::CpuShared;
-pub use cpu::{CpuBackend, CpuBufferType, CpuDevice, CpuRegistry, CpuRepackBufferType};
+pub use cpu::{
+    CpuBackend, CpuBufferType, CpuDevice, CpuRegistry, CpuRepackBufferType, MAX_THREADS,
+};
 
 use crate::error::Result;
 use crate::graph::{Graph, TensorId};
@@ -134,7 +136,8 @@ pub trait Backend: Send + Sync {
     fn features(&self) -> Vec<(&'static str, String)>;
     /// Number of worker threads.
     fn n_threads(&self) -> usize;
-    /// Sets the number of worker threads (>= 1); takes effect at the next compute.
+    /// Sets the number of worker threads (1 to [`MAX_THREADS`] on the CPU backend); takes effect
+    /// at the next compute.
     fn set_n_threads(&self, n: usize) -> Result<()>;
     /// Installs (or removes with `None`) the abort hook.
     fn set_abort_hook(&self, hook: Option<AbortHook>);

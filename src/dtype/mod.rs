@@ -184,6 +184,27 @@ impl DType {
         self.traits().type_size
     }
 
+    /// Byte alignment the kernels need for this type's data: the alignment of the element type
+    /// (4 for F32 and I32, 2 for F16 and BF16, 8 for I64 and F64) or of the block struct (2 for
+    /// blocks with an f16 scale, 4 for Q8_K's f32 scale, 1 for byte-only blocks). Tensor
+    /// offsets and strides must be multiples of it.
+    ///
+    /// ```
+    /// use quantgraph::DType;
+    /// assert_eq!(DType::F32.align(), 4);
+    /// assert_eq!(DType::Q4_0.align(), 2);
+    /// ```
+    pub fn align(self) -> usize {
+        use DType::*;
+        match self {
+            I8 | MXFP4 | NVFP4 | IQ1_M => 1,
+            F16 | BF16 | I16 => 2,
+            F32 | I32 | Q8_K => 4,
+            I64 | F64 => 8,
+            _ => 2,
+        }
+    }
+
     /// True for the block-quantized types (ggml's `is_quantized`).
     pub fn is_quantized(self) -> bool {
         self.traits().quantized

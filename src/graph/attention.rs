@@ -90,7 +90,7 @@ impl Graph {
                 format!("k {} and v {} disagree", tk.describe(k), tv.describe(v)),
             ));
         }
-        if tq.ne[2] % tk.ne[2] != 0 || tq.ne[3] % tk.ne[3] != 0 {
+        if !super::divides(tk.ne[2], tq.ne[2]) || !super::divides(tk.ne[3], tq.ne[3]) {
             return Err(Error::shape(
                 OP,
                 format!("k/v heads {} must divide q heads {}", tk.describe(k), tq.describe(q)),
@@ -121,7 +121,10 @@ impl Graph {
                         format!("mask {} must be F16 or F32 with contiguous rows", tm.describe(m)),
                     ));
                 }
-                if tm.ne[0] < n_kv || tm.ne[1] < n_q || n_head % tm.ne[2] != 0 || nb % tm.ne[3] != 0
+                if tm.ne[0] < n_kv
+                    || tm.ne[1] < n_q
+                    || !super::divides(tm.ne[2], n_head)
+                    || !super::divides(tm.ne[3], nb)
                 {
                     return Err(Error::shape(
                         OP,

@@ -136,6 +136,7 @@ impl Graph {
                 ta.describe(a)
             )));
         }
+        super::check_no_self_overlap(op.name(), ta, a)?;
         let (nb, offs) = (ta.nb, if ta.view_src.is_some() { ta.view_offs } else { 0 });
         let mut src = [None; MAX_SRC];
         for (s, &id) in src.iter_mut().zip(srcs) {
@@ -616,6 +617,10 @@ impl Graph {
         let fits = offset.is_multiple_of(4)
             && nb.iter().all(|s| s % 4 == 0)
             && last.and_then(|l| l.checked_add(4)).is_some_and(|end| end <= a_bytes);
+        // Workers add disjoint rows of b; rows that land on the same elements would race.
+        super::check_disjoint_layout(OP, DType::F32, &bne, &strides, || {
+            format!("view of {} for {}", ta.describe(a), tb.describe(b))
+        })?;
         if tb.nelements() > ta.nelements() || !fits || tb.nelements() == 0 {
             return Err(Error::shape(
                 OP,

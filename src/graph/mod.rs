@@ -32,16 +32,33 @@ use crate::error::{Error, Result};
 pub const MAX_DIMS: usize = 4;
 /// Maximum number of source tensors of one node (ggml's `GGML_MAX_SRC`).
 pub const MAX_SRC: usize = 10;
+/// Most normalisation rounds [`Graph::dsv4_hc_comb`] accepts. Each round runs for every token
+/// inside one node, between abort-hook polls, so the count is bounded: ggml's `i32::MAX` would
+/// keep a compute busy for minutes per token.
+pub const DSV4_HC_MAX_ITER: i32 = 1024;
 
-/// A handle to a tensor inside one [`Graph`].
+/// A handle to a tensor inside one [`Graph`]. It remembers which graph made it (clones of a graph
+/// share their handles), so a handle passed to another graph is refused instead of silently
+/// naming that graph's tensor with the same number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TensorId(pub(crate) u32);
+pub struct TensorId {
+    pub(crate) idx: u32,
+    pub(crate) graph: u32,
+}
 
 impl TensorId {
     /// Position of the tensor in its graph (creation order).
     pub fn index(self) -> usize {
-        self.0 as usize
+        self.idx as usize
     }
+}
+
+/// Source of graph ids. Wraps after 2^32 graphs; handles are only compared within one process,
+/// so a clash needs two live graphs 2^32 creations apart.
+static NEXT_GRAPH_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+fn next_graph_id() -> u32 {
+    NEXT_GRAPH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Where a leaf tensor's data lives.
@@ -104,7 +121,7 @@ impl Tensor {
     pub(crate) fn label(&self, id: TensorId) -> String {
         match &self.name {
             Some(n) => format!("'{n}'"),
-            None => format!("#{}", id.0),
+            None => format!("#{}", id.idx),
         }
     }
 
@@ -194,6 +211,92 @@ fn checked_shape(op: &'static str, dtype: DType, ne: &[usize]) -> Result<[usize;
     Ok(out)
 }
 
+/// A view's byte offset (from its root) and its strides must be multiples of the type's
+/// alignment, or kernels would read `f32`s, `f16`s, ids or blocks at misaligned addresses.
+fn check_view_align(
+    op: &'static str,
+    dtype: DType,
+    ne: &[usize; MAX_DIMS],
+    nb: &[usize; MAX_DIMS],
+    offs: usize,
+) -> Result<()> {
+    let a = dtype.align();
+    if !offs.is_multiple_of(a) {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{dtype} view {} at byte offset {offs} is misaligned: {dtype} data needs offsets that are multiples of {a}",
+                shape_str(ne)
+            ),
+        ));
+    }
+    if let Some(d) = (0..MAX_DIMS).find(|&d| ne[d] > 1 && !nb[d].is_multiple_of(a)) {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{dtype} view {} has stride nb[{d}] = {} bytes, not a multiple of {dtype}'s alignment {a}",
+                shape_str(ne),
+                nb[d]
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A tensor an op writes must not reach the same byte through two different indices, or two
+/// workers (or one kernel's reads and writes) race on it.
+pub(crate) fn check_no_self_overlap(op: &'static str, t: &Tensor, id: TensorId) -> Result<()> {
+    check_disjoint_layout(op, t.dtype, &t.ne, &t.nb, || t.describe(id))
+}
+
+/// Sufficient test that a layout maps distinct indices to distinct bytes: with the dims of more
+/// than one element sorted by stride, each stride clears everything the smaller ones span.
+/// (Interleavings that pass this test are the layouts ggml builds; a stride inside the span of a
+/// smaller one means two indices share bytes.) `what` names the written tensor.
+pub(crate) fn check_disjoint_layout(
+    op: &'static str,
+    dtype: DType,
+    ne: &[usize; MAX_DIMS],
+    nb: &[usize; MAX_DIMS],
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    if ne.contains(&0) {
+        return Ok(());
+    }
+    let bs = dtype.block_size();
+    let mut dims = [(0usize, 0usize); MAX_DIMS];
+    let mut n = 0;
+    for d in 0..MAX_DIMS {
+        let count = if d == 0 { ne[0] / bs } else { ne[d] };
+        if count > 1 {
+            dims[n] = (count, nb[d]);
+            n += 1;
+        }
+    }
+    let dims = &mut dims[..n];
+    dims.sort_by_key(|&(_, s)| s);
+    let mut span = dtype.type_size();
+    for &(count, stride) in dims.iter() {
+        if stride < span {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "destination {} with strides {nb:?} writes some bytes more than once (a stride of {stride} bytes inside a span of {span}); writing it would race",
+                    what()
+                ),
+            ));
+        }
+        span = (count - 1).saturating_mul(stride).saturating_add(span);
+    }
+    Ok(())
+}
+
+/// ggml's "b divides a" test for broadcast dims, false for a zero divisor instead of a division
+/// by zero.
+pub(crate) fn divides(d: usize, n: usize) -> bool {
+    d != 0 && n.is_multiple_of(d)
+}
+
 /// A computation graph under construction. Tensors are created in topological order: an op can
 /// only refer to tensors that already exist, and a [`crate::Plan`] runs nodes in creation order.
 ///
@@ -207,20 +310,41 @@ fn checked_shape(op: &'static str, dtype: DType, ne: &[usize]) -> Result<[usize;
 /// g.set_output(z);
 /// # Ok::<(), quantgraph::Error>(())
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Graph {
     pub(crate) tensors: Vec<Tensor>,
+    /// Stamped into every `TensorId` this graph hands out.
+    id: u32,
+    /// A misuse found by a method that cannot return `Err` (`set_output` with a foreign id),
+    /// reported by `Plan::new`.
+    pub(crate) deferred: Option<String>,
+}
+
+impl Default for Graph {
+    fn default() -> Graph {
+        Graph::new()
+    }
 }
 
 impl Graph {
     /// An empty graph.
     pub fn new() -> Graph {
-        Graph { tensors: Vec::new() }
+        Graph::with_capacity(0)
     }
 
     /// An empty graph with room for `n` tensors.
     pub fn with_capacity(n: usize) -> Graph {
-        Graph { tensors: Vec::with_capacity(n) }
+        Graph { tensors: Vec::with_capacity(n), id: next_graph_id(), deferred: None }
+    }
+
+    /// The id of this graph's tensor number `i` (callers guarantee `i < len`).
+    pub(crate) fn id_at(&self, i: usize) -> TensorId {
+        TensorId { idx: i as u32, graph: self.id }
+    }
+
+    /// The position of `id` in this graph, if it is one of this graph's tensors.
+    fn index_of(&self, id: TensorId) -> Option<usize> {
+        (id.graph == self.id && id.index() < self.tensors.len()).then_some(id.index())
     }
 
     /// Number of tensors (leaves, views and nodes).
@@ -238,9 +362,18 @@ impl Graph {
     }
 
     pub(crate) fn get(&self, op: &'static str, id: TensorId) -> Result<&Tensor> {
-        self.tensors
-            .get(id.index())
-            .ok_or_else(|| Error::arg(format!("{op}: tensor id {} is not in this graph", id.0)))
+        match self.index_of(id) {
+            Some(i) => Ok(&self.tensors[i]),
+            None if id.graph != self.id => Err(Error::arg(format!(
+                "{op}: tensor id {} belongs to another graph (graph {}, this is graph {})",
+                id.idx, id.graph, self.id
+            ))),
+            None => Err(Error::arg(format!(
+                "{op}: tensor id {} is not in this graph ({} tensors)",
+                id.idx,
+                self.tensors.len()
+            ))),
+        }
     }
 
     /// Type of a tensor.
@@ -277,35 +410,39 @@ impl Graph {
 
     /// A tensor's name, if it has one.
     pub fn name(&self, id: TensorId) -> Option<&str> {
-        self.tensors.get(id.index()).and_then(|t| t.name.as_deref())
+        self.index_of(id).and_then(|i| self.tensors[i].name.as_deref())
     }
 
     /// The first tensor with this name.
     pub fn find(&self, name: &str) -> Option<TensorId> {
-        self.tensors
-            .iter()
-            .position(|t| t.name.as_deref() == Some(name))
-            .map(|i| TensorId(i as u32))
+        self.tensors.iter().position(|t| t.name.as_deref() == Some(name)).map(|i| self.id_at(i))
     }
 
     /// Marks a tensor as an output: it is computed, kept alive to the end of the graph and readable
-    /// with `Plan::output`. Every op feeding an output runs; others are skipped.
+    /// with `Plan::output`. Every op feeding an output runs; others are skipped. An id that is
+    /// not one of this graph's tensors makes `Plan::new` return `Err`.
     pub fn set_output(&mut self, id: TensorId) {
-        if let Some(t) = self.tensors.get_mut(id.index()) {
-            t.output = true;
+        match self.index_of(id) {
+            Some(i) => self.tensors[i].output = true,
+            None => {
+                if self.deferred.is_none() {
+                    let e = self.get("set_output", id).err().map(|e| e.to_string());
+                    self.deferred = e;
+                }
+            }
         }
     }
 
     /// True when `id` was marked with [`Graph::set_output`].
     pub fn is_output(&self, id: TensorId) -> bool {
-        self.tensors.get(id.index()).is_some_and(|t| t.output)
+        self.index_of(id).is_some_and(|i| self.tensors[i].output)
     }
 
     fn push(&mut self, t: Tensor) -> Result<TensorId> {
-        let id = u32::try_from(self.tensors.len())
+        let idx = u32::try_from(self.tensors.len())
             .map_err(|_| Error::arg("graph: more than 2^32 tensors"))?;
         self.tensors.push(t);
-        Ok(TensorId(id))
+        Ok(TensorId { idx, graph: self.id })
     }
 
     fn leaf(
@@ -356,6 +493,17 @@ impl Graph {
                     "{dtype} {} needs bytes {offset}..{end} but the buffer has {} bytes",
                     shape_str(&ne4),
                     buffer.len()
+                ),
+            ));
+        }
+        let a = dtype.align();
+        if !(buffer.ptr() as usize).wrapping_add(offset).is_multiple_of(a) {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "{dtype} {} at byte offset {offset} of buffer '{}' is misaligned: {dtype} data needs an address that is a multiple of {a} (a GGUF file with general.alignment below {a} can place tensors like this)",
+                    shape_str(&ne4),
+                    buffer.name()
                 ),
             ));
         }
@@ -447,6 +595,7 @@ impl Graph {
         let nb = contiguous_strides(dtype, &ne);
         for (pos, s) in srcs.iter().enumerate() {
             if let Some(s) = *s {
+                self.get(op.name(), s)?;
                 self.check_repacked_use(&op, pos, s)?;
             }
         }
@@ -501,8 +650,8 @@ impl Graph {
         offset: usize,
         kind: Op,
     ) -> Result<TensorId> {
-        self.check_repacked_use(&kind, 1, a)?;
         let src = self.get(op, a)?;
+        self.check_repacked_use(&kind, 1, a)?;
         let dtype = src.dtype;
         let root = src.view_src.unwrap_or(a);
         let base = if src.view_src.is_some() { src.view_offs } else { 0 };
@@ -527,6 +676,18 @@ impl Graph {
                 format!("ne[0] = {} is not a multiple of {dtype}'s block size", ne[0]),
             ));
         }
+        // The element count must fit too: with zero or tiny strides a huge shape spans few bytes,
+        // but row and element counts are still computed from it.
+        if ne
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .is_none_or(|n| n > isize::MAX as usize)
+        {
+            return Err(Error::Overflow { what: "view element count" });
+        }
+        // Roots start aligned (arena, `Graph::weight` / `Graph::state` check their address), so
+        // an aligned offset and aligned strides keep every element aligned for the kernels.
+        check_view_align(op, dtype, &ne, &nb, offs)?;
         self.push(Tensor {
             dtype,
             ne,

@@ -30,8 +30,8 @@ impl Graph {
             || ta.ne[2] != tb.ne[2]
             || ta.ne[3] != tb.ne[3]
             || tb.ne[1] != ti.ne[0]
-            || tb.ne[2] % ti.ne[1] != 0
-            || tb.ne[3] % ti.ne[2] != 0
+            || !super::divides(ti.ne[1], tb.ne[2])
+            || !super::divides(ti.ne[2], tb.ne[3])
             || ti.ne[3] != 1
         {
             return Err(Error::shape(
@@ -47,6 +47,7 @@ impl Graph {
         if !ta.rows_contiguous() || !tb.rows_contiguous() {
             return Err(Error::shape(OP, "rows of a and b must be contiguous"));
         }
+        super::check_no_self_overlap(OP, ta, a)?;
         if matches!(self.t(self.root(a)).leaf, Leaf::Weight { .. }) {
             return Err(Error::Buffer(format!(
                 "set_rows: destination {} is a read-only weight",
@@ -325,6 +326,10 @@ impl Graph {
                 ),
             ));
         }
+        // Workers write disjoint rows of b; rows that land on the same bytes would race.
+        super::check_disjoint_layout(OP, tb.dtype, &tb.ne, &view_nb, || {
+            format!("view of {} for {}", ta.describe(a), tb.describe(b))
+        })?;
         let (dt, ne) = (ta.dtype, ta.ne);
         self.node(Op::Set { nb, offset }, dt, ne, &[a, b])
     }

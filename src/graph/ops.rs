@@ -518,8 +518,8 @@ impl Graph {
             if !tm.rows_contiguous()
                 || tm.ne[0] != ne[0]
                 || tm.ne[1] < ne[1]
-                || ne[2] % tm.ne[2] != 0
-                || ne[3] % tm.ne[3] != 0
+                || !super::divides(tm.ne[2], ne[2])
+                || !super::divides(tm.ne[3], ne[3])
             {
                 return Err(Error::shape(
                     OP,
@@ -600,7 +600,10 @@ impl Graph {
         const OP: &str = "mul_mat";
         let ta = self.get(OP, a)?;
         let tb = self.get(OP, b)?;
-        if ta.ne[0] != tb.ne[0] || tb.ne[2] % ta.ne[2] != 0 || tb.ne[3] % ta.ne[3] != 0 {
+        if ta.ne[0] != tb.ne[0]
+            || !super::divides(ta.ne[2], tb.ne[2])
+            || !super::divides(ta.ne[3], tb.ne[3])
+        {
             return Err(Error::shape(
                 OP,
                 format!(
@@ -675,6 +678,7 @@ impl Graph {
             ));
         }
         check_copy(OP, ta, td)?;
+        super::check_no_self_overlap(OP, td, dst)?;
         if matches!(self.t(self.root(dst)).leaf, super::Leaf::Weight { .. }) {
             return Err(Error::Buffer(format!(
                 "cpy: destination {} is a read-only weight",

@@ -505,7 +505,8 @@ impl Graph {
     /// ggml_dsv4_hc_comb: `mixes` [(2 + hc) * hc, n_tokens], `scale` [>= 3], `base` [(2 + hc) * hc],
     /// all F32, hc = 4. `logits[d, s, t] = mixes[2hc + d + hc s, t] * scale[2] + base[2hc + d + hc s]`;
     /// softmax over d, `+ eps`, normalise over s, then `n_iter - 1` more rounds of normalising over
-    /// d then s (each sum with `+ eps`). Result [hc, hc, n_tokens].
+    /// d then s (each sum with `+ eps`). Result [hc, hc, n_tokens]. `n_iter` is 1 to
+    /// [`DSV4_HC_MAX_ITER`](crate::DSV4_HC_MAX_ITER) (DeepSeek-V4 uses 20).
     pub fn dsv4_hc_comb(
         &mut self,
         mixes: TensorId,
@@ -515,10 +516,13 @@ impl Graph {
         n_iter: i32,
     ) -> Result<TensorId> {
         const OP: &str = "dsv4_hc_comb";
-        if n_iter <= 0 || !eps.is_finite() {
+        if n_iter <= 0 || n_iter > super::DSV4_HC_MAX_ITER || !eps.is_finite() {
             return Err(Error::param(
                 OP,
-                format!("n_iter = {n_iter} must be > 0 and eps = {eps} finite"),
+                format!(
+                    "n_iter = {n_iter} must be 1 to {} and eps = {eps} finite",
+                    super::DSV4_HC_MAX_ITER
+                ),
             ));
         }
         let tm = self.rec_f32(OP, "mixes", mixes)?;

@@ -203,6 +203,7 @@ impl Graph {
     ) -> Result<()> {
         let mut ranges = Vec::new();
         for &(what, id) in written {
+            super::check_no_self_overlap(op, self.t(id), id)?;
             match self.state_range(id) {
                 Some(r) => ranges.push((what, id, r)),
                 None => {

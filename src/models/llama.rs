@@ -99,6 +99,19 @@ fn take(w: &HashMap<String, WeightRef>, name: &str) -> Result<WeightRef> {
     w.get(name).cloned().ok_or_else(|| Error::arg(format!("llama: missing tensor '{name}'")))
 }
 
+/// A weight must have exactly the shape the hyperparameters give it (`[ne0, ne1]`, higher dims 1):
+/// an `output.weight` with more or fewer rows than the vocabulary would give the wrong number of
+/// logits.
+fn expect_shape(name: &str, w: &WeightRef, ne: [usize; 2]) -> Result<()> {
+    if w.ne != [ne[0], ne[1], 1, 1] {
+        return Err(Error::arg(format!(
+            "llama: tensor '{name}' is {} {:?}, the hyperparameters need [{}, {}, 1, 1]",
+            w.dtype, w.ne, ne[0], ne[1]
+        )));
+    }
+    Ok(())
+}
+
 impl Llama {
     /// A model from its hyperparameters and weights by llama.cpp name. `output.weight` may be
     /// absent (tied embeddings).
@@ -108,26 +121,52 @@ impl Llama {
         backend: &CpuBackend,
     ) -> Result<Llama> {
         cfg.validate()?;
+        let c = &cfg;
+        // Every tensor is found and its shape checked against the hyperparameters before
+        // anything is allocated: a block count or size the weights do not back is an `Err`, not
+        // an allocation of the size the metadata claims. Nine tensors per block also bound the
+        // block count by the number of weights given.
+        if c.n_layer > weights.len() / 9 {
+            return Err(Error::arg(format!(
+                "llama: block_count {} needs {} blk.N tensors, only {} tensors were given",
+                c.n_layer,
+                c.n_layer.saturating_mul(9),
+                weights.len()
+            )));
+        }
         let tok_embd = take(weights, "token_embd.weight")?;
         let output = weights.get("output.weight").cloned().unwrap_or_else(|| tok_embd.clone());
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        let mut cache = Vec::with_capacity(cfg.n_layer);
-        let kv_row = DType::F16.row_size(cfg.head_dim() * cfg.n_head_kv)?;
-        for i in 0..cfg.n_layer {
-            let t = |n: &str| take(weights, &format!("blk.{i}.{n}.weight"));
+        let (e, q, kv) = (c.n_embd, c.head_dim() * c.n_head, c.head_dim() * c.n_head_kv);
+        expect_shape("token_embd.weight", &tok_embd, [e, c.n_vocab])?;
+        expect_shape("output.weight", &output, [e, c.n_vocab])?;
+        let mut layers = Vec::new();
+        for i in 0..c.n_layer {
+            let t = |n: &str, ne: [usize; 2]| {
+                let name = format!("blk.{i}.{n}.weight");
+                let w = take(weights, &name)?;
+                expect_shape(&name, &w, ne)?;
+                Ok::<_, Error>(w)
+            };
             layers.push(Layer {
-                attn_norm: t("attn_norm")?,
-                wq: t("attn_q")?,
-                wk: t("attn_k")?,
-                wv: t("attn_v")?,
-                wo: t("attn_output")?,
-                ffn_norm: t("ffn_norm")?,
-                gate: t("ffn_gate")?,
-                up: t("ffn_up")?,
-                down: t("ffn_down")?,
+                attn_norm: t("attn_norm", [e, 1])?,
+                wq: t("attn_q", [e, q])?,
+                wk: t("attn_k", [e, kv])?,
+                wv: t("attn_v", [e, kv])?,
+                wo: t("attn_output", [q, e])?,
+                ffn_norm: t("ffn_norm", [e, 1])?,
+                gate: t("ffn_gate", [e, c.n_ff])?,
+                up: t("ffn_up", [e, c.n_ff])?,
+                down: t("ffn_down", [c.n_ff, e])?,
             });
-            let bytes =
-                kv_row.checked_mul(cfg.n_ctx).ok_or(Error::Overflow { what: "kv cache" })?;
+        }
+        let kv_row = DType::F16.row_size(kv)?;
+        let bytes = kv_row.checked_mul(c.n_ctx).ok_or(Error::Overflow { what: "kv cache" })?;
+        bytes
+            .checked_mul(2 * c.n_layer)
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or(Error::Overflow { what: "kv cache" })?;
+        let mut cache = Vec::with_capacity(c.n_layer);
+        for _ in 0..c.n_layer {
             cache.push((Buffer::alloc(bytes)?, Buffer::alloc(bytes)?));
         }
         let m = Llama {
@@ -291,7 +330,8 @@ impl Llama {
     pub fn generate(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
         let logits = self.forward(prompt)?;
         let nv = self.cfg.n_vocab;
-        let mut next = argmax(&logits[logits.len() - nv..]);
+        // `Llama::new` checked that the output projection has n_vocab rows.
+        let mut next = argmax(&logits[logits.len().saturating_sub(nv)..]);
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             out.push(next);

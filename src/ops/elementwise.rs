@@ -273,9 +273,9 @@ pub(crate) fn acc(
         let (i1, i2, i3) = unravel_row(r, &b.ne);
         let off = offset + i1 * nb[0] + i2 * nb[1] + i3 * nb[2];
         // SAFETY: the builder checked that every element of the strided view lies inside a
-        // (and dst, which has a's contiguous layout); b rows are contiguous F32. Distinct b
-        // rows may overlap in the view only if the caller's strides make them: like ggml, the
-        // workers then race on those elements (documented; strides from ggml_acc callers do not).
+        // (and dst, which has a's contiguous layout) and that distinct elements of the view are
+        // distinct bytes, so workers, which own distinct rows of b, write disjoint elements; b
+        // rows are contiguous F32.
         unsafe {
             let pb = b.row(i1, i2, i3) as *const f32;
             let pd = d.ptr.add(off) as *mut f32;

@@ -4,8 +4,15 @@
 
 use crate::backend::BUFFER_ALIGNMENT;
 
+use crate::error::{Error, Result};
+
 pub(crate) fn align_up(n: usize, a: usize) -> usize {
     n.div_ceil(a) * a
+}
+
+/// `align_up` for sizes that come from the graph: `Err` instead of wrapping near `usize::MAX`.
+pub(crate) fn checked_align_up(n: usize, a: usize) -> Result<usize> {
+    n.div_ceil(a).checked_mul(a).ok_or(Error::Overflow { what: "plan arena size" })
 }
 
 #[derive(Default)]
@@ -19,9 +26,10 @@ pub(crate) struct ArenaAlloc {
 }
 
 impl ArenaAlloc {
-    /// Reserves `size` bytes (rounded up to the alignment); returns the offset.
-    pub fn alloc(&mut self, size: usize) -> usize {
-        let size = align_up(size.max(1), BUFFER_ALIGNMENT);
+    /// Reserves `size` bytes (rounded up to the alignment); returns the offset, or `Err` when the
+    /// arena would pass `isize::MAX` bytes.
+    pub fn alloc(&mut self, size: usize) -> Result<usize> {
+        let size = checked_align_up(size.max(1), BUFFER_ALIGNMENT)?;
         let mut best: Option<usize> = None;
         for (i, &(_, s)) in self.free.iter().enumerate() {
             if s >= size && best.is_none_or(|b| s < self.free[b].1) {
@@ -35,7 +43,7 @@ impl ArenaAlloc {
             } else {
                 self.free[i] = (off + size, s - size);
             }
-            return off;
+            return Ok(off);
         }
         // Grow at the top, absorbing a free block that ends there.
         let mut off = self.top;
@@ -45,13 +53,17 @@ impl ArenaAlloc {
             off = o;
             self.free.pop();
         }
-        self.top = off + size;
+        self.top = off
+            .checked_add(size)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or(Error::Overflow { what: "plan arena size" })?;
         self.peak = self.peak.max(self.top);
-        off
+        Ok(off)
     }
 
     /// Returns a block obtained from `alloc` with the same `size`.
     pub fn free(&mut self, off: usize, size: usize) {
+        // `alloc` succeeded with this size, so the rounding cannot overflow.
         let size = align_up(size.max(1), BUFFER_ALIGNMENT);
         let i = self.free.partition_point(|&(o, _)| o < off);
         self.free.insert(i, (off, size));
@@ -74,16 +86,16 @@ mod tests {
     #[test]
     fn reuses_freed_blocks_and_merges() {
         let mut a = ArenaAlloc::default();
-        let x = a.alloc(100);
-        let y = a.alloc(100);
-        let z = a.alloc(100);
+        let x = a.alloc(100).unwrap();
+        let y = a.alloc(100).unwrap();
+        let z = a.alloc(100).unwrap();
         assert_eq!((x, y, z), (0, 128, 256));
         a.free(x, 100);
         a.free(y, 100);
         // Merged 256-byte hole at 0 takes a 200-byte block.
-        assert_eq!(a.alloc(200), 0);
+        assert_eq!(a.alloc(200).unwrap(), 0);
         assert_eq!(a.peak, 384);
         a.free(z, 100);
-        assert_eq!(a.alloc(64), 256);
+        assert_eq!(a.alloc(64).unwrap(), 256);
     }
 }

@@ -229,20 +229,50 @@ struct Team {
     slots: Box<[Slot]>,
 }
 
+/// Deepest nesting of computes (a custom op computing a plan whose custom op computes another
+/// ...) that `Team::run` follows.
+const MAX_NESTING: usize = 8;
+
+/// The teams (their addresses) whose jobs the current thread's work belongs to, outermost first.
+/// It travels with every job to the workers that run it, so a compute nested through another
+/// backend (a -> b -> a) still sees the team it would wait for. Fixed size: compute allocates
+/// nothing.
+#[derive(Clone, Copy)]
+struct Chain {
+    teams: [usize; MAX_NESTING],
+    len: usize,
+}
+
+impl Chain {
+    const EMPTY: Chain = Chain { teams: [0; MAX_NESTING], len: 0 };
+
+    fn contains(&self, team: usize) -> bool {
+        self.teams[..self.len].contains(&team)
+    }
+
+    fn with(mut self, team: usize) -> Option<Chain> {
+        *self.teams.get_mut(self.len)? = team;
+        self.len += 1;
+        Some(self)
+    }
+}
+
 thread_local! {
-    /// The team whose job this thread is running (its address), or 0.
-    static IN_TEAM: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The teams this thread is working for, innermost last (empty outside any compute).
+    static IN_TEAMS: std::cell::Cell<Chain> = const { std::cell::Cell::new(Chain::EMPTY) };
 }
 
 struct JobRef<'a> {
     f: &'a (dyn Fn(usize) + Sync),
+    /// The caller's chain plus this team.
+    chain: Chain,
 }
 
 impl Team {
     /// Runs `f(0)` here and `f(1)` .. `f(nth - 1)` on team workers, and returns when all are
     /// done, after any compute that took the team earlier. A compute started from inside one of
-    /// this team's jobs (a custom op computing a plan on the same backend) would wait for itself:
-    /// it is an error instead.
+    /// this team's jobs (a custom op computing a plan on the same backend, directly or through
+    /// computes on other backends) would wait for itself: it is an error instead.
     fn run(
         self: &Arc<Self>,
         pool: &rayon::ThreadPool,
@@ -250,12 +280,22 @@ impl Team {
         f: &(dyn Fn(usize) + Sync),
     ) -> Result<()> {
         let me = Arc::as_ptr(self) as usize;
-        if IN_TEAM.with(|t| t.get()) == me {
-            return Err(Error::arg(
+        let outer = IN_TEAMS.with(|t| t.get());
+        if outer.contains(me) {
+            return Err(Error::arg(if outer.teams[outer.len - 1] == me {
                 "compute: a plan on this backend was computed from inside one of its own \
-                 computes (a custom op); use another backend for the inner graph",
-            ));
+                 computes (a custom op); use another backend for the inner graph"
+            } else {
+                "compute: a plan on this backend was computed from inside one of its own \
+                 computes, through a compute on another backend (a -> b -> a); use another \
+                 backend for the inner graph"
+            }));
         }
+        let chain = outer.with(me).ok_or_else(|| {
+            Error::arg(format!(
+                "compute: computes nested more than {MAX_NESTING} deep through custom ops"
+            ))
+        })?;
         assert!(nth <= self.slots.len(), "team: more workers than threads");
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let mut spins = 0u32;
@@ -267,7 +307,7 @@ impl Team {
                 std::thread::yield_now();
             }
         }
-        let job = JobRef { f };
+        let job = JobRef { f, chain };
         self.done.store(0, Ordering::Relaxed);
         self.job.store(&job as *const JobRef<'_> as *mut (), Ordering::Release);
         for i in 1..nth {
@@ -282,9 +322,9 @@ impl Team {
         }
         // Worker 0's panics are caught inside (`worker` catches the ops' and the hook's); catch
         // anything else too, so this frame never unwinds while workers still use `job`.
-        let outer = IN_TEAM.with(|t| t.replace(me));
+        IN_TEAMS.with(|t| t.set(chain));
         let r = catch_unwind(AssertUnwindSafe(|| f(0)));
-        IN_TEAM.with(|t| t.set(outer));
+        IN_TEAMS.with(|t| t.set(outer));
         let mut spins = 0u32;
         while self.done.load(Ordering::Acquire) < nth - 1 {
             if spins < 20_000 {
@@ -305,15 +345,16 @@ impl Team {
     /// A team worker's life in a pool thread: run the assigned job, then spin for the next one
     /// until `HOT_WINDOW` passes without work.
     fn work(&self, i: usize) {
-        IN_TEAM.with(|t| t.set(self as *const Team as usize));
         let st = &self.slots[i].state;
         loop {
             let p = self.job.load(Ordering::Acquire) as *const JobRef<'_>;
             // SAFETY: this slot was ASSIGNED after `job` was stored (release / acquire through
             // the slot's compare-exchange or the spawn), and the caller keeps the JobRef alive
             // until `done` counts this worker, which happens below after the last use.
-            let f = unsafe { (*p).f };
+            let (f, chain) = unsafe { ((*p).f, (*p).chain) };
+            let outer = IN_TEAMS.with(|t| t.replace(chain));
             let _ = catch_unwind(AssertUnwindSafe(|| f(i)));
+            IN_TEAMS.with(|t| t.set(outer));
             st.store(SPINNING, Ordering::Release);
             self.done.fetch_add(1, Ordering::AcqRel);
             let start = Instant::now();
@@ -327,10 +368,7 @@ impl Team {
                 if spins.is_multiple_of(256) && start.elapsed() > HOT_WINDOW {
                     match st.compare_exchange(SPINNING, ASLEEP, Ordering::AcqRel, Ordering::Acquire)
                     {
-                        Ok(_) => {
-                            IN_TEAM.with(|t| t.set(0));
-                            return;
-                        }
+                        Ok(_) => return,
                         Err(_) => break,
                     }
                 }

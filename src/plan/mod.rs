@@ -58,7 +58,7 @@ impl ExecNode {
     /// A placeholder naming the node in compute-time errors; `Plan::compute` replaces it with the
     /// full description (formatting it for every node at plan time would cost more than planning).
     pub(crate) fn label(&self) -> String {
-        format!("#{}", self.id.0)
+        format!("#{}", self.id.idx)
     }
 }
 
@@ -171,7 +171,9 @@ impl Plan {
     /// nothing in place) framed by `guard` bytes of a fixed pattern; every `compute` then checks
     /// them ([`Plan::check_guards`]) and returns `Err` if an op wrote outside its output.
     pub fn with_guards(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
-        Plan::build(graph, backend, guard.max(1).next_multiple_of(crate::backend::BUFFER_ALIGNMENT))
+        let guard = alloc::checked_align_up(guard.max(1), crate::backend::BUFFER_ALIGNMENT)
+            .map_err(|_| Error::Overflow { what: "plan guard size" })?;
+        Plan::build(graph, backend, guard)
     }
 
     /// Checks the guard bytes of a plan made with [`Plan::with_guards`].
@@ -190,7 +192,17 @@ impl Plan {
     }
 
     fn build(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
+        if let Some(e) = &graph.deferred {
+            return Err(Error::arg(format!("plan: {e}")));
+        }
         let n = graph.tensors.len();
+        // A region with its two guards; `Err` rather than a wrapped size for huge tensors.
+        let framed = |nbytes: usize| {
+            guard
+                .checked_mul(2)
+                .and_then(|g| g.checked_add(nbytes))
+                .ok_or(Error::Overflow { what: "plan arena size" })
+        };
         let mut guards_at: Vec<(usize, usize)> = Vec::new();
         let nth = backend.n_threads();
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
@@ -226,7 +238,7 @@ impl Plan {
                 continue;
             }
             let t = &graph.tensors[i];
-            let id = TensorId(i as u32);
+            let id = graph.id_at(i);
             if !matches!(t.op, Op::None | Op::View) {
                 crate::ops::supports(&graph, id)?;
             }
@@ -249,13 +261,13 @@ impl Plan {
         for (i, t) in graph.tensors.iter().enumerate() {
             if needed[i] && matches!(t.leaf, Leaf::Input) {
                 let nbytes = t.nbytes();
-                offset[i] = arena.alloc(nbytes + 2 * guard) + guard;
+                offset[i] = arena.alloc(framed(nbytes)?)? + guard;
                 if guard > 0 {
                     guards_at.push((offset[i] - guard, guard));
                     guards_at.push((offset[i] + nbytes, guard));
                 }
                 inputs.push(InputSlot {
-                    id: TensorId(i as u32),
+                    id: graph.id_at(i),
                     offset: offset[i],
                     nbytes,
                     set: false,
@@ -275,7 +287,9 @@ impl Plan {
             let t = &graph.tensors[i];
             if is_arena_node(t) {
                 let nbytes = t.nbytes();
-                stats.intermediate_bytes += align_up(nbytes, crate::backend::BUFFER_ALIGNMENT);
+                stats.intermediate_bytes = stats.intermediate_bytes.saturating_add(
+                    alloc::checked_align_up(nbytes, crate::backend::BUFFER_ALIGNMENT)?,
+                );
                 let mut placed = false;
                 if t.op.can_inplace()
                     && guard == 0
@@ -298,7 +312,7 @@ impl Plan {
                     }
                 }
                 if !placed {
-                    offset[i] = arena.alloc(nbytes + 2 * guard) + guard;
+                    offset[i] = arena.alloc(framed(nbytes)?)? + guard;
                     if guard > 0 {
                         guards_at.push((offset[i] - guard, guard));
                         guards_at.push((offset[i] + nbytes, guard));
@@ -377,15 +391,17 @@ impl Plan {
                 dtype: t.dtype,
                 ne: t.ne,
                 nb: t.nb,
-                repacked: graph.is_repacked(TensorId(j as u32)),
+                repacked: graph.is_repacked(graph.id_at(j)),
             }
         };
         for i in 0..n {
             let t = &graph.tensors[i];
-            if !needed[i] || matches!(t.op, Op::None | Op::View) {
+            // A node with an empty result has nothing to write (kernels index rows by the
+            // result's dims, which may be 0); leaving it out keeps them from dividing by zero.
+            if !needed[i] || matches!(t.op, Op::None | Op::View) || t.nelements() == 0 {
                 continue;
             }
-            let id = TensorId(i as u32);
+            let id = graph.id_at(i);
             let mut src = [None; MAX_SRC];
             for (k, s) in t.src.iter().enumerate() {
                 src[k] = s.map(|s| view(s.index()));
@@ -597,7 +613,7 @@ impl Plan {
                 .strip_prefix('#')
                 .and_then(|n| n.parse::<u32>().ok())
                 .filter(|&n| (n as usize) < self.graph.len())
-                .map(|n| self.graph.describe(TensorId(n)))
+                .map(|n| self.graph.describe(self.graph.id_at(n as usize)))
                 .unwrap_or(label)
         };
         match e {

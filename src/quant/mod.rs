@@ -220,3 +220,63 @@ fn fits(d: DType, n: usize, len: usize) -> bool {
         n.is_multiple_of(bs) && (n / bs).checked_mul(d.type_size()) == Some(len)
     }
 }
+
+#[cfg(test)]
+mod align_tests {
+    use super::*;
+    use std::mem::align_of;
+
+    /// `DType::align` is what graph building checks offsets and strides against; it must be the
+    /// alignment of the struct the kernels view the bytes as.
+    #[test]
+    fn dtype_align_matches_block_structs() {
+        let blocks: [(DType, usize); 31] = [
+            (DType::F32, align_of::<f32>()),
+            (DType::F16, align_of::<half::f16>()),
+            (DType::BF16, align_of::<half::bf16>()),
+            (DType::I8, align_of::<i8>()),
+            (DType::I16, align_of::<i16>()),
+            (DType::I32, align_of::<i32>()),
+            (DType::I64, align_of::<i64>()),
+            (DType::F64, align_of::<f64>()),
+            (DType::Q4_0, align_of::<legacy::BlockQ4_0>()),
+            (DType::Q4_1, align_of::<legacy::BlockQ4_1>()),
+            (DType::Q5_0, align_of::<legacy::BlockQ5_0>()),
+            (DType::Q5_1, align_of::<legacy::BlockQ5_1>()),
+            (DType::Q8_0, align_of::<legacy::BlockQ8_0>()),
+            (DType::Q8_1, align_of::<legacy::BlockQ8_1>()),
+            (DType::Q2_K, align_of::<kquants::BlockQ2K>()),
+            (DType::Q3_K, align_of::<kquants::BlockQ3K>()),
+            (DType::Q4_K, align_of::<kquants::BlockQ4K>()),
+            (DType::Q5_K, align_of::<kquants::BlockQ5K>()),
+            (DType::Q6_K, align_of::<kquants::BlockQ6K>()),
+            (DType::Q8_K, align_of::<kquants::BlockQ8K>()),
+            (DType::IQ2_XXS, align_of::<iq::iq2::BlockIQ2XXS>()),
+            (DType::IQ2_XS, align_of::<iq::iq2::BlockIQ2XS>()),
+            (DType::IQ2_S, align_of::<iq::iq2::BlockIQ2S>()),
+            (DType::IQ3_XXS, align_of::<iq::iq3::BlockIQ3XXS>()),
+            (DType::IQ3_S, align_of::<iq::iq3::BlockIQ3S>()),
+            (DType::IQ1_S, align_of::<iq::iq1::BlockIQ1S>()),
+            (DType::IQ1_M, align_of::<iq::iq1::BlockIQ1M>()),
+            (DType::IQ4_NL, align_of::<iq::iq4::BlockIQ4NL>()),
+            (DType::IQ4_XS, align_of::<iq::iq4::BlockIQ4XS>()),
+            (DType::MXFP4, align_of::<fp4::BlockMxfp4>()),
+            (DType::NVFP4, align_of::<fp4::BlockNvfp4>()),
+        ];
+        for (d, a) in blocks {
+            assert_eq!(d.align(), a, "{d}");
+        }
+        let rest = [
+            (DType::TQ1_0, align_of::<ternary::BlockTq1_0>()),
+            (DType::TQ2_0, align_of::<ternary::BlockTq2_0>()),
+            (DType::Q1_0, align_of::<lowbit::BlockQ1_0>()),
+            (DType::Q2_0, align_of::<lowbit::BlockQ2_0>()),
+        ];
+        for (d, a) in rest {
+            assert_eq!(d.align(), a, "{d}");
+        }
+        for d in DType::ALL {
+            assert!(d.type_size().is_multiple_of(d.align()), "{d}");
+        }
+    }
+}
