@@ -77,9 +77,17 @@ pub(crate) struct ABlock {
 }
 const _: () = assert!(size_of::<ABlock>() == 7232);
 
-/// One band x one panel x one super-block into `acc[r][c]` (see the module notes). Every tier's
-/// kernel gives the same bits as [`igemm_generic`].
-pub(crate) type IgemmFn = fn(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]);
+/// One band x one panel x one super-block into `acc[r][c]` (see the module notes), of which the
+/// first `len` K values (a multiple of 32, at most 256) are not padding: the kernels skip the
+/// sub-blocks past [`used_subs`]. Every tier's kernel gives the same bits as [`igemm_generic`].
+pub(crate) type IgemmFn = fn(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR], len: usize);
+
+/// Sub-blocks of `sub` elements a kernel walks for `len` K values: those holding data, rounded
+/// up to a pair (the SIMD kernels take two at a time; a padding sub-block adds exact zeros).
+#[inline(always)]
+pub(crate) fn used_subs(len: usize, sub: usize) -> usize {
+    len.div_ceil(sub).next_multiple_of(2).min(QK_K / sub)
+}
 
 /// The kernels of one tier, for the four (sub-block size, mins) combinations with integer
 /// scales and the three with float scales (no block type has mins per 16).
@@ -164,9 +172,10 @@ pub(crate) fn igemm_blocks_generic<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
     for (r, row) in acc.iter_mut().enumerate() {
-        for j in 0..QK_K / SUB {
+        for j in 0..used_subs(len, SUB) {
             let raw = raw_sums::<SUB>(w, a, r, j);
             let (ws, wm) = (w.fscales[r * 16 + j], w.fmins[r * 16 + j]);
             for (c, v) in row.iter_mut().enumerate() {
@@ -187,8 +196,9 @@ pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
-    let nsub = QK_K / SUB;
+    let nsub = used_subs(len, SUB);
     for r in 0..IG_MR {
         let mut s1 = [0i32; IG_NR];
         let mut s2 = [0i32; IG_NR];
@@ -343,13 +353,16 @@ mod tests {
                     *c &= k.max_code;
                 }
                 for (sub, min, fl) in IgemmKernels::KINDS {
-                    let mut want = [[0.5f32; IG_NR]; IG_MR];
-                    let mut got = want;
-                    (SCALAR.get(sub, min, fl))(&w, &a, &mut want);
-                    (k.get(sub, min, fl))(&w, &a, &mut got);
-                    let same = want.iter().flatten().zip(got.iter().flatten());
-                    for (x, y) in same {
-                        assert_eq!(x.to_bits(), y.to_bits(), "{name} {sub} {min} {fl}");
+                    // Whole steps, and the partial last steps of block-type rows.
+                    for len in [256, 32, 64, 160] {
+                        let mut want = [[0.5f32; IG_NR]; IG_MR];
+                        let mut got = want;
+                        (SCALAR.get(sub, min, fl))(&w, &a, &mut want, len);
+                        (k.get(sub, min, fl))(&w, &a, &mut got, len);
+                        let same = want.iter().flatten().zip(got.iter().flatten());
+                        for (x, y) in same {
+                            assert_eq!(x.to_bits(), y.to_bits(), "{name} {sub} {min} {fl} {len}");
+                        }
                     }
                 }
             }

@@ -351,6 +351,8 @@ pub(crate) fn int_block(
         bands[nbands - 1] = bytemuck::Zeroable::zeroed();
     }
     for kb in 0..nkb {
+        // K values of this step that are not padding (a block-type row's last step is partial).
+        let len = (k - kb * QK_K).min(QK_K);
         for (r, i) in (i0..i1).enumerate() {
             let band = &mut bands[r / IG_MR];
             let rr = r % IG_MR;
@@ -397,7 +399,7 @@ pub(crate) fn int_block(
         for p in 0..np {
             let a = &ab[p * nkb + kb];
             for (bi, band) in bands.iter().enumerate() {
-                kernel(band, a, &mut tile[p * nbands + bi]);
+                kernel(band, a, &mut tile[p * nbands + bi], len);
             }
         }
     }

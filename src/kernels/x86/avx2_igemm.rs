@@ -15,16 +15,16 @@
 use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
-use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand};
+use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, used_subs};
 
 /// The kernel body for one (sub-block size `SUB`, mins `MIN`, float scales `FL`) combination,
 /// expanded inside each form's `#[target_feature]` function; `$dot(sum, codes, levels)` adds,
 /// per int32 lane, the 4 products of unsigned codes and signed levels.
 macro_rules! body {
-    ($w:expr, $a:expr, $acc:expr, $dot:expr) => {{
+    ($w:expr, $a:expr, $acc:expr, $len:expr, $dot:expr) => {{
         let (w, a, acc): (&WBand, &ABlock, &mut [[f32; IG_NR]; IG_MR]) = ($w, $a, $acc);
         let dot = $dot;
-        let nsub = QK_K / SUB;
+        let nsub = used_subs($len, SUB);
         let wc = w.codes.as_ptr();
         let ac = a.codes.as_ptr();
         let zero = _mm256_setzero_si256();
@@ -140,9 +140,10 @@ fn avx_vnni<const SUB: usize, const MIN: bool, const FL: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
     // SAFETY: `plug` installs AVX_VNNI only on a CPU with AVX2, FMA and AVX-VNNI.
-    unsafe { avx_vnni_kernel::<SUB, MIN, FL>(w, a, acc) }
+    unsafe { avx_vnni_kernel::<SUB, MIN, FL>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx2,fma,avxvnni")]
@@ -150,18 +151,20 @@ fn avx_vnni_kernel<const SUB: usize, const MIN: bool, const FL: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
-    body!(w, a, acc, |s, c, l| _mm256_dpbusd_avx_epi32(s, c, l))
+    body!(w, a, acc, len, |s, c, l| _mm256_dpbusd_avx_epi32(s, c, l))
 }
 
 fn maddubs<const SUB: usize, const MIN: bool, const FL: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
     // SAFETY: `plug` installs MADDUBS only on a CPU with AVX2 and FMA; the table's `max_code`
     // (127) keeps formats with larger codes away, so no int16 pair sum saturates.
-    unsafe { maddubs_kernel::<SUB, MIN, FL>(w, a, acc) }
+    unsafe { maddubs_kernel::<SUB, MIN, FL>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -169,9 +172,10 @@ fn maddubs_kernel<const SUB: usize, const MIN: bool, const FL: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
     let ones = _mm256_set1_epi16(1);
-    body!(w, a, acc, |s, c, l| {
+    body!(w, a, acc, len, |s, c, l| {
         _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(c, l), ones))
     })
 }

@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
-use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand};
+use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, used_subs};
 
 /// The AVX-512 VNNI kernels.
 pub(crate) const VNNI: IgemmKernels = IgemmKernels {
@@ -27,10 +27,15 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     max_code: 255,
 };
 
-fn vnni<const SUB: usize, const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR]) {
+fn vnni<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
+) {
     // SAFETY: `plug` installs this kernel only on a CPU with AVX-512 F/BW/DQ/VL and VNNI; the
     // references cover every byte the kernel reads and writes (fixed-size arrays).
-    unsafe { vnni_kernel::<SUB, MIN>(w, a, acc) }
+    unsafe { vnni_kernel::<SUB, MIN>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
@@ -38,8 +43,9 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
-    let nsub = QK_K / SUB;
+    let nsub = used_subs(len, SUB);
     let wc = w.codes.as_ptr();
     let ac = a.codes.as_ptr();
     let mut s1 = [_mm512_setzero_si512(); IG_MR];
@@ -113,9 +119,10 @@ fn vnni_blocks<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
     // SAFETY: as `vnni`.
-    unsafe { vnni_blocks_kernel::<SUB, MIN>(w, a, acc) }
+    unsafe { vnni_blocks_kernel::<SUB, MIN>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
@@ -123,8 +130,9 @@ fn vnni_blocks_kernel<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
 ) {
-    let nsub = QK_K / SUB;
+    let nsub = used_subs(len, SUB);
     let wc = w.codes.as_ptr();
     let ac = a.codes.as_ptr();
     let mut out = [_mm512_setzero_ps(); IG_MR];
