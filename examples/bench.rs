@@ -645,7 +645,7 @@ fn model(
     };
     let prompt: Vec<u32> = (0..n_prompt).map(|i| ((i * 7919 + 13) % cfg.n_vocab) as u32).collect();
     let t0 = Instant::now();
-    let logits = m.forward(&prompt)?;
+    let logits = m.forward_last(&prompt)?;
     let tp = t0.elapsed().as_secs_f64();
     let mut next = argmax(&logits[logits.len() - cfg.n_vocab..]);
     let mut times = Vec::new();

@@ -59,7 +59,7 @@ fn run() -> quantgraph::Result<()> {
     let nv = model.config().n_vocab;
     let prompt: Vec<u32> = (0..n_prompt).map(|i| ((i * 7919 + 13) % nv) as u32).collect();
     let t0 = Instant::now();
-    let logits = model.forward(&prompt)?;
+    let logits = model.forward_last(&prompt)?;
     let t_prefill = t0.elapsed().as_secs_f64();
     let mut next = argmax(&logits[logits.len() - nv..]);
     let mut out = Vec::new();

@@ -39,7 +39,7 @@ fn main() -> quantgraph::Result<()> {
     // 3. Prefill a prompt, then decode greedily.
     let prompt: Vec<u32> = (0..32).map(|i| (i * 37 + 11) % cfg.n_vocab as u32).collect();
     let t0 = Instant::now();
-    let logits = model.forward(&prompt)?;
+    let logits = model.forward_last(&prompt)?;
     let t_prefill = t0.elapsed().as_secs_f64();
     let mut next = quantgraph::models::llama::argmax(&logits[logits.len() - cfg.n_vocab..]);
     let n_decode = 16;

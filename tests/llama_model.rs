@@ -166,6 +166,13 @@ fn prefill_matches_reference_and_decode_matches_prefill() {
         let e = nmse(&last, &full.iter().map(|&v| v as f64).collect::<Vec<_>>());
         assert!(e < 1e-6, "{ty}: decode vs prefill nmse {e}");
         assert_eq!(m.n_past(), 7);
+        // The prompt with only its last token's logits: the last row of the full prefill.
+        m.reset();
+        let only = m.forward_last(&prompt).unwrap();
+        assert_eq!(only.len(), c.n_vocab);
+        let e = nmse(&only, &full.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        assert!(e < 1e-6, "{ty}: forward_last vs prefill nmse {e}");
+        assert_eq!(m.n_past(), 7);
     }
 }
 

@@ -181,7 +181,7 @@ impl Llama {
             decode: None,
         };
         // Build once to validate every shape now rather than at the first token.
-        m.build(1)?;
+        m.build(1, false)?;
         Ok(m)
     }
 
@@ -218,8 +218,9 @@ impl Llama {
         g.mul_mat(wt, x)
     }
 
-    /// The graph for `t` new tokens attending over the whole cache (masked past `n_past + t`).
-    fn build(&self, t: usize) -> Result<Step> {
+    /// The graph for `t` new tokens attending over the whole cache (masked past `n_past + t`),
+    /// with the logits of every new token or (`last_only`) of the last one.
+    fn build(&self, t: usize, last_only: bool) -> Result<Step> {
         let c = &self.cfg;
         let (hd, nh, nkv, ctx) = (c.head_dim(), c.n_head, c.n_head_kv, c.n_ctx);
         let mut g = Graph::with_capacity(32 * c.n_layer + 16);
@@ -267,6 +268,11 @@ impl Llama {
             let dn = Self::mm(&mut g, &l.down, ff)?;
             x = g.add(dn, x1)?;
         }
+        if last_only && t > 1 {
+            // Only the last token's hidden state goes through the output projection.
+            let row = DType::F32.row_size(c.n_embd)?;
+            x = g.view_2d(x, [c.n_embd, 1], row, (t - 1) * row)?;
+        }
         let on = Self::weight(&mut g, &self.output_norm)?;
         let h = g.rms_norm_mul(x, on, c.eps)?;
         let logits = Self::mm(&mut g, &self.output, h)?;
@@ -309,26 +315,37 @@ impl Llama {
     /// Runs `tokens` through the model after what is cached; returns the logits of every new
     /// token (\[n_vocab\] per token, in order).
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.forward_with(tokens, false)
+    }
+
+    /// Runs `tokens` through the model after what is cached; returns the logits of the last
+    /// one only (\[n_vocab\]), as llama.cpp computes by default when it processes a prompt:
+    /// the output projection runs for one token instead of all of them.
+    pub fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.forward_with(tokens, true)
+    }
+
+    fn forward_with(&mut self, tokens: &[u32], last_only: bool) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::arg("llama: no tokens"));
         }
         if tokens.len() == 1 {
             let mut step = match self.decode.take() {
                 Some(s) => s,
-                None => self.build(1)?,
+                None => self.build(1, false)?,
             };
             let r = self.run(&mut step, tokens);
             self.decode = Some(step);
             return r;
         }
-        let mut step = self.build(tokens.len())?;
+        let mut step = self.build(tokens.len(), last_only)?;
         debug_assert_eq!(step.n_tokens, tokens.len());
         self.run(&mut step, tokens)
     }
 
     /// Greedy generation: feeds `prompt`, then `n` tokens each picked by argmax.
     pub fn generate(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
-        let logits = self.forward(prompt)?;
+        let logits = self.forward_last(prompt)?;
         let nv = self.cfg.n_vocab;
         // `Llama::new` checked that the output projection has n_vocab rows.
         let mut next = argmax(&logits[logits.len().saturating_sub(nv)..]);
