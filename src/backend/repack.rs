@@ -130,42 +130,64 @@ fn transform(dtype: DType, ne: &[usize; 4], src: &[u8], dst: &mut [u8], pack: bo
     for g in 0..groups {
         let base = g * row * REPACK_ROWS;
         for b in 0..nb {
-            // Byte offset of block b of the group in the interleaved layout, and of the field.
-            let mut po = base + b * bs * REPACK_ROWS;
-            for &(fo, f) in fl {
-                match f {
-                    Field::Plain(len) => {
-                        for r in 0..REPACK_ROWS {
-                            let plain = base + r * row + b * bs + fo;
-                            let packed = po + r * len;
-                            copy(src, dst, plain, packed, len, pack);
-                        }
-                        po += REPACK_ROWS * len;
-                    }
-                    Field::Transposed(len) => {
-                        for j in 0..len {
-                            for r in 0..REPACK_ROWS {
-                                let plain = base + r * row + b * bs + fo + j;
-                                copy(src, dst, plain, po + REPACK_ROWS * j + r, 1, pack);
-                            }
-                        }
-                        po += REPACK_ROWS * len;
-                    }
-                    Field::Chunk4(len) => {
-                        for c in 0..len / 4 {
-                            for r in 0..REPACK_ROWS {
-                                let plain = base + r * row + b * bs + fo + 4 * c;
-                                let packed = po + 32 * c + 4 * r;
-                                copy(src, dst, plain, packed, 4, pack);
-                            }
-                        }
-                        po += REPACK_ROWS * len;
-                    }
-                }
-            }
+            let packed = base + b * bs * REPACK_ROWS;
+            move_block(fl, src, dst, |r| base + r * row + b * bs, packed, pack);
         }
     }
     Ok(())
+}
+
+/// Block `b` of an 8-row group back in the plain layout: `packed` is the group's block `b`
+/// (`REPACK_ROWS * type_size` bytes at `b * REPACK_ROWS * type_size` from the group's start),
+/// `plain` receives the 8 rows' blocks one after the other. For readers of repacked weights
+/// that want ggml's blocks (the integer GEMM's unpackers).
+pub(crate) fn plain_group_block(dtype: DType, packed: &[u8], plain: &mut [u8]) -> Result<()> {
+    let fl = fields(dtype).ok_or_else(|| Error::arg(format!("{dtype} has no repacked layout")))?;
+    let bs = dtype.type_size();
+    if packed.len() != bs * REPACK_ROWS || plain.len() != bs * REPACK_ROWS {
+        return Err(Error::arg(format!("repack: a {dtype} group block is {} bytes", bs * 8)));
+    }
+    move_block(fl, packed, plain, |r| r * bs, 0, false);
+    Ok(())
+}
+
+/// Moves one block of 8 rows between the plain layout (row `r`'s block at `plain_of(r)`) and
+/// the interleaved one (at `packed`), in the direction `pack` says.
+fn move_block(
+    fl: &[(usize, Field)],
+    src: &[u8],
+    dst: &mut [u8],
+    plain_of: impl Fn(usize) -> usize,
+    packed: usize,
+    pack: bool,
+) {
+    let mut po = packed;
+    for &(fo, f) in fl {
+        match f {
+            Field::Plain(len) => {
+                for r in 0..REPACK_ROWS {
+                    copy(src, dst, plain_of(r) + fo, po + r * len, len, pack);
+                }
+                po += REPACK_ROWS * len;
+            }
+            Field::Transposed(len) => {
+                for j in 0..len {
+                    for r in 0..REPACK_ROWS {
+                        copy(src, dst, plain_of(r) + fo + j, po + REPACK_ROWS * j + r, 1, pack);
+                    }
+                }
+                po += REPACK_ROWS * len;
+            }
+            Field::Chunk4(len) => {
+                for c in 0..len / 4 {
+                    for r in 0..REPACK_ROWS {
+                        copy(src, dst, plain_of(r) + fo + 4 * c, po + 32 * c + 4 * r, 4, pack);
+                    }
+                }
+                po += REPACK_ROWS * len;
+            }
+        }
+    }
 }
 
 #[inline(always)]

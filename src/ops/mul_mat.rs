@@ -43,13 +43,13 @@ fn converted_row_bytes(node: &ExecNode) -> usize {
 }
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
-    if super::mul_mat_repack::applies(node) {
-        return super::mul_mat_repack::work_size(node, nth);
-    }
     // The integer GEMM runs only on tiers with its kernels; the plan holds room for the path
     // every tier takes, so it does not depend on the tier selected when it was made.
     let int =
         if super::mul_mat_q::applies(node) { super::mul_mat_q::work_size(node, nth) } else { 0 };
+    if super::mul_mat_repack::applies(node) {
+        return int.max(super::mul_mat_repack::work_size(node, nth));
+    }
     if super::mul_mat_f::applies(node) {
         return int.max(super::mul_mat_f::work_size(node, nth));
     }
@@ -106,18 +106,20 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
-    if super::mul_mat_repack::applies(ctx.node) {
-        return if phase == 0 {
-            super::mul_mat_repack::convert(ctx, ith)
-        } else {
-            super::mul_mat_repack::compute(ctx, ith)
-        };
-    }
+    // The integer GEMM first: it reads repacked weights as well (prefill), the repacked kernels
+    // take what it does not (decode, tiers without integer kernels).
     if super::mul_mat_q::runs_on(ctx.node, ctx.kt) {
         return if phase == 0 {
             super::mul_mat_q::pack(ctx, ith)
         } else {
             super::mul_mat_q::compute(ctx, ith)
+        };
+    }
+    if super::mul_mat_repack::applies(ctx.node) {
+        return if phase == 0 {
+            super::mul_mat_repack::convert(ctx, ith)
+        } else {
+            super::mul_mat_repack::compute(ctx, ith)
         };
     }
     if super::mul_mat_f::applies(ctx.node) {

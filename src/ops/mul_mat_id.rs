@@ -111,8 +111,10 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
     let nkb = mul_mat_q::k_steps(k);
     let n_ipanels = n_pairs / IG_NR + n_as.min(n_pairs / mul_mat_q::MIN_N);
     let iblock_bytes = n_ipanels.saturating_mul(nkb).saturating_mul(size_of::<ABlock>());
+    // Repacked experts take it too, quantizing their F32 activations while packing (phase 0
+    // converts b into the repacked kernels' format for the experts with fewer tokens).
     let int = int_format(a.dtype).filter(|f| {
-        !repack
+        (!repack || b.dtype == DType::F32)
             && n_pairs >= mul_mat_q::MIN_N
             && f.act == vd
             && k.is_multiple_of(vd.block_size())
@@ -153,7 +155,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
 
 /// Per-thread GEMM scratch: `gemm_block`'s, or one f32 activation row while packing.
 fn gemm_scratch_bytes(k: usize) -> usize {
-    align_up(mul_mat_f::BLOCK_SCRATCH.max(k) * 4, 64).max(mul_mat_q::BLOCK_SCRATCH)
+    align_up(mul_mat_f::BLOCK_SCRATCH.max(k) * 4, 64).max(mul_mat_q::scratch_bytes(k))
 }
 
 /// Whether expert chunks of `count` pairs take the integer GEMM.
@@ -303,6 +305,27 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let q8_bytes = fmt.act.row_bytes(k);
     // SAFETY: pack_int_panels runs in phase 1, after phase 0's grouping.
     let (offsets, pairs) = unsafe { grouping(ctx, l) };
+    // Repacked experts: phase 0 converted b for the repacked kernels, so this quantizes the F32
+    // rows itself, in the worker's GEMM scratch (phase 2 uses it, not phase 1).
+    let from = match l.repack {
+        true => Some(
+            ctx.kt
+                .activation_converter(fmt.act)
+                .ok_or_else(|| unsupported(format!("no f32 -> {} conversion", fmt.act)))?,
+        ),
+        false => None,
+    };
+    // SAFETY: worker ith's GEMM scratch area (layout), which only it uses.
+    let scratch = unsafe {
+        std::slice::from_raw_parts_mut(
+            ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)),
+            gemm_scratch_bytes(k),
+        )
+    };
+    let (colf, rest) = scratch.split_at_mut(align_up(k * 4, 64));
+    let colf: &mut [f32] = bytemuck::try_cast_slice_mut(&mut colf[..k * 4])
+        .map_err(|e| Error::Buffer(format!("mul_mat_id: scratch layout: {e}")))?;
+    let q8 = &mut rest[..q8_bytes];
     let int_panels = |count| if int_expert(l, count) { count.div_ceil(IG_NR) } else { 0 };
     for (u, e, pi) in my_panels(offsets, int_panels, ith, ctx.nth) {
         let group = &pairs[offsets[e]..offsets[e + 1]];
@@ -317,6 +340,20 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
         for c in 0..IG_NR {
             match group.get(pi * IG_NR + c) {
                 Some(&p) => {
+                    if let Some(from) = from {
+                        let b = ctx.src(1);
+                        let (s, t) = (p[0] as usize % b.ne[1], p[1] as usize);
+                        for (i, v) in colf.iter_mut().enumerate() {
+                            // SAFETY: (s, t) below b's dims 1 and 2 (checked pairs), i < k:
+                            // inside b; read unaligned as views may sit at any offset.
+                            *v = unsafe {
+                                (b.row(s, t, 0).add(i * b.nb[0]) as *const f32).read_unaligned()
+                            };
+                        }
+                        from(colf, q8);
+                        mul_mat_q::pack_column(fmt, q8, blocks, c);
+                        continue;
+                    }
                     // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row is in
                     // the activation type (b's own contiguous row, or converted in phase 0),
                     // q8_bytes long.
@@ -355,10 +392,10 @@ fn row_tile(count: usize) -> usize {
 fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
     if count == 0 {
         0
-    } else if l.repack {
-        (m / REPACK_ROWS).div_ceil(mmr::TASK_GROUPS) * count.div_ceil(mmr::TASK_COLS)
     } else if int_expert(l, count) {
         m.div_ceil(mul_mat_q::MC) * count.div_ceil(mul_mat_q::NC)
+    } else if l.repack {
+        (m / REPACK_ROWS).div_ceil(mmr::TASK_GROUPS) * count.div_ceil(mmr::TASK_COLS)
     } else if gemm_expert(l, count) {
         m.div_ceil(mul_mat_f::MC) * count.div_ceil(mul_mat_f::NC)
     } else {
@@ -502,7 +539,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         )
     };
     if l.repack {
-        return repack_chunks(ctx, &l, starts, offsets, pairs);
+        return repack_chunks(ctx, &l, starts, offsets, pairs, ith);
     }
     let b_row = |p: [u32; 2]| -> &[u8] {
         let (s, t) = (p[0] as usize, p[1] as usize);
@@ -526,50 +563,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     };
     while let Some((e, group, local)) = next_chunk(ctx, starts, offsets, pairs) {
         if let (Some(fmt), true) = (l.int.as_ref(), int_expert(&l, group.len())) {
-            let blocks_m = m.div_ceil(mul_mat_q::MC);
-            let (tm, tn) = (local % blocks_m, local / blocks_m);
-            let (i0, i1) = (tm * mul_mat_q::MC, ((tm + 1) * mul_mat_q::MC).min(m));
-            let cols = &group[tn * mul_mat_q::NC..((tn + 1) * mul_mat_q::NC).min(group.len())];
-            let nkb = mul_mat_q::k_steps(k);
-            let p0 = first_ipanel(&l, offsets, e) + tn * mul_mat_q::NC / IG_NR;
-            // SAFETY: phase 1 packed these blocks and the barrier published them; the scratch
-            // area is this worker's (layout).
-            let (ab, scratch) = unsafe {
-                (
-                    std::slice::from_raw_parts(
-                        (ctx.work.add(l.iblocks) as *const ABlock).add(p0 * nkb),
-                        cols.len().div_ceil(IG_NR) * nkb,
-                    ),
-                    std::slice::from_raw_parts_mut(
-                        ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)),
-                        mul_mat_q::BLOCK_SCRATCH,
-                    ),
-                )
-            };
-            // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
-            // hold k elements in whole blocks (build check).
-            let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
-            let kernel = mul_mat_q::kernels_for(ctx.kt, fmt)
-                .ok_or_else(|| unsupported(format!("no integer GEMM kernels for {}", a.dtype)))?
-                .get(fmt.sub, fmt.has_min, fmt.float_scales());
-            let bsize = a.dtype.type_size();
-            mul_mat_q::int_block(
-                fmt,
-                kernel,
-                bsize,
-                k,
-                i0,
-                i1,
-                a_row,
-                ab,
-                cols.len(),
-                scratch,
-                |i, j, v| {
-                    // SAFETY: (i, pair cols[j]) belongs to this chunk, which only this worker took;
-                    // each pair appears once in `pairs`.
-                    unsafe { *dst_at(i, cols[j]) = v }
-                },
-            )?;
+            int_chunk(ctx, &l, fmt, offsets, (e, group, local), ith)?;
             continue;
         }
         if gemm_expert(&l, group.len()) {
@@ -682,12 +676,79 @@ fn next_chunk<'p>(
 }
 
 /// The chunks with repacked experts: `mul_mat_repack` tasks of 8-row groups x pairs.
+/// One chunk of an expert on the integer GEMM: rows `MC` at a time by up to `NC` of its pairs,
+/// from the panels phase 1 packed (plain or repacked expert weights).
+fn int_chunk(
+    ctx: &NodeCtx<'_>,
+    l: &Layout,
+    fmt: &IntFormat,
+    offsets: &[usize],
+    (e, group, local): (usize, &[[u32; 2]], usize),
+    ith: usize,
+) -> Result<()> {
+    let (a, d) = (ctx.src(0), ctx.dst());
+    let (k, m) = (a.ne[0], a.ne[1]);
+    let dst_at = |i: usize, p: [u32; 2]| -> *mut f32 {
+        // SAFETY: i < m = dst.ne[0], (slot, token) below dst's dims 1 and 2; dst is contiguous.
+        unsafe {
+            d.ptr.add(i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2]) as *mut f32
+        }
+    };
+    let blocks_m = m.div_ceil(mul_mat_q::MC);
+    let (tm, tn) = (local % blocks_m, local / blocks_m);
+    let (i0, i1) = (tm * mul_mat_q::MC, ((tm + 1) * mul_mat_q::MC).min(m));
+    let cols = &group[tn * mul_mat_q::NC..((tn + 1) * mul_mat_q::NC).min(group.len())];
+    let nkb = mul_mat_q::k_steps(k);
+    let p0 = first_ipanel(l, offsets, e) + tn * mul_mat_q::NC / IG_NR;
+    // SAFETY: phase 1 packed these blocks and the barrier published them; the scratch
+    // area is this worker's (layout).
+    let (ab, scratch) = unsafe {
+        (
+            std::slice::from_raw_parts(
+                (ctx.work.add(l.iblocks) as *const ABlock).add(p0 * nkb),
+                cols.len().div_ceil(IG_NR) * nkb,
+            ),
+            std::slice::from_raw_parts_mut(
+                ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)),
+                mul_mat_q::BLOCK_SCRATCH,
+            ),
+        )
+    };
+    // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
+    // hold k elements in whole blocks (build check).
+    let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
+    let kernel = mul_mat_q::kernels_for(ctx.kt, fmt)
+        .ok_or_else(|| unsupported(format!("no integer GEMM kernels for {}", a.dtype)))?
+        .get(fmt.sub, fmt.has_min, fmt.float_scales());
+    let bsize = a.dtype.type_size();
+    mul_mat_q::int_block(
+        fmt,
+        kernel,
+        bsize,
+        l.repack.then_some(a.dtype),
+        k,
+        i0,
+        i1,
+        a_row,
+        ab,
+        cols.len(),
+        scratch,
+        |i, j, v| {
+            // SAFETY: (i, pair cols[j]) belongs to this chunk, which only this worker took;
+            // each pair appears once in `pairs`.
+            unsafe { *dst_at(i, cols[j]) = v }
+        },
+    )?;
+    Ok(())
+}
+
 fn repack_chunks(
     ctx: &NodeCtx<'_>,
     l: &Layout,
     starts: &[usize],
     offsets: &[usize],
     pairs: &[[u32; 2]],
+    ith: usize,
 ) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let kern = crate::kernels::table()
@@ -702,6 +763,10 @@ fn repack_chunks(
     let tiles_m = groups.div_ceil(mmr::TASK_GROUPS);
     let mut acc: mmr::TaskAcc = [[0f32; 8]; mmr::TASK_GROUPS * mmr::TASK_COLS];
     while let Some((e, group, local)) = next_chunk(ctx, starts, offsets, pairs) {
+        if let (Some(fmt), true) = (l.int.as_ref(), int_expert(l, group.len())) {
+            int_chunk(ctx, l, fmt, offsets, (e, group, local), ith)?;
+            continue;
+        }
         let (tm, tn) = (local % tiles_m, local / tiles_m);
         let (g0, g1) = (tm * mmr::TASK_GROUPS, ((tm + 1) * mmr::TASK_GROUPS).min(groups));
         let cols = &group[tn * mmr::TASK_COLS..((tn + 1) * mmr::TASK_COLS).min(group.len())];

@@ -47,7 +47,7 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
     let Some(fmt) = int_format(a.dtype) else {
         return false;
     };
-    !a.repacked
+    (!a.repacked || crate::backend::repack::supports(a.dtype, &a.ne))
         && node.dst.ne[1] >= MIN_N
         && (b.dtype == DType::F32 || b.dtype == fmt.act && b.nb[0] == b.dtype.type_size())
         && a.ne[0] > 0
@@ -107,7 +107,7 @@ fn task_rows(m: usize, n: usize, batches: usize, nth: usize) -> usize {
 /// Per-thread scratch: phase 0 needs one f32 column and its activation blocks (Q8_K is the
 /// largest per element of the three); phase 1 the unpacked bands and the f32 tile. They share
 /// the area.
-fn scratch_bytes(k: usize) -> usize {
+pub(crate) fn scratch_bytes(k: usize) -> usize {
     let pack = align_up(k * 4, 64) + align_up(k.div_ceil(32) * 36, 64).max(k_steps(k) * Q8K_BYTES);
     pack.max(BLOCK_SCRATCH)
 }
@@ -298,7 +298,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         // SAFETY: i < m = a.ne[1], (i2 / r2, i3 / r3) inside a (broadcast checked at build);
         // a's rows are contiguous whole blocks (build check).
         let a_row = |i: usize| unsafe { a.row(i, i2 / r2, i3 / r3) as *const u8 };
-        int_block(&fmt, kernel, bsize, k, i0, i1, a_row, ab, (n - j0).min(NC), sc, |i, j, v| {
+        let repacked = a.repacked.then_some(a.dtype);
+        let ncols = (n - j0).min(NC);
+        int_block(&fmt, kernel, bsize, repacked, k, i0, i1, a_row, ab, ncols, sc, |i, j, v| {
             // SAFETY: i < m, j0 + j < n, (i2, i3) below dst's dims 2 and 3; the element belongs
             // to this task, which only this worker took.
             unsafe {
@@ -311,18 +313,67 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of one row's step of repacked weights at most (8 IQ4_NL / Q4_0 / MXFP4 blocks, or one
+/// Q4_K / Q6_K / Q2_K / TQ2_0 super-block).
+const REPACK_STEP_MAX: usize = 256;
+
+/// Unpacks one row's step (`src`: its `nblk` weight blocks of `bsize` bytes, ggml's layout) into
+/// row `rr` of `band`; a partial step's rest is zero padding.
+fn unpack_step(
+    fmt: &IntFormat,
+    src: &[u8],
+    bsize: usize,
+    nblk: usize,
+    band: &mut WBand,
+    rr: usize,
+) {
+    let codes: &mut [u8; QK_K] =
+        (&mut band.codes[rr * QK_K..(rr + 1) * QK_K]).try_into().expect("256 codes");
+    match fmt.unpack {
+        Unpack::Super(unpack) => {
+            let scales: &mut [i32; 16] =
+                (&mut band.scales[rr * 16..rr * 16 + 16]).try_into().expect("16 scales");
+            let mins: &mut [i32; 16] =
+                (&mut band.mins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
+            let (dd, dmin) = unpack(&src[..bsize], codes, scales, mins);
+            band.d[rr] = dd;
+            band.dmin[rr] = dmin;
+        }
+        Unpack::Blocks { elems, f } => {
+            let ns = elems / fmt.sub;
+            let scales = &mut band.fscales[rr * 16..rr * 16 + 16];
+            let mins = &mut band.fmins[rr * 16..rr * 16 + 16];
+            for (b, blk) in src.chunks_exact(bsize).take(nblk).enumerate() {
+                f(
+                    blk,
+                    &mut codes[b * elems..(b + 1) * elems],
+                    &mut scales[b * ns..(b + 1) * ns],
+                    &mut mins[b * ns..(b + 1) * ns],
+                );
+            }
+            codes[nblk * elems..].fill(0);
+            scales[nblk * ns..].fill(0.0);
+            mins[nblk * ns..].fill(0.0);
+        }
+    }
+}
+
 /// Bytes of scratch [`int_block`] needs.
 pub(crate) const BLOCK_SCRATCH: usize = (MC / IG_MR) * size_of::<WBand>() + MC * NC * 4;
 
 /// One task of the integer GEMM: weight rows `i0..i1` (at most [`MC`]; `a_row(i)` points at row
 /// `i`'s `k` elements in whole blocks of `bsize` bytes) against `ncols` (at most [`NC`]) packed
 /// columns (`ab`: panel-major, `k_steps(k)` blocks per panel), calling `write(i, j, value)` once
-/// per output.
+/// per output. With `repacked` (the weights' type, stored in CPU_REPACK's 8-row groups), `i0`
+/// is a multiple of 8 and `a_row(i)` of a group's first row points at the group; each step's
+/// group blocks are brought back to ggml's blocks before unpacking, so the results are bitwise
+/// those of the plain layout.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn int_block(
     fmt: &IntFormat,
     kernel: IgemmFn,
     bsize: usize,
+    repacked: Option<DType>,
     k: usize,
     i0: usize,
     i1: usize,
@@ -339,6 +390,9 @@ pub(crate) fn int_block(
     if ab.len() < np * nkb || i1 - i0 > MC || ncols > NC {
         return Err(Error::Buffer("mul_mat: integer GEMM task larger than its buffers".into()));
     }
+    if repacked.is_some() && (!i0.is_multiple_of(IG_MR) || bsize > REPACK_STEP_MAX) {
+        return Err(Error::Buffer("mul_mat: integer GEMM task not on repacked row groups".into()));
+    }
     let (bands_bytes, tile_bytes) = scratch.split_at_mut((MC / IG_MR) * size_of::<WBand>());
     let bands: &mut [WBand] = bytemuck::try_cast_slice_mut(bands_bytes).map_err(layout)?;
     let tile: &mut [[[f32; IG_NR]; IG_MR]] =
@@ -353,47 +407,48 @@ pub(crate) fn int_block(
     for kb in 0..nkb {
         // K values of this step that are not padding (a block-type row's last step is partial).
         let len = (k - kb * QK_K).min(QK_K);
-        for (r, i) in (i0..i1).enumerate() {
-            let band = &mut bands[r / IG_MR];
-            let rr = r % IG_MR;
-            let codes: &mut [u8; QK_K] =
-                (&mut band.codes[rr * QK_K..(rr + 1) * QK_K]).try_into().expect("256 codes");
-            match fmt.unpack {
-                Unpack::Super(unpack) => {
-                    // SAFETY: the caller's a_row(i) points at nkb whole super-blocks; kb < nkb.
-                    let src =
-                        unsafe { std::slice::from_raw_parts(a_row(i).add(kb * bsize), bsize) };
-                    let scales: &mut [i32; 16] =
-                        (&mut band.scales[rr * 16..rr * 16 + 16]).try_into().expect("16 scales");
-                    let mins: &mut [i32; 16] =
-                        (&mut band.mins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
-                    let (dd, dmin) = unpack(src, codes, scales, mins);
-                    band.d[rr] = dd;
-                    band.dmin[rr] = dmin;
+        // Weight blocks per whole step and in this one.
+        let (per, nblk) = match fmt.unpack {
+            Unpack::Super(_) => (1, 1),
+            Unpack::Blocks { elems, .. } => (QK_K / elems, len / elems),
+        };
+        let step_bytes = nblk * bsize;
+        for (bi, band) in bands.iter_mut().enumerate() {
+            let r0 = i0 + bi * IG_MR;
+            let mut plain = [0u8; IG_MR * REPACK_STEP_MAX];
+            if let Some(dt) = repacked {
+                if step_bytes > REPACK_STEP_MAX {
+                    return Err(Error::Buffer(format!("mul_mat: {dt} step too large")));
                 }
-                Unpack::Blocks { elems, f } => {
-                    let (per, ns) = (QK_K / elems, elems / fmt.sub);
-                    let here = (k - kb * QK_K).min(QK_K) / elems;
-                    let scales = &mut band.fscales[rr * 16..rr * 16 + 16];
-                    let mins = &mut band.fmins[rr * 16..rr * 16 + 16];
-                    for b in 0..here {
-                        // SAFETY: a_row(i) points at k / elems whole blocks of bsize bytes, and
-                        // kb * per + b < k / elems (b < here).
-                        let src = unsafe {
-                            std::slice::from_raw_parts(a_row(i).add((kb * per + b) * bsize), bsize)
-                        };
-                        f(
-                            src,
-                            &mut codes[b * elems..(b + 1) * elems],
-                            &mut scales[b * ns..(b + 1) * ns],
-                            &mut mins[b * ns..(b + 1) * ns],
-                        );
+                let mut group = [0u8; IG_MR * REPACK_STEP_MAX];
+                let group = &mut group[..IG_MR * bsize];
+                for b in 0..nblk {
+                    // SAFETY: r0 is a group's first row (i0 and the bands are multiples of 8);
+                    // the group holds k / block-size blocks of 8 rows, and
+                    // kb * per + b < k / block-size.
+                    let src = unsafe {
+                        std::slice::from_raw_parts(
+                            a_row(r0).add((kb * per + b) * bsize * IG_MR),
+                            bsize * IG_MR,
+                        )
+                    };
+                    crate::backend::repack::plain_group_block(dt, src, group)?;
+                    for (rr, blk) in group.chunks_exact(bsize).enumerate() {
+                        plain[rr * step_bytes + b * bsize..][..bsize].copy_from_slice(blk);
                     }
-                    // The last step of a row that is not a whole number of them: zero padding.
-                    codes[here * elems..].fill(0);
-                    scales[here * ns..].fill(0.0);
-                    mins[here * ns..].fill(0.0);
                 }
+            }
+            for rr in 0..(i1 - r0).min(IG_MR) {
+                let src = if repacked.is_some() {
+                    &plain[rr * step_bytes..(rr + 1) * step_bytes]
+                } else {
+                    // SAFETY: a_row(i) points at k / block-size whole blocks of bsize bytes;
+                    // this step's blocks kb * per .. kb * per + nblk are among them.
+                    unsafe {
+                        std::slice::from_raw_parts(a_row(r0 + rr).add(kb * per * bsize), step_bytes)
+                    }
+                };
+                unpack_step(fmt, src, bsize, nblk, band, rr);
             }
         }
         for p in 0..np {
