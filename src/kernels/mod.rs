@@ -8,15 +8,18 @@
 //! The tier can be forced lower with the environment variable `QUANTGRAPH_ISA=scalar|avx2|avx512` (read
 //! once) or with [`set_isa`], so tests can run every tier the machine has in one binary.
 
+pub(crate) mod conv;
 pub(crate) mod gemm;
 pub(crate) mod igemm;
+pub(crate) mod prefetch;
 pub(crate) mod recurrent;
 pub(crate) mod repack;
 pub(crate) mod scalar;
 pub(crate) mod sgemm;
 pub(crate) mod tables;
+// Private: a tier's kernels are reached only through the tables its `plug` fills.
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86;
+mod x86;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -312,6 +315,10 @@ pub struct KernelTable {
     /// has one; otherwise the driver's generic loop runs.
     pub(crate) attend_f16: Option<AttendF16Fn>,
     // --- end ops ---
+    /// Inner loops of the recurrent ops (ssm_scan, rwkv_wkv6/7, gated_linear_attn).
+    pub(crate) recurrent: recurrent::RecurrentKernels,
+    /// The direct convolutions' register tile and F16 conversions (conv_2d/3d, im2col).
+    pub(crate) conv: conv::ConvKernels,
 }
 
 impl KernelTable {
@@ -354,6 +361,8 @@ impl KernelTable {
             max_f32: scalar::max_f32,
             attend_f16: None,
             // --- end ops ---
+            recurrent: recurrent::PORTABLE,
+            conv: conv::PORTABLE,
         };
         for d in DType::ALL {
             if let Some(f) = repack::scalar_kernel(d) {

@@ -25,45 +25,6 @@ pub(crate) fn sum_sq_f64(x: &[f32]) -> f64 {
     unsafe { sum_sq_f64_avx2(x) }
 }
 
-macro_rules! binary_kernels {
-    ($($name:ident => $op:tt;)*) => {$(
-        /// Elementwise kernel over `n` f32 values (AVX2).
-        ///
-        /// # Safety
-        /// As `scalar::add_f32`: valid pointers for `n` elements, exact aliasing only; and the CPU
-        /// supports AVX2/FMA/F16C.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) unsafe fn $name(n: usize, dst: *mut f32, a: *const f32, b: *const f32) {
-            let mut i = 0;
-            while i + 8 <= n {
-                // SAFETY: i + 8 <= n keeps the 8-lane loads and store within the n elements.
-                unsafe {
-                    use std::arch::x86_64::*;
-                    let x = _mm256_loadu_ps(a.add(i));
-                    let y = _mm256_loadu_ps(b.add(i));
-                    _mm256_storeu_ps(dst.add(i), binary_kernels!(@op $op, x, y));
-                }
-                i += 8;
-            }
-            while i < n {
-                // SAFETY: i < n.
-                unsafe { *dst.add(i) = *a.add(i) $op *b.add(i) };
-                i += 1;
-            }
-        }
-    )*};
-    (@op +, $x:ident, $y:ident) => { _mm256_add_ps($x, $y) };
-    (@op -, $x:ident, $y:ident) => { _mm256_sub_ps($x, $y) };
-    (@op *, $x:ident, $y:ident) => { _mm256_mul_ps($x, $y) };
-    (@op /, $x:ident, $y:ident) => { _mm256_div_ps($x, $y) };
-}
-binary_kernels! {
-    add_f32 => +;
-    sub_f32 => -;
-    mul_f32 => *;
-    div_f32 => /;
-}
-
 macro_rules! unary_kernels {
     ($($name:ident => $f:path;)*) => {$(
         /// Elementwise kernel over `n` f32 values (AVX2 build of the scalar body).
@@ -323,44 +284,6 @@ pub(crate) fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// SiLU x / (1 + exp(-x)) over `n` f32 with the vector exp.
-///
-/// # Safety
-/// As `scalar::silu_f32`, and the CPU supports AVX2/FMA/F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn silu_vexp_f32(n: usize, dst: *mut f32, a: *const f32) {
-    use std::arch::x86_64::*;
-    let mut i = 0;
-    let one = _mm256_set1_ps(1.0);
-    // Two independent vectors per step, so the exp and divide chains of one overlap the other.
-    while i + 16 <= n {
-        // SAFETY: i + 16 <= n keeps both groups' loads and stores inside the n elements.
-        unsafe {
-            let x0 = _mm256_loadu_ps(a.add(i));
-            let x1 = _mm256_loadu_ps(a.add(i + 8));
-            let e0 = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x0));
-            let e1 = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x1));
-            _mm256_storeu_ps(dst.add(i), _mm256_div_ps(x0, _mm256_add_ps(one, e0)));
-            _mm256_storeu_ps(dst.add(i + 8), _mm256_div_ps(x1, _mm256_add_ps(one, e1)));
-        }
-        i += 16;
-    }
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n keeps the loads and the store inside the n elements.
-        unsafe {
-            let x = _mm256_loadu_ps(a.add(i));
-            let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
-            _mm256_storeu_ps(dst.add(i), _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e)));
-        }
-        i += 8;
-    }
-    while i < n {
-        // SAFETY: i < n.
-        unsafe { *dst.add(i) = scalar::silu(*a.add(i)) };
-        i += 1;
-    }
-}
-
 /// dst[i] = exp(dst[i] - max) for `n` values; returns their sum (f64 over 8-lane partial sums,
 /// as ggml's `ggml_vec_soft_max_f32`).
 ///
@@ -400,6 +323,7 @@ pub(crate) unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
 mod tests {
     use super::*;
     use crate::kernels::Isa;
+    use crate::kernels::x86::avx2_elementwise::{add_f32, div_f32, mul_f32, silu_f32, sub_f32};
 
     #[test]
     fn v_expf_is_accurate_across_the_range() {
@@ -562,7 +486,7 @@ mod tests {
             let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
             // SAFETY: n elements behind each pointer; AVX2 checked above.
             unsafe {
-                silu_vexp_f32(n, a.as_mut_ptr(), x.as_ptr());
+                silu_f32(n, a.as_mut_ptr(), x.as_ptr());
                 scalar::silu_f32(n, b.as_mut_ptr(), x.as_ptr());
             }
             for (p, q) in a.iter().zip(&b) {

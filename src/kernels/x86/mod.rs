@@ -119,11 +119,12 @@ macro_rules! q0_tile_driver {
 }
 
 pub(crate) mod avx2;
-pub(crate) mod avx2_conv; // vision: conv_2d / conv_3d register tile
+mod avx2_conv;
 mod avx2_gemm;
 mod avx2_igemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
+mod avx2_recurrent;
 mod avx2_repack;
 mod avx2_sgemm;
 pub(crate) mod avx512;
@@ -139,11 +140,6 @@ use super::KernelTable;
 /// Overwrites the table entries that the AVX2 (+FMA, F16C) tier implements.
 pub(crate) fn plug_avx2(t: &mut KernelTable) {
     t.dot_f32 = avx2::dot_f32;
-    t.add_f32 = avx2::add_f32;
-    t.sub_f32 = avx2::sub_f32;
-    t.mul_f32 = avx2::mul_f32;
-    t.div_f32 = avx2::div_f32;
-    t.silu_f32 = avx2::silu_vexp_f32;
     t.exp_sub_sum_f32 = avx2::exp_sub_sum_f32;
     t.f16_to_f32 = avx2::f16_to_f32;
     t.sum_sq_f64 = avx2::sum_sq_f64;
@@ -171,6 +167,8 @@ pub(crate) fn plug_avx2(t: &mut KernelTable) {
     // --- ops ---
     avx2_elementwise::plug(t);
     // --- end ops ---
+    t.recurrent = avx2_recurrent::AVX2;
+    t.conv = avx2_conv::AVX2;
 }
 
 /// The AVX2 `vpmaddubsw` integer GEMM kernels where the CPU can run them (the tier installs the
