@@ -322,3 +322,57 @@ impl Backend for CpuBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::kernels::table_for;
+    use crate::plan::Plan;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// SiLU of `x` through a plan on `be`.
+    fn silu_on(be: &CpuBackend, x: &[f32]) -> Vec<f32> {
+        let mut g = Graph::new();
+        let xi = g.input(DType::F32, &[x.len()]).unwrap();
+        let y = g.silu(xi).unwrap();
+        g.set_output(y);
+        let mut p = Plan::new(g, be).unwrap();
+        p.set_input(xi, x).unwrap();
+        p.compute().unwrap();
+        p.output::<f32>(y).unwrap().to_vec()
+    }
+
+    /// A plan on a backend made with `with_isa` runs that tier's kernels (here SiLU, whose bits
+    /// differ between the portable and the vector exp), and the process-wide default stays.
+    #[test]
+    fn with_isa_plans_run_that_tiers_kernels() {
+        let x: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 12.0).collect();
+        let default = crate::kernels::selected_isa();
+        let mut per_tier = Vec::new();
+        for isa in Isa::ALL {
+            if !isa.is_supported() {
+                let e = CpuBackend::with_isa(2, isa).err().expect("unsupported tier refused");
+                assert!(e.to_string().contains(isa.name()), "{e}");
+                continue;
+            }
+            let be = CpuBackend::with_isa(2, isa).unwrap();
+            assert_eq!(be.isa(), isa);
+            assert!(be.features().contains(&("ISA", isa.name().to_string())));
+            let mut want = vec![0f32; x.len()];
+            // SAFETY: `want` and `x` hold x.len() f32; the table is of a tier this CPU runs.
+            unsafe { (table_for(isa).unwrap().silu_f32)(x.len(), want.as_mut_ptr(), x.as_ptr()) };
+            let got = silu_on(&be, &x);
+            assert_eq!(bits(&got), bits(&want), "{isa:?}");
+            per_tier.push(bits(&got));
+        }
+        assert_eq!(crate::kernels::selected_isa(), default, "with_isa changed the default tier");
+        // The check above tells tiers apart: the portable and the AVX2 SiLU differ in some bits.
+        if Isa::Avx2.is_supported() {
+            assert_ne!(per_tier[0], per_tier[1], "scalar and AVX2 SiLU give the same bits");
+        }
+    }
+}
