@@ -385,13 +385,14 @@ impl KernelTable {
         }
         t.set_gemm(DType::Q4_0, gemm::gemm_q4_0_q8_0);
         t.set_gemm(DType::Q8_0, gemm::gemm_q8_0_q8_0);
+        // A tier plugs in only with the token that detection makes for a CPU that runs it.
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx2 {
-            x86::plug_avx2(&mut t);
+        if let Some(cpu) = x86::Avx2::detect().filter(|_| isa >= Isa::Avx2) {
+            x86::plug_avx2(&mut t, cpu);
         }
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx512 {
-            x86::avx512::plug(&mut t);
+        if let Some(cpu) = x86::Avx512::detect().filter(|_| isa >= Isa::Avx512) {
+            x86::avx512::plug(&mut t, cpu);
         }
         t.isa = isa;
         t

@@ -6,8 +6,11 @@
 use crate::kernels::conv::ConvKernels;
 use std::arch::x86_64::*;
 
-/// The AVX2 set, installed as the `conv` entry by `plug_avx2`.
-pub(crate) const AVX2: ConvKernels = ConvKernels { tile_f32_4x2, round_f16, to_f16 };
+/// The AVX2 set (the `conv` entry of the tier's table), for a CPU that `cpu` proves runs it.
+pub(crate) fn kernels(cpu: super::Avx2) -> ConvKernels {
+    let _ = cpu;
+    ConvKernels { tile_f32_4x2, round_f16, to_f16 }
+}
 
 #[target_feature(enable = "avx2,fma")]
 fn hsum(v: __m256) -> f32 {
@@ -52,8 +55,8 @@ fn tile_f32_4x2_avx2(k: usize, a: [&[f32]; 4], b: [&[f32]; 2], out: &mut [f32; 8
 /// If a row is shorter than `k` (an internal invariant of the conv drivers).
 fn tile_f32_4x2(k: usize, a: [&[f32]; 4], b: [&[f32]; 2], out: &mut [f32; 8]) {
     assert!(a.iter().chain(b.iter()).all(|s| s.len() >= k), "conv tile rows shorter than k");
-    // SAFETY: `plug_avx2` installs this function only in tables of the AVX2 tier or above, built
-    // after `Isa::Avx2.is_supported()` found AVX2 and FMA; the lengths are checked above.
+    // SAFETY: this function is private and leaves this file only through `kernels`, which takes
+    // an `Avx2` token (made only for a CPU with AVX2, FMA and F16C); lengths checked above.
     unsafe { tile_f32_4x2_avx2(k, a, b, out) }
 }
 
@@ -78,8 +81,8 @@ fn round_f16_avx2(x: &mut [f32]) {
 /// Rounds every value to the nearest F16 and back (F16C, round to nearest even: ggml's
 /// `GGML_CPU_FP32_TO_FP16` on x86), for convolutions with F16 kernels.
 fn round_f16(x: &mut [f32]) {
-    // SAFETY: `plug_avx2` installs this function only in tables of the AVX2 tier or above, built
-    // after `Isa::Avx2.is_supported()` found AVX2, FMA and F16C.
+    // SAFETY: this function is private and leaves this file only through `kernels`, which takes
+    // an `Avx2` token (made only for a CPU with AVX2, FMA and F16C).
     unsafe { round_f16_avx2(x) }
 }
 
@@ -106,8 +109,8 @@ fn to_f16_avx2(src: &[f32], dst: &mut [u8]) {
 /// F32 to F16 (little-endian bytes) with F16C, round to nearest even (ggml's
 /// `GGML_CPU_FP32_TO_FP16` on x86); converts `min(src.len(), dst.len() / 2)` values.
 fn to_f16(src: &[f32], dst: &mut [u8]) {
-    // SAFETY: `plug_avx2` installs this function only in tables of the AVX2 tier or above, built
-    // after `Isa::Avx2.is_supported()` found AVX2, FMA and F16C.
+    // SAFETY: this function is private and leaves this file only through `kernels`, which takes
+    // an `Avx2` token (made only for a CPU with AVX2, FMA and F16C).
     unsafe { to_f16_avx2(src, dst) }
 }
 
@@ -115,14 +118,12 @@ fn to_f16(src: &[f32], dst: &mut [u8]) {
 mod tests {
     #[test]
     fn to_f16_matches_the_portable_conversion() {
-        if !crate::kernels::Isa::Avx2.is_supported() {
-            return;
-        }
+        let Some(cpu) = super::super::Avx2::detect() else { return };
         let x: Vec<f32> = (0..1003)
             .map(|i| (i as f32 - 500.0) * 1.37e-2 + (i as f32).cos() * 9e4 / (1 + i) as f32)
             .collect();
         let mut got = vec![0u8; 2 * x.len()];
-        super::to_f16(&x, &mut got);
+        (super::kernels(cpu).to_f16)(&x, &mut got);
         for (i, &v) in x.iter().enumerate() {
             let h = crate::quant::util::fp32_to_fp16(v);
             assert_eq!(&got[2 * i..2 * i + 2], &h.to_le_bytes(), "{v}");
@@ -131,9 +132,7 @@ mod tests {
 
     #[test]
     fn round_f16_matches_the_portable_conversion() {
-        if !crate::kernels::Isa::Avx2.is_supported() {
-            return;
-        }
+        let Some(cpu) = super::super::Avx2::detect() else { return };
         let mut x: Vec<f32> = (0..1000)
             .map(|i| (i as f32 - 500.0) * 0.37e-3 + (i as f32).sin() * 70000.0 / (1 + i) as f32)
             .collect();
@@ -142,7 +141,7 @@ mod tests {
             .iter()
             .map(|&v| crate::quant::util::fp16_to_fp32(crate::quant::util::fp32_to_fp16(v)))
             .collect();
-        super::round_f16(&mut x);
+        (super::kernels(cpu).round_f16)(&mut x);
         assert_eq!(x, want);
     }
 }

@@ -1,7 +1,7 @@
 //! AVX2 (+FMA, F16C) elementwise kernels for the LLM ops: add/sub/mul/div, SiLU and fused SwiGLU
 //! with software prefetch, GELU through ggml's f16 table with gathers, neox rope rotation,
 //! attention score scaling and a row max. Same names and contracts as the twins in `../scalar.rs`;
-//! installed by [`plug`] only when the tier is selected.
+//! installed by [`plug`], which takes an `Avx2` token (only detection makes one).
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -10,12 +10,13 @@ use super::avx2::{v_expf, v_expf_poly};
 use crate::kernels::{KernelTable, scalar, tables};
 
 /// Installs the entries this file implements (called by `plug_avx2`).
-pub(crate) fn plug(t: &mut KernelTable) {
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.add_f32 = add_f32;
     t.sub_f32 = sub_f32;
     t.mul_f32 = mul_f32;
     t.div_f32 = div_f32;
     t.silu_f32 = silu_f32;
+    t.gelu_f32 = gelu_f32;
     t.swiglu_f32 = swiglu_f32;
     t.rope_rotate_f32 = rope_rotate_f32;
     t.scale_add_f32 = scale_add_f32;
@@ -330,8 +331,8 @@ fn max_f32_avx2(x: &[f32]) -> f32 {
 }
 
 /// Largest of `x` (NaN ignored); max is exact, so the order does not change the value.
-pub(crate) fn max_f32(x: &[f32]) -> f32 {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn max_f32(x: &[f32]) -> f32 {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { max_f32_avx2(x) }
 }
 

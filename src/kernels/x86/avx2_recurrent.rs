@@ -76,8 +76,8 @@ fn wkv7_row_avx2(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
 }
 
 fn ssm_scan_row(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32 {
-    // SAFETY: `plug_avx2` installs this set only in tables of the AVX2 tier or above, built
-    // after `Isa::Avx2.is_supported()` found AVX2 and FMA on this CPU.
+    // SAFETY: this function is private; the only way out of this file is `kernels`, which takes
+    // an `Avx2` token, made only for a CPU with the AVX2 tier (AVX2, FMA).
     unsafe { ssm_scan_row_avx2(s, b, c, da, x_dt) }
 }
 fn wkv6_row(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32) {
@@ -105,6 +105,8 @@ fn wkv7_row(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
     unsafe { wkv7_row_avx2(s, rwkab, v) }
 }
 
-/// The AVX2 set, installed as the `recurrent` entry by `plug_avx2`.
-pub(crate) const AVX2: RecurrentKernels =
-    RecurrentKernels { ssm_scan_row, wkv6_row, wkv6_rows4, gla_row, wkv7_row };
+/// The AVX2 set (the `recurrent` entry of the tier's table), for a CPU that `cpu` proves runs it.
+pub(crate) fn kernels(cpu: super::Avx2) -> RecurrentKernels {
+    let _ = cpu;
+    RecurrentKernels { ssm_scan_row, wkv6_row, wkv6_rows4, gla_row, wkv7_row }
+}
