@@ -23,7 +23,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
 }
 
 /// Writes a row of f32 values as `dt`: plain types element by element, block types through the
-/// selected tier's CPU `from_float` (ggml's) or else the reference quantizer. `dst` holds
+/// table `kt`'s CPU `from_float` (ggml's) or else the reference quantizer. `dst` holds
 /// exactly one row of `src.len()` elements of `dt`.
 pub(crate) fn store_row(
     kt: &KernelTable,

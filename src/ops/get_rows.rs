@@ -12,7 +12,7 @@ pub(crate) type RowToF32 = fn(src: &[u8], dst: &mut [f32]);
 /// The f32 converter for rows of `dtype`, if it has one.
 pub(crate) fn row_converter(kt: &KernelTable, dtype: DType) -> Option<RowToF32> {
     match dtype {
-        // F16 through the selected tier's converter (F16C); every other type through the tier's
+        // F16 through the plan tier's converter (F16C); every other type through the tier's
         // dequantizer (the format's, or a SIMD one giving the same floats).
         DType::F16 => Some(kt.f16_bytes_to_f32),
         d => kt.to_f32(d),

@@ -1,7 +1,7 @@
 //! Compute drivers, one file per op family. Each reads its node's parameters, splits the work by
-//! `(ith, nth)` and calls kernels from the selected `KernelTable`. Shapes and types were checked
-//! when the graph was built, so drivers only `debug_assert!`; what only the data can tell (an index
-//! out of range) returns `Err`.
+//! `(ith, nth)` and calls kernels from its plan's `KernelTable` (`NodeCtx::kt`), never through the
+//! process-wide default. Shapes and types were checked when the graph was built, so drivers only
+//! `debug_assert!`; what only the data can tell (an index out of range) returns `Err`.
 
 mod backward;
 mod binary;
