@@ -6,13 +6,9 @@
 mod common;
 
 use common::{assert_close_to_scale, matmul_f64, nmse, rand_f32, tiers};
-use quantgraph::kernels::{Isa, set_isa};
+use quantgraph::kernels::Isa;
 use quantgraph::quant::{dequantize, quantize_for_dot};
 use quantgraph::{CpuBackend, DType, Graph, Plan};
-use std::sync::Mutex;
-
-/// `set_isa` is process-wide: tests that switch tiers take this lock.
-static ISA_LOCK: Mutex<()> = Mutex::new(());
 
 const TYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
@@ -43,8 +39,7 @@ fn case(ty: DType, ane: [usize; 4], bne: [usize; 4], seed: u64) -> Case {
 }
 
 fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
-    set_isa(isa).unwrap();
-    let be = CpuBackend::with_threads(threads).unwrap();
+    let be = CpuBackend::with_isa(threads, isa).unwrap();
     let mut g = Graph::new();
     let a = g.input(c.ty, &c.ane).unwrap();
     let (b_in, b) = if c.b_transposed {
@@ -69,9 +64,7 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
     }
     p.compute().unwrap();
     p.check_guards().unwrap();
-    let out = p.output::<f32>(y).unwrap().to_vec();
-    set_isa(Isa::best()).unwrap();
-    out
+    p.output::<f32>(y).unwrap().to_vec()
 }
 
 /// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 512-column task blocks
@@ -99,7 +92,6 @@ fn shapes() -> Vec<([usize; 4], [usize; 4])> {
 
 #[test]
 fn float_gemm_matches_f64_reference() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (s, (ane, bne)) in shapes().into_iter().enumerate() {
             let c = case(ty, ane, bne, 100 + s as u64);
@@ -126,7 +118,6 @@ fn float_gemm_matches_f64_reference() {
 
 #[test]
 fn float_gemm_takes_strided_and_half_precision_activations() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         let (ane, bne) = ([300, 13, 1, 1], [300, 21, 1, 1]);
         let plain = case(ty, ane, bne, 9);
@@ -143,7 +134,6 @@ fn float_gemm_takes_strided_and_half_precision_activations() {
 
 #[test]
 fn float_gemm_is_bitwise_identical_for_1_2_3_threads() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (ane, bne) in [([600, 67, 1, 1], [600, 37, 1, 1]), ([64, 17, 2, 1], [64, 9, 4, 1])] {
             let c = case(ty, ane, bne, 7);
@@ -161,7 +151,6 @@ fn float_gemm_is_bitwise_identical_for_1_2_3_threads() {
 
 #[test]
 fn float_gemm_tiers_agree_with_scalar() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (s, (ane, bne)) in shapes().into_iter().enumerate() {
             let c = case(ty, ane, bne, 300 + s as u64);
@@ -183,7 +172,6 @@ fn float_gemm_tiers_agree_with_scalar() {
 /// summation order), with 1 and 3 threads bitwise equal.
 #[test]
 fn quantized_gemm_matches_reference_for_every_type() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (k, m, n) = (512, 13, 17);
     for ty in DType::ALL {
         if ty.is_integer() || TYPES.contains(&ty) || ty.vec_dot_type() == ty {

@@ -9,10 +9,6 @@ use common::{assert_close_to_scale, matmul_f64, nmse, rand_f32, tiers};
 use quantgraph::DType;
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
-use std::sync::Mutex;
-
-/// `set_isa` is process-wide: tests that switch tiers take this lock.
-static ISA_LOCK: Mutex<()> = Mutex::new(());
 
 const TYPES: [DType; 2] = [DType::Q8_0, DType::Q4_0];
 
@@ -52,7 +48,6 @@ fn shapes() -> Vec<([usize; 4], [usize; 4])> {
 
 #[test]
 fn gemm_matches_dequantized_f64_reference_on_odd_tails() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (s, (ane, bne)) in shapes().into_iter().enumerate() {
             let c = case(ty, ane, bne, 100 + s as u64);
@@ -70,7 +65,6 @@ fn gemm_matches_dequantized_f64_reference_on_odd_tails() {
 
 #[test]
 fn gemm_is_bitwise_identical_for_1_2_3_threads() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (ane, bne) in [([256, 67, 1, 1], [256, 37, 1, 1]), ([64, 17, 2, 1], [64, 9, 4, 1])] {
             let c = case(ty, ane, bne, 7);
@@ -92,7 +86,6 @@ fn gemm_is_bitwise_identical_for_1_2_3_threads() {
 
 #[test]
 fn gemm_tiers_agree_with_scalar() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (s, (ane, bne)) in shapes().into_iter().enumerate() {
             let c = case(ty, ane, bne, 300 + s as u64);
@@ -109,7 +102,6 @@ fn gemm_tiers_agree_with_scalar() {
 
 #[test]
 fn gemm_matches_one_vec_dot_per_element() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (s, (ane, bne)) in shapes().into_iter().enumerate() {
             let c = case(ty, ane, bne, 500 + s as u64);

@@ -6,18 +6,9 @@
 mod common;
 
 use common::{each, nmse, rand_f32};
-use quantgraph::kernels::{Isa, set_isa, vec_dot_with};
+use quantgraph::kernels::{Isa, selected_isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
 use quantgraph::{CpuBackend, DType, Error, Graph, Plan, TensorId};
-use std::sync::{Mutex, MutexGuard};
-
-/// `set_isa` is process-wide: the tier test and the tests that compare results bitwise take this
-/// lock so the tier cannot change between the runs they compare.
-static ISA_LOCK: Mutex<()> = Mutex::new(());
-
-fn isa_lock() -> MutexGuard<'static, ()> {
-    ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Types whose reference quantizer needs an importance matrix or builds grid tables that take
 /// seconds in a test build; their weights are random valid blocks instead.
@@ -124,6 +115,9 @@ struct MoeCase {
     b: Vec<f32>,
     /// [n_mats, n] (the op reads the first n_used of each row).
     ids: Vec<i32>,
+    /// The tier every plan of the case runs (the backend's, so runs compared bitwise agree on
+    /// it whatever other tests do).
+    isa: Isa,
 }
 
 impl MoeCase {
@@ -144,7 +138,7 @@ impl MoeCase {
         let nb = if bcast { 1 } else { n_used };
         let b = rand_f32(k * nb * n, seed + 7);
         let ids = make_ids(n_mats, n, seed + 13);
-        MoeCase { ty, n_mats, n_used, bcast, m, n, k, as_q, as_f, b, ids }
+        MoeCase { ty, n_mats, n_used, bcast, m, n, k, as_q, as_f, b, ids, isa: selected_isa() }
     }
 
     fn nb(&self) -> usize {
@@ -173,7 +167,7 @@ impl MoeCase {
 
     fn run(&self, threads: usize) -> Vec<f32> {
         let (g, a, b, ids, y) = self.graph();
-        let be = CpuBackend::with_threads(threads).unwrap();
+        let be = CpuBackend::with_isa(threads, self.isa).unwrap();
         let mut p = Plan::with_guards(g, &be, 64).unwrap();
         p.set_input_bytes(a, &self.as_q).unwrap();
         p.set_input(b, &self.b).unwrap();
@@ -221,7 +215,8 @@ impl MoeCase {
             let b = g.input(DType::F32, &[k, pairs.len()]).unwrap();
             let y = g.mul_mat(a, b).unwrap();
             g.set_output(y);
-            let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
+            let be = CpuBackend::with_isa(2, self.isa).unwrap();
+            let mut p = Plan::with_guards(g, &be, 64).unwrap();
             p.set_input_bytes(a, &self.as_q[e * m * row..(e + 1) * m * row]).unwrap();
             let bv: Vec<f32> = pairs
                 .iter()
@@ -262,7 +257,6 @@ fn mul_mat_id_accepts_exactly_the_types_with_a_dot_product() {
 /// Every weight type on test-backend-ops' sweep shapes (n_mats 4, k 256), scaled down in m.
 #[test]
 fn mul_mat_id_every_type_matches_f64_and_per_expert_mul_mat() {
-    let _tier = isa_lock();
     let combos: [(usize, bool, usize, usize); 5] = [
         (1, false, 16, 1),
         (2, false, 33, 5),
@@ -319,7 +313,6 @@ fn mul_mat_id_single_expert_and_all_tokens_on_one_expert() {
 
 #[test]
 fn mul_mat_id_is_thread_count_invariant() {
-    let _tier = isa_lock();
     for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::F16, DType::F32, DType::IQ4_NL] {
         let c = MoeCase::new(ty, 4, 2, false, 33, 17, 256, 9);
         let one = c.run(1);
@@ -337,7 +330,6 @@ fn mul_mat_id_is_thread_count_invariant() {
 /// columns (512): the chunks cover every output once, bitwise as the per-expert mul_mat.
 #[test]
 fn mul_mat_id_gemm_blocks_cover_many_rows_and_pairs() {
-    let _tier = isa_lock();
     for ty in [DType::Q4_0, DType::F16] {
         let c = MoeCase::new(ty, 2, 2, false, 100, 600, 64, 5);
         let got = c.run(3);
@@ -353,11 +345,9 @@ fn mul_mat_id_gemm_blocks_cover_many_rows_and_pairs() {
 /// mul_mats on the same tier; out_prod against its reference on every tier.
 #[test]
 fn every_tier_matches_reference_and_mul_mat() {
-    let _tier = isa_lock();
     for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-        set_isa(isa).unwrap();
         for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::IQ4_NL, DType::F16, DType::F32] {
-            let c = MoeCase::new(ty, 4, 2, false, 33, 17, 256, 21);
+            let c = MoeCase { isa, ..MoeCase::new(ty, 4, 2, false, 33, 17, 256, 21) };
             let got = c.run(2);
             let e = nmse(&got, &c.reference());
             assert!(e < 5e-4, "{ty} on {isa:?}: nmse {e}");
@@ -368,12 +358,12 @@ fn every_tier_matches_reference_and_mul_mat() {
             );
         }
         for ty in [DType::F32, DType::F16, DType::Q4_0] {
-            let c = OutProdCase::new(ty, [256, 16, 2, 1], [16, 16, 2, 1], 22);
+            let c =
+                OutProdCase { isa, ..OutProdCase::new(ty, [256, 16, 2, 1], [16, 16, 2, 1], 22) };
             let e = nmse(&c.run(2), &c.reference());
             assert!(e < c.limit(), "out_prod {ty} on {isa:?}: nmse {e}");
         }
     }
-    set_isa(Isa::best()).unwrap();
 }
 
 #[test]
@@ -508,6 +498,8 @@ struct OutProdCase {
     trans_b: bool,
     /// a is fed with dims 2 and 3 swapped and permuted back in the graph.
     perm_a: bool,
+    /// The tier every plan of the case runs.
+    isa: Isa,
 }
 
 impl OutProdCase {
@@ -516,7 +508,8 @@ impl OutProdCase {
         let a_q = encode(ty, &x).unwrap();
         let a_f = decode(ty, &a_q, x.len());
         let b = rand_f32(bne.iter().product(), seed + 3);
-        OutProdCase { ty, ane, bne, a_q, a_f, b, trans_b: false, perm_a: false }
+        let isa = selected_isa();
+        OutProdCase { ty, ane, bne, a_q, a_f, b, trans_b: false, perm_a: false, isa }
     }
 
     fn a(&self, i: usize, l: usize, i2: usize, i3: usize) -> f64 {
@@ -560,7 +553,7 @@ impl OutProdCase {
         };
         let y = g.out_prod(a, b).unwrap();
         g.set_output(y);
-        let be = CpuBackend::with_threads(threads).unwrap();
+        let be = CpuBackend::with_isa(threads, self.isa).unwrap();
         let mut pl = Plan::with_guards(g, &be, 64).unwrap();
         let a_bytes = if self.perm_a {
             // a_in[.., .., i3, i2] = a[.., .., i2, i3]: move whole [m, k] matrices.
@@ -654,7 +647,6 @@ fn out_prod_transposed_b_and_permuted_a() {
 
 #[test]
 fn out_prod_is_thread_count_invariant() {
-    let _tier = isa_lock();
     for ty in [DType::F32, DType::F16, DType::Q4_K] {
         let bne = if ty == DType::F32 { [33, 16, 6, 1] } else { [33, 16, 3, 1] };
         let c = OutProdCase::new(ty, [256, 16, 3, 1], bne, 60);
@@ -732,7 +724,6 @@ fn empty_shapes_compute_nothing_without_failing() {
 /// conversion and gives bitwise what F32 b converted by the op gives.
 #[test]
 fn mul_mat_id_b_in_vec_dot_type_matches_f32_b() {
-    let _tier = isa_lock();
     for ty in [DType::F16, DType::Q4_0, DType::Q4_K] {
         let c = MoeCase::new(ty, 4, 2, false, 20, 9, 256, 31);
         let want = c.run(2);
@@ -746,7 +737,7 @@ fn mul_mat_id_b_in_vec_dot_type_matches_f32_b() {
         let ids = g.view_2d(ids_in, [c.n_used, c.n], c.n_mats * 4, 0).unwrap();
         let y = g.mul_mat_id(a, b, ids).unwrap();
         g.set_output(y);
-        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
+        let mut p = Plan::with_guards(g, &CpuBackend::with_isa(3, c.isa).unwrap(), 64).unwrap();
         p.set_input_bytes(a, &c.as_q).unwrap();
         p.set_input_bytes(b, &b_vd).unwrap();
         p.set_input(ids_in, &c.ids).unwrap();

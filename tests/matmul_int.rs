@@ -11,10 +11,6 @@ use common::{matmul_f64, nmse, rand_f32};
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix};
 use quantgraph::{CpuBackend, DType, Graph, Plan};
-use std::sync::Mutex;
-
-/// `set_isa` is process-wide: tests that switch tiers take this lock.
-static ISA_LOCK: Mutex<()> = Mutex::new(());
 
 const TYPES: [DType; 25] = [
     DType::Q4_0,
@@ -84,7 +80,6 @@ fn shapes(ty: DType) -> Vec<([usize; 4], [usize; 4])> {
 
 #[test]
 fn int_gemm_matches_dequantized_f64_reference_on_odd_tails() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         for (s, (ane, bne)) in shapes(ty).into_iter().enumerate() {
             let c = case(ty, ane, bne, 100 + s as u64);
@@ -101,7 +96,6 @@ fn int_gemm_matches_dequantized_f64_reference_on_odd_tails() {
 
 #[test]
 fn int_gemm_is_bitwise_identical_for_1_2_3_threads() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for (ty, k) in
         [(DType::Q4_K, 256), (DType::Q6_K, 256), (DType::IQ2_XS, 256), (DType::Q4_1, 384)]
     {
@@ -118,7 +112,6 @@ fn int_gemm_is_bitwise_identical_for_1_2_3_threads() {
 
 #[test]
 fn int_gemm_matches_one_vec_dot_per_element() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in TYPES {
         let k = if ty.block_size() == 256 { 512 } else { 640 };
         let (ane, bne) = ([k, 19, 1, 1], [k, 17, 1, 1]);
@@ -147,7 +140,6 @@ fn int_gemm_matches_one_vec_dot_per_element() {
 /// op, gives.
 #[test]
 fn int_gemm_b_in_vec_dot_type_matches_f32_b() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for (ty, k) in [
         (DType::Q4_K, 512),
         (DType::Q6_K, 512),
@@ -161,7 +153,7 @@ fn int_gemm_b_in_vec_dot_type_matches_f32_b() {
         let vd = ty.vec_dot_type();
         let mut b_q = vec![0u8; vd.row_size(c.b.len()).unwrap()];
         quantize_for_dot(vd, &c.b, &mut b_q).unwrap();
-        let be = CpuBackend::with_threads(2).unwrap();
+        let be = CpuBackend::with_isa(2, Isa::best()).unwrap();
         let mut g = Graph::new();
         let a = g.input(ty, &ane).unwrap();
         let b = g.input(vd, &bne).unwrap();

@@ -10,12 +10,9 @@ mod common;
 
 use common::{matmul_f64, nmse, rand_f32, tiers};
 use quantgraph::backend::repack::REPACK_TYPES;
-use quantgraph::kernels::{Isa, set_isa};
+use quantgraph::kernels::Isa;
 use quantgraph::quant::{dequantize, quantize};
 use quantgraph::{Buffer, BufferType, CpuBackend, CpuRepackBufferType, DType, Graph, Plan};
-use std::sync::Mutex;
-
-static ISA_LOCK: Mutex<()> = Mutex::new(());
 
 struct Case {
     ty: DType,
@@ -38,8 +35,7 @@ fn case(ty: DType, ane: [usize; 4], bne: [usize; 4], seed: u64) -> Case {
 }
 
 fn run(c: &Case, repacked: bool, isa: Isa, threads: usize) -> Vec<f32> {
-    set_isa(isa).unwrap();
-    let be = CpuBackend::with_threads(threads).unwrap();
+    let be = CpuBackend::with_isa(threads, isa).unwrap();
     let buf = if repacked {
         CpuRepackBufferType.alloc(c.a_bytes.len()).unwrap()
     } else {
@@ -75,7 +71,6 @@ fn run(c: &Case, repacked: bool, isa: Isa, threads: usize) -> Vec<f32> {
     let first = p.output::<f32>(y).unwrap().to_vec();
     p.compute().unwrap();
     assert_eq!(first, p.output::<f32>(y).unwrap());
-    set_isa(Isa::best()).unwrap();
     first
 }
 
@@ -108,7 +103,6 @@ fn check_near(what: &str, rep: &[f32], want: &[f64], plain: &[f32]) {
 
 #[test]
 fn repacked_matches_plain_and_reference() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in REPACK_TYPES {
         for (i, (ane, bne)) in shapes(ty).into_iter().enumerate() {
             let c = case(ty, ane, bne, 100 + i as u64);
@@ -122,7 +116,6 @@ fn repacked_matches_plain_and_reference() {
 
 #[test]
 fn repacked_strided_activations() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in REPACK_TYPES {
         let k = 2 * ty.block_size().max(256);
         let mut c = case(ty, [k, 16, 1, 1], [k, 5, 1, 1], 7);
@@ -136,7 +129,6 @@ fn repacked_strided_activations() {
 
 #[test]
 fn repacked_is_thread_invariant_and_tiers_agree() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in REPACK_TYPES {
         let k = 2048 + ty.block_size().max(256);
         let c = case(ty, [k, 48, 1, 1], [k, 70, 1, 1], 3);
@@ -226,8 +218,7 @@ fn id_case(
 
 /// mul_mat_id on the experts stored repacked or plain.
 fn run_id(c: &IdCase, repacked: bool, isa: Isa, threads: usize) -> Vec<f32> {
-    set_isa(isa).unwrap();
-    let be = CpuBackend::with_threads(threads).unwrap();
+    let be = CpuBackend::with_isa(threads, isa).unwrap();
     let ne = [c.k, c.m, c.n_as];
     let buf = if repacked {
         CpuRepackBufferType.alloc(c.a_bytes.len()).unwrap()
@@ -246,7 +237,6 @@ fn run_id(c: &IdCase, repacked: bool, isa: Isa, threads: usize) -> Vec<f32> {
     p.set_input(ids, &c.ids).unwrap();
     p.compute().unwrap();
     p.check_guards().unwrap();
-    set_isa(Isa::best()).unwrap();
     p.output::<f32>(y).unwrap().to_vec()
 }
 
@@ -304,7 +294,6 @@ fn id_shapes(ty: DType) -> Vec<[usize; 6]> {
 
 #[test]
 fn repacked_mul_mat_id_matches_plain_per_expert_and_reference() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in REPACK_TYPES {
         for (i, [k, m, n_as, n_b, n_used, n_tok]) in id_shapes(ty).into_iter().enumerate() {
             let c = id_case(ty, k, m, n_as, n_b, n_used, n_tok, 300 + i as u64);
@@ -338,7 +327,6 @@ fn repacked_mul_mat_id_matches_plain_per_expert_and_reference() {
 
 #[test]
 fn repacked_mul_mat_id_is_thread_invariant_and_tiers_agree() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for ty in REPACK_TYPES {
         let k = 2048 + ty.block_size().max(256);
         for c in [id_case(ty, k, 24, 3, 2, 2, 40, 9), id_case(ty, k, 16, 4, 1, 2, 1, 10)] {

@@ -4,23 +4,25 @@
 //! 2 and 3 threads on each tier; across tiers GELU, rope and the Q8_0 bytes are bitwise equal and
 //! SwiGLU and attention (vector exp, FMA GEMM on AVX2, the AVX-512 F16 decode loop) agree to
 //! rounding. Sizes leave tails after
-//! every vector width, block and tile. A separate test binary because the tier is process-wide.
+//! every vector width, block and tile. Each plan runs its backend's tier (`CpuBackend::with_isa`).
 
 mod common;
 
 use common::{nmse, rand_f32};
-use quantgraph::kernels::{Isa, set_isa};
+use quantgraph::kernels::Isa;
 use quantgraph::{CpuBackend, DType, FlashAttnParams, Graph, Plan, RopeMode, RopeParams, TensorId};
 
-/// Runs `build` with random F32 inputs (and F16 inputs, given as F32 then cast in the graph).
+/// Runs `build` on tier `isa` with random F32 inputs (and F16 inputs, given as F32 then cast in
+/// the graph).
 fn run(
+    isa: Isa,
     threads: usize,
     build: impl Fn(&mut Graph) -> (Vec<(TensorId, usize)>, Vec<(TensorId, Vec<i32>)>, TensorId),
 ) -> Vec<f32> {
     let mut g = Graph::new();
     let (inputs, ints, out) = build(&mut g);
     g.set_output(out);
-    let mut p = Plan::with_guards(g, &CpuBackend::with_threads(threads).unwrap(), 64).unwrap();
+    let mut p = Plan::with_guards(g, &CpuBackend::with_isa(threads, isa).unwrap(), 64).unwrap();
     for (k, (id, n)) in inputs.iter().enumerate() {
         let v: Vec<f32> = rand_f32(*n, 40 + k as u64).iter().map(|x| x * 6.0).collect();
         p.set_input(*id, &v).unwrap();
@@ -33,36 +35,33 @@ fn run(
     p.output::<f32>(out).unwrap().to_vec()
 }
 
-type Case = (&'static str, bool, fn(usize) -> Vec<f32>);
+type Case = (&'static str, bool, fn(Isa, usize) -> Vec<f32>);
 
-/// `set_isa` is process-wide: the tests of this binary take this lock.
-static ISA_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn swiglu_split(t: usize) -> Vec<f32> {
-    run(t, |g| {
+fn swiglu_split(isa: Isa, t: usize) -> Vec<f32> {
+    run(isa, t, |g| {
         let a = g.input(DType::F32, &[1003, 5]).unwrap();
         let b = g.input(DType::F32, &[1003, 5]).unwrap();
         (vec![(a, 5015), (b, 5015)], vec![], g.swiglu(a, Some(b)).unwrap())
     })
 }
 
-fn swiglu_fused(t: usize) -> Vec<f32> {
-    run(t, |g| {
+fn swiglu_fused(isa: Isa, t: usize) -> Vec<f32> {
+    run(isa, t, |g| {
         let a = g.input(DType::F32, &[2 * 77, 9]).unwrap();
         (vec![(a, 154 * 9)], vec![], g.swiglu(a, None).unwrap())
     })
 }
 
-fn gelu(t: usize) -> Vec<f32> {
-    run(t, |g| {
+fn gelu(isa: Isa, t: usize) -> Vec<f32> {
+    run(isa, t, |g| {
         let a = g.input(DType::F32, &[1003, 5]).unwrap();
         let s = g.scale(a, 2.0).unwrap(); // inputs in [-12, 12]: both saturation arms
         (vec![(a, 5015)], vec![], g.gelu(s).unwrap())
     })
 }
 
-fn rope(ne0: usize, n_dims: usize, t: usize) -> Vec<f32> {
-    run(t, |g| {
+fn rope(ne0: usize, n_dims: usize, isa: Isa, t: usize) -> Vec<f32> {
+    run(isa, t, |g| {
         let a = g.input(DType::F32, &[ne0, 3, 7]).unwrap();
         let p = g.input(DType::I32, &[7]).unwrap();
         let mut rp = RopeParams::new(n_dims, RopeMode::Neox, 10000.0);
@@ -72,24 +71,24 @@ fn rope(ne0: usize, n_dims: usize, t: usize) -> Vec<f32> {
     })
 }
 
-fn rope_partial(t: usize) -> Vec<f32> {
-    rope(80, 36, t) // 18 pairs: two vectors and a tail of 2, then 44 copied dims
+fn rope_partial(isa: Isa, t: usize) -> Vec<f32> {
+    rope(80, 36, isa, t) // 18 pairs: two vectors and a tail of 2, then 44 copied dims
 }
 
-fn rope_full(t: usize) -> Vec<f32> {
-    rope(72, 72, t)
+fn rope_full(isa: Isa, t: usize) -> Vec<f32> {
+    rope(72, 72, isa, t)
 }
 
-fn cpy_q8_0(t: usize) -> Vec<f32> {
-    run(t, |g| {
+fn cpy_q8_0(isa: Isa, t: usize) -> Vec<f32> {
+    run(isa, t, |g| {
         let a = g.input(DType::F32, &[4096, 3]).unwrap();
         let q = g.cast(a, DType::Q8_0).unwrap();
         (vec![(a, 4096 * 3)], vec![], g.cast(q, DType::F32).unwrap())
     })
 }
 
-fn attn(mask: bool, softcap: f32, t: usize) -> Vec<f32> {
-    run(t, |g| {
+fn attn(mask: bool, softcap: f32, isa: Isa, t: usize) -> Vec<f32> {
+    run(isa, t, |g| {
         let (dk, nq, nkv) = (72, 100, 203);
         let q = g.input(DType::F32, &[dk, nq, 4]).unwrap();
         let k32 = g.input(DType::F32, &[dk, nkv, 2]).unwrap();
@@ -110,8 +109,8 @@ fn attn(mask: bool, softcap: f32, t: usize) -> Vec<f32> {
 
 /// Decode: 2 queries over a long F16 KV (split into chunks; the AVX-512 tier's F16 loop), head
 /// size 128, GQA, a mask.
-fn attn_decode(t: usize) -> Vec<f32> {
-    run(t, |g| {
+fn attn_decode(isa: Isa, t: usize) -> Vec<f32> {
+    run(isa, t, |g| {
         let (d, nq, nkv) = (128, 2, 1000);
         let q = g.input(DType::F32, &[d, nq, 4]).unwrap();
         let k32 = g.input(DType::F32, &[d, nkv, 2]).unwrap();
@@ -125,22 +124,21 @@ fn attn_decode(t: usize) -> Vec<f32> {
     })
 }
 
-fn attn_masked(t: usize) -> Vec<f32> {
-    attn(true, 0.0, t)
+fn attn_masked(isa: Isa, t: usize) -> Vec<f32> {
+    attn(true, 0.0, isa, t)
 }
 
-fn attn_unmasked(t: usize) -> Vec<f32> {
-    attn(false, 0.0, t)
+fn attn_unmasked(isa: Isa, t: usize) -> Vec<f32> {
+    attn(false, 0.0, isa, t)
 }
 
-fn attn_softcap(t: usize) -> Vec<f32> {
-    attn(true, 30.0, t)
+fn attn_softcap(isa: Isa, t: usize) -> Vec<f32> {
+    attn(true, 30.0, isa, t)
 }
 
 #[test]
 fn llm_fast_paths_agree_across_tiers_and_threads() {
     // (name, bitwise across tiers, run)
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let cases: [Case; 10] = [
         ("swiglu split", false, swiglu_split),
         ("swiglu fused", false, swiglu_fused),
@@ -153,16 +151,14 @@ fn llm_fast_paths_agree_across_tiers_and_threads() {
         ("flash_attn softcap", false, attn_softcap),
         ("flash_attn decode f16", false, attn_decode),
     ];
-    let prev = quantgraph::kernels::selected_isa();
     let tiers: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_supported()).collect();
     for (name, bitwise, f) in cases {
         let mut per_tier = Vec::new();
         for &isa in &tiers {
-            set_isa(isa).unwrap();
-            let one = f(1);
+            let one = f(isa, 1);
             assert!(one.iter().all(|v| v.is_finite()), "{name} {isa:?}: non-finite output");
             for t in [2, 3] {
-                let got = f(t);
+                let got = f(isa, t);
                 assert!(
                     got.iter().zip(&one).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{name} {isa:?}: {t} threads differ from 1"
@@ -183,18 +179,14 @@ fn llm_fast_paths_agree_across_tiers_and_threads() {
             }
         }
     }
-    set_isa(prev).unwrap();
 }
 
 /// A NaN in one head's K makes that head's output NaN (as ggml's online softmax does) and leaves
 /// the other heads finite, on every tier (the AVX-512 F16 decode loop and the generic one).
 #[test]
 fn flash_attn_ext_decode_propagates_nan_scores_per_head() {
-    let _l = ISA_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (d, n_kv, heads) = (64usize, 300usize, 2usize);
-    let prev = quantgraph::kernels::selected_isa();
     for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-        set_isa(isa).unwrap();
         let mut g = Graph::new();
         let q = g.input(DType::F32, &[d, 1, heads]).unwrap();
         let k32 = g.input(DType::F32, &[d, n_kv, heads]).unwrap();
@@ -203,7 +195,7 @@ fn flash_attn_ext_decode_propagates_nan_scores_per_head() {
         let v = g.cast(v32, DType::F16).unwrap();
         let o = g.flash_attn_ext(q, k, v, None, None, FlashAttnParams::new(0.125)).unwrap();
         g.set_output(o);
-        let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
+        let mut p = Plan::with_guards(g, &CpuBackend::with_isa(2, isa).unwrap(), 64).unwrap();
         let mut kv = rand_f32(d * n_kv * heads, 2);
         kv[d * 17 + 3] = f32::NAN; // head 0, position 17
         p.set_input(q, &rand_f32(d * heads, 1)).unwrap();
@@ -215,5 +207,4 @@ fn flash_attn_ext_decode_propagates_nan_scores_per_head() {
         assert!(out[..d].iter().all(|x| x.is_nan()), "{}: head 0 {:?}", isa.name(), &out[..4]);
         assert!(out[d..].iter().all(|x| x.is_finite()), "{}: head 1", isa.name());
     }
-    set_isa(prev).unwrap();
 }

@@ -7,7 +7,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::graph::{Graph, TensorId};
-use crate::kernels::{CpuFeatures, selected_isa};
+use crate::kernels::{CpuFeatures, Isa, KernelTable};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -79,7 +79,9 @@ impl Device for CpuDevice {
         }
     }
     fn supports_op(&self, graph: &Graph, node: TensorId) -> bool {
-        crate::ops::supports(graph, node).is_ok()
+        // The device has no tier of its own: it answers for the default one (every tier has
+        // kernels for the same types).
+        crate::ops::supports(graph, node, crate::kernels::table()).is_ok()
     }
     fn supports_buft(&self, buft: &dyn BufferType) -> bool {
         buft.is_host() || buft.name() == super::repack::REPACK_NAME
@@ -166,6 +168,8 @@ pub(crate) struct CpuShared {
     pub pool: RwLock<Arc<crate::plan::exec::Workers>>,
     pub n_threads: AtomicUsize,
     pub abort: Mutex<Option<AbortHook>>,
+    /// The tier chosen with [`CpuBackend::with_isa`]; `None` follows the process-wide default.
+    pub isa: Option<Isa>,
 }
 
 impl CpuShared {
@@ -228,8 +232,33 @@ impl CpuBackend {
         CpuBackend::with_threads(num_cpus::get_physical().clamp(1, MAX_THREADS))
     }
 
-    /// A backend with `n` worker threads, 1 to [`MAX_THREADS`].
+    /// A backend with `n` worker threads, 1 to [`MAX_THREADS`], running the default SIMD tier
+    /// (the best this CPU has, unless lowered by `QUANTGRAPH_ISA` or [`crate::kernels::set_isa`]).
     pub fn with_threads(n: usize) -> Result<CpuBackend> {
+        CpuBackend::build(n, None)
+    }
+
+    /// A backend with `n` worker threads whose plans run the kernels of tier `isa`, whatever the
+    /// process-wide default is. Backends with different tiers can live side by side, so one
+    /// process can compare tiers. Fails when this CPU cannot run `isa`.
+    ///
+    /// ```
+    /// use quantgraph::{CpuBackend, kernels::Isa};
+    /// let be = CpuBackend::with_isa(2, Isa::Scalar)?;
+    /// assert_eq!(be.isa(), Isa::Scalar);
+    /// # Ok::<(), quantgraph::Error>(())
+    /// ```
+    pub fn with_isa(n: usize, isa: Isa) -> Result<CpuBackend> {
+        if !isa.is_supported() {
+            return Err(Error::arg(format!(
+                "CpuBackend: this CPU cannot run the {} tier",
+                isa.name()
+            )));
+        }
+        CpuBackend::build(n, Some(isa))
+    }
+
+    fn build(n: usize, isa: Option<Isa>) -> Result<CpuBackend> {
         check_thread_count("CpuBackend", n)?;
         let pool = build_pool(n)?;
         Ok(CpuBackend {
@@ -237,13 +266,24 @@ impl CpuBackend {
                 pool: RwLock::new(Arc::new(pool)),
                 n_threads: AtomicUsize::new(n),
                 abort: Mutex::new(None),
+                isa,
             }),
         })
     }
 
-    /// The SIMD tier kernels run with (see `kernels::set_isa`).
-    pub fn isa(&self) -> crate::kernels::Isa {
-        selected_isa()
+    /// The SIMD tier the next plan built on this backend runs: the one chosen with
+    /// [`CpuBackend::with_isa`], else the process-wide default ([`crate::kernels::selected_isa`]).
+    pub fn isa(&self) -> Isa {
+        self.shared.isa.unwrap_or_else(crate::kernels::selected_isa)
+    }
+
+    /// The kernel table a plan built now on this backend uses.
+    pub(crate) fn kernel_table(&self) -> &'static KernelTable {
+        match self.shared.isa {
+            // `with_isa` checked that the CPU supports the tier, so the table exists.
+            Some(isa) => crate::kernels::table_for(isa).unwrap_or_else(crate::kernels::table),
+            None => crate::kernels::table(),
+        }
     }
 }
 
@@ -256,7 +296,7 @@ impl Backend for CpuBackend {
     }
     fn features(&self) -> Vec<(&'static str, String)> {
         let mut f = CpuFeatures::detect().list();
-        f.push(("ISA", selected_isa().name().to_string()));
+        f.push(("ISA", self.isa().name().to_string()));
         f
     }
     fn n_threads(&self) -> usize {
@@ -279,6 +319,60 @@ impl Backend for CpuBackend {
         match self.shared.abort.lock() {
             Ok(mut h) => *h = hook,
             Err(e) => *e.into_inner() = hook,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::kernels::table_for;
+    use crate::plan::Plan;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// SiLU of `x` through a plan on `be`.
+    fn silu_on(be: &CpuBackend, x: &[f32]) -> Vec<f32> {
+        let mut g = Graph::new();
+        let xi = g.input(DType::F32, &[x.len()]).unwrap();
+        let y = g.silu(xi).unwrap();
+        g.set_output(y);
+        let mut p = Plan::new(g, be).unwrap();
+        p.set_input(xi, x).unwrap();
+        p.compute().unwrap();
+        p.output::<f32>(y).unwrap().to_vec()
+    }
+
+    /// A plan on a backend made with `with_isa` runs that tier's kernels (here SiLU, whose bits
+    /// differ between the portable and the vector exp), and the process-wide default stays.
+    #[test]
+    fn with_isa_plans_run_that_tiers_kernels() {
+        let x: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 12.0).collect();
+        let default = crate::kernels::selected_isa();
+        let mut per_tier = Vec::new();
+        for isa in Isa::ALL {
+            if !isa.is_supported() {
+                let e = CpuBackend::with_isa(2, isa).err().expect("unsupported tier refused");
+                assert!(e.to_string().contains(isa.name()), "{e}");
+                continue;
+            }
+            let be = CpuBackend::with_isa(2, isa).unwrap();
+            assert_eq!(be.isa(), isa);
+            assert!(be.features().contains(&("ISA", isa.name().to_string())));
+            let mut want = vec![0f32; x.len()];
+            // SAFETY: `want` and `x` hold x.len() f32; the table is of a tier this CPU runs.
+            unsafe { (table_for(isa).unwrap().silu_f32)(x.len(), want.as_mut_ptr(), x.as_ptr()) };
+            let got = silu_on(&be, &x);
+            assert_eq!(bits(&got), bits(&want), "{isa:?}");
+            per_tier.push(bits(&got));
+        }
+        assert_eq!(crate::kernels::selected_isa(), default, "with_isa changed the default tier");
+        // The check above tells tiers apart: the portable and the AVX2 SiLU differ in some bits.
+        if Isa::Avx2.is_supported() {
+            assert_ne!(per_tier[0], per_tier[1], "scalar and AVX2 SiLU give the same bits");
         }
     }
 }

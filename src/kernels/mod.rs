@@ -1,22 +1,28 @@
 //! Compute kernels and their run-time dispatch.
 //!
-//! Every ISA tier is compiled into every binary: `scalar.rs` (portable, always present) and one file
-//! per (arch, tier) under `x86/` with the same function names. [`CpuFeatures::detect`] runs once;
-//! a [`KernelTable`] of function pointers is filled from the scalar tier and then overwritten tier by
-//! tier up to the selected one. No feature check happens inside a loop.
+//! Every ISA tier is compiled into every binary: the portable files (`scalar.rs`, `recurrent.rs`,
+//! `conv.rs`, ..., always present) and one file per (arch, tier) under `x86/` with the same
+//! function names. [`CpuFeatures::detect`] runs once; a [`KernelTable`] of function pointers is
+//! filled from the portable kernels and then overwritten tier by tier (each tier's `plug`) up to
+//! the tier it is built for. No feature check happens inside a loop, and no kernel is reached
+//! other than through a table: the `x86` module is private to this one.
 //!
-//! The tier can be forced lower with the environment variable `QUANTGRAPH_ISA=scalar|avx2|avx512` (read
-//! once) or with [`set_isa`], so tests can run every tier the machine has in one binary.
+//! A plan runs the table of its backend's tier: the one given to `CpuBackend::with_isa`, or the
+//! process-wide default, which is the best tier this CPU has, lowered by the environment variable
+//! `QUANTGRAPH_ISA=scalar|avx2|avx512` (read once) or by [`set_isa`].
 
+pub(crate) mod conv;
 pub(crate) mod gemm;
 pub(crate) mod igemm;
+pub(crate) mod prefetch;
 pub(crate) mod recurrent;
 pub(crate) mod repack;
 pub(crate) mod scalar;
 pub(crate) mod sgemm;
 pub(crate) mod tables;
+// Private: a tier's kernels are reached only through the tables its `plug` fills.
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod x86;
+mod x86;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -251,7 +257,8 @@ pub(crate) const GEMM_NR: usize = 2;
 
 const N_TYPES: usize = 43;
 
-/// Function pointers for one ISA tier. Filled once; read through [`table`].
+/// Function pointers for one ISA tier, filled once per tier. Op drivers read the table of their
+/// plan (`NodeCtx::kt`); [`table`] is the default tier's.
 pub struct KernelTable {
     isa: Isa,
     vec_dot: [Option<VecDotFn>; N_TYPES],
@@ -312,6 +319,10 @@ pub struct KernelTable {
     /// has one; otherwise the driver's generic loop runs.
     pub(crate) attend_f16: Option<AttendF16Fn>,
     // --- end ops ---
+    /// Inner loops of the recurrent ops (ssm_scan, rwkv_wkv6/7, gated_linear_attn).
+    pub(crate) recurrent: recurrent::RecurrentKernels,
+    /// The direct convolutions' register tile and F16 conversions (conv_2d/3d, im2col).
+    pub(crate) conv: conv::ConvKernels,
 }
 
 impl KernelTable {
@@ -354,6 +365,8 @@ impl KernelTable {
             max_f32: scalar::max_f32,
             attend_f16: None,
             // --- end ops ---
+            recurrent: recurrent::PORTABLE,
+            conv: conv::PORTABLE,
         };
         for d in DType::ALL {
             if let Some(f) = repack::scalar_kernel(d) {
@@ -372,13 +385,14 @@ impl KernelTable {
         }
         t.set_gemm(DType::Q4_0, gemm::gemm_q4_0_q8_0);
         t.set_gemm(DType::Q8_0, gemm::gemm_q8_0_q8_0);
+        // A tier plugs in only with the token that detection makes for a CPU that runs it.
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx2 {
-            x86::plug_avx2(&mut t);
+        if let Some(cpu) = x86::Avx2::detect().filter(|_| isa >= Isa::Avx2) {
+            x86::plug_avx2(&mut t, cpu);
         }
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx512 {
-            x86::avx512::plug(&mut t);
+        if let Some(cpu) = x86::Avx512::detect().filter(|_| isa >= Isa::Avx512) {
+            x86::avx512::plug(&mut t, cpu);
         }
         t.isa = isa;
         t
@@ -497,7 +511,8 @@ fn initial_isa() -> Isa {
     }
 }
 
-/// The selected tier: the best this CPU has, lowered by `QUANTGRAPH_ISA` or [`set_isa`].
+/// The process-wide default tier: the best this CPU has, lowered by `QUANTGRAPH_ISA` or
+/// [`set_isa`].
 #[inline]
 pub fn selected_isa() -> Isa {
     match SELECTED.load(Ordering::Relaxed) {
@@ -517,9 +532,10 @@ fn select_initial_isa() -> Isa {
     i
 }
 
-/// Forces a tier for every later computation in this process (for tests and comparisons).
-/// A compute already running keeps the table it started with for the ops whose phases must agree
-/// on a data layout. Fails when the CPU does not support `isa`.
+/// Sets the process-wide default tier: plans built later on a backend that did not choose a tier
+/// (`CpuBackend::with_isa`) run it. Plans keep the table they were built with. To compare tiers
+/// in one process, prefer one backend per tier (`CpuBackend::with_isa`), which does not affect
+/// other code. Fails when the CPU does not support `isa`.
 pub fn set_isa(isa: Isa) -> Result<()> {
     if !isa.is_supported() {
         return Err(Error::arg(format!("ISA {} is not supported by this CPU", isa.name())));
@@ -528,7 +544,7 @@ pub fn set_isa(isa: Isa) -> Result<()> {
     Ok(())
 }
 
-/// The kernel table of the selected tier.
+/// The kernel table of the process-wide default tier ([`selected_isa`]).
 #[inline]
 pub fn table() -> &'static KernelTable {
     // The selected tier is always supported, so a table already built for it is the answer: one

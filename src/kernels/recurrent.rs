@@ -6,8 +6,8 @@
 //! `mul_add`, which is exact in either build), so the tiers give bitwise-equal results. Reductions
 //! use 16 lane accumulators combined in a fixed tree: the order never depends on the thread count.
 //!
-//! [`recurrent_kernels`] picks the set for the selected tier once per node; no feature check runs
-//! inside a loop.
+//! The portable set is [`PORTABLE`]; `x86/avx2_recurrent.rs` builds the same bodies for AVX2. A
+//! tier's set is the `recurrent` entry of its `KernelTable`; no feature check runs inside a loop.
 
 /// Mamba-2 state row: `s[i] = s[i] * da + b[i] * x_dt`, returns `sum_i s[i] * c[i]`.
 pub(crate) type SsmScanRowFn = fn(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32;
@@ -32,7 +32,8 @@ pub(crate) type GlaRowFn = fn(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32,
 /// `sum_j s[j] r[j]`; the rows are `[r, w, k, a, b]`.
 pub(crate) type Wkv7RowFn = fn(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32;
 
-/// Function pointers for one tier.
+/// Function pointers for one tier (the `recurrent` entry of a `KernelTable`).
+#[derive(Clone, Copy)]
 pub(crate) struct RecurrentKernels {
     /// See [`SsmScanRowFn`].
     pub ssm_scan_row: SsmScanRowFn,
@@ -46,11 +47,11 @@ pub(crate) struct RecurrentKernels {
     pub wkv7_row: Wkv7RowFn,
 }
 
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 /// Combines 16 lane sums in a fixed pairwise tree.
 #[inline(always)]
-fn reduce16(acc: [f32; LANES]) -> f32 {
+pub(crate) fn reduce16(acc: [f32; LANES]) -> f32 {
     let mut s8 = [0f32; 8];
     for l in 0..8 {
         s8[l] = acc[l] + acc[l + 8];
@@ -63,7 +64,7 @@ fn reduce16(acc: [f32; LANES]) -> f32 {
 }
 
 #[inline(always)]
-fn ssm_scan_row_body(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32 {
+pub(crate) fn ssm_scan_row_body(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32 {
     let n = s.len().min(b.len()).min(c.len());
     let (s, b, c) = (&mut s[..n], &b[..n], &c[..n]);
     let mut acc = [0f32; LANES];
@@ -87,7 +88,15 @@ fn ssm_scan_row_body(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) ->
 }
 
 #[inline(always)]
-fn wkv6_row_body(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32) {
+pub(crate) fn wkv6_row_body(
+    s: &mut [f32],
+    out: &mut [f32],
+    v: &[f32],
+    k: f32,
+    r: f32,
+    tf: f32,
+    td: f32,
+) {
     let n = s.len().min(out.len()).min(v.len());
     for ((sj, oj), &vj) in s[..n].iter_mut().zip(&mut out[..n]).zip(&v[..n]) {
         let kv = vj * k;
@@ -99,7 +108,7 @@ fn wkv6_row_body(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: 
 }
 
 #[inline(always)]
-fn wkv6_rows4_body(
+pub(crate) fn wkv6_rows4_body(
     s: &mut [f32],
     out: &mut [f32],
     v: &[f32],
@@ -127,7 +136,7 @@ fn wkv6_rows4_body(
 }
 
 #[inline(always)]
-fn gla_row_body(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32) {
+pub(crate) fn gla_row_body(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32) {
     let n = s.len().min(out.len()).min(v.len());
     for ((sj, oj), &vj) in s[..n].iter_mut().zip(&mut out[..n]).zip(&v[..n]) {
         let kv = vj * k;
@@ -138,7 +147,7 @@ fn gla_row_body(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f3
 }
 
 #[inline(always)]
-fn wkv7_row_body(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
+pub(crate) fn wkv7_row_body(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
     let [r, w, k, a, b] = rwkab;
     let n = s.len().min(r.len()).min(w.len()).min(k.len()).min(a.len()).min(b.len());
     let (s, r, w, k, a, b) = (&mut s[..n], &r[..n], &w[..n], &k[..n], &a[..n], &b[..n]);
@@ -201,123 +210,9 @@ fn wkv7_row(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
     wkv7_row_body(s, rwkab, v)
 }
 
-static SCALAR: RecurrentKernels =
+/// The portable set: the bodies built without extra CPU features.
+pub(crate) const PORTABLE: RecurrentKernels =
     RecurrentKernels { ssm_scan_row, wkv6_row, wkv6_rows4, gla_row, wkv7_row };
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    //! The AVX2 + FMA builds of the bodies above (needs AVX2 and FMA).
-    use super::*;
-
-    /// `ssm_scan_row_body` written with intrinsics (LLVM's vectoriser splits the 16 lane
-    /// accumulators badly): the same operations in the same order, lanes 0..8 and 8..16 in two
-    /// registers, then the same tail and reduction tree.
-    #[target_feature(enable = "avx2,fma")]
-    fn ssm_scan_row_avx2(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32 {
-        use std::arch::x86_64::*;
-        let n = s.len().min(b.len()).min(c.len());
-        let full = n / LANES * LANES;
-        let (vda, vx) = (_mm256_set1_ps(da), _mm256_set1_ps(x_dt));
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let (ps, pb, pc) = (s.as_mut_ptr(), b.as_ptr(), c.as_ptr());
-        let mut i = 0;
-        while i < full {
-            // SAFETY: i + 16 <= full <= n, and n is at most the length of each slice.
-            unsafe {
-                let st0 = _mm256_add_ps(
-                    _mm256_mul_ps(_mm256_loadu_ps(ps.add(i)), vda),
-                    _mm256_mul_ps(_mm256_loadu_ps(pb.add(i)), vx),
-                );
-                let st1 = _mm256_add_ps(
-                    _mm256_mul_ps(_mm256_loadu_ps(ps.add(i + 8)), vda),
-                    _mm256_mul_ps(_mm256_loadu_ps(pb.add(i + 8)), vx),
-                );
-                _mm256_storeu_ps(ps.add(i), st0);
-                _mm256_storeu_ps(ps.add(i + 8), st1);
-                a0 = _mm256_fmadd_ps(st0, _mm256_loadu_ps(pc.add(i)), a0);
-                a1 = _mm256_fmadd_ps(st1, _mm256_loadu_ps(pc.add(i + 8)), a1);
-            }
-            i += LANES;
-        }
-        let mut acc = [0f32; LANES];
-        // SAFETY: acc holds 16 floats: two stores of 8.
-        unsafe {
-            _mm256_storeu_ps(acc.as_mut_ptr(), a0);
-            _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
-        }
-        for i in full..n {
-            let st = s[i] * da + b[i] * x_dt;
-            s[i] = st;
-            acc[i - full] = st.mul_add(c[i], acc[i - full]);
-        }
-        reduce16(acc)
-    }
-    #[target_feature(enable = "avx2,fma")]
-    fn wkv6_row_avx2(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32) {
-        wkv6_row_body(s, out, v, k, r, tf, td)
-    }
-    #[target_feature(enable = "avx2,fma")]
-    fn wkv6_rows4_avx2(
-        s: &mut [f32],
-        out: &mut [f32],
-        v: &[f32],
-        k: [f32; 4],
-        r: [f32; 4],
-        tf: [f32; 4],
-        td: [f32; 4],
-    ) {
-        wkv6_rows4_body(s, out, v, k, r, tf, td)
-    }
-    #[target_feature(enable = "avx2,fma")]
-    fn gla_row_avx2(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32) {
-        gla_row_body(s, out, v, k, q, g)
-    }
-    #[target_feature(enable = "avx2,fma")]
-    fn wkv7_row_avx2(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
-        wkv7_row_body(s, rwkab, v)
-    }
-
-    fn ssm_scan_row(s: &mut [f32], b: &[f32], c: &[f32], da: f32, x_dt: f32) -> f32 {
-        // SAFETY: this set is only handed out when the AVX2 tier (AVX2 + FMA) is selected.
-        unsafe { ssm_scan_row_avx2(s, b, c, da, x_dt) }
-    }
-    fn wkv6_row(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, r: f32, tf: f32, td: f32) {
-        // SAFETY: as above.
-        unsafe { wkv6_row_avx2(s, out, v, k, r, tf, td) }
-    }
-    fn wkv6_rows4(
-        s: &mut [f32],
-        out: &mut [f32],
-        v: &[f32],
-        k: [f32; 4],
-        r: [f32; 4],
-        tf: [f32; 4],
-        td: [f32; 4],
-    ) {
-        // SAFETY: as above.
-        unsafe { wkv6_rows4_avx2(s, out, v, k, r, tf, td) }
-    }
-    fn gla_row(s: &mut [f32], out: &mut [f32], v: &[f32], k: f32, q: f32, g: f32) {
-        // SAFETY: as above.
-        unsafe { gla_row_avx2(s, out, v, k, q, g) }
-    }
-    fn wkv7_row(s: &mut [f32], rwkab: [&[f32]; 5], v: f32) -> f32 {
-        // SAFETY: as above.
-        unsafe { wkv7_row_avx2(s, rwkab, v) }
-    }
-
-    pub(super) static AVX2: RecurrentKernels =
-        RecurrentKernels { ssm_scan_row, wkv6_row, wkv6_rows4, gla_row, wkv7_row };
-}
-
-/// The kernel set of the selected tier.
-pub(crate) fn recurrent_kernels() -> &'static RecurrentKernels {
-    #[cfg(target_arch = "x86_64")]
-    if super::table().isa() >= super::Isa::Avx2 {
-        return &avx2::AVX2;
-    }
-    &SCALAR
-}
 
 #[cfg(test)]
 mod tests {
@@ -335,24 +230,28 @@ mod tests {
             .collect()
     }
 
+    /// Every tier's set (through its `KernelTable`) gives the portable set's bits.
     #[test]
-    fn avx2_tier_matches_scalar_bitwise() {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if !super::super::Isa::Avx2.is_supported() {
-                return;
-            }
-            let (a, sc) = (&avx2::AVX2, &SCALAR);
+    fn every_tier_matches_the_portable_set_bitwise() {
+        use crate::kernels::{Isa, table_for};
+        let tiers: Vec<Isa> = Isa::ALL.into_iter().filter(|i| i.is_supported()).collect();
+        assert!(tiers.contains(&Isa::Scalar));
+        for isa in tiers {
+            let (a, sc) = (&table_for(isa).expect("supported tier").recurrent, &PORTABLE);
             for n in [1usize, 7, 16, 33, 64, 100] {
                 let (b, c, v) = (data(n, 1), data(n, 2), data(n, 3));
                 let (mut s1, mut s2) = (data(n, 4), data(n, 4));
                 let y1 = (a.ssm_scan_row)(&mut s1, &b, &c, 0.9, 0.3);
                 let y2 = (sc.ssm_scan_row)(&mut s2, &b, &c, 0.9, 0.3);
-                assert_eq!((y1.to_bits(), &s1), (y2.to_bits(), &s2), "ssm_scan_row n={n}");
+                assert_eq!(
+                    (y1.to_bits(), &s1),
+                    (y2.to_bits(), &s2),
+                    "ssm_scan_row n={n} on {isa:?}"
+                );
                 let (mut o1, mut o2) = (data(n, 5), data(n, 5));
                 (a.wkv6_row)(&mut s1, &mut o1, &v, 0.5, -0.25, 0.75, 0.9);
                 (sc.wkv6_row)(&mut s2, &mut o2, &v, 0.5, -0.25, 0.75, 0.9);
-                assert_eq!((&s1, &o1), (&s2, &o2), "wkv6_row n={n}");
+                assert_eq!((&s1, &o1), (&s2, &o2), "wkv6_row n={n} on {isa:?}");
                 // four rows at once == four single rows
                 let (mut s4a, mut s4b) = (data(4 * n, 9), data(4 * n, 9));
                 let (mut o4a, mut o4b) = (data(n, 10), data(n, 10));
@@ -374,14 +273,14 @@ mod tests {
                         ww[q],
                     );
                 }
-                assert_eq!((&s4a, &o4a), (&s4b, &o4b), "wkv6_rows4 n={n}");
+                assert_eq!((&s4a, &o4a), (&s4b, &o4b), "wkv6_rows4 n={n} on {isa:?}");
                 (a.gla_row)(&mut s1, &mut o1, &v, 0.5, -0.25, 0.9);
                 (sc.gla_row)(&mut s2, &mut o2, &v, 0.5, -0.25, 0.9);
-                assert_eq!((&s1, &o1), (&s2, &o2), "gla_row n={n}");
+                assert_eq!((&s1, &o1), (&s2, &o2), "gla_row n={n} on {isa:?}");
                 let (r, w, k) = (data(n, 6), data(n, 7), data(n, 8));
                 let y1 = (a.wkv7_row)(&mut s1, [&r, &w, &k, &b, &c], 0.3);
                 let y2 = (sc.wkv7_row)(&mut s2, [&r, &w, &k, &b, &c], 0.3);
-                assert_eq!((y1.to_bits(), &s1), (y2.to_bits(), &s2), "wkv7_row n={n}");
+                assert_eq!((y1.to_bits(), &s1), (y2.to_bits(), &s2), "wkv7_row n={n} on {isa:?}");
             }
         }
     }

@@ -18,7 +18,7 @@ fn silu_grad(x: f32, dy: f32) -> f32 {
 
 pub(crate) fn silu_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (g, x, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let nc = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -85,7 +85,7 @@ pub(crate) fn rms_norm_back(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<(
 
 pub(crate) fn soft_max_back(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result<()> {
     let (g, y, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let nc = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -308,7 +308,7 @@ pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Re
     let (dh, n, m) = (q.ne[0], q.ne[1], k.ne[1]);
     let (h, hkv, nb) = (q.ne[2], k.ne[2], q.ne[3]);
     let p = m - n;
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let lay = crate::graph::FlashAttnBackLayout::new(q.nelements(), k.nelements(), v.nelements())?;
     let base = dst.ptr as *mut f32;
     let stride = align_up(m * 4, 64);

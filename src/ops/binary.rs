@@ -14,7 +14,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     if a.dtype != crate::dtype::DType::F32 || b.dtype != crate::dtype::DType::F32 {
         return super::elementwise::binary_mixed(ctx, ith);
     }
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let (kernel, scalar): (BinaryF32, fn(f32, f32) -> f32) = match ctx.node.op {
         Op::Add => (kt.add_f32, |x, y| x + y),
         Op::Sub => (kt.sub_f32, |x, y| x - y),

@@ -1,7 +1,7 @@
 //! Convolutions (ggml's ops.cpp): im2col (1D, 2D) and im2col_3d, col2im_1d, the direct conv_2d
 //! and conv_3d (the kernel packed as f32 rows into the work buffer; then tiles of 8 output
-//! positions unfolded into per-thread scratch and multiplied with every kernel row: the AVX2
-//! tier's 4x2 register tile, or one `dot_f32` per output on the scalar tier), depthwise
+//! positions unfolded into per-thread scratch and multiplied with every kernel row in the tier's
+//! 4x2 register tile, `KernelTable::conv`), depthwise
 //! conv_2d_dw (WHCN and CWHN),
 //! and conv_transpose_1d / conv_transpose_2d (operands permuted into the work buffer, then each
 //! thread accumulates whole output planes in ggml's order). Every output element is produced by
@@ -346,16 +346,7 @@ fn im2col_rows(ctx: &NodeCtx<'_>, ith: usize, g: Patch) -> Result<()> {
     let k = g.row_len();
     debug_assert_eq!(k, d.ne[0]);
     let (r0, r1) = split(g.positions(), ith, ctx.nth);
-    let table = crate::kernels::table();
-    let mut to_f16 = table.activation_converter(DType::F16);
-    #[cfg(target_arch = "x86_64")]
-    if table.isa() >= crate::kernels::Isa::Avx2 {
-        fn f16c(src: &[f32], dst: &mut [u8]) {
-            // SAFETY: only chosen below when the selected tier is AVX2 (AVX2, FMA, F16C present).
-            unsafe { crate::kernels::x86::avx2_conv::to_f16(src, dst) }
-        }
-        to_f16 = Some(f16c);
-    }
+    let to_f16 = ctx.kt.conv.to_f16;
     for q in r0..r1 {
         // Output rows are contiguous and numbered like the output positions.
         // SAFETY: q < positions = dst rows (dst is a fresh contiguous, 64-byte aligned tensor, so
@@ -363,19 +354,19 @@ fn im2col_rows(ctx: &NodeCtx<'_>, ith: usize, g: Patch) -> Result<()> {
         // rows r0..r1 and its own scratch row in the work buffer (im2col_work_size).
         unsafe {
             let row = d.ptr.add(q * d.nb[1]);
-            match (d.dtype, b.dtype, to_f16) {
-                (DType::F32, _, _) => {
+            match (d.dtype, b.dtype) {
+                (DType::F32, _) => {
                     let out = std::slice::from_raw_parts_mut(row as *mut f32, k);
                     g.fill_f32(b.ptr, q, out);
                 }
-                (_, DType::F32, Some(conv)) => {
+                (_, DType::F32) => {
                     debug_assert!(im2col_work_size(ctx.node, ctx.nth) <= ctx.work_len);
                     let scratch = std::slice::from_raw_parts_mut(
                         ctx.work.add(ith * align_up(k * 4, 64)) as *mut f32,
                         k,
                     );
                     g.fill_f32(b.ptr, q, scratch);
-                    conv(scratch, std::slice::from_raw_parts_mut(row, 2 * k));
+                    to_f16(scratch, std::slice::from_raw_parts_mut(row, 2 * k));
                 }
                 _ => {
                     let out = row as *mut u16;
@@ -470,8 +461,8 @@ fn conv_kernel_bytes(node: &ExecNode) -> usize {
 }
 
 fn conv_tile_bytes(node: &ExecNode) -> usize {
-    // TILE_P f32 patch rows, then one f16 row for rounding (F16 kernels).
-    align_up(TILE_P * conv_dims(node).1 * 4 + conv_dims(node).1 * 2, 64)
+    // TILE_P f32 patch rows.
+    align_up(TILE_P * conv_dims(node).1 * 4, 64)
 }
 
 pub(crate) fn conv_work_size(node: &ExecNode, nth: usize) -> usize {
@@ -504,28 +495,17 @@ fn conv_nd(
         }
         return Ok(());
     }
-    let table = crate::kernels::table();
-    let dot = table.dot_f32;
-    let to_f16 = if a.dtype == DType::F16 { table.activation_converter(DType::F16) } else { None };
+    // The tier's 4x2 register tile and F16 rounding (read once per node, not per chunk).
+    let (tile4x2, round_f16) = (ctx.kt.conv.tile_f32_4x2, ctx.kt.conv.round_f16);
     // SAFETY: the kernel block (phase 0, finished before the barrier) holds oc*kn f32 values,
     // read-only from now on.
     let kernel = unsafe { std::slice::from_raw_parts(kernel_ptr as *const f32, oc * kn) };
-    // SAFETY: each thread's scratch is a disjoint block after the kernel block: TILE_P*kn f32,
-    // then kn f16 (conv_tile_bytes).
-    let (tile_rows, half_row) = unsafe {
+    // SAFETY: each thread's scratch is a disjoint block of TILE_P*kn f32 after the kernel block
+    // (conv_tile_bytes).
+    let tile_rows = unsafe {
         let t = ctx.work.add(conv_kernel_bytes(ctx.node) + ith * conv_tile_bytes(ctx.node));
-        (
-            std::slice::from_raw_parts_mut(t as *mut f32, TILE_P * kn),
-            std::slice::from_raw_parts_mut(t.add(TILE_P * kn * 4), kn * 2),
-        )
+        std::slice::from_raw_parts_mut(t as *mut f32, TILE_P * kn)
     };
-    // The AVX2 tier's 4x2 register tile (dispatch once per node, not per chunk).
-    type Tile = unsafe fn(usize, [&[f32]; 4], [&[f32]; 2], &mut [f32; 8]);
-    #[cfg(target_arch = "x86_64")]
-    let tile: Option<Tile> = (table.isa() >= crate::kernels::Isa::Avx2)
-        .then_some(crate::kernels::x86::avx2_conv::tile_f32_4x2 as Tile);
-    #[cfg(not(target_arch = "x86_64"))]
-    let tile: Option<Tile> = None;
     let total = g.positions();
     let chunks = total.div_ceil(TILE_P);
     let [sx, sy, sz, soc, sn] = out_strides;
@@ -548,16 +528,9 @@ fn conv_nd(
                 // SAFETY: q < positions; b is the node's F32 input described by g.
                 unsafe { g.fill_f32(b.ptr, q, row) };
             }
-            if let Some(conv) = to_f16 {
+            if a.dtype == DType::F16 {
                 // ggml multiplies in the kernel's type: the patch goes through f16.
-                #[cfg(target_arch = "x86_64")]
-                if tile.is_some() {
-                    // SAFETY: `tile` is only set on the AVX2 tier (AVX2, FMA, F16C detected).
-                    unsafe { crate::kernels::x86::avx2_conv::round_f16(row) };
-                    continue;
-                }
-                conv(row, half_row);
-                (table.f16_bytes_to_f32)(half_row, row);
+                round_f16(row);
             }
         }
         let np = q1 - q0;
@@ -566,35 +539,24 @@ fn conv_nd(
             let (n, oz, oy, ox) = g.unravel(q0 + j);
             *o = ox * sx + oy * sy + oz * sz + n * sn;
         }
-        if let Some(tile4x2) = tile {
-            let krow = |o: usize| &kernel[o * kn..(o + 1) * kn];
-            let prow = |j: usize| &tile_rows[j * kn..(j + 1) * kn];
-            for o in (0..oc).step_by(4) {
-                let a4: [&[f32]; 4] = std::array::from_fn(|r| krow((o + r).min(oc - 1)));
-                for j in (0..np).step_by(2) {
-                    let b2: [&[f32]; 2] = std::array::from_fn(|c| prow((j + c).min(np - 1)));
-                    let mut out = [0f32; 8];
-                    // SAFETY: `tile` is only set when the selected tier is AVX2 (CPU checked).
-                    unsafe { tile4x2(kn, a4, b2, &mut out) };
-                    for r in 0..(oc - o).min(4) {
-                        for c in 0..(np - j).min(2) {
-                            // SAFETY: as below: in-range indices, positions owned by this chunk.
-                            unsafe {
-                                (d.ptr.add(offs[j + c] + (o + r) * soc) as *mut f32)
-                                    .write_unaligned(out[r * 2 + c])
-                            };
-                        }
+        let krow = |o: usize| &kernel[o * kn..(o + 1) * kn];
+        let prow = |j: usize| &tile_rows[j * kn..(j + 1) * kn];
+        for o in (0..oc).step_by(4) {
+            let a4: [&[f32]; 4] = std::array::from_fn(|r| krow((o + r).min(oc - 1)));
+            for j in (0..np).step_by(2) {
+                let b2: [&[f32]; 2] = std::array::from_fn(|c| prow((j + c).min(np - 1)));
+                let mut out = [0f32; 8];
+                tile4x2(kn, a4, b2, &mut out);
+                for r in 0..(oc - o).min(4) {
+                    for c in 0..(np - j).min(2) {
+                        // SAFETY: (position, channel) indices are below dst's shape; each
+                        // position belongs to exactly one chunk, taken by one worker.
+                        unsafe {
+                            (d.ptr.add(offs[j + c] + (o + r) * soc) as *mut f32)
+                                .write_unaligned(out[r * 2 + c])
+                        };
                     }
                 }
-            }
-            continue;
-        }
-        for (o, krow) in kernel.chunks_exact(kn).enumerate() {
-            for j in 0..np {
-                let v = dot(krow, &tile_rows[j * kn..(j + 1) * kn]);
-                // SAFETY: (position, channel) indices are below dst's shape; each position belongs
-                // to exactly one chunk, taken by one worker.
-                unsafe { (d.ptr.add(offs[j] + o * soc) as *mut f32).write_unaligned(v) };
             }
         }
     }
@@ -733,7 +695,7 @@ pub(crate) fn conv_transpose_1d(ctx: &NodeCtx<'_>, phase: u8, ith: usize, s0: us
         }
         return Ok(());
     }
-    let dot = crate::kernels::table().dot_f32;
+    let dot = ctx.kt.dot_f32;
     // SAFETY: both blocks were filled in phase 0 and are read-only now.
     let (kern, src) = unsafe {
         (
@@ -806,7 +768,7 @@ pub(crate) fn conv_transpose_2d(
         }
         return Ok(());
     }
-    let dot = crate::kernels::table().dot_f32;
+    let dot = ctx.kt.dot_f32;
     // SAFETY: both blocks were filled in phase 0 and are read-only now.
     let (kern, src) = unsafe {
         (

@@ -6,6 +6,7 @@ use super::elementwise::{ld, st};
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::KernelTable;
 use crate::plan::{ExecNode, align_up};
 
 fn row_path(node: &ExecNode) -> bool {
@@ -22,9 +23,15 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
 }
 
 /// Writes a row of f32 values as `dt`: plain types element by element, block types through the
-/// selected tier's CPU `from_float` (ggml's) or else the reference quantizer. `dst` holds
+/// table `kt`'s CPU `from_float` (ggml's) or else the reference quantizer. `dst` holds
 /// exactly one row of `src.len()` elements of `dt`.
-pub(crate) fn store_row(op: &'static str, dt: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+pub(crate) fn store_row(
+    kt: &KernelTable,
+    op: &'static str,
+    dt: DType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<()> {
     if dt.block_size() == 1 {
         let ts = dt.type_size();
         debug_assert!(dst.len() >= src.len() * ts);
@@ -33,7 +40,7 @@ pub(crate) fn store_row(op: &'static str, dt: DType, src: &[f32], dst: &mut [u8]
             unsafe { st(dst.as_mut_ptr().add(i * ts), dt, v) };
         }
         Ok(())
-    } else if let Some(ff) = crate::kernels::table().activation_converter(dt) {
+    } else if let Some(ff) = kt.activation_converter(dt) {
         ff(src, dst);
         Ok(())
     } else if let Some(q) = crate::quant::format(dt).quantize {
@@ -65,8 +72,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         // SAFETY: the work buffer holds nth rows of ne0 f32 (work_size); this one is ours.
         let tmp =
             unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
-        let to_f32 = super::get_rows::row_converter(a.dtype);
-        let from_f32 = crate::kernels::table().activation_converter(d.dtype);
+        let to_f32 = super::get_rows::row_converter(ctx.kt, a.dtype);
+        let from_f32 = ctx.kt.activation_converter(d.dtype);
         let (sa, sd) = (a.dtype.row_bytes(ne0), d.dtype.row_bytes(ne0));
         for r in r0..r1 {
             let (i1, i2, i3) = unravel_row(r, &a.ne);
@@ -91,7 +98,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                     }
                 }
                 let dst = std::slice::from_raw_parts_mut(d.row(j1, j2, j3), sd);
-                store_row("cpy", d.dtype, tmp, dst)?;
+                store_row(ctx.kt, "cpy", d.dtype, tmp, dst)?;
             }
         }
         return Ok(());

@@ -23,7 +23,7 @@ pub(crate) fn gdn_work_size(node: &ExecNode, nth: usize) -> usize {
 pub(crate) fn gated_delta_net(ctx: &NodeCtx<'_>, ith: usize, k_slots: usize) -> Result<()> {
     let (q, k, v, g, beta, st, d) =
         (ctx.src(0), ctx.src(1), ctx.src(2), ctx.src(3), ctx.src(4), ctx.src(5), ctx.dst());
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let [sv, h, nt, ns] = v.ne;
     let kda = g.ne[0] == sv && sv != 1;
     let (rq3, rk3) = (ns / q.ne[3], ns / k.ne[3]);

@@ -143,16 +143,18 @@ pub(crate) fn li_work_size(node: &ExecNode, nth: usize) -> usize {
 
 pub(crate) fn lightning_indexer(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (q, k, w, m, dst) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.src(3), ctx.dst());
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let (n_embd, n_head, n_tok, n_stream) = (q.ne[0], q.ne[1], q.ne[2], q.ne[3]);
     let n_kv = k.ne[2];
     let conv = match k.dtype {
         crate::dtype::DType::F32 => None,
-        dt => Some(super::get_rows::row_converter(dt).ok_or_else(|| Error::Unsupported {
-            op: "lightning_indexer",
-            backend: "CPU".into(),
-            msg: format!("no f32 conversion for {dt}"),
-        })?),
+        dt => {
+            Some(super::get_rows::row_converter(ctx.kt, dt).ok_or_else(|| Error::Unsupported {
+                op: "lightning_indexer",
+                backend: "CPU".into(),
+                msg: format!("no f32 conversion for {dt}"),
+            })?)
+        }
     };
     let row_bytes = k.dtype.row_bytes(n_embd);
     let sb = li_scratch_bytes(ctx.node);

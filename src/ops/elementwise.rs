@@ -173,7 +173,7 @@ pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     // SAFETY: the work buffer holds nth rows of ne0 f32 (quant_row_work_size); this one is ours.
     let tmp =
         unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
-    let to_f32 = super::get_rows::row_converter(a.dtype)
+    let to_f32 = super::get_rows::row_converter(ctx.kt, a.dtype)
         .ok_or_else(|| internal(ctx, "no dequantizer for a"))?;
     // SAFETY: add1's b has one element (build-time check).
     let scalar = matches!(ctx.node.op, Op::Add1).then(|| unsafe { ld(b.ptr, b.dtype) });
@@ -197,7 +197,7 @@ pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 }
             }
             let dst = std::slice::from_raw_parts_mut(d.row(i1, i2, i3), sd);
-            super::cpy::store_row(op, d.dtype, tmp, dst)?;
+            super::cpy::store_row(ctx.kt, op, d.dtype, tmp, dst)?;
         }
     }
     Ok(())

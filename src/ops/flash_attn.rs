@@ -13,6 +13,7 @@ use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::FlashAttnParams;
+use crate::kernels::prefetch::prefetch_l1;
 use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::util::fp16_to_fp32;
 use std::sync::atomic::Ordering;
@@ -106,7 +107,7 @@ fn attend(
     let vd = k.dtype.vec_dot_type();
     let dot = kt.vec_dot(k.dtype).ok_or_else(|| unsupported(format!("no {} dot", k.dtype)))?;
     let conv = kt.activation_converter(vd).ok_or_else(|| unsupported(format!("no f32 -> {vd}")))?;
-    let v_to_f32 = super::get_rows::row_converter(v.dtype)
+    let v_to_f32 = super::get_rows::row_converter(ctx.kt, v.dtype)
         .ok_or_else(|| unsupported(format!("no {} -> f32", v.dtype)))?;
     let iq1 = row % sh.n_q;
     let iq2 = (row / sh.n_q) % sh.n_head;
@@ -197,8 +198,8 @@ fn attend(
         if ic + PREFETCH_ROWS < c1 {
             // SAFETY: ic + PREFETCH_ROWS < c1 <= n_kv, so both rows lie inside k and v.
             unsafe {
-                prefetch(k.row(ic + PREFETCH_ROWS, ik2, ik3), krow_bytes);
-                prefetch(v.row(ic + PREFETCH_ROWS, ik2, ik3), vrow_bytes);
+                prefetch_l1(k.row(ic + PREFETCH_ROWS, ik2, ik3), krow_bytes);
+                prefetch_l1(v.row(ic + PREFETCH_ROWS, ik2, ik3), vrow_bytes);
             }
         }
         // SAFETY: ic < n_kv, (ik2, ik3) below k's dims 2, 3 (broadcast checked at build).
@@ -237,30 +238,6 @@ const MASK_BLOCK: usize = 256;
 /// How many KV rows ahead `attend` asks for the K and V rows it will read (a decode step streams
 /// K and V from memory; the hardware prefetcher alone leaves the core waiting).
 const PREFETCH_ROWS: usize = 16;
-
-/// Hints the cache lines of `len` bytes at `p` into L1 (no effect on results).
-///
-/// # Safety
-/// `p .. p + len` lies inside one allocation (a prefetch never faults, but the pointer arithmetic
-/// must stay in bounds).
-#[inline(always)]
-unsafe fn prefetch(p: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let mut off = 0;
-        while off < len {
-            // SAFETY: off < len keeps the address inside the row (per the contract); prefetch is
-            // SSE, which every x86_64 CPU has.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off) as *const i8) };
-            off += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (p, len);
-    }
-}
 
 /// Folds the sink logit of head `h` into (m, s, acc) as ggml does.
 fn add_sink(ctx: &NodeCtx<'_>, h: usize, r: &mut Row, acc: &mut [f32]) {

@@ -131,8 +131,10 @@ pub(crate) fn pack_kv(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         backend: "CPU".into(),
         msg: format!("no {t} -> f32"),
     };
-    let k_to_f32 = super::get_rows::row_converter(k.dtype).ok_or_else(|| unsupported(k.dtype))?;
-    let v_to_f32 = super::get_rows::row_converter(v.dtype).ok_or_else(|| unsupported(v.dtype))?;
+    let k_to_f32 =
+        super::get_rows::row_converter(ctx.kt, k.dtype).ok_or_else(|| unsupported(k.dtype))?;
+    let v_to_f32 =
+        super::get_rows::row_converter(ctx.kt, v.dtype).ok_or_else(|| unsupported(v.dtype))?;
     let panels = pp.n16 / SG_NR;
     let (u0, u1) = super::split(pp.heads * panels, ith, ctx.nth);
     // The conversion row lives in this worker's scratch area (after the prepacked area).
@@ -215,8 +217,10 @@ pub(crate) fn compute(
         backend: "CPU".into(),
         msg: format!("no {t} -> f32"),
     };
-    let k_to_f32 = super::get_rows::row_converter(k.dtype).ok_or_else(|| unsupported(k.dtype))?;
-    let v_to_f32 = super::get_rows::row_converter(v.dtype).ok_or_else(|| unsupported(v.dtype))?;
+    let k_to_f32 =
+        super::get_rows::row_converter(ctx.kt, k.dtype).ok_or_else(|| unsupported(k.dtype))?;
+    let v_to_f32 =
+        super::get_rows::row_converter(ctx.kt, v.dtype).ok_or_else(|| unsupported(v.dtype))?;
     // SAFETY: the caller hands this worker its own scratch of `l.total` f32.
     let buf = unsafe { std::slice::from_raw_parts_mut(scratch, l.total) };
     let (n_q, n_head, n_batch, n_kv) = (q.ne[1], q.ne[2], q.ne[3], k.ne[1]);

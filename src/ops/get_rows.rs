@@ -4,23 +4,24 @@
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::KernelTable;
 
 /// Converts one row of `n` elements to f32.
 pub(crate) type RowToF32 = fn(src: &[u8], dst: &mut [f32]);
 
 /// The f32 converter for rows of `dtype`, if it has one.
-pub(crate) fn row_converter(dtype: DType) -> Option<RowToF32> {
+pub(crate) fn row_converter(kt: &KernelTable, dtype: DType) -> Option<RowToF32> {
     match dtype {
-        // F16 through the selected tier's converter (F16C); every other type through the tier's
+        // F16 through the plan tier's converter (F16C); every other type through the tier's
         // dequantizer (the format's, or a SIMD one giving the same floats).
-        DType::F16 => Some(crate::kernels::table().f16_bytes_to_f32),
-        d => crate::kernels::table().to_f32(d),
+        DType::F16 => Some(kt.f16_bytes_to_f32),
+        d => kt.to_f32(d),
     }
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, ids, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let conv = row_converter(a.dtype).ok_or_else(|| Error::Unsupported {
+    let conv = row_converter(ctx.kt, a.dtype).ok_or_else(|| Error::Unsupported {
         op: "get_rows",
         backend: "CPU".into(),
         msg: format!("no f32 conversion for {}", a.dtype),

@@ -66,7 +66,7 @@ pub(crate) fn compute(
         }
     };
     let ts = dt.type_size();
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     // F32 SwiGLU is one fused vector pass per row (silu, then the multiply, in registers).
     let fast_swiglu = op == GluOp::Swiglu && !f16 && d.nb[0] == 4;
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);

@@ -1,7 +1,7 @@
 //! Compute drivers, one file per op family. Each reads its node's parameters, splits the work by
-//! `(ith, nth)` and calls kernels from the selected `KernelTable`. Shapes and types were checked
-//! when the graph was built, so drivers only `debug_assert!`; what only the data can tell (an index
-//! out of range) returns `Err`.
+//! `(ith, nth)` and calls kernels from its plan's `KernelTable` (`NodeCtx::kt`), never through the
+//! process-wide default. Shapes and types were checked when the graph was built, so drivers only
+//! `debug_assert!`; what only the data can tell (an index out of range) returns `Err`.
 
 mod backward;
 mod binary;
@@ -40,6 +40,7 @@ mod window;
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
+use crate::kernels::KernelTable;
 use crate::plan::{ExecNode, TView};
 use std::sync::atomic::AtomicUsize;
 
@@ -52,10 +53,10 @@ pub(crate) struct NodeCtx<'a> {
     /// A chunk counter, zero at the start of every phase.
     pub counter: &'a AtomicUsize,
     pub nth: usize,
-    /// The kernel table of the tier selected when the compute started: one tier for every phase
-    /// of the compute, even if `kernels::set_isa` changes the selection meanwhile. Ops whose
-    /// phases must agree on a data layout (the BF16-pair GEMM) read their kernels here.
-    pub kt: &'static crate::kernels::KernelTable,
+    /// The plan's kernel table (the backend's tier, fixed when the plan was built). Ops read
+    /// every kernel here, never through the process-wide default, so all phases, workers and
+    /// computes of a plan agree on the tier and on the data layouts it implies.
+    pub kt: &'static KernelTable,
 }
 
 impl NodeCtx<'_> {
@@ -101,14 +102,13 @@ pub(crate) fn unravel_row(r: usize, ne: &[usize; 4]) -> (usize, usize, usize) {
 }
 
 /// Checks that the CPU backend can run node `id` (its kernels exist for these types).
-pub(crate) fn supports(graph: &Graph, id: TensorId) -> Result<()> {
+pub(crate) fn supports(graph: &Graph, id: TensorId, kt: &KernelTable) -> Result<()> {
     let t = graph.get("supports_op", id)?;
     let unsupported =
         |msg: String| Error::Unsupported { op: t.op.name(), backend: "CPU".into(), msg };
     match &t.op {
         Op::MulMat => {
             let a = graph.t(t.src[0].expect("mul_mat a"));
-            let kt = crate::kernels::table();
             let vd = a.dtype.vec_dot_type();
             if kt.vec_dot(a.dtype).is_none() || kt.activation_converter(vd).is_none() {
                 return Err(unsupported(format!("no {} x {vd} dot product kernel", a.dtype)));
@@ -117,7 +117,7 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> Result<()> {
         }
         Op::GetRows => {
             let a = graph.t(t.src[0].expect("get_rows a"));
-            if get_rows::row_converter(a.dtype).is_none() {
+            if get_rows::row_converter(kt, a.dtype).is_none() {
                 return Err(unsupported(format!("cannot convert {} rows to f32", a.dtype)));
             }
             Ok(())
@@ -126,14 +126,14 @@ pub(crate) fn supports(graph: &Graph, id: TensorId) -> Result<()> {
         Op::MulMatId => {
             let a = graph.t(t.src[0].expect("mul_mat_id as"));
             let b = graph.t(t.src[1].expect("mul_mat_id b"));
-            mul_mat_id::check_kernels(a.dtype, b.dtype).map_err(unsupported)
+            mul_mat_id::check_kernels(kt, a.dtype, b.dtype).map_err(unsupported)
         }
         _ => Ok(()),
     }
 }
 
 /// Number of barrier-separated phases of a node.
-pub(crate) fn phases(node: &ExecNode) -> u8 {
+pub(crate) fn phases(node: &ExecNode, kt: &KernelTable) -> u8 {
     match node.op {
         Op::MulMat => mul_mat::phases(node),
         Op::FlashAttnExt(_) => flash_attn::phases(node),
@@ -141,7 +141,7 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
         // ops1: copy then accumulate; count then add the per-thread counts.
         Op::Acc { .. } | Op::CountEqual => 2,
         // --- moe: convert b and group by expert, then the expert chunks ---
-        Op::MulMatId => mul_mat_id::phases(node),
+        Op::MulMatId => mul_mat_id::phases(node, kt),
         // train: per-row loss terms, then their sum in row order.
         Op::CrossEntropyLoss => 2,
         // vision: pack operands into the work buffer, then compute.
@@ -153,7 +153,7 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
 }
 
 /// Work-buffer bytes a node needs with `nth` threads.
-pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
+pub(crate) fn work_size(node: &ExecNode, nth: usize, kt: &KernelTable) -> usize {
     match node.op {
         Op::MulMat => mul_mat::work_size(node, nth),
         Op::Add | Op::Add1 => elementwise::quant_row_work_size(node, nth),
@@ -165,7 +165,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         // ops1
         Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
         // --- moe ---
-        Op::MulMatId => mul_mat_id::work_size(node, nth),
+        Op::MulMatId => mul_mat_id::work_size(node, nth, kt),
         Op::OutProd => out_prod::work_size(node, nth),
         // --- ssm ---
         Op::GatedDeltaNet { .. } => delta_net::gdn_work_size(node, nth),

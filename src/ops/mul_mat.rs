@@ -63,12 +63,11 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
 fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
     let vd = a.dtype.vec_dot_type();
-    let from =
-        crate::kernels::table().activation_converter(vd).ok_or_else(|| Error::Unsupported {
-            op: "mul_mat",
-            backend: "CPU".into(),
-            msg: format!("no f32 -> {vd} conversion"),
-        })?;
+    let from = ctx.kt.activation_converter(vd).ok_or_else(|| Error::Unsupported {
+        op: "mul_mat",
+        backend: "CPU".into(),
+        msg: format!("no f32 -> {vd} conversion"),
+    })?;
     let k = b.ne[0];
     let rb = converted_row_bytes(ctx.node);
     let nrows = b.nrows();
@@ -134,7 +133,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         return convert(ctx, ith);
     }
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let table = crate::kernels::table();
+    let table = ctx.kt;
     // Few columns (decode): each weight row is read once, from memory; the streaming variant
     // prefetches it (same results).
     let dot = if d.ne[1] <= 4 { table.vec_dot_stream(a.dtype) } else { table.vec_dot(a.dtype) };

@@ -18,6 +18,7 @@ use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
+use crate::kernels::prefetch::prefetch_l2;
 use crate::kernels::sgemm::{SG_MR, SG_NR, Sgemm2Fn, SgemmFn};
 use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::DequantizeFn;
@@ -243,19 +244,6 @@ pub(crate) const BLOCK_SCRATCH: usize = (MC + SG_MR) * KC + C_TILES * SG_MR * SG
 /// Panels (of the last ones of a K block) over which the next block's rows are prefetched.
 const PREFETCH_PANELS: usize = 8;
 
-/// Asks for the cache line at `p` (a hint: never faults, whatever the address).
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint; it does not fault on any address and SSE is part of
-    // x86_64's baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 /// The rows of a strip past the block's last row.
 static ZERO_ROW: [u8; KC * 4] = [0; KC * 4];
 
@@ -286,7 +274,7 @@ pub(crate) fn gemm_block(
         Some((one, two)) => (one, Some(two), None),
         None => (kt.sgemm, kt.sgemm2, kt.sgemm22),
     };
-    let deq = row_loader(dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
+    let deq = row_loader(kt, dtype).ok_or_else(|| unsupported(format!("no {dtype} -> f32")))?;
     let (blck, ts) = (dtype.block_size(), dtype.type_size());
     let (pack, pack_f16) = (kt.sgemm_pack, kt.sgemm_pack_f16);
     let (strips, rest) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
@@ -350,7 +338,7 @@ pub(crate) fn gemm_block(
                     for i in i0 + r0..i0 + r1 {
                         let row = a_row(i).wrapping_add(seg);
                         for off in (0..seg_len).step_by(64) {
-                            prefetch(row.wrapping_add(off));
+                            prefetch_l2(row.wrapping_add(off));
                         }
                     }
                 }
@@ -371,7 +359,7 @@ pub(crate) fn gemm_block(
             let lines = (next_slice.len() * 4).div_ceil(64);
             let fetch = |st: usize| {
                 for l in (lines * st / n_strips)..(lines * (st + 1) / n_strips) {
-                    prefetch(next_slice.as_ptr().wrapping_add(l * 16) as *const u8);
+                    prefetch_l2(next_slice.as_ptr().wrapping_add(l * 16) as *const u8);
                 }
             };
             let strip = |st: usize| &strips[st * SG_MR * KC..][..kcd * SG_MR];
@@ -484,6 +472,6 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 }
 
 /// Converts a run of whole blocks of `dtype` to f32 (F16 through the tier's F16C converter).
-fn row_loader(dtype: DType) -> Option<DequantizeFn> {
-    super::get_rows::row_converter(dtype)
+fn row_loader(kt: &KernelTable, dtype: DType) -> Option<DequantizeFn> {
+    super::get_rows::row_converter(kt, dtype)
 }

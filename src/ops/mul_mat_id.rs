@@ -367,17 +367,13 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn phases(node: &ExecNode) -> u8 {
+pub(crate) fn phases(node: &ExecNode, kt: &KernelTable) -> u8 {
     // Convert and group; pack the GEMM experts' activations; the chunks.
-    if layout(node, 1, crate::kernels::table()).is_some_and(|l| l.gemm || l.int.is_some()) {
-        3
-    } else {
-        2
-    }
+    if layout(node, 1, kt).is_some_and(|l| l.gemm || l.int.is_some()) { 3 } else { 2 }
 }
 
-pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
-    layout(node, nth, crate::kernels::table()).map_or(0, |l| l.end)
+pub(crate) fn work_size(node: &ExecNode, nth: usize, kt: &KernelTable) -> usize {
+    layout(node, nth, kt).map_or(0, |l| l.end)
 }
 
 fn unsupported(msg: String) -> Error {
@@ -409,9 +405,9 @@ fn convert(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
     let vd = a.dtype.vec_dot_type();
     let from = if l.repack {
-        mmr::converter("mul_mat_id", a.dtype)?
+        mmr::converter(ctx.kt, "mul_mat_id", a.dtype)?
     } else {
-        crate::kernels::table()
+        ctx.kt
             .activation_converter(vd)
             .ok_or_else(|| unsupported(format!("no f32 -> {vd} conversion")))?
     };
@@ -520,7 +516,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         return pack_int_panels(ctx, &l, ith);
     }
     let (a, b, ids, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
-    let table = crate::kernels::table();
+    let table = ctx.kt;
     let dot = table.vec_dot(a.dtype).ok_or_else(|| unsupported(format!("no {} dot", a.dtype)))?;
     let dot_stream = table.vec_dot_stream(a.dtype).unwrap_or(dot);
     let gemm = table.gemm(a.dtype);
@@ -751,7 +747,8 @@ fn repack_chunks(
     ith: usize,
 ) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let kern = crate::kernels::table()
+    let kern = ctx
+        .kt
         .repack(a.dtype)
         .ok_or_else(|| unsupported(format!("no repacked kernel for {}", a.dtype)))?;
     let (k, m) = (a.ne[0], a.ne[1]);
@@ -815,8 +812,11 @@ fn repack_chunks(
 
 /// What `supports` checks: the weights need a dot-product kernel and, for F32 activations, a
 /// converter into their vec-dot type.
-pub(crate) fn check_kernels(a: DType, b: DType) -> std::result::Result<(), String> {
-    let kt = crate::kernels::table();
+pub(crate) fn check_kernels(
+    kt: &KernelTable,
+    a: DType,
+    b: DType,
+) -> std::result::Result<(), String> {
     let vd = a.vec_dot_type();
     if kt.vec_dot(a).is_none() || (b != vd && kt.activation_converter(vd).is_none()) {
         return Err(format!("no {a} x {vd} dot product kernel"));

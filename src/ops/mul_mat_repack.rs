@@ -13,6 +13,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::kernels::KernelTable;
 use crate::kernels::repack::{RepackGemmFn, act_block_bytes, group_block_bytes, q8_0_to_y0};
 use crate::plan::{ExecNode, align_up};
 use std::sync::atomic::Ordering;
@@ -70,9 +71,13 @@ pub(crate) fn convert_row(
 }
 
 /// The f32 -> activation-format converter for weights of type `a`, or the error naming the op.
-pub(crate) fn converter(op: &'static str, a: DType) -> Result<crate::quant::FromFloatFn> {
+pub(crate) fn converter(
+    kt: &KernelTable,
+    op: &'static str,
+    a: DType,
+) -> Result<crate::quant::FromFloatFn> {
     let target = activation_target(a);
-    crate::kernels::table().activation_converter(target).ok_or_else(|| Error::Unsupported {
+    kt.activation_converter(target).ok_or_else(|| Error::Unsupported {
         op,
         backend: "CPU".into(),
         msg: format!("no f32 -> {target} conversion"),
@@ -83,7 +88,7 @@ pub(crate) fn converter(op: &'static str, a: DType) -> Result<crate::quant::From
 pub(crate) fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
     let k = b.ne[0];
-    let from = converter("mul_mat", a.dtype)?;
+    let from = converter(ctx.kt, "mul_mat", a.dtype)?;
     let rb = act_row_bytes(a.dtype, k);
     let nrows = b.nrows();
     let scratch = nrows * rb + ith * scratch_bytes(k);
@@ -183,7 +188,7 @@ pub(crate) unsafe fn store8(p: *mut u8, nb0: usize, v: &[f32; 8]) {
 /// Phase 1: the tasks.
 pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let kern = crate::kernels::table().repack(a.dtype).ok_or_else(|| Error::Unsupported {
+    let kern = ctx.kt.repack(a.dtype).ok_or_else(|| Error::Unsupported {
         op: "mul_mat",
         backend: "CPU".into(),
         msg: format!("no repacked kernel for {}", a.dtype),

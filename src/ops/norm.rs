@@ -6,7 +6,7 @@ use crate::error::Result;
 
 pub(crate) fn rms_norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let ne0 = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -79,7 +79,7 @@ pub(crate) fn norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
 /// rms_norm(src0) * src1 in one pass (ggml's RMS_NORM + MUL CPU fusion): y = x * scale * w.
 pub(crate) fn rms_norm_mul(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
     let (a, w, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let ne0 = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {

@@ -24,8 +24,8 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let table = crate::kernels::table();
-    let conv = row_converter(a.dtype).ok_or_else(|| Error::Unsupported {
+    let table = ctx.kt;
+    let conv = row_converter(ctx.kt, a.dtype).ok_or_else(|| Error::Unsupported {
         op: "out_prod",
         backend: "CPU".into(),
         msg: format!("no f32 conversion for {}", a.dtype),

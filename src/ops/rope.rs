@@ -180,7 +180,7 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
     let n_dims = p.n_dims;
     // Neox, mrope and imrope pair element i with i + n_dims / 2 (see `rotate`).
     let neox_like = matches!(p.mode, RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope);
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &d.ne);
         if i2 != last_i2 {

@@ -7,7 +7,6 @@
 
 use super::{NodeCtx, split};
 use crate::error::Result;
-use crate::kernels::recurrent::recurrent_kernels;
 
 /// Runs `token(state_of_head, y_of_token_and_head, t, h)` for every token of every sequence over
 /// this worker's heads, with the state initialised from source `state_src`.
@@ -67,7 +66,7 @@ fn tokens<'a>(ctx: &'a NodeCtx<'_>, i: usize) -> &'a [f32] {
 }
 
 pub(crate) fn wkv6(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
-    let rk = recurrent_kernels();
+    let rk = &ctx.kt.recurrent;
     let (k, v, r, tf, td) =
         (tokens(ctx, 0), tokens(ctx, 1), tokens(ctx, 2), tokens(ctx, 3), tokens(ctx, 4));
     let (s, h) = (ctx.src(1).ne[0], ctx.src(1).ne[1]);
@@ -105,7 +104,7 @@ pub(crate) fn wkv6(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 }
 
 pub(crate) fn gla(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result<()> {
-    let rk = recurrent_kernels();
+    let rk = &ctx.kt.recurrent;
     let (k, v, q, g) = (tokens(ctx, 0), tokens(ctx, 1), tokens(ctx, 2), tokens(ctx, 3));
     let (s, h) = (ctx.src(1).ne[0], ctx.src(1).ne[1]);
     drive(ctx, ith, 4, |state, y, t, hh| {
@@ -126,7 +125,7 @@ pub(crate) fn gla(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result<()> {
 }
 
 pub(crate) fn wkv7(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
-    let rk = recurrent_kernels();
+    let rk = &ctx.kt.recurrent;
     let (r, w, k, v, a, b) = (
         tokens(ctx, 0),
         tokens(ctx, 1),

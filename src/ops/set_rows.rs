@@ -18,7 +18,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     // SAFETY: the work buffer holds nth rows of ne0 f32 (work_size); this one is ours.
     let tmp =
         unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let from = kt.activation_converter(d.dtype);
     let quant = crate::quant::format(d.dtype).quantize;
     let (r0, r1) = split(d.ne[1], ith, ctx.nth);

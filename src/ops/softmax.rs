@@ -16,7 +16,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, scale: f32, max_bias: f32) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let mask = ctx.node.src[1].as_ref();
     // SAFETY: sinks, when present, is a contiguous F32 vector of ne[2] values (build check).
     let sinks = ctx.node.src[2]

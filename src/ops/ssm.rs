@@ -49,7 +49,7 @@ pub(crate) fn ssm_scan(ctx: &NodeCtx<'_>, ith: usize, k_slots: usize) -> Result<
         ctx.src(6),
         ctx.dst(),
     );
-    let rk = crate::kernels::recurrent::recurrent_kernels();
+    let rk = &ctx.kt.recurrent;
     let nc = s0.ne[0]; // d_state
     let nr = s0.ne[1]; // head_dim
     let nh = x.ne[1];

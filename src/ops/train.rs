@@ -5,6 +5,7 @@
 
 use super::{NodeCtx, split, unravel_row};
 use crate::error::Result;
+use crate::kernels::KernelTable;
 use crate::plan::{ExecNode, TView, align_up};
 
 /// One f32 partial sum per row, then one scratch row per thread.
@@ -29,11 +30,11 @@ unsafe fn row_f32<'a>(t: &TView, r: usize) -> &'a [f32] {
 
 /// ggml's per-row term: sum(labels * (logits - max - log(sum(exp(logits - max))))); `st` is
 /// scratch of the row's length.
-fn loss_row(x: &[f32], y: &[f32], st: &mut [f32]) -> f32 {
+fn loss_row(kt: &KernelTable, x: &[f32], y: &[f32], st: &mut [f32]) -> f32 {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     st.copy_from_slice(x);
     // SAFETY: `st` holds x.len() f32.
-    let sum = unsafe { (crate::kernels::table().exp_sub_sum_f32)(st.len(), st.as_mut_ptr(), max) };
+    let sum = unsafe { (kt.exp_sub_sum_f32)(st.len(), st.as_mut_ptr(), max) };
     let lse = (sum as f32).ln();
     let mut acc = 0f64;
     for (&v, &l) in x.iter().zip(y) {
@@ -57,7 +58,7 @@ pub(crate) fn cross_entropy_loss(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Re
         for r in r0..r1 {
             // SAFETY: r < nrows of both (same shape, build check); rows contiguous; read only.
             let (x, y) = unsafe { (row_f32(a, r), row_f32(b, r)) };
-            let s = loss_row(x, y, st);
+            let s = loss_row(ctx.kt, x, y, st);
             // SAFETY: the work buffer holds nr f32 (work_size); each worker writes its own rows.
             unsafe { *sums.add(r) = s };
         }
@@ -81,7 +82,7 @@ pub(crate) fn cross_entropy_loss_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<(
     let nr = a.nrows();
     // SAFETY: grad is an F32 scalar (build check).
     let d_by_nr = unsafe { *(g.ptr as *const f32) } / nr as f32;
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let (r0, r1) = split(nr, ith, ctx.nth);
     let nc = a.ne[0];
     for r in r0..r1 {

@@ -120,7 +120,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: UnaryOp) -> Result<()> 
     use crate::kernels::{scalar, tables};
     let (a, d) = (ctx.src(0), ctx.dst());
     let f32_io = a.dtype == DType::F32 && d.dtype == DType::F32;
-    let kt = crate::kernels::table();
+    let kt = ctx.kt;
     let kernel: Option<KernelPair> = match op {
         UnaryOp::Relu if f32_io => Some((kt.relu_f32, scalar::relu)),
         UnaryOp::Gelu if f32_io => Some((kt.gelu_f32, scalar::gelu)),

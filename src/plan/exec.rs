@@ -56,8 +56,7 @@ struct Shared<'a> {
     /// 0 zeroes the other one before barrier s, when no worker can still be using it.
     counters: [AtomicUsize; 2],
     hook: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
-    /// The kernel table of the tier selected when the compute started, the same for every node,
-    /// phase and worker of the compute.
+    /// The plan's kernel table, the same for every node, phase and worker of the compute.
     kt: &'static crate::kernels::KernelTable,
 }
 
@@ -142,6 +141,7 @@ pub(crate) fn run(
     nodes: &[ExecNode],
     workers: &Workers,
     nth: usize,
+    kt: &'static crate::kernels::KernelTable,
     work: *mut u8,
     work_len: usize,
     hook: Option<&(dyn Fn() -> bool + Send + Sync)>,
@@ -152,7 +152,7 @@ pub(crate) fn run(
         error: Mutex::new(None),
         counters: [AtomicUsize::new(0), AtomicUsize::new(0)],
         hook,
-        kt: crate::kernels::table(),
+        kt,
     };
     let work = WorkPtr(work);
     if nth == 1 {

@@ -12,6 +12,7 @@ use crate::backend::{AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuSha
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, MAX_SRC, Op, TensorId};
+use crate::kernels::KernelTable;
 use alloc::ArenaAlloc;
 use std::sync::Arc;
 
@@ -118,6 +119,8 @@ pub struct Plan {
     buffers: Vec<(Buffer, bool)>,
     guards: Vec<BufferGuard>,
     shared: Arc<CpuShared>,
+    /// The kernel table of the backend's tier, chosen when the plan was built.
+    kt: &'static KernelTable,
     abort: Option<AbortHook>,
     stats: PlanStats,
     /// Guard regions (offset, length) in the arena, for `with_guards` plans.
@@ -205,6 +208,9 @@ impl Plan {
         };
         let mut guards_at: Vec<(usize, usize)> = Vec::new();
         let nth = backend.n_threads();
+        // One kernel table for the plan's life: support checks, phase counts, work sizes and
+        // every compute agree on the tier.
+        let kt = backend.kernel_table();
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
         let mut needed = vec![false; n];
         for (i, t) in graph.tensors.iter().enumerate() {
@@ -240,7 +246,7 @@ impl Plan {
             let t = &graph.tensors[i];
             let id = graph.id_at(i);
             if !matches!(t.op, Op::None | Op::View) {
-                crate::ops::supports(&graph, id)?;
+                crate::ops::supports(&graph, id, kt)?;
             }
             for s in t.srcs() {
                 let r = root(s);
@@ -407,7 +413,7 @@ impl Plan {
                 src[k] = s.map(|s| view(s.index()));
             }
             let node = ExecNode { id, op: t.op.clone(), dst: view(i), src, phases: 1 };
-            let phases = crate::ops::phases(&node);
+            let phases = crate::ops::phases(&node, kt);
             let node = ExecNode { phases, ..node };
             nodes.push(node);
         }
@@ -423,6 +429,7 @@ impl Plan {
             buffers,
             guards: Vec::new(),
             shared: backend.shared.clone(),
+            kt,
             abort: None,
             stats,
             guards_at,
@@ -435,7 +442,7 @@ impl Plan {
     fn size_work(&mut self, nth: usize) -> Result<()> {
         let mut need = 0usize;
         for node in &self.nodes {
-            need = need.max(crate::ops::work_size(node, nth));
+            need = need.max(crate::ops::work_size(node, nth, self.kt));
         }
         if need > self.work.len() || self.work.is_empty() {
             self.work = Buffer::alloc_named(need.max(64), "CPU_Work")?;
@@ -595,8 +602,15 @@ impl Plan {
             }
         }
         let hook = self.abort.clone().or_else(|| self.shared.abort_hook());
-        let res =
-            exec::run(&self.nodes, &pool, nth, self.work.ptr(), self.work.len(), hook.as_deref());
+        let res = exec::run(
+            &self.nodes,
+            &pool,
+            nth,
+            self.kt,
+            self.work.ptr(),
+            self.work.len(),
+            hook.as_deref(),
+        );
         self.guards.clear();
         res.map_err(|e| self.relabel(e))?;
         // A guarded plan (overrun tests) checks its guard bytes after every compute.

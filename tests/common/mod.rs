@@ -191,8 +191,8 @@ pub fn assert_close_to_scale(got: &[f32], want: &[f32], tol: f32, what: &str) {
 }
 
 /// `mul_mat(a, b)` on tier `isa` with `threads` threads, on a plan with guard bytes (checked after
-/// the compute): `a` of type `ty` and shape `ane` given as bytes, `b` F32 of shape `bne`. Switches
-/// the process-wide tier back to the best one afterwards (callers hold their ISA lock).
+/// the compute): `a` of type `ty` and shape `ane` given as bytes, `b` F32 of shape `bne`. The tier
+/// is the backend's (`CpuBackend::with_isa`), so tests may run this in parallel.
 pub fn mul_mat_guarded(
     isa: quantgraph::kernels::Isa,
     threads: usize,
@@ -202,10 +202,8 @@ pub fn mul_mat_guarded(
     bne: [usize; 4],
     b: &[f32],
 ) -> Vec<f32> {
-    use quantgraph::kernels::{Isa, set_isa};
     use quantgraph::{CpuBackend, DType, Graph, Plan};
-    set_isa(isa).unwrap();
-    let be = CpuBackend::with_threads(threads).unwrap();
+    let be = CpuBackend::with_isa(threads, isa).unwrap();
     let mut g = Graph::new();
     let a_in = g.input(ty, &ane).unwrap();
     let b_in = g.input(DType::F32, &bne).unwrap();
@@ -217,7 +215,5 @@ pub fn mul_mat_guarded(
     p.set_input(b_in, b).unwrap();
     p.compute().unwrap();
     p.check_guards().unwrap();
-    let out = p.output::<f32>(y).unwrap().to_vec();
-    set_isa(Isa::best()).unwrap();
-    out
+    p.output::<f32>(y).unwrap().to_vec()
 }

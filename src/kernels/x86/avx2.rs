@@ -1,7 +1,22 @@
 //! AVX2 tier (needs AVX2, FMA and F16C; checked once by `Isa::Avx2.is_supported()` before any of
 //! these entries enter a `KernelTable`).
 
-use crate::kernels::scalar;
+use crate::kernels::{KernelTable, scalar};
+
+/// Installs this file's entries (called by `plug_avx2`). The wrappers below are private and
+/// leave this file only through here, so holding `Avx2` is what makes calling them sound.
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
+    t.dot_f32 = dot_f32;
+    t.exp_sub_sum_f32 = exp_sub_sum_f32;
+    t.f16_to_f32 = f16_to_f32;
+    t.sum_sq_f64 = sum_sq_f64;
+    t.f16_bytes_to_f32 = f16_bytes_to_f32;
+    t.mad_f16 = mad_f16;
+    t.mad_f32 = mad_f32;
+    t.set_from_float(crate::dtype::DType::Q8_0, from_float_q8_0);
+    t.set_from_float(crate::dtype::DType::Q8_1, from_float_q8_1);
+    t.relu_f32 = relu_f32;
+}
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
@@ -9,8 +24,8 @@ fn dot_f32_avx2(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Dot product of two f32 slices.
-pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    // SAFETY: this function is only placed in a table after AVX2/FMA/F16C were detected.
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { dot_f32_avx2(a, b) }
 }
 
@@ -20,48 +35,9 @@ fn sum_sq_f64_avx2(x: &[f32]) -> f64 {
 }
 
 /// Sum of squares in f64 (AVX2 build of the scalar body).
-pub(crate) fn sum_sq_f64(x: &[f32]) -> f64 {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn sum_sq_f64(x: &[f32]) -> f64 {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { sum_sq_f64_avx2(x) }
-}
-
-macro_rules! binary_kernels {
-    ($($name:ident => $op:tt;)*) => {$(
-        /// Elementwise kernel over `n` f32 values (AVX2).
-        ///
-        /// # Safety
-        /// As `scalar::add_f32`: valid pointers for `n` elements, exact aliasing only; and the CPU
-        /// supports AVX2/FMA/F16C.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) unsafe fn $name(n: usize, dst: *mut f32, a: *const f32, b: *const f32) {
-            let mut i = 0;
-            while i + 8 <= n {
-                // SAFETY: i + 8 <= n keeps the 8-lane loads and store within the n elements.
-                unsafe {
-                    use std::arch::x86_64::*;
-                    let x = _mm256_loadu_ps(a.add(i));
-                    let y = _mm256_loadu_ps(b.add(i));
-                    _mm256_storeu_ps(dst.add(i), binary_kernels!(@op $op, x, y));
-                }
-                i += 8;
-            }
-            while i < n {
-                // SAFETY: i < n.
-                unsafe { *dst.add(i) = *a.add(i) $op *b.add(i) };
-                i += 1;
-            }
-        }
-    )*};
-    (@op +, $x:ident, $y:ident) => { _mm256_add_ps($x, $y) };
-    (@op -, $x:ident, $y:ident) => { _mm256_sub_ps($x, $y) };
-    (@op *, $x:ident, $y:ident) => { _mm256_mul_ps($x, $y) };
-    (@op /, $x:ident, $y:ident) => { _mm256_div_ps($x, $y) };
-}
-binary_kernels! {
-    add_f32 => +;
-    sub_f32 => -;
-    mul_f32 => *;
-    div_f32 => /;
 }
 
 macro_rules! unary_kernels {
@@ -71,7 +47,7 @@ macro_rules! unary_kernels {
         /// # Safety
         /// As the scalar version, and the CPU supports AVX2/FMA/F16C.
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) unsafe fn $name(n: usize, dst: *mut f32, a: *const f32) {
+        unsafe fn $name(n: usize, dst: *mut f32, a: *const f32) {
             for i in 0..n {
                 // SAFETY: i < n and the caller guarantees n valid elements behind both pointers.
                 unsafe { *dst.add(i) = $f(*a.add(i)) };
@@ -82,9 +58,6 @@ macro_rules! unary_kernels {
 unary_kernels! {
     relu_f32 => scalar::relu;
 }
-
-/// GELU: the gather version in `avx2_elementwise.rs` (same bits as the scalar table lookup).
-pub(crate) use super::avx2_elementwise::gelu_f32;
 
 /// The polynomial of ggml's vector expf: p(b) - 1 for the reduced argument b, so that
 /// exp = 2^n * (1 + p) is formed as `fma(j, k, k)` (shared by every variant of the exp).
@@ -194,8 +167,8 @@ fn f16_bytes_to_f32_avx2(src: &[u8], dst: &mut [f32]) {
 }
 
 /// f16 little-endian bytes to f32 with F16C.
-pub(crate) fn f16_bytes_to_f32(src: &[u8], dst: &mut [f32]) {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn f16_bytes_to_f32(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { f16_bytes_to_f32_avx2(src, dst) }
 }
 
@@ -221,8 +194,8 @@ fn mad_f16_avx2(acc: &mut [f32], v: &[u8], s: f32) {
 }
 
 /// acc += f16(v) * s with F16C and FMA.
-pub(crate) fn mad_f16(acc: &mut [f32], v: &[u8], s: f32) {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn mad_f16(acc: &mut [f32], v: &[u8], s: f32) {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { mad_f16_avx2(acc, v, s) }
 }
 
@@ -232,14 +205,14 @@ fn mad_f32_avx2(acc: &mut [f32], v: &[f32], s: f32) {
 }
 
 /// acc += v * s (AVX2 build of the scalar body).
-pub(crate) fn mad_f32(acc: &mut [f32], v: &[f32], s: f32) {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn mad_f32(acc: &mut [f32], v: &[f32], s: f32) {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { mad_f32_avx2(acc, v, s) }
 }
 
 /// f16 bits to f32 with F16C.
-pub(crate) fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { f16_to_f32_avx2(src, dst) }
 }
 
@@ -292,8 +265,8 @@ fn q8_block(x: &[f32]) -> (u16, [i8; 32], i32, f32) {
 }
 
 /// ggml's AVX2 `quantize_row_q8_0` (Q8_0's CPU `from_float`): same bytes as the scalar emulation.
-pub(crate) fn from_float_q8_0(src: &[f32], dst: &mut [u8]) {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn from_float_q8_0(src: &[f32], dst: &mut [u8]) {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { from_float_q8_0_avx2(src, dst) }
 }
 
@@ -308,10 +281,10 @@ fn from_float_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
 }
 
 /// ggml's AVX2 `quantize_row_q8_1` (Q8_1's CPU `from_float`).
-pub(crate) fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
+fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
     use std::arch::x86_64::*;
     for (x, y) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
-        // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+        // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
         let (dh, q, total, d) = unsafe { q8_block(x) };
         // SAFETY: as above (F16C).
         let sh = unsafe {
@@ -323,51 +296,13 @@ pub(crate) fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// SiLU x / (1 + exp(-x)) over `n` f32 with the vector exp.
-///
-/// # Safety
-/// As `scalar::silu_f32`, and the CPU supports AVX2/FMA/F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn silu_vexp_f32(n: usize, dst: *mut f32, a: *const f32) {
-    use std::arch::x86_64::*;
-    let mut i = 0;
-    let one = _mm256_set1_ps(1.0);
-    // Two independent vectors per step, so the exp and divide chains of one overlap the other.
-    while i + 16 <= n {
-        // SAFETY: i + 16 <= n keeps both groups' loads and stores inside the n elements.
-        unsafe {
-            let x0 = _mm256_loadu_ps(a.add(i));
-            let x1 = _mm256_loadu_ps(a.add(i + 8));
-            let e0 = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x0));
-            let e1 = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x1));
-            _mm256_storeu_ps(dst.add(i), _mm256_div_ps(x0, _mm256_add_ps(one, e0)));
-            _mm256_storeu_ps(dst.add(i + 8), _mm256_div_ps(x1, _mm256_add_ps(one, e1)));
-        }
-        i += 16;
-    }
-    while i + 8 <= n {
-        // SAFETY: i + 8 <= n keeps the loads and the store inside the n elements.
-        unsafe {
-            let x = _mm256_loadu_ps(a.add(i));
-            let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
-            _mm256_storeu_ps(dst.add(i), _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e)));
-        }
-        i += 8;
-    }
-    while i < n {
-        // SAFETY: i < n.
-        unsafe { *dst.add(i) = scalar::silu(*a.add(i)) };
-        i += 1;
-    }
-}
-
 /// dst[i] = exp(dst[i] - max) for `n` values; returns their sum (f64 over 8-lane partial sums,
 /// as ggml's `ggml_vec_soft_max_f32`).
 ///
 /// # Safety
 /// `dst` is valid for `n` reads and writes; the CPU supports AVX2/FMA/F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
+unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
     use std::arch::x86_64::*;
     let mut sum = 0f64;
     let mut i = 0;
@@ -400,6 +335,9 @@ pub(crate) unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
 mod tests {
     use super::*;
     use crate::kernels::Isa;
+    use crate::kernels::x86::avx2_elementwise::{
+        add_f32, div_f32, gelu_f32, mul_f32, silu_f32, sub_f32,
+    };
 
     #[test]
     fn v_expf_is_accurate_across_the_range() {
@@ -562,7 +500,7 @@ mod tests {
             let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
             // SAFETY: n elements behind each pointer; AVX2 checked above.
             unsafe {
-                silu_vexp_f32(n, a.as_mut_ptr(), x.as_ptr());
+                silu_f32(n, a.as_mut_ptr(), x.as_ptr());
                 scalar::silu_f32(n, b.as_mut_ptr(), x.as_ptr());
             }
             for (p, q) in a.iter().zip(&b) {

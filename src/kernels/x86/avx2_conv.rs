@@ -1,8 +1,16 @@
-//! AVX2 + FMA register tile for the direct convolutions (conv_2d, conv_3d): 4 kernel rows
-//! against 2 unfolded patch rows, one 8-lane accumulator per output, so each load feeds more
-//! than one FMA (a plain dot product needs two loads per FMA). Needs AVX2 and FMA.
+//! AVX2 tier of the convolution kernels (`../conv.rs`, same names): the register tile for the
+//! direct convolutions (conv_2d, conv_3d), 4 kernel rows against 2 unfolded patch rows with one
+//! 8-lane accumulator per output, so each load feeds more than one FMA (a plain dot product needs
+//! two loads per FMA); and the F16 rounding and conversion with F16C. Needs AVX2, FMA and F16C.
 
+use crate::kernels::conv::ConvKernels;
 use std::arch::x86_64::*;
+
+/// The AVX2 set (the `conv` entry of the tier's table), for a CPU that `cpu` proves runs it.
+pub(crate) fn kernels(cpu: super::Avx2) -> ConvKernels {
+    let _ = cpu;
+    ConvKernels { tile_f32_4x2, round_f16, to_f16 }
+}
 
 #[target_feature(enable = "avx2,fma")]
 fn hsum(v: __m256) -> f32 {
@@ -41,17 +49,14 @@ fn tile_f32_4x2_avx2(k: usize, a: [&[f32]; 4], b: [&[f32]; 2], out: &mut [f32; 8
     }
 }
 
-/// `out[r * 2 + c] = dot(a[r][..k], b[c][..k])` for 4 kernel rows and 2 patch rows. Each output
-/// depends only on its two rows (not on its place in the tile), so duplicated rows fill tails.
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA (the caller checked the selected tier).
+/// See `conv::ConvTileFn`.
 ///
 /// # Panics
 /// If a row is shorter than `k` (an internal invariant of the conv drivers).
-pub(crate) unsafe fn tile_f32_4x2(k: usize, a: [&[f32]; 4], b: [&[f32]; 2], out: &mut [f32; 8]) {
+fn tile_f32_4x2(k: usize, a: [&[f32]; 4], b: [&[f32]; 2], out: &mut [f32; 8]) {
     assert!(a.iter().chain(b.iter()).all(|s| s.len() >= k), "conv tile rows shorter than k");
-    // SAFETY: the caller guarantees AVX2 and FMA; lengths checked above.
+    // SAFETY: this function is private and leaves this file only through `kernels`, which takes
+    // an `Avx2` token (made only for a CPU with AVX2, FMA and F16C); lengths checked above.
     unsafe { tile_f32_4x2_avx2(k, a, b, out) }
 }
 
@@ -75,11 +80,9 @@ fn round_f16_avx2(x: &mut [f32]) {
 
 /// Rounds every value to the nearest F16 and back (F16C, round to nearest even: ggml's
 /// `GGML_CPU_FP32_TO_FP16` on x86), for convolutions with F16 kernels.
-///
-/// # Safety
-/// The CPU supports AVX2, FMA and F16C (the caller checked the selected tier).
-pub(crate) unsafe fn round_f16(x: &mut [f32]) {
-    // SAFETY: the caller guarantees the features.
+fn round_f16(x: &mut [f32]) {
+    // SAFETY: this function is private and leaves this file only through `kernels`, which takes
+    // an `Avx2` token (made only for a CPU with AVX2, FMA and F16C).
     unsafe { round_f16_avx2(x) }
 }
 
@@ -105,11 +108,9 @@ fn to_f16_avx2(src: &[f32], dst: &mut [u8]) {
 
 /// F32 to F16 (little-endian bytes) with F16C, round to nearest even (ggml's
 /// `GGML_CPU_FP32_TO_FP16` on x86); converts `min(src.len(), dst.len() / 2)` values.
-///
-/// # Safety
-/// The CPU supports AVX2, FMA and F16C (the caller checked the selected tier).
-pub(crate) unsafe fn to_f16(src: &[f32], dst: &mut [u8]) {
-    // SAFETY: the caller guarantees the features.
+fn to_f16(src: &[f32], dst: &mut [u8]) {
+    // SAFETY: this function is private and leaves this file only through `kernels`, which takes
+    // an `Avx2` token (made only for a CPU with AVX2, FMA and F16C).
     unsafe { to_f16_avx2(src, dst) }
 }
 
@@ -117,15 +118,12 @@ pub(crate) unsafe fn to_f16(src: &[f32], dst: &mut [u8]) {
 mod tests {
     #[test]
     fn to_f16_matches_the_portable_conversion() {
-        if !crate::kernels::Isa::Avx2.is_supported() {
-            return;
-        }
+        let Some(cpu) = super::super::Avx2::detect() else { return };
         let x: Vec<f32> = (0..1003)
             .map(|i| (i as f32 - 500.0) * 1.37e-2 + (i as f32).cos() * 9e4 / (1 + i) as f32)
             .collect();
         let mut got = vec![0u8; 2 * x.len()];
-        // SAFETY: AVX2 (with F16C, part of the tier) checked above.
-        unsafe { super::to_f16(&x, &mut got) };
+        (super::kernels(cpu).to_f16)(&x, &mut got);
         for (i, &v) in x.iter().enumerate() {
             let h = crate::quant::util::fp32_to_fp16(v);
             assert_eq!(&got[2 * i..2 * i + 2], &h.to_le_bytes(), "{v}");
@@ -134,9 +132,7 @@ mod tests {
 
     #[test]
     fn round_f16_matches_the_portable_conversion() {
-        if !crate::kernels::Isa::Avx2.is_supported() {
-            return;
-        }
+        let Some(cpu) = super::super::Avx2::detect() else { return };
         let mut x: Vec<f32> = (0..1000)
             .map(|i| (i as f32 - 500.0) * 0.37e-3 + (i as f32).sin() * 70000.0 / (1 + i) as f32)
             .collect();
@@ -145,34 +141,7 @@ mod tests {
             .iter()
             .map(|&v| crate::quant::util::fp16_to_fp32(crate::quant::util::fp32_to_fp16(v)))
             .collect();
-        // SAFETY: AVX2 (with F16C, part of the tier) checked above.
-        unsafe { super::round_f16(&mut x) };
+        (super::kernels(cpu).round_f16)(&mut x);
         assert_eq!(x, want);
-    }
-
-    #[test]
-    fn tile_matches_f64_dots_with_tails() {
-        if !crate::kernels::Isa::Avx2.is_supported() {
-            return;
-        }
-        for k in [1usize, 7, 8, 9, 31, 576, 1001] {
-            let rows: Vec<Vec<f32>> = (0..6)
-                .map(|r| (0..k).map(|i| ((i * 7 + r * 13) % 17) as f32 / 8.0 - 1.0).collect())
-                .collect();
-            let a = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
-            let b = [&rows[4][..], &rows[5][..]];
-            let mut out = [0f32; 8];
-            // SAFETY: AVX2 support checked above.
-            unsafe { super::tile_f32_4x2(k, a, b, &mut out) };
-            for r in 0..4 {
-                for c in 0..2 {
-                    let want: f64 = (0..k).map(|i| a[r][i] as f64 * b[c][i] as f64).sum();
-                    assert!(
-                        (out[r * 2 + c] as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                        "k={k}"
-                    );
-                }
-            }
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! AVX2 (+FMA, F16C) elementwise kernels for the LLM ops: add/sub/mul/div, SiLU and fused SwiGLU
 //! with software prefetch, GELU through ggml's f16 table with gathers, neox rope rotation,
 //! attention score scaling and a row max. Same names and contracts as the twins in `../scalar.rs`;
-//! installed by [`plug`] only when the tier is selected.
+//! installed by [`plug`], which takes an `Avx2` token (only detection makes one).
 
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -9,15 +9,14 @@ use std::sync::OnceLock;
 use super::avx2::{v_expf, v_expf_poly};
 use crate::kernels::{KernelTable, scalar, tables};
 
-/// Overwrites the entries this file implements (called after `plug_avx2`).
-/// The binary and SiLU entries replace `avx2.rs`'s plain loops with the same arithmetic (bitwise
-/// equal results) plus prefetching.
-pub(crate) fn plug(t: &mut KernelTable) {
+/// Installs the entries this file implements (called by `plug_avx2`).
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.add_f32 = add_f32;
     t.sub_f32 = sub_f32;
     t.mul_f32 = mul_f32;
     t.div_f32 = div_f32;
     t.silu_f32 = silu_f32;
+    t.gelu_f32 = gelu_f32;
     t.swiglu_f32 = swiglu_f32;
     t.rope_rotate_f32 = rope_rotate_f32;
     t.scale_add_f32 = scale_add_f32;
@@ -142,7 +141,7 @@ fn v_silu(x: __m256) -> __m256 {
     _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), v_expf_neg(x)))
 }
 
-/// SiLU over `n` f32 (same bits as `avx2::silu_vexp_f32`), two vectors per step, input
+/// SiLU over `n` f32 (the bits of ggml's `x / (1 + v_expf(-x))` per vector), two vectors per step, input
 /// prefetched ahead.
 ///
 /// # Safety
@@ -332,8 +331,8 @@ fn max_f32_avx2(x: &[f32]) -> f32 {
 }
 
 /// Largest of `x` (NaN ignored); max is exact, so the order does not change the value.
-pub(crate) fn max_f32(x: &[f32]) -> f32 {
-    // SAFETY: only placed in a table after AVX2/FMA/F16C were detected.
+fn max_f32(x: &[f32]) -> f32 {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { max_f32_avx2(x) }
 }
 
@@ -369,8 +368,8 @@ mod tests {
             // SAFETY: every buffer holds n f32; AVX2 checked above.
             unsafe {
                 swiglu_f32(n, a.as_mut_ptr(), x.as_ptr(), g.as_ptr());
-                super::super::avx2::silu_vexp_f32(n, b.as_mut_ptr(), x.as_ptr());
-                super::super::avx2::mul_f32(n, b.as_mut_ptr(), b.as_ptr(), g.as_ptr());
+                b.copy_from_slice(&silu_reference(&x));
+                mul_f32(n, b.as_mut_ptr(), b.as_ptr(), g.as_ptr());
                 scalar::swiglu_f32(n, c.as_mut_ptr(), x.as_ptr(), g.as_ptr());
             }
             assert_eq!(
@@ -388,8 +387,34 @@ mod tests {
         }
     }
 
+    /// SiLU by ggml's plain vector formula, one vector at a time (`x / (1 + v_expf(0 - x))`,
+    /// the tail through `scalar::silu`): the bits the fast kernels must give.
+    fn silu_reference(x: &[f32]) -> Vec<f32> {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn run(x: &[f32], out: &mut [f32]) {
+            let n8 = x.len() / 8 * 8;
+            for (o, c) in out[..n8].chunks_exact_mut(8).zip(x.chunks_exact(8)) {
+                // SAFETY: both chunks hold 8 f32.
+                unsafe {
+                    let v = _mm256_loadu_ps(c.as_ptr());
+                    let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), v));
+                    let y = _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                    _mm256_storeu_ps(o.as_mut_ptr(), y);
+                }
+            }
+            for i in n8..x.len() {
+                out[i] = scalar::silu(x[i]);
+            }
+        }
+        assert!(avx2(), "silu_reference needs AVX2");
+        let mut out = vec![0f32; x.len()];
+        // SAFETY: AVX2, FMA and F16C checked just above.
+        unsafe { run(x, &mut out) };
+        out
+    }
+
     #[test]
-    fn prefetching_binary_and_silu_match_the_plain_avx2_loops_bitwise() {
+    fn binary_match_scalar_and_silu_matches_the_plain_formula_bitwise() {
         if !avx2() {
             return;
         }
@@ -401,10 +426,10 @@ mod tests {
         type Pair = (BinaryF32, BinaryF32);
         use crate::kernels::BinaryF32;
         let pairs: [Pair; 4] = [
-            (add_f32, super::super::avx2::add_f32),
-            (sub_f32, super::super::avx2::sub_f32),
-            (mul_f32, super::super::avx2::mul_f32),
-            (div_f32, super::super::avx2::div_f32),
+            (add_f32, scalar::add_f32),
+            (sub_f32, scalar::sub_f32),
+            (mul_f32, scalar::mul_f32),
+            (div_f32, scalar::div_f32),
         ];
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         for n in [0usize, 1, 7, 8, 15, 16, 17, 33, 4096, x.len()] {
@@ -418,11 +443,8 @@ mod tests {
                 assert_eq!(bits(&a), bits(&b), "n={n}");
             }
             // SAFETY: as above.
-            unsafe {
-                silu_f32(n, a.as_mut_ptr(), x.as_ptr());
-                super::super::avx2::silu_vexp_f32(n, b.as_mut_ptr(), x.as_ptr());
-            }
-            assert_eq!(bits(&a), bits(&b), "silu n={n}");
+            unsafe { silu_f32(n, a.as_mut_ptr(), x.as_ptr()) };
+            assert_eq!(bits(&a), bits(&silu_reference(&x[..n])), "silu n={n}");
             // In place, as the ops run them on a reused buffer.
             let mut z = x[..n].to_vec();
             // SAFETY: dst equals the source exactly.

@@ -23,7 +23,7 @@ use crate::quant::legacy::{BlockQ4_0, BlockQ8_0};
 const _: () = assert!(GEMM_MR == 4 && GEMM_NR == 2, "update the tile dispatch below");
 
 /// Registers the tile kernels of this file in `t` (called by `plug_avx2` for a supported CPU).
-pub(crate) fn plug(t: &mut KernelTable) {
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_gemm(DType::Q4_0, gemm_q4_0_q8_0);
     t.set_gemm(DType::Q8_0, gemm_q8_0_q8_0);
 }

@@ -32,7 +32,7 @@ use std::arch::x86_64::*;
 use std::mem::offset_of;
 
 /// Registers the IQ kernels of this tier.
-pub(crate) fn plug(t: &mut KernelTable) {
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot(DType::IQ2_XXS, vec_dot_iq2_xxs_q8_K);
     t.set_vec_dot(DType::IQ2_XS, vec_dot_iq2_xs_q8_K);
     t.set_vec_dot(DType::IQ2_S, vec_dot_iq2_s_q8_K);

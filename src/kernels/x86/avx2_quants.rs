@@ -31,7 +31,7 @@ use crate::quant::lowbit::{BlockQ1_0, BlockQ2_0};
 use crate::quant::ternary::{BlockTq1_0, BlockTq2_0};
 
 /// Registers every kernel of this file in `t` (called by `plug_avx2` for a supported CPU).
-pub(crate) fn plug(t: &mut KernelTable) {
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot(DType::F32, vec_dot_f32);
     t.set_vec_dot(DType::F16, vec_dot_f16);
     t.set_vec_dot(DType::BF16, vec_dot_bf16);
@@ -75,7 +75,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
 /// ahead instead of 4 (called by the AVX-512 tier's `plug`; same bits). On Zen 5, 4096 x 14336
 /// decode, 2 threads, alternating binaries: q6_K 142-144 -> 167-173 GFLOPS, q5_K 145-146 ->
 /// 160-162, q4_K 202-208 -> 214-215; q3_K, q2_K, iq4_xs and q5_0 gained nothing clear.
-pub(super) fn plug_stream_8k(t: &mut KernelTable) {
+pub(super) fn plug_stream_8k(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot_stream(DType::Q4_K, vec_dot_q4_K_q8_K_stream8k);
     t.set_vec_dot_stream(DType::Q5_K, vec_dot_q5_K_q8_K_stream8k);
     t.set_vec_dot_stream(DType::Q6_K, vec_dot_q6_K_q8_K_stream8k);

@@ -23,7 +23,7 @@ use crate::quant::fp4::{KVALUES_MXFP4, e8m0_to_fp32_half};
 use crate::quant::iq::grids::KVALUES_IQ4NL;
 
 /// Registers this file's kernels in `t` (called by `plug_avx2` for a supported CPU).
-pub(crate) fn plug(t: &mut KernelTable) {
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_repack(DType::Q4_0, gemm_q4_0_x8);
     t.set_repack(DType::IQ4_NL, gemm_iq4_nl_x8);
     t.set_repack(DType::MXFP4, gemm_mxfp4_x8);

@@ -4,19 +4,24 @@
 
 use std::arch::x86_64::*;
 
+use crate::kernels::KernelTable;
 use crate::kernels::sgemm::{SG_MR, SG_NR, check, check_pack, check_pack_es};
 
-/// See `crate::kernels::sgemm`. Installed by `plug_avx2` only on CPUs with AVX2 and FMA.
-pub(crate) fn sgemm_6x16(
-    kc: usize,
-    a: &[f32],
-    bp: &[f32],
-    out: &mut [f32; SG_MR * SG_NR],
-    acc: bool,
-) {
+/// Installs this file's entries (called by `plug_avx2`). The wrappers below are private and
+/// leave this file only through here, so holding `Avx2` is what makes calling them sound.
+pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
+    t.sgemm = sgemm_6x16;
+    t.sgemm_pack = pack_strip;
+    t.sgemm_pack_f16 = pack_strip_f16;
+    t.round_f16 = round_f16;
+    t.round_bf16 = round_bf16;
+}
+
+/// See `crate::kernels::sgemm`. Installed only by `plug` (an `Avx2` token: AVX2, FMA, F16C).
+fn sgemm_6x16(kc: usize, a: &[f32], bp: &[f32], out: &mut [f32; SG_MR * SG_NR], acc: bool) {
     check(kc, a, bp);
     // SAFETY: `check` proved the strip holds `kc * 6` values and the panel `kc * 16`; `out`
-    // holds 6 x 16. `plug_avx2` installs this function only after AVX2 and FMA were detected.
+    // holds 6 x 16. Installed only by `plug`, which takes an `Avx2` token.
     unsafe { tile(kc, a.as_ptr(), bp.as_ptr(), out.as_mut_ptr(), acc) }
 }
 
@@ -70,12 +75,12 @@ unsafe fn tile(kc: usize, a: *const f32, bp: *const f32, out: *mut f32, acc: boo
 
 /// See `crate::kernels::sgemm::PackStripFn`: eight elements of the six rows at a time, transposed
 /// in registers (the 8 x 8 unpack / shuffle / lane-permute transpose with two zero rows).
-pub(crate) fn pack_strip(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
+fn pack_strip(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
     check_pack(kc, &rows, out);
     let whole = kc / 8 * 8;
     // SAFETY: `check_pack` proved each row holds `kc` f32 and `out` `kc * 6`; the loop reads
-    // elements below `whole <= kc` and writes groups below `whole`. `plug_avx2` installs this
-    // function only after AVX2 was detected.
+    // elements below `whole <= kc` and writes groups below `whole`. Installed only by `plug`,
+    // which takes an `Avx2` token.
     unsafe { pack8::<false>(whole, rows.map(|r| r.as_ptr()), out.as_mut_ptr()) };
     for k in whole..kc {
         for (r, row) in rows.iter().enumerate() {
@@ -87,11 +92,11 @@ pub(crate) fn pack_strip(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
 
 /// See `crate::kernels::sgemm::PackStripF16Fn`: as [`pack_strip`], each row's eight halves
 /// widened by F16C before the transpose.
-pub(crate) fn pack_strip_f16(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
+fn pack_strip_f16(kc: usize, rows: [&[u8]; SG_MR], out: &mut [f32]) {
     check_pack_es(kc, 2, &rows, out);
     let whole = kc / 8 * 8;
     // SAFETY: `check_pack_es` proved each row holds `kc` halves and `out` `kc * 6` values; the
-    // loop stays below `whole <= kc`. `plug_avx2` installs this only with AVX2 and F16C.
+    // loop stays below `whole <= kc`. Installed only by `plug` (an `Avx2` token: AVX2, F16C).
     unsafe { pack8::<true>(whole, rows.map(|r| r.as_ptr()), out.as_mut_ptr()) };
     for k in whole..kc {
         for (r, row) in rows.iter().enumerate() {
@@ -154,12 +159,12 @@ unsafe fn pack8<const F16: bool>(whole: usize, rows: [*const u8; SG_MR], out: *m
 
 /// See `crate::kernels::sgemm::round_f16`: eight values at a time through F16C (the same
 /// round-to-nearest-even conversion ggml's F16C `from_float` does).
-pub(crate) fn round_f16(x: &mut [f32]) {
+fn round_f16(x: &mut [f32]) {
     let whole = x.len() / 8 * 8;
     let (body, tail) = x.split_at_mut(whole);
     for c in body.chunks_exact_mut(8) {
-        // SAFETY: the chunk holds 8 f32; `plug_avx2` installs this function only after AVX2
-        // and F16C were detected.
+        // SAFETY: the chunk holds 8 f32; this function is installed only by `plug`, which takes
+        // an `Avx2` token (AVX2, F16C).
         unsafe { round_f16_8(c.as_mut_ptr()) };
     }
     crate::kernels::sgemm::round_f16(tail);
@@ -178,12 +183,12 @@ unsafe fn round_f16_8(p: *mut f32) {
 
 /// See `crate::kernels::sgemm::round_bf16`: ggml's rounding (add 0x7fff plus the lowest kept
 /// bit, keep the high half; NaN keeps its high half with the quiet bit set) on 8 lanes.
-pub(crate) fn round_bf16(x: &mut [f32]) {
+fn round_bf16(x: &mut [f32]) {
     let whole = x.len() / 8 * 8;
     let (body, tail) = x.split_at_mut(whole);
     for c in body.chunks_exact_mut(8) {
-        // SAFETY: the chunk holds 8 f32; `plug_avx2` installs this function only after AVX2
-        // was detected.
+        // SAFETY: the chunk holds 8 f32; this function is installed only by `plug`, which takes
+        // an `Avx2` token (AVX2).
         unsafe { round_bf16_8(c.as_mut_ptr()) };
     }
     crate::kernels::sgemm::round_bf16(tail);

@@ -17,7 +17,7 @@ use crate::kernels::{AttendF16, KernelTable, scalar};
 use crate::quant::util::fp16_to_fp32;
 
 /// Overwrites the entries this tier implements (called after the AVX2 tier's `plug_avx2`).
-pub(crate) fn plug(t: &mut KernelTable) {
+pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
     t.add_f32 = add_f32;
     t.sub_f32 = sub_f32;
     t.mul_f32 = mul_f32;
@@ -37,7 +37,7 @@ pub(crate) fn plug(t: &mut KernelTable) {
     if std::arch::is_x86_feature_detected!("avx512bf16") {
         t.sgemm_bf16 = Some((sgemm_bf16_6x16, sgemm_bf16_12x16));
     }
-    super::avx2_quants::plug_stream_8k(t);
+    super::avx2_quants::plug_stream_8k(t, cpu.avx2());
     // The AVX2 repacked K-quant kernels with the decode prefetch further ahead: on Zen 5,
     // 4096x14336 repacked decode, 2 threads, alternating binaries: q6_K 86-94 GFLOPS with the
     // AVX2 tier's distance (the current block) -> 163-173 at 8 blocks (4 and 16 alike), q4_K
@@ -60,8 +60,8 @@ pub(crate) fn plug(t: &mut KernelTable) {
     );
     if std::arch::is_x86_feature_detected!("avx512vnni") {
         t.igemm = Some(super::avx512_igemm::VNNI);
-        super::avx512_gemm::plug(t);
-        super::avx512_repack::plug(t);
+        super::avx512_gemm::plug(t, cpu);
+        super::avx512_repack::plug(t, cpu);
     }
     t.set_to_f32(DType::Q4_0, dequantize_q4_0);
     t.set_to_f32(DType::Q8_0, dequantize_q8_0);

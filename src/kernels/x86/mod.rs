@@ -119,11 +119,12 @@ macro_rules! q0_tile_driver {
 }
 
 pub(crate) mod avx2;
-pub(crate) mod avx2_conv; // vision: conv_2d / conv_3d register tile
+mod avx2_conv;
 mod avx2_gemm;
 mod avx2_igemm;
 pub(crate) mod avx2_iq;
 mod avx2_quants;
+mod avx2_recurrent;
 mod avx2_repack;
 mod avx2_sgemm;
 pub(crate) mod avx512;
@@ -134,43 +135,56 @@ mod avx512_repack;
 pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
 // --- end ops ---
 
-use super::KernelTable;
+use super::{Isa, KernelTable};
+
+/// Proof that this CPU runs the AVX2 tier (AVX2, FMA and F16C). Only [`Avx2::detect`] makes one,
+/// so a function that takes an `Avx2` runs on such a CPU: the tier's `plug` functions take one,
+/// and the kernels they install rest their `// SAFETY:` argument on it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx2(());
+
+impl Avx2 {
+    /// `Some` exactly when this CPU supports the AVX2 tier.
+    pub(crate) fn detect() -> Option<Avx2> {
+        Isa::Avx2.is_supported().then_some(Avx2(()))
+    }
+}
+
+/// Proof that this CPU runs the AVX-512 tier (AVX-512 F, BW, DQ and VL on top of the AVX2 tier).
+/// Only [`Avx512::detect`] makes one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    /// `Some` exactly when this CPU supports the AVX-512 tier.
+    pub(crate) fn detect() -> Option<Avx512> {
+        Isa::Avx512.is_supported().then_some(Avx512(()))
+    }
+
+    /// The AVX-512 tier includes the AVX2 tier.
+    pub(crate) fn avx2(self) -> Avx2 {
+        Avx2(())
+    }
+}
 
 /// Overwrites the table entries that the AVX2 (+FMA, F16C) tier implements.
-pub(crate) fn plug_avx2(t: &mut KernelTable) {
-    t.dot_f32 = avx2::dot_f32;
-    t.add_f32 = avx2::add_f32;
-    t.sub_f32 = avx2::sub_f32;
-    t.mul_f32 = avx2::mul_f32;
-    t.div_f32 = avx2::div_f32;
-    t.silu_f32 = avx2::silu_vexp_f32;
-    t.exp_sub_sum_f32 = avx2::exp_sub_sum_f32;
-    t.f16_to_f32 = avx2::f16_to_f32;
-    t.sum_sq_f64 = avx2::sum_sq_f64;
-    t.f16_bytes_to_f32 = avx2::f16_bytes_to_f32;
-    t.mad_f16 = avx2::mad_f16;
-    t.mad_f32 = avx2::mad_f32;
-    t.set_from_float(crate::dtype::DType::Q8_0, avx2::from_float_q8_0);
-    t.set_from_float(crate::dtype::DType::Q8_1, avx2::from_float_q8_1);
-    t.gelu_f32 = avx2::gelu_f32;
-    t.relu_f32 = avx2::relu_f32;
-    avx2_quants::plug(t);
-    avx2_iq::plug(t);
-    avx2_gemm::plug(t);
-    t.sgemm = avx2_sgemm::sgemm_6x16;
-    t.sgemm_pack = avx2_sgemm::pack_strip;
-    t.sgemm_pack_f16 = avx2_sgemm::pack_strip_f16;
-    t.round_f16 = avx2_sgemm::round_f16;
-    t.round_bf16 = avx2_sgemm::round_bf16;
-    avx2_repack::plug(t);
+pub(crate) fn plug_avx2(t: &mut KernelTable, cpu: Avx2) {
+    avx2::plug(t, cpu);
+    avx2_quants::plug(t, cpu);
+    avx2_iq::plug(t, cpu);
+    avx2_gemm::plug(t, cpu);
+    avx2_sgemm::plug(t, cpu);
+    avx2_repack::plug(t, cpu);
     t.igemm = Some(if std::arch::is_x86_feature_detected!("avxvnni") {
         avx2_igemm::AVX_VNNI
     } else {
         avx2_igemm::MADDUBS
     });
     // --- ops ---
-    avx2_elementwise::plug(t);
+    avx2_elementwise::plug(t, cpu);
     // --- end ops ---
+    t.recurrent = avx2_recurrent::kernels(cpu);
+    t.conv = avx2_conv::kernels(cpu);
 }
 
 /// The AVX2 `vpmaddubsw` integer GEMM kernels where the CPU can run them (the tier installs the

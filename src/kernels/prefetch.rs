@@ -1,0 +1,37 @@
+//! Software prefetch hints for op drivers that stream rows from memory (flash attention's K/V
+//! rows, the float GEMM's next weight block). A hint has no effect on results and never faults,
+//! whatever the address. These need no run-time feature check, so they are plain functions
+//! rather than `KernelTable` entries: the prefetch instructions are part of x86-64's baseline
+//! (SSE); on other targets the functions do nothing.
+
+/// Asks for the cache lines of the `len` bytes at `p` in L1 (`prefetcht0`).
+#[inline(always)]
+pub(crate) fn prefetch_l1(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let mut off = 0;
+        while off < len {
+            // SAFETY: a prefetch reads nothing architecturally and never faults, and
+            // `wrapping_add` keeps the address computation defined; SSE is part of x86-64's
+            // baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
+/// Asks for the cache line at `p` in L2 (`prefetcht1`).
+#[inline(always)]
+pub(crate) fn prefetch_l2(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and never faults; SSE is part of x86-64's
+    // baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
