@@ -78,8 +78,8 @@ pub(crate) struct ABlock {
 const _: () = assert!(size_of::<ABlock>() == 7232);
 
 /// One band x one panel x one super-block into `acc[r][c]` (see the module notes), of which the
-/// first `len` K values (a multiple of 32, at most 256) are not padding: the kernels skip the
-/// sub-blocks past [`used_subs`]. Every tier's kernel gives the same bits as [`igemm_generic`].
+/// first `len` K values (a multiple of 32, at most 256) are not padding: the block-type kernels
+/// skip the sub-blocks past [`used_subs`] (super-block types always pass 256). Every tier's kernel gives the same bits as [`igemm_generic`].
 pub(crate) type IgemmFn = fn(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR], len: usize);
 
 /// Sub-blocks of `sub` elements a kernel walks for `len` K values: those holding data, rounded
@@ -198,7 +198,9 @@ pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
-    let nsub = used_subs(len, SUB);
+    // Super-block types fill every step.
+    debug_assert_eq!(len, QK_K);
+    let nsub = QK_K / SUB;
     for r in 0..IG_MR {
         let mut s1 = [0i32; IG_NR];
         let mut s2 = [0i32; IG_NR];
@@ -353,8 +355,9 @@ mod tests {
                     *c &= k.max_code;
                 }
                 for (sub, min, fl) in IgemmKernels::KINDS {
-                    // Whole steps, and the partial last steps of block-type rows.
-                    for len in [256, 32, 64, 160] {
+                    // Whole steps, and (block types) the partial last steps of rows.
+                    let lens: &[usize] = if fl { &[256, 32, 64, 160] } else { &[256] };
+                    for &len in lens {
                         let mut want = [[0.5f32; IG_NR]; IG_MR];
                         let mut got = want;
                         (SCALAR.get(sub, min, fl))(&w, &a, &mut want, len);

@@ -24,7 +24,9 @@ macro_rules! body {
     ($w:expr, $a:expr, $acc:expr, $len:expr, $dot:expr) => {{
         let (w, a, acc): (&WBand, &ABlock, &mut [[f32; IG_NR]; IG_MR]) = ($w, $a, $acc);
         let dot = $dot;
-        let nsub = used_subs($len, SUB);
+        // Block types may end in a partial step; super-block types fill every step, and a
+        // constant trip count lets the compiler unroll their sub-block loop.
+        let nsub = if FL { used_subs($len, SUB) } else { QK_K / SUB };
         let wc = w.codes.as_ptr();
         let ac = a.codes.as_ptr();
         let zero = _mm256_setzero_si256();

@@ -15,6 +15,41 @@ use std::arch::x86_64::*;
 use crate::dtype::QK_K;
 use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, used_subs};
 
+/// The raw int32 sums of sub-blocks `j` and `j + 1` (of `SUB` elements) for the band's 8 rows x
+/// the panel's 16 columns: `[sub-block][row]`, one lane per column. Two sub-blocks at a time give
+/// 16 independent `vpdpbusd` chains, which hide the instruction's latency. Expanded inside the
+/// kernels (it needs their target features); `j + 1 < used_subs(..)`, which is even.
+macro_rules! pair_sums {
+    ($w:expr, $a:expr, $j:expr, $sub:expr) => {{
+        let (wc, ac) = ($w.codes.as_ptr(), $a.codes.as_ptr());
+        let mut raw = [[_mm512_setzero_si512(); IG_MR]; 2];
+        for g in $j * $sub / 4..($j + 1) * $sub / 4 {
+            let g2 = g + $sub / 4;
+            // SAFETY: g, g2 < 64 (sub-blocks j, j + 1 < 256 / SUB), so the 64 bytes at g * 64
+            // and g2 * 64 are inside `a.codes` (4096 bytes, 64-byte aligned).
+            let (av0, av1) = unsafe {
+                (
+                    _mm512_load_si512(ac.add(g * 64) as *const __m512i),
+                    _mm512_load_si512(ac.add(g2 * 64) as *const __m512i),
+                )
+            };
+            for r in 0..IG_MR {
+                // SAFETY: r < 8 and 4 * g2 + 4 <= 256: both 4-byte groups are inside row r's
+                // codes.
+                let (w0, w1) = unsafe {
+                    (
+                        (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned(),
+                        (wc.add(r * QK_K + 4 * g2) as *const i32).read_unaligned(),
+                    )
+                };
+                raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], _mm512_set1_epi32(w0), av0);
+                raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], _mm512_set1_epi32(w1), av1);
+            }
+        }
+        raw
+    }};
+}
+
 /// The AVX-512 VNNI kernels.
 pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     sub16: vnni::<16, false>,
@@ -45,37 +80,14 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
-    let nsub = used_subs(len, SUB);
-    let wc = w.codes.as_ptr();
-    let ac = a.codes.as_ptr();
+    // Super-block types fill every step (len is 256): a constant trip count lets the
+    // compiler unroll the sub-block loop.
+    debug_assert_eq!(len, QK_K);
+    let nsub = QK_K / SUB;
     let mut s1 = [_mm512_setzero_si512(); IG_MR];
     let mut s2 = [_mm512_setzero_si512(); IG_MR];
-    // Two sub-blocks at a time: 16 independent `vpdpbusd` chains hide the instruction's latency.
     for j in (0..nsub).step_by(2) {
-        let mut raw = [[_mm512_setzero_si512(); IG_MR]; 2];
-        for g in j * SUB / 4..(j + 1) * SUB / 4 {
-            let g2 = g + SUB / 4;
-            // SAFETY: g, g2 < 64 (j + 1 < nsub, as nsub is even), so the 64 bytes at g * 64 and
-            // g2 * 64 are inside `a.codes` (4096 bytes, 64-byte aligned).
-            let (av0, av1) = unsafe {
-                (
-                    _mm512_load_si512(ac.add(g * 64) as *const __m512i),
-                    _mm512_load_si512(ac.add(g2 * 64) as *const __m512i),
-                )
-            };
-            for r in 0..IG_MR {
-                // SAFETY: r < 8 and 4 * g2 + 4 <= 256: both 4-byte groups are inside row r's
-                // codes.
-                let (w0, w1) = unsafe {
-                    (
-                        (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned(),
-                        (wc.add(r * QK_K + 4 * g2) as *const i32).read_unaligned(),
-                    )
-                };
-                raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], _mm512_set1_epi32(w0), av0);
-                raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], _mm512_set1_epi32(w1), av1);
-            }
-        }
+        let raw = pair_sums!(w, a, j, SUB);
         for (h, raw) in raw.iter().enumerate() {
             let jh = j + h;
             // SAFETY: jh < 16: the 16 sums at jh * 16 are inside `a.bsums` (256 entries,
@@ -133,36 +145,13 @@ fn vnni_blocks_kernel<const SUB: usize, const MIN: bool>(
     len: usize,
 ) {
     let nsub = used_subs(len, SUB);
-    let wc = w.codes.as_ptr();
-    let ac = a.codes.as_ptr();
     let mut out = [_mm512_setzero_ps(); IG_MR];
     for (o, row) in out.iter_mut().zip(acc.iter()) {
         // SAFETY: `row` holds 16 floats.
         *o = unsafe { _mm512_loadu_ps(row.as_ptr()) };
     }
     for j in (0..nsub).step_by(2) {
-        let mut raw = [[_mm512_setzero_si512(); IG_MR]; 2];
-        for g in j * SUB / 4..(j + 1) * SUB / 4 {
-            let g2 = g + SUB / 4;
-            // SAFETY: as in `vnni_kernel`: g, g2 < 64.
-            let (av0, av1) = unsafe {
-                (
-                    _mm512_load_si512(ac.add(g * 64) as *const __m512i),
-                    _mm512_load_si512(ac.add(g2 * 64) as *const __m512i),
-                )
-            };
-            for r in 0..IG_MR {
-                // SAFETY: as in `vnni_kernel`.
-                let (w0, w1) = unsafe {
-                    (
-                        (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned(),
-                        (wc.add(r * QK_K + 4 * g2) as *const i32).read_unaligned(),
-                    )
-                };
-                raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], _mm512_set1_epi32(w0), av0);
-                raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], _mm512_set1_epi32(w1), av1);
-            }
-        }
+        let raw = pair_sums!(w, a, j, SUB);
         for (h, raw) in raw.iter().enumerate() {
             let jh = j + h;
             // SAFETY: jh < 16: the 16 entries at jh * 16 are inside `a.bsums`, `a.ds` and
