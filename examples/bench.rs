@@ -9,7 +9,10 @@
 //! cargo run --release --example bench -- peak THREADS
 //! cargo run --release --example bench -- op ssm_scan|rwkv_wkv6[_decode] THREADS REPS
 //! cargo run --release --example bench -- train-op NAME THREADS REPS
+//! cargo run --release --example bench -- model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN] [--repack]
 //! ```
+//! `model` with a llama-architecture GGUF file prints prefill and decode tokens/s in the form of
+//! llama-bench's pp / tg (last-token logits for the prompt, median decode step).
 //! Times are medians over repetitions; the machine is noisy, so compare ratios measured together.
 
 use quantgraph::{Backend, Buffer, BufferType, CpuBackend, DType, Graph, Plan};
@@ -599,8 +602,13 @@ fn model(
     n_gen: usize,
     repack: bool,
 ) -> quantgraph::Result<()> {
-    use quantgraph::models::llama::{Llama, LlamaConfig, WeightTypes, argmax, synthetic_gguf};
+    use quantgraph::models::llama::{LlamaConfig, WeightTypes, synthetic_gguf};
     let n_ctx = n_prompt + n_gen;
+    // A GGUF file on disk (memory-mapped), or one of the synthetic models.
+    if std::path::Path::new(which).is_file() {
+        let file = quantgraph::GgufFile::open(which)?;
+        return run_model(&file, which, Some(n_ctx), threads, n_prompt, n_gen, repack);
+    }
     let (cfg, types) = match which {
         "tiny" => (
             LlamaConfig {
@@ -632,22 +640,38 @@ fn model(
         ),
         _ => {
             return Err(quantgraph::Error::InvalidArgument(format!(
-                "unknown model {which} (tiny|large)"
+                "unknown model {which} (tiny|large, or a GGUF file)"
             )));
         }
     };
     let file = quantgraph::GgufFile::from_vec(synthetic_gguf(&cfg, types, 1)?)?;
+    run_model(&file, which, None, threads, n_prompt, n_gen, repack)
+}
+
+/// Prefill of `n_prompt` tokens (last-token logits, as llama-bench's pp), then `n_gen` greedy
+/// decode steps (median step, as llama-bench's tg), for a llama-architecture GGUF.
+fn run_model(
+    file: &quantgraph::GgufFile,
+    which: &str,
+    n_ctx: Option<usize>,
+    threads: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    repack: bool,
+) -> quantgraph::Result<()> {
+    use quantgraph::models::llama::{Llama, argmax};
     let be = CpuBackend::with_threads(threads)?;
     let mut m = if repack {
-        Llama::from_gguf_repacked(&file, None, &be)?.0
+        Llama::from_gguf_repacked(file, n_ctx, &be)?.0
     } else {
-        Llama::from_gguf(&file, None, &be)?
+        Llama::from_gguf(file, n_ctx, &be)?
     };
-    let prompt: Vec<u32> = (0..n_prompt).map(|i| ((i * 7919 + 13) % cfg.n_vocab) as u32).collect();
+    let n_vocab = m.config().n_vocab;
+    let prompt: Vec<u32> = (0..n_prompt).map(|i| ((i * 7919 + 13) % n_vocab) as u32).collect();
     let t0 = Instant::now();
     let logits = m.forward_last(&prompt)?;
     let tp = t0.elapsed().as_secs_f64();
-    let mut next = argmax(&logits[logits.len() - cfg.n_vocab..]);
+    let mut next = argmax(&logits[logits.len() - n_vocab..]);
     let mut times = Vec::new();
     for _ in 0..n_gen {
         let t0 = Instant::now();
@@ -904,7 +928,7 @@ fn main() {
             arg(&args, 3, "REPS"),
         ),
         Some("model") => model(
-            &arg::<String>(&args, 1, "tiny|large"),
+            &arg::<String>(&args, 1, "tiny|large|FILE.gguf"),
             arg(&args, 2, "THREADS"),
             args.get(3).and_then(|s| s.parse().ok()).unwrap_or(512),
             args.get(4).and_then(|s| s.parse().ok()).unwrap_or(16),
@@ -939,7 +963,7 @@ fn main() {
                  matmul TYPE M N K THREADS REPS [--repack] | \
                  mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack] | \
                  vec-dot TYPE N REPS [--kernel] | op NAME THREADS REPS | \
-                 train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large THREADS [N_PROMPT] [N_GEN]"
+                 train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN]"
             );
             std::process::exit(2)
         }
