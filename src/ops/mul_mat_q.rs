@@ -404,6 +404,9 @@ pub(crate) fn int_block(
     if !(i1 - i0).is_multiple_of(IG_MR) {
         bands[nbands - 1] = bytemuck::Zeroable::zeroed();
     }
+    // Repacked weights: one band's step in ggml's blocks, row by row (each use rewrites what it
+    // reads).
+    let mut plain = [0u8; IG_MR * REPACK_STEP_MAX];
     for kb in 0..nkb {
         // K values of this step that are not padding (a block-type row's last step is partial).
         let len = (k - kb * QK_K).min(QK_K);
@@ -415,7 +418,6 @@ pub(crate) fn int_block(
         let step_bytes = nblk * bsize;
         for (bi, band) in bands.iter_mut().enumerate() {
             let r0 = i0 + bi * IG_MR;
-            let mut plain = [0u8; IG_MR * REPACK_STEP_MAX];
             if let Some(dt) = repacked {
                 if step_bytes > REPACK_STEP_MAX {
                     return Err(Error::Buffer(format!("mul_mat: {dt} step too large")));
