@@ -24,7 +24,7 @@ use crate::kernels::igemm::{ABlock, IG_NR};
 use crate::kernels::repack::{act_block_bytes, group_block_bytes};
 use crate::kernels::sgemm::SG_NR;
 use crate::kernels::{GEMM_MR, GEMM_NR};
-use crate::plan::{ExecNode, align_up};
+use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::unpack::{IntFormat, int_format};
 use std::sync::atomic::Ordering;
 
@@ -551,12 +551,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             std::slice::from_raw_parts(ptr, b_row_bytes)
         }
     };
-    let dst_at = |i: usize, p: [u32; 2]| -> *mut f32 {
-        // SAFETY: i < m = dst.ne[0], (slot, token) below dst's dims 1 and 2; dst is contiguous.
-        unsafe {
-            d.ptr.add(i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2]) as *mut f32
-        }
-    };
+    // Every writer below passes i < m = dst.ne[0] and a checked (slot, token) pair.
+    let dst_at = |i: usize, p: [u32; 2]| dst_elem(d, i, p);
     while let Some((e, group, local)) = next_chunk(ctx, starts, offsets, pairs) {
         if let (Some(fmt), true) = (l.int.as_ref(), int_expert(&l, group.len())) {
             int_chunk(ctx, &l, fmt, offsets, (e, group, local), ith)?;
@@ -597,8 +593,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 cols.len(),
                 scratch,
                 |i, j, v| {
-                    // SAFETY: (i, pair cols[j]) belongs to this chunk, which only this worker took;
-                    // each pair appears once in `pairs`.
+                    // SAFETY: i < m and the pair is checked, so the element is inside dst; it
+                    // belongs to this chunk, which only this worker took (pairs are unique).
                     unsafe { *dst_at(i, cols[j]) = v }
                 },
             )?;
@@ -628,8 +624,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                         gemm(k, &xs[..nr], &ys[..nc], &mut out);
                         for (c, &p) in js.iter().enumerate() {
                             for r in 0..nr {
-                                // SAFETY: the element (i + r, pair p) belongs to this chunk, which
-                                // only this worker took; each pair appears once in `pairs`.
+                                // SAFETY: i + r < m and p is checked: inside dst; the element
+                                // belongs to this chunk, only this worker's (pairs unique).
                                 unsafe { *dst_at(i + r, p) = out[c * nr + r] };
                             }
                         }
@@ -643,7 +639,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 for &p in cols {
                     let y = b_row(p);
                     for i in i0..i1 {
-                        // SAFETY: as above: this chunk's element, written by this worker only.
+                        // SAFETY: as above: i < m, inside dst, this worker's element only.
                         unsafe { *dst_at(i, p) = dot(k, a_row(i), y) };
                     }
                 }
@@ -672,6 +668,13 @@ fn next_chunk<'p>(
 }
 
 /// The chunks with repacked experts: `mul_mat_repack` tasks of 8-row groups x pairs.
+/// Element `i` of pair `p` = (slot, token) in mul_mat_id's contiguous dst (a pointer computed
+/// without dereferencing; writers dereference it under their own SAFETY argument).
+fn dst_elem(d: &TView, i: usize, p: [u32; 2]) -> *mut f32 {
+    let off = i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2];
+    d.ptr.wrapping_add(off) as *mut f32
+}
+
 /// One chunk of an expert on the integer GEMM: rows `MC` at a time by up to `NC` of its pairs,
 /// from the panels phase 1 packed (plain or repacked expert weights).
 fn int_chunk(
@@ -684,12 +687,8 @@ fn int_chunk(
 ) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let (k, m) = (a.ne[0], a.ne[1]);
-    let dst_at = |i: usize, p: [u32; 2]| -> *mut f32 {
-        // SAFETY: i < m = dst.ne[0], (slot, token) below dst's dims 1 and 2; dst is contiguous.
-        unsafe {
-            d.ptr.add(i * d.nb[0] + p[0] as usize * d.nb[1] + p[1] as usize * d.nb[2]) as *mut f32
-        }
-    };
+    // Every writer below passes i < m = dst.ne[0] and a checked (slot, token) pair.
+    let dst_at = |i: usize, p: [u32; 2]| dst_elem(d, i, p);
     let blocks_m = m.div_ceil(mul_mat_q::MC);
     let (tm, tn) = (local % blocks_m, local / blocks_m);
     let (i0, i1) = (tm * mul_mat_q::MC, ((tm + 1) * mul_mat_q::MC).min(m));
@@ -730,8 +729,8 @@ fn int_chunk(
         cols.len(),
         scratch,
         |i, j, v| {
-            // SAFETY: (i, pair cols[j]) belongs to this chunk, which only this worker took;
-            // each pair appears once in `pairs`.
+            // SAFETY: i < m and the pair is checked, so the element is inside dst; it belongs
+            // to this chunk, which only this worker took (pairs are unique).
             unsafe { *dst_at(i, cols[j]) = v }
         },
     )?;

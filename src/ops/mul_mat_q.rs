@@ -231,6 +231,8 @@ pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: 
             }
         }
         _ => {
+            // The block types' other activation type (`int_format` gives only these three).
+            debug_assert_eq!(fmt.act, DType::Q8_0);
             for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * size_of::<BlockQ8_0>())) {
                 let it = q.chunks_exact(size_of::<BlockQ8_0>()).map(|q| {
                     let qb: BlockQ8_0 = bytemuck::pod_read_unaligned(q);
