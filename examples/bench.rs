@@ -36,6 +36,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One warm-up compute, then the median wall time of `reps` computes, in seconds.
+/// FNV-1a of a tensor's bytes after the last compute: two builds that print the same digest for
+/// the same command computed the same bits.
+fn digest(plan: &Plan, id: quantgraph::TensorId) -> String {
+    let bytes = plan.output_bytes(id).unwrap_or(&[]);
+    let h = bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    format!("{h:016x}")
+}
+
 fn median_compute_secs(plan: &mut Plan, reps: usize) -> quantgraph::Result<f64> {
     plan.compute()?;
     let mut times = Vec::new();
@@ -133,10 +143,11 @@ fn matmul(
         String::new()
     };
     println!(
-        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}{suffix}",
+        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}{suffix} digest={}",
         ty.name(),
         be.n_threads(),
-        t * 1e3
+        t * 1e3,
+        digest(&plan, y)
     );
     Ok(())
 }
@@ -392,11 +403,12 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     }
     let (t, best) = median_and_best_compute_secs(&mut plan, reps)?;
     println!(
-        "quantgraph op {name} threads={threads} median_ms={:.3} best_ms={:.3} gbytes_per_s={:.1} machine_gbytes_per_s={:.1}",
+        "quantgraph op {name} threads={threads} median_ms={:.3} best_ms={:.3} gbytes_per_s={:.1} machine_gbytes_per_s={:.1} digest={}",
         t * 1e3,
         best * 1e3,
         bytes as f64 / t / 1e9,
-        if std::env::var_os("QG_BENCH_NO_BANDWIDTH").is_some() { 0.0 } else { bandwidth(threads) }
+        if std::env::var_os("QG_BENCH_NO_BANDWIDTH").is_some() { 0.0 } else { bandwidth(threads) },
+        digest(&plan, out)
     );
     Ok(())
 }
@@ -854,9 +866,10 @@ fn vision_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> 
     let t = median_compute_secs(&mut plan, reps)?;
     if flops > 0.0 {
         println!(
-            "quantgraph op {name} threads={threads} median_ms={:.3} gflops={:.1}",
+            "quantgraph op {name} threads={threads} median_ms={:.3} gflops={:.1} digest={}",
             t * 1e3,
-            flops / t / 1e9
+            flops / t / 1e9,
+            digest(&plan, out)
         );
     } else {
         println!(

@@ -1,22 +1,20 @@
-//! Convolutions (ggml's ops.cpp): im2col (1D, 2D) and im2col_3d, col2im_1d, the direct conv_2d
-//! and conv_3d (the kernel packed as f32 rows into the work buffer; then tiles of 8 output
-//! positions unfolded into per-thread scratch and multiplied with every kernel row in the tier's
-//! 4x2 register tile, `KernelTable::conv`), depthwise
+//! Convolutions (ggml's ops.cpp): im2col (1D, 2D) and im2col_3d, col2im_1d, conv_2d and conv_3d
+//! (im2col + GEMM on the engine's float family: the kernel packed as f32 rows into the work
+//! buffer, each task's output positions unfolded straight into panels), depthwise
 //! conv_2d_dw (WHCN and CWHN),
 //! and conv_transpose_1d / conv_transpose_2d (operands permuted into the work buffer, then each
 //! thread accumulates whole output planes in ggml's order). Every output element is produced by
 //! one thread with a fixed operation order, so results do not depend on the thread count.
 
+use super::gemm::float::{self, FloatBlock, panel_floats};
+use super::gemm::{self, Grid, Store, Task};
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::{Conv2dParams, Conv3dParams};
+use crate::kernels::sgemm::SG_NR;
 use crate::plan::{ExecNode, TView, align_up};
 use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
-use std::sync::atomic::Ordering;
-
-/// Output positions per work chunk of conv_2d / conv_3d.
-const TILE_P: usize = 8;
 
 /// Where the patch of one output position lies in the input: sizes, strides (bytes) and the
 /// convolution parameters, with depth and height degenerate (size 1) for 2D and 1D.
@@ -249,29 +247,27 @@ impl Patch {
 }
 
 impl Patch {
-    /// [`Patch::fill_f32`] for `np <= TILE_P` consecutive output positions `q0..q0 + np` of one
-    /// output row (same batch, z and y): each (channel, kd, kh) input row is located once for the
-    /// whole tile, and the column bounds of every position are computed once.
+    /// im2col straight into a GEMM panel (element `k` of column `c` at `panel[k * 16 + c]`):
+    /// columns `c0..c0 + np` get the patches of the `np` consecutive output positions from `q0`,
+    /// which lie in one output row (same batch, z and y). For each (channel, kd, kh, kw) the
+    /// positions read one input row at stride `s0`, a contiguous run for unit stride, with the
+    /// out-of-range ones (padding) zero.
     ///
     /// # Safety
-    /// As [`Patch::fill_f32`]; `unravel(q0).3 + np <= ow` and `tile.len() >= np * row_len()`.
-    unsafe fn fill_tile_f32(&self, base: *const u8, q0: usize, np: usize, tile: &mut [f32]) {
+    /// As [`Patch::fill_f32`]; `unravel(q0).3 + np <= ow`, `c0 + np <= 16` and
+    /// `panel.len() >= row_len() * 16`.
+    unsafe fn fill_panel_f32(
+        &self,
+        base: *const u8,
+        q0: usize,
+        np: usize,
+        c0: usize,
+        panel: &mut [f32],
+    ) {
         let (n, oz, oy, ox0) = self.unravel(q0);
-        debug_assert!(ox0 + np <= self.ow && np <= TILE_P);
-        let (kw, kn, d0) = (self.kw, self.row_len(), self.d[0]);
-        let mut x0 = [0i64; TILE_P];
-        let mut lo = [0usize; TILE_P];
-        let mut hi = [0usize; TILE_P];
-        for j in 0..np {
-            let x = (ox0 + j) as i64 * self.s[0] - self.p[0];
-            let l = if x >= 0 { 0 } else { ((-x + d0 - 1) / d0).min(kw as i64) as usize };
-            let h = if x >= self.iw {
-                0
-            } else {
-                (((self.iw - 1 - x) / d0) + 1).min(kw as i64) as usize
-            };
-            (x0[j], lo[j], hi[j]) = (x, l, h.max(l));
-        }
+        debug_assert!(ox0 + np <= self.ow && c0 + np <= SG_NR);
+        let (s0, d0) = (self.s[0], self.d[0]);
+        let unit = s0 == 1 && self.sx == 4;
         let mut k = 0;
         for c in 0..self.ic {
             // SAFETY: n < batch and c < channels: the plane start is inside the input.
@@ -282,27 +278,39 @@ impl Patch {
                 for ky in 0..self.kh {
                     let y = oy as i64 * self.s[1] + ky as i64 * self.d[1] - self.p[1];
                     let inside = zin && (0..self.ih).contains(&y);
-                    for j in 0..np {
-                        let row = &mut tile[j * kn + k..j * kn + k + kw];
-                        if !inside {
-                            row.iter_mut().for_each(|v| *v = 0.0);
+                    for kx in 0..self.kw {
+                        let out = &mut panel[k * SG_NR + c0..k * SG_NR + c0 + np];
+                        k += 1;
+                        // Position j reads column xb + j * s0: in range for j in jlo..jhi.
+                        let xb = ox0 as i64 * s0 + kx as i64 * d0 - self.p[0];
+                        let jlo = if xb >= 0 { 0 } else { (-xb + s0 - 1) / s0 };
+                        let jhi = if xb >= self.iw { 0 } else { (self.iw - xb + s0 - 1) / s0 };
+                        let (jlo, jhi) = (jlo.min(np as i64) as usize, jhi.min(np as i64) as usize);
+                        if !inside || jlo >= jhi {
+                            out.fill(0.0);
                             continue;
                         }
-                        // SAFETY: y and z are in range; for lo[j] <= kx < hi[j] the column
-                        // x0[j] + kx*d0 is in 0..iw by the choice of the bounds.
+                        out[..jlo].fill(0.0);
+                        out[jhi..].fill(0.0);
+                        // SAFETY: y and z are in range; for jlo <= j < jhi the column
+                        // xb + j * s0 is in 0..iw by the choice of the bounds.
                         unsafe {
                             let pr = pc.add(z as usize * self.sz + y as usize * self.sy);
-                            for (kx, v) in row.iter_mut().enumerate() {
-                                *v = if kx >= lo[j] && kx < hi[j] {
-                                    let x = (x0[j] + kx as i64 * d0) as usize;
-                                    (pr.add(x * self.sx) as *const f32).read_unaligned()
-                                } else {
-                                    0.0
-                                };
+                            let first = pr.add((xb + jlo as i64 * s0) as usize * self.sx);
+                            if unit {
+                                std::ptr::copy_nonoverlapping(
+                                    first,
+                                    out[jlo..jhi].as_mut_ptr() as *mut u8,
+                                    (jhi - jlo) * 4,
+                                );
+                            } else {
+                                let step = s0 as usize * self.sx;
+                                for (t, v) in out[jlo..jhi].iter_mut().enumerate() {
+                                    *v = (first.add(t * step) as *const f32).read_unaligned();
+                                }
                             }
                         }
                     }
-                    k += kw;
                 }
             }
         }
@@ -460,19 +468,29 @@ fn conv_kernel_bytes(node: &ExecNode) -> usize {
     align_up(oc * kn * 4, 64)
 }
 
-fn conv_tile_bytes(node: &ExecNode) -> usize {
-    // TILE_P f32 patch rows.
-    align_up(TILE_P * conv_dims(node).1 * 4, 64)
+/// f32 values of packed patch panels one task may hold (256 KiB, within L2).
+const PANEL_BUDGET: usize = 64 << 10;
+
+/// Output positions per GEMM task: as many 16-column panels of `kn` values as fit the budget
+/// (at least one, at most the engine's column block).
+fn conv_cols(kn: usize) -> usize {
+    (PANEL_BUDGET / kn.max(1) / SG_NR * SG_NR).clamp(SG_NR, float::NC)
+}
+
+/// Per-thread scratch: the task's patch panels, then the engine's block scratch.
+fn conv_scratch_bytes(node: &ExecNode) -> usize {
+    let kn = conv_dims(node).1;
+    align_up(conv_cols(kn) * kn * 4, 64) + align_up(float::BLOCK_SCRATCH * 4, 64)
 }
 
 pub(crate) fn conv_work_size(node: &ExecNode, nth: usize) -> usize {
-    conv_kernel_bytes(node) + nth * conv_tile_bytes(node)
+    conv_kernel_bytes(node) + nth * conv_scratch_bytes(node)
 }
 
-/// Phase 0: the kernel as f32 rows [OC][row_len] in the work buffer. Phase 1: tiles of output
-/// positions handed out by the chunk counter; each is unfolded into the thread's scratch (rounded
-/// to f16 for an F16 kernel, as ggml multiplies in the kernel's type) and dotted with every kernel
-/// row.
+/// im2col + GEMM on the engine's float family. Phase 0: the kernel as f32 rows [OC][row_len]
+/// in the work buffer (the A rows). Phase 1: the engine's tasks of kernel rows by output
+/// positions; each task unfolds its positions' patches (rounded to f16 for an F16 kernel, as
+/// ggml multiplies in the kernel's type) straight into panels and runs the block.
 fn conv_nd(
     ctx: &NodeCtx<'_>,
     phase: u8,
@@ -495,72 +513,59 @@ fn conv_nd(
         }
         return Ok(());
     }
-    // The tier's 4x2 register tile and F16 rounding (read once per node, not per chunk).
-    let (tile4x2, round_f16) = (ctx.kt.conv.tile_f32_4x2, ctx.kt.conv.round_f16);
-    // SAFETY: the kernel block (phase 0, finished before the barrier) holds oc*kn f32 values,
-    // read-only from now on.
-    let kernel = unsafe { std::slice::from_raw_parts(kernel_ptr as *const f32, oc * kn) };
-    // SAFETY: each thread's scratch is a disjoint block of TILE_P*kn f32 after the kernel block
-    // (conv_tile_bytes).
-    let tile_rows = unsafe {
-        let t = ctx.work.add(conv_kernel_bytes(ctx.node) + ith * conv_tile_bytes(ctx.node));
-        std::slice::from_raw_parts_mut(t as *mut f32, TILE_P * kn)
+    let round_f16 = ctx.kt.conv.round_f16;
+    let nc = conv_cols(kn);
+    let sb = conv_scratch_bytes(ctx.node);
+    // SAFETY: each thread's scratch is a disjoint, 64-byte aligned block of `sb` bytes after the
+    // kernel block (conv_work_size); worker ith alone uses block ith.
+    let scratch = unsafe {
+        let t = ctx.work.add(conv_kernel_bytes(ctx.node) + ith * sb);
+        std::slice::from_raw_parts_mut(t as *mut f32, sb / 4)
     };
-    let total = g.positions();
-    let chunks = total.div_ceil(TILE_P);
+    let (panels, block) = scratch.split_at_mut(align_up(nc * kn * 4, 64) / 4);
+    let a_row = |i: usize| {
+        // Row i < oc of the kernel block (phase 0): a pointer only, read by the engine.
+        kernel_ptr.wrapping_add(i * kn) as *const u8
+    };
     let [sx, sy, sz, soc, sn] = out_strides;
-    loop {
-        let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
-        if c >= chunks {
-            break;
+    let grid = Grid { m: oc, n: g.positions(), batches: 1, mc: float::MC, nc };
+    grid.run(ctx.counter, |Task { rows, cols, .. }| {
+        let used = cols.len();
+        // Padding columns of the last panel are zero (their results are not stored).
+        if !used.is_multiple_of(SG_NR) {
+            panels[(used / SG_NR) * panel_floats(kn)..][..panel_floats(kn)].fill(0.0);
         }
-        let (q0, q1) = (c * TILE_P, ((c + 1) * TILE_P).min(total));
-        // Positions of one output row share their input rows: unfold them together (small
-        // kernels), else one at a time.
-        let one_row = g.unravel(q0).3 + (q1 - q0) <= g.ow && g.kw < 16;
-        if one_row {
-            // SAFETY: q0..q1 lie in one output row (checked above); b is the node's F32 input.
-            unsafe { g.fill_tile_f32(b.ptr, q0, q1 - q0, tile_rows) };
+        // im2col into the panels, a run of positions at a time within one panel and one
+        // output row.
+        let mut q = cols.start;
+        while q < cols.end {
+            let c = q - cols.start;
+            let ox = g.unravel(q).3;
+            let np = (SG_NR - c % SG_NR).min(g.ow - ox).min(cols.end - q);
+            let panel = &mut panels[(c / SG_NR) * panel_floats(kn)..][..panel_floats(kn)];
+            // SAFETY: q..q + np lie in one output row (np <= ow - ox) and in columns
+            // c % 16.. of one panel of kn * 16 values; b is the node's F32 input described by g.
+            unsafe { g.fill_panel_f32(b.ptr, q, np, c % SG_NR, panel) };
+            q += np;
         }
-        for q in q0..q1 {
-            let row = &mut tile_rows[(q - q0) * kn..(q - q0 + 1) * kn];
-            if !one_row {
-                // SAFETY: q < positions; b is the node's F32 input described by g.
-                unsafe { g.fill_f32(b.ptr, q, row) };
-            }
-            if a.dtype == DType::F16 {
-                // ggml multiplies in the kernel's type: the patch goes through f16.
-                round_f16(row);
-            }
+        if a.dtype == DType::F16 {
+            // ggml multiplies in the kernel's type: the patches go through f16.
+            round_f16(&mut panels[..used.div_ceil(SG_NR) * panel_floats(kn)]);
         }
-        let np = q1 - q0;
-        let mut offs = [0usize; TILE_P];
-        for (j, o) in offs.iter_mut().enumerate().take(np) {
-            let (n, oz, oy, ox) = g.unravel(q0 + j);
+        let mut offs = [0usize; float::NC];
+        for (c, o) in offs.iter_mut().enumerate().take(used) {
+            let (n, oz, oy, ox) = g.unravel(cols.start + c);
             *o = ox * sx + oy * sy + oz * sz + n * sn;
         }
-        let krow = |o: usize| &kernel[o * kn..(o + 1) * kn];
-        let prow = |j: usize| &tile_rows[j * kn..(j + 1) * kn];
-        for o in (0..oc).step_by(4) {
-            let a4: [&[f32]; 4] = std::array::from_fn(|r| krow((o + r).min(oc - 1)));
-            for j in (0..np).step_by(2) {
-                let b2: [&[f32]; 2] = std::array::from_fn(|c| prow((j + c).min(np - 1)));
-                let mut out = [0f32; 8];
-                tile4x2(kn, a4, b2, &mut out);
-                for r in 0..(oc - o).min(4) {
-                    for c in 0..(np - j).min(2) {
-                        // SAFETY: (position, channel) indices are below dst's shape; each
-                        // position belongs to exactly one chunk, taken by one worker.
-                        unsafe {
-                            (d.ptr.add(offs[j + c] + (o + r) * soc) as *mut f32)
-                                .write_unaligned(out[r * 2 + c])
-                        };
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
+        let store = |o: usize, c: usize, v: f32| {
+            // SAFETY: (position, channel) indices are below dst's shape; each position and
+            // channel belongs to exactly one task, taken by one worker.
+            unsafe { (d.ptr.add(offs[c] + o * soc) as *mut f32).write_unaligned(v) };
+        };
+        let (mut fam, tiles) =
+            FloatBlock::new(ctx.kt, DType::F32, kn, rows, a_row, panels, used, block)?;
+        gemm::block(&mut fam, tiles, Store::RowMajor, store)
+    })
 }
 
 pub(crate) fn conv_2d(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &Conv2dParams) -> Result<()> {

@@ -1,5 +1,5 @@
-//! flash_attn_ext for many query rows with F32/F16/BF16 K and V: a tiled path on the float GEMM
-//! micro-kernel (`KernelTable::sgemm`).
+//! flash_attn_ext for many query rows with F32/F16/BF16 K and V: a tiled path on the GEMM
+//! engine's float family (`gemm::float`: its strips, panels and `sweep`).
 //!
 //! A task is `QB` query rows of one (head, batch). It walks the KV in blocks of `KVB` positions:
 //! S = Q K^T for the block (Q rows packed into 6-row strips, K rows into 16-column panels, so
@@ -13,6 +13,7 @@
 //! rounds Q to F16 for F16 K; f32 is at least as accurate).
 
 use super::NodeCtx;
+use super::gemm::float::{Kernels, Strips, TILE, pack_f32_strip, sweep};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::FlashAttnParams;
@@ -28,9 +29,6 @@ const KVB: usize = 96;
 
 const _: () =
     assert!(QB.is_multiple_of(SG_MR) && KVB.is_multiple_of(SG_NR) && KVB.is_multiple_of(SG_MR));
-
-/// Zeros standing in for the S rows of missing queries when P is packed.
-static ZERO_ROW: [f32; KVB] = [0.0; KVB];
 
 fn kv_ok(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
@@ -56,6 +54,7 @@ struct Layout {
     o: usize,
     ms: usize,
     row: usize,
+    tl: usize,
     total: usize,
 }
 
@@ -78,7 +77,9 @@ fn layout(node: &ExecNode) -> Layout {
     let o = take(QB * dv16);
     let ms = take(2 * QB);
     let row = take(dk.max(dv16));
-    Layout { dk, dv, dv16, qp, ks, sb, ps, vp, o, ms, row, total: at }
+    // Product tiles: S's (QB / 6 strips by KVB / 16 panels) or a PV block's (by dv16 / 16).
+    let tl = take(QB * KVB.max(dv16));
+    Layout { dk, dv, dv16, qp, ks, sb, ps, vp, o, ms, row, tl, total: at }
 }
 
 /// Per-thread scratch bytes.
@@ -211,7 +212,7 @@ pub(crate) fn compute(
     let l = layout(ctx.node);
     let (dk, dv, dv16) = (l.dk, l.dv, l.dv16);
     let table = ctx.kt;
-    let kernel = table.sgemm;
+    let kern = Kernels::f32(table);
     let unsupported = |t: DType| Error::Unsupported {
         op: "flash_attn_ext",
         backend: "CPU".into(),
@@ -236,7 +237,6 @@ pub(crate) fn compute(
     let q_blocks = n_q.div_ceil(QB);
     let tasks = q_blocks * n_head * n_batch;
     let scale = if p.logit_softcap != 0.0 { p.scale / p.logit_softcap } else { p.scale };
-    let mut out = [0f32; SG_MR * SG_NR];
     loop {
         let t = ctx.counter.fetch_add(1, Ordering::Relaxed);
         if t >= tasks {
@@ -249,22 +249,16 @@ pub(crate) fn compute(
         let nq = QB.min(n_q - q0);
         let (ik2, ik3) = (iq2 / (q.ne[2] / k.ne[2]), iq3 / (q.ne[3] / k.ne[3]));
         let slope = super::alibi_slope(p.max_bias, n_head, iq2);
-        // Pack Q: strip c / 6 holds element d of row c at [d * 6 + c % 6] (missing rows 0).
-        for c in 0..QB {
-            let strip = &mut buf[l.qp + (c / SG_MR) * dk * SG_MR..][..dk * SG_MR];
-            if c < nq {
-                // SAFETY: row q0 + c < n_q of head iq2, batch iq3 exists; q rows are
-                // contiguous F32 of dk values (build check).
-                let qr = unsafe { q.row(q0 + c, iq2, iq3) as *const f32 };
-                for (dd, g) in strip.chunks_exact_mut(SG_MR).enumerate() {
-                    // SAFETY: dd < dk (one group per element of the row).
-                    g[c % SG_MR] = unsafe { qr.add(dd).read_unaligned() };
-                }
-            } else {
-                for g in strip.chunks_exact_mut(SG_MR) {
-                    g[c % SG_MR] = 0.0;
-                }
-            }
+        // Pack Q into the engine's strips of 6 rows (missing rows 0).
+        for qs in 0..QB / SG_MR {
+            let strip = &mut buf[l.qp + qs * dk * SG_MR..][..dk * SG_MR];
+            let rows = SG_MR.min(nq.saturating_sub(qs * SG_MR));
+            let q_row = |r: usize| {
+                // SAFETY: r < rows, so row q0 + qs * 6 + r < n_q of head iq2, batch iq3
+                // exists; q rows are contiguous F32 of dk values (build check).
+                unsafe { std::slice::from_raw_parts(q.row(q0 + qs * SG_MR + r, iq2, iq3), dk * 4) }
+            };
+            pack_f32_strip(table, dk, rows, q_row, strip);
         }
         buf[l.o..l.o + QB * dv16].fill(0.0);
         buf[l.ms..l.ms + QB].fill(f32::NEG_INFINITY);
@@ -328,26 +322,27 @@ pub(crate) fn compute(
                 }
             }
             let has_mask = mask.is_some();
-            for qs in 0..nq.div_ceil(SG_MR) {
-                let a0 = l.qp + qs * dk * SG_MR;
-                let rows = SG_MR.min(nq - qs * SG_MR);
+            let n_strips = nq.div_ceil(SG_MR);
+            {
+                let (lo, tiles) = buf.split_at_mut(l.tl);
+                let kpanel = |kp: usize| match &pre {
+                    Some(pp) => {
+                        let b0 = kv_head * pp.k_head + (j0 / SG_NR + kp) * dk * SG_NR;
+                        &packed[b0..b0 + dk * SG_NR]
+                    }
+                    None => &lo[l.ks + kp * dk * SG_NR..l.ks + (kp + 1) * dk * SG_NR],
+                };
+                let strips = Strips { data: &lo[l.qp..], stride: dk * SG_MR, n: n_strips };
+                sweep(kern, dk, &strips, kpanel, nj16, tiles, false, |_| {}, |_, _| {});
                 for kp in 0..nj16 {
-                    let kpanel = match &pre {
-                        Some(pp) => {
-                            let b0 = kv_head * pp.k_head + (j0 / SG_NR + kp) * dk * SG_NR;
-                            &packed[b0..b0 + dk * SG_NR]
-                        }
-                        None => &buf[l.ks + kp * dk * SG_NR..l.ks + (kp + 1) * dk * SG_NR],
-                    };
-                    kernel(dk, &buf[a0..a0 + dk * SG_MR], kpanel, &mut out, false);
                     let cols = SG_NR.min(nj - kp * SG_NR);
-                    for rr in 0..rows {
-                        let c = qs * SG_MR + rr;
-                        let srow = &mut buf[l.sb + c * KVB + kp * SG_NR..][..cols];
-                        let tile = &out[rr * SG_NR..rr * SG_NR + cols];
+                    for c in 0..nq {
+                        let tile = &tiles[(kp * n_strips + c / SG_MR) * TILE..][..TILE];
+                        let tile = &tile[(c % SG_MR) * SG_NR..][..cols];
+                        let srow = &mut lo[l.sb + c * KVB + kp * SG_NR..][..cols];
                         if p.logit_softcap == 0.0 {
                             // SAFETY: both runs hold `cols` f32 and do not overlap (scratch
-                            // vs. the kernel's output tile).
+                            // vs. the tile area).
                             unsafe {
                                 (table.scale_add_f32)(
                                     cols,
@@ -387,24 +382,17 @@ pub(crate) fn compute(
                     }
                 }
             }
-            // P into 6-row strips: strip c / 6 holds kv j of rows at [j * 6 + c % 6].
+            // P into the engine's strips of 6 rows.
             {
                 let (lo, hi) = buf.split_at_mut(l.ps);
-                for qs in 0..nq.div_ceil(SG_MR) {
-                    let rows: [&[f32]; SG_MR] = std::array::from_fn(|r| {
+                for qs in 0..n_strips {
+                    let rows = SG_MR.min(nq - qs * SG_MR);
+                    let s_row = |r: usize| {
                         let c = qs * SG_MR + r;
-                        if c < nq {
-                            &lo[l.sb + c * KVB..l.sb + c * KVB + nj]
-                        } else {
-                            &ZERO_ROW[..nj]
-                        }
-                    });
+                        bytemuck::cast_slice(&lo[l.sb + c * KVB..l.sb + c * KVB + nj])
+                    };
                     let strip = &mut hi[qs * KVB * SG_MR..qs * KVB * SG_MR + nj * SG_MR];
-                    for (j, g) in strip.chunks_exact_mut(SG_MR).enumerate() {
-                        for (x, row) in g.iter_mut().zip(&rows) {
-                            *x = row[j];
-                        }
-                    }
+                    pack_f32_strip(table, nj, rows, s_row, strip);
                 }
             }
             // Pack V: panel d / 16 holds element d of kv row j at [j * 16 + d % 16].
@@ -422,23 +410,26 @@ pub(crate) fn compute(
                     head[at..at + SG_NR].copy_from_slice(&tail[pv * SG_NR..(pv + 1) * SG_NR]);
                 }
             }
-            // O += P V.
-            for qs in 0..nq.div_ceil(SG_MR) {
-                let a0 = l.ps + qs * KVB * SG_MR;
-                for pv in 0..dv16 / SG_NR {
-                    let vpanel = match &pre {
-                        Some(pp) => {
-                            let b0 =
-                                pp.v_off + kv_head * pp.v_head + pv * pp.n16 * SG_NR + j0 * SG_NR;
-                            &packed[b0..b0 + nj * SG_NR]
-                        }
-                        None => &buf[l.vp + pv * KVB * SG_NR..l.vp + pv * KVB * SG_NR + nj * SG_NR],
-                    };
-                    kernel(nj, &buf[a0..a0 + nj * SG_MR], vpanel, &mut out, false);
-                    for rr in 0..SG_MR.min(nq - qs * SG_MR) {
-                        let orow = l.o + (qs * SG_MR + rr) * dv16 + pv * SG_NR;
-                        let tile = &out[rr * SG_NR..(rr + 1) * SG_NR];
-                        for (o, &x) in buf[orow..orow + SG_NR].iter_mut().zip(tile) {
+            // O += P V: the block's products into tiles, then added to the output rows.
+            {
+                let (lo, tiles) = buf.split_at_mut(l.tl);
+                // Strips and panels lie before the output rows (layout order).
+                let (los, lo) = lo.split_at_mut(l.o);
+                let vpanel = |pv: usize| match &pre {
+                    Some(pp) => {
+                        let b0 = pp.v_off + kv_head * pp.v_head + pv * pp.n16 * SG_NR + j0 * SG_NR;
+                        &packed[b0..b0 + nj * SG_NR]
+                    }
+                    None => &los[l.vp + pv * KVB * SG_NR..l.vp + pv * KVB * SG_NR + nj * SG_NR],
+                };
+                let strips = Strips { data: &los[l.ps..], stride: KVB * SG_MR, n: n_strips };
+                let n_vp = dv16 / SG_NR;
+                sweep(kern, nj, &strips, vpanel, n_vp, tiles, false, |_| {}, |_, _| {});
+                for pv in 0..n_vp {
+                    for c in 0..nq {
+                        let tile = &tiles[(pv * n_strips + c / SG_MR) * TILE..][..TILE];
+                        let orow = &mut lo[c * dv16 + pv * SG_NR..][..SG_NR];
+                        for (o, &x) in orow.iter_mut().zip(&tile[(c % SG_MR) * SG_NR..]) {
                             *o += x;
                         }
                     }

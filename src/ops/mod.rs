@@ -11,6 +11,7 @@ mod elementwise;
 mod flash_attn;
 mod flash_attn_tiled;
 mod gather;
+mod gemm;
 mod get_rows;
 mod glu;
 mod mul_mat;

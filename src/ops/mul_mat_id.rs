@@ -4,14 +4,15 @@
 //! Phase 0: every thread converts its share of b's rows into the weights' vec-dot type in the work
 //! buffer (once, however many experts read a row), and worker 0 groups the (slot, token) pairs by
 //! expert with a counting sort over the ids (checking every id) and lays out the chunk list.
-//! Experts with `MIN_N` pairs or more (prefill) take the GEMM of `mul_mat_f`: an extra phase packs
-//! their pairs' activations into f32 panels, and their chunks are `gemm_block`s of 96 weight rows
+//! Experts with `MIN_N` pairs or more (prefill) take the GEMM engine (`gemm`): an extra phase packs
+//! their pairs' activations into panels, and their chunks are the engine's blocks of weight rows
 //! by up to 512 pairs (each output bitwise what `mul_mat`'s GEMM gives for that column).
 //! Last phase: chunks (an expert and a tile of its weight rows x its pairs) are handed out through
 //! the node's atomic counter. Every other output is one full-length dot product by the tier's
 //! kernel (or the register-tile kernel, bitwise the same), so results do not depend on the thread
 //! count.
 
+use super::gemm::{float, int};
 use super::mul_mat_f::{self, MIN_N};
 use super::mul_mat_q;
 use super::mul_mat_repack as mmr;
@@ -100,7 +101,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
     off = align_up(off + n_pairs * 8, 64);
     // At most n_pairs / 16 + (experts with MIN_N pairs or more) panels.
     let n_panels = n_pairs / SG_NR + n_as.min(n_pairs / MIN_N);
-    let panel_bytes = n_panels * mul_mat_f::panel_floats(k) * 4;
+    let panel_bytes = n_panels * float::panel_floats(k) * 4;
     let gemm = !repack
         && n_pairs >= MIN_N
         && panel_bytes <= mul_mat_f::MAX_PACKED
@@ -108,7 +109,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
         && mul_mat_f::types_ok(a.dtype, b.dtype);
     let panels = off;
     let gemm_scratch = off;
-    let nkb = mul_mat_q::k_steps(k);
+    let nkb = int::k_steps(k);
     let n_ipanels = n_pairs / IG_NR + n_as.min(n_pairs / mul_mat_q::MIN_N);
     let iblock_bytes = n_ipanels.saturating_mul(nkb).saturating_mul(size_of::<ABlock>());
     // Repacked experts take it too, quantizing their F32 activations while packing (phase 0
@@ -155,7 +156,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
 
 /// Per-thread GEMM scratch: `gemm_block`'s, or one f32 activation row while packing.
 fn gemm_scratch_bytes(k: usize) -> usize {
-    align_up(mul_mat_f::BLOCK_SCRATCH.max(k) * 4, 64).max(mul_mat_q::scratch_bytes(k))
+    align_up(float::BLOCK_SCRATCH.max(k) * 4, 64).max(mul_mat_q::scratch_bytes(k))
 }
 
 /// Whether expert chunks of `count` pairs take the integer GEMM.
@@ -252,8 +253,8 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let k = a.ne[0];
     let vd = a.dtype.vec_dot_type();
     let from = mul_mat_f::vd_to_f32(vd).ok_or_else(|| unsupported(format!("no {vd} -> f32")))?;
-    let pf = mul_mat_f::panel_floats(k);
-    let bf16_pairs = mul_mat_f::bf16_pairs(ctx.kt, a.dtype, k).is_some();
+    let pf = float::panel_floats(k);
+    let bf16_pairs = float::bf16_pairs(ctx.kt, a.dtype, k).is_some();
     // SAFETY: pack_panels runs in phase 1, after phase 0's grouping.
     let (offsets, pairs) = unsafe { grouping(ctx, l) };
     // SAFETY: this worker's scratch lies inside the work buffer (layout) and only it uses it.
@@ -280,7 +281,7 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
                         std::slice::from_raw_parts(b_row_ptr(ctx, l, p), vd.row_bytes(k))
                     };
                     from(bytes, rowf);
-                    mul_mat_f::panel_column(panel, c, rowf, bf16_pairs);
+                    float::panel_column(panel, c, rowf, bf16_pairs);
                 }
                 None => {
                     for kk in 0..k {
@@ -301,7 +302,7 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     };
     let a = ctx.src(0);
     let k = a.ne[0];
-    let nkb = mul_mat_q::k_steps(k);
+    let nkb = int::k_steps(k);
     let q8_bytes = fmt.act.row_bytes(k);
     // SAFETY: pack_int_panels runs in phase 1, after phase 0's grouping.
     let (offsets, pairs) = unsafe { grouping(ctx, l) };
@@ -351,16 +352,16 @@ fn pack_int_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
                             };
                         }
                         from(colf, q8);
-                        mul_mat_q::pack_column(fmt, q8, blocks, c);
+                        int::pack_column(fmt, q8, blocks, c);
                         continue;
                     }
                     // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row is in
                     // the activation type (b's own contiguous row, or converted in phase 0),
                     // q8_bytes long.
                     let q8 = unsafe { std::slice::from_raw_parts(b_row_ptr(ctx, l, p), q8_bytes) };
-                    mul_mat_q::pack_column(fmt, q8, blocks, c);
+                    int::pack_column(fmt, q8, blocks, c);
                 }
-                None => mul_mat_q::zero_column(blocks, c),
+                None => int::zero_column(blocks, c),
             }
         }
     }
@@ -389,11 +390,11 @@ fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
     if count == 0 {
         0
     } else if int_expert(l, count) {
-        m.div_ceil(mul_mat_q::MC) * count.div_ceil(mul_mat_q::NC)
+        m.div_ceil(int::MC) * count.div_ceil(int::NC)
     } else if l.repack {
         (m / REPACK_ROWS).div_ceil(mmr::TASK_GROUPS) * count.div_ceil(mmr::TASK_COLS)
     } else if gemm_expert(l, count) {
-        m.div_ceil(mul_mat_f::MC) * count.div_ceil(mul_mat_f::NC)
+        m.div_ceil(float::MC) * count.div_ceil(float::NC)
     } else {
         m.div_ceil(row_tile(count)) * count.div_ceil(TILE)
     }
@@ -559,12 +560,12 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             continue;
         }
         if gemm_expert(&l, group.len()) {
-            let blocks_m = m.div_ceil(mul_mat_f::MC);
+            let blocks_m = m.div_ceil(float::MC);
             let (tm, tn) = (local % blocks_m, local / blocks_m);
-            let (i0, i1) = (tm * mul_mat_f::MC, ((tm + 1) * mul_mat_f::MC).min(m));
-            let cols = &group[tn * mul_mat_f::NC..((tn + 1) * mul_mat_f::NC).min(group.len())];
-            let pf = mul_mat_f::panel_floats(k);
-            let p0 = first_panel(&l, offsets, e) + tn * mul_mat_f::NC / SG_NR;
+            let (i0, i1) = (tm * float::MC, ((tm + 1) * float::MC).min(m));
+            let cols = &group[tn * float::NC..((tn + 1) * float::NC).min(group.len())];
+            let pf = float::panel_floats(k);
+            let p0 = first_panel(&l, offsets, e) + tn * float::NC / SG_NR;
             // SAFETY: phase 1 packed these panels and the barrier published them; the scratch
             // area is this worker's (layout).
             let (panels, scratch) = unsafe {
@@ -575,19 +576,18 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                     ),
                     std::slice::from_raw_parts_mut(
                         ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)) as *mut f32,
-                        mul_mat_f::BLOCK_SCRATCH,
+                        float::BLOCK_SCRATCH,
                     ),
                 )
             };
             // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
             // hold k elements in whole blocks (build check).
             let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
-            mul_mat_f::gemm_block(
+            float::block(
                 ctx.kt,
                 a.dtype,
                 k,
-                i0,
-                i1,
+                i0..i1,
                 a_row,
                 panels,
                 cols.len(),
@@ -689,12 +689,12 @@ fn int_chunk(
     let (k, m) = (a.ne[0], a.ne[1]);
     // Every writer below passes i < m = dst.ne[0] and a checked (slot, token) pair.
     let dst_at = |i: usize, p: [u32; 2]| dst_elem(d, i, p);
-    let blocks_m = m.div_ceil(mul_mat_q::MC);
+    let blocks_m = m.div_ceil(int::MC);
     let (tm, tn) = (local % blocks_m, local / blocks_m);
-    let (i0, i1) = (tm * mul_mat_q::MC, ((tm + 1) * mul_mat_q::MC).min(m));
-    let cols = &group[tn * mul_mat_q::NC..((tn + 1) * mul_mat_q::NC).min(group.len())];
-    let nkb = mul_mat_q::k_steps(k);
-    let p0 = first_ipanel(l, offsets, e) + tn * mul_mat_q::NC / IG_NR;
+    let (i0, i1) = (tm * int::MC, ((tm + 1) * int::MC).min(m));
+    let cols = &group[tn * int::NC..((tn + 1) * int::NC).min(group.len())];
+    let nkb = int::k_steps(k);
+    let p0 = first_ipanel(l, offsets, e) + tn * int::NC / IG_NR;
     // SAFETY: phase 1 packed these blocks and the barrier published them; the scratch
     // area is this worker's (layout).
     let (ab, scratch) = unsafe {
@@ -705,7 +705,7 @@ fn int_chunk(
             ),
             std::slice::from_raw_parts_mut(
                 ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)),
-                mul_mat_q::BLOCK_SCRATCH,
+                int::BLOCK_SCRATCH,
             ),
         )
     };
@@ -716,25 +716,24 @@ fn int_chunk(
         .ok_or_else(|| unsupported(format!("no integer GEMM kernels for {}", a.dtype)))?
         .get(fmt.sub, fmt.has_min, fmt.float_scales());
     let bsize = a.dtype.type_size();
-    mul_mat_q::int_block(
+    let repacked = l.repack.then_some(a.dtype);
+    int::block(
         fmt,
         kernel,
         bsize,
-        l.repack.then_some(a.dtype),
+        repacked,
         k,
-        i0,
-        i1,
+        i0..i1,
         a_row,
         ab,
         cols.len(),
         scratch,
         |i, j, v| {
-            // SAFETY: i < m and the pair is checked, so the element is inside dst; it belongs
-            // to this chunk, which only this worker took (pairs are unique).
+            // SAFETY: i < m and the pair is checked, so the element is inside dst; it belongs to
+            // this chunk, which only this worker took (pairs are unique).
             unsafe { *dst_at(i, cols[j]) = v }
         },
-    )?;
-    Ok(())
+    )
 }
 
 fn repack_chunks(

@@ -1,7 +1,5 @@
-//! AVX2 tier of the convolution kernels (`../conv.rs`, same names): the register tile for the
-//! direct convolutions (conv_2d, conv_3d), 4 kernel rows against 2 unfolded patch rows with one
-//! 8-lane accumulator per output, so each load feeds more than one FMA (a plain dot product needs
-//! two loads per FMA); and the F16 rounding and conversion with F16C. Needs AVX2, FMA and F16C.
+//! AVX2 tier of the convolution kernels (`../conv.rs`, same names): the F16 rounding of patch
+//! rows and the F32 -> F16 conversion of im2col, with F16C. Needs AVX2, FMA and F16C.
 
 use crate::kernels::conv::ConvKernels;
 use std::arch::x86_64::*;
@@ -9,55 +7,7 @@ use std::arch::x86_64::*;
 /// The AVX2 set (the `conv` entry of the tier's table), for a CPU that `cpu` proves runs it.
 pub(crate) fn kernels(cpu: super::Avx2) -> ConvKernels {
     let _ = cpu;
-    ConvKernels { tile_f32_4x2, round_f16, to_f16 }
-}
-
-#[target_feature(enable = "avx2,fma")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
-}
-
-#[target_feature(enable = "avx2,fma")]
-fn tile_f32_4x2_avx2(k: usize, a: [&[f32]; 4], b: [&[f32]; 2], out: &mut [f32; 8]) {
-    let n8 = k & !7;
-    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-    let mut i = 0;
-    while i < n8 {
-        // SAFETY: i + 8 <= n8 <= k, and the caller checked every slice holds at least k values.
-        unsafe {
-            let b0 = _mm256_loadu_ps(b[0].as_ptr().add(i));
-            let b1 = _mm256_loadu_ps(b[1].as_ptr().add(i));
-            for r in 0..4 {
-                let av = _mm256_loadu_ps(a[r].as_ptr().add(i));
-                acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
-            }
-        }
-        i += 8;
-    }
-    for r in 0..4 {
-        for c in 0..2 {
-            let mut s = hsum(acc[r][c]);
-            for j in n8..k {
-                s = a[r][j].mul_add(b[c][j], s);
-            }
-            out[r * 2 + c] = s;
-        }
-    }
-}
-
-/// See `conv::ConvTileFn`.
-///
-/// # Panics
-/// If a row is shorter than `k` (an internal invariant of the conv drivers).
-fn tile_f32_4x2(k: usize, a: [&[f32]; 4], b: [&[f32]; 2], out: &mut [f32; 8]) {
-    assert!(a.iter().chain(b.iter()).all(|s| s.len() >= k), "conv tile rows shorter than k");
-    // SAFETY: this function is private and leaves this file only through `kernels`, which takes
-    // an `Avx2` token (made only for a CPU with AVX2, FMA and F16C); lengths checked above.
-    unsafe { tile_f32_4x2_avx2(k, a, b, out) }
+    ConvKernels { round_f16, to_f16 }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,0 +1,386 @@
+//! The float family of the GEMM engine: f32 strips of [`SG_MR`] rows and f32 panels of
+//! [`SG_NR`] columns, multiplied by the tier's `KernelTable::sgemm` micro-kernels (and their
+//! two-strip / two-by-two forms, and the BF16-pair forms for BF16 weights).
+//!
+//! Rows of any type with a dequantizer are packed as f32 (F32 and F16 rows straight from their
+//! bytes, the others through the row converter). Every output is the sum over K blocks of
+//! [`KC`], in K order, of the kernel's partial sums.
+
+use super::Family;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::KernelTable;
+use crate::kernels::prefetch::prefetch_l2;
+use crate::kernels::sgemm::{SG_MR, SG_NR, Sgemm2Fn, Sgemm22Fn, SgemmFn};
+use crate::quant::DequantizeFn;
+use std::ops::Range;
+
+/// K values per block (a 16-column panel slice of 16 KiB stays in L1 while the task's strips,
+/// 96 KiB, come from L2); a multiple of every block size.
+pub(crate) const KC: usize = 256;
+/// Rows per block (16 strips of 6).
+pub(crate) const MC: usize = 96;
+/// Columns per block (32 panels).
+pub(crate) const NC: usize = 512;
+/// Tile accumulators per block.
+const C_TILES: usize = (MC / SG_MR) * (NC / SG_NR);
+/// Per-thread scratch of a [`block`] in f32: strips, six converted rows, tile accumulators.
+pub(crate) const BLOCK_SCRATCH: usize = (MC + SG_MR) * KC + C_TILES * SG_MR * SG_NR;
+/// f32 values of one tile.
+pub(crate) const TILE: usize = SG_MR * SG_NR;
+
+/// Panels (of the last ones of a K block) over which the next block's rows are prefetched.
+const PREFETCH_PANELS: usize = 8;
+
+/// The rows of a strip past the block's last row.
+static ZERO_ROW: [u8; KC * 4] = [0; KC * 4];
+
+/// f32 values of one packed panel of `k` elements.
+pub(crate) fn panel_floats(k: usize) -> usize {
+    k * SG_NR
+}
+
+/// The BF16-pair kernels, for BF16 weights with an even `k` on a tier that has them.
+pub(crate) fn bf16_pairs(kt: &KernelTable, a: DType, k: usize) -> Option<(SgemmFn, Sgemm2Fn)> {
+    if a == DType::BF16 && k.is_multiple_of(2) { kt.sgemm_bf16 } else { None }
+}
+
+/// Writes column `c` of a panel: `col`'s values, or (`pairs`: BF16 pairs, `col` holding BF16
+/// values exactly) two per slot, element 2j in the low half and 2j + 1 in the high half.
+pub(crate) fn panel_column(panel: &mut [f32], c: usize, col: &[f32], pairs: bool) {
+    if pairs {
+        for (kp, two) in col.chunks_exact(2).enumerate() {
+            let bits = (two[0].to_bits() >> 16) | (two[1].to_bits() & 0xFFFF_0000);
+            panel[kp * SG_NR + c] = f32::from_bits(bits);
+        }
+    } else {
+        for (kk, &v) in col.iter().enumerate() {
+            panel[kk * SG_NR + c] = v;
+        }
+    }
+}
+
+/// The micro-kernels a sweep uses: one tile, two strips by one panel, two by two (absent where
+/// the tier has none). The wider forms give the same bits as the one-tile kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernels {
+    one: SgemmFn,
+    two: Option<Sgemm2Fn>,
+    two_by_two: Option<Sgemm22Fn>,
+    /// K values per strip group: 2 for BF16 pairs, else 1.
+    div: usize,
+}
+
+impl Kernels {
+    /// The f32 kernels of a tier.
+    pub(crate) fn f32(kt: &KernelTable) -> Kernels {
+        Kernels { one: kt.sgemm, two: kt.sgemm2, two_by_two: kt.sgemm22, div: 1 }
+    }
+
+    /// The kernels for weights of `dtype` with rows of `k` elements: BF16 pairs where they
+    /// apply, else f32.
+    pub(crate) fn for_weights(kt: &KernelTable, dtype: DType, k: usize) -> Kernels {
+        match bf16_pairs(kt, dtype, k) {
+            Some((one, two)) => Kernels { one, two: Some(two), two_by_two: None, div: 2 },
+            None => Kernels::f32(kt),
+        }
+    }
+}
+
+/// Strips of one sweep: strip `st` at `data[st * stride..]`, `n` of them.
+pub(crate) struct Strips<'a> {
+    pub data: &'a [f32],
+    pub stride: usize,
+    pub n: usize,
+}
+
+/// Multiplies `kc` K groups of every strip with every panel (`panel(q)`: panel q's `kc` groups,
+/// `n_panels` of them) into the tiles (tile `(q, st)` at `(q * strips.n + st) * TILE`), adding to
+/// them with `acc`. `before_panel(q)` runs before panel q is used and `before_strip(q, st)`
+/// before strip st meets it (prefetch hooks; the products do not depend on them). Panels go in
+/// pairs where the tier has a two-by-two kernel, strips in pairs where it has a two-strip one:
+/// the same bits as one tile at a time.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sweep<'p>(
+    kern: Kernels,
+    kc: usize,
+    strips: &Strips<'_>,
+    panel: impl Fn(usize) -> &'p [f32],
+    n_panels: usize,
+    tiles: &mut [f32],
+    acc: bool,
+    mut before_panel: impl FnMut(usize),
+    mut before_strip: impl FnMut(usize, usize),
+) {
+    let n_strips = strips.n;
+    let strip = |st: usize| &strips.data[st * strips.stride..][..kc * SG_MR];
+    let mut p = 0;
+    while p < n_panels {
+        let group = if kern.two_by_two.is_some() && p + 1 < n_panels { 2 } else { 1 };
+        for q in p..p + group {
+            before_panel(q);
+        }
+        let mut st = 0;
+        if let (2, Some(k22)) = (group, kern.two_by_two) {
+            let (left, right) = tiles.split_at_mut((p + 1) * n_strips * TILE);
+            let tp = &mut left[p * n_strips * TILE..][..n_strips * TILE];
+            let tq = &mut right[..n_strips * TILE];
+            let (b0, b1) = (panel(p), panel(p + 1));
+            for (pp, pq) in tp.chunks_exact_mut(2 * TILE).zip(tq.chunks_exact_mut(2 * TILE)) {
+                before_strip(p, st);
+                before_strip(p, st + 1);
+                let (t00, t10) = pp.split_at_mut(TILE);
+                let (t01, t11) = pq.split_at_mut(TILE);
+                let out = [tile_of(t00), tile_of(t01), tile_of(t10), tile_of(t11)];
+                k22(kc, [strip(st), strip(st + 1)], [b0, b1], out, acc);
+                st += 2;
+            }
+            if st < n_strips {
+                before_strip(p, st);
+                for (q, t) in [(p, tp), (p + 1, tq)] {
+                    (kern.one)(kc, strip(st), panel(q), tile_of(&mut t[st * TILE..][..TILE]), acc);
+                }
+            }
+            p += 2;
+            continue;
+        }
+        let b = panel(p);
+        let tp = &mut tiles[p * n_strips * TILE..][..n_strips * TILE];
+        if let Some(k2) = kern.two {
+            for pair in tp.chunks_exact_mut(2 * TILE) {
+                before_strip(p, st);
+                before_strip(p, st + 1);
+                let (t0, t1) = pair.split_at_mut(TILE);
+                k2(kc, strip(st), strip(st + 1), b, tile_of(t0), tile_of(t1), acc);
+                st += 2;
+            }
+        }
+        while st < n_strips {
+            before_strip(p, st);
+            (kern.one)(kc, strip(st), b, tile_of(&mut tp[st * TILE..][..TILE]), acc);
+            st += 1;
+        }
+        p += 1;
+    }
+}
+
+fn tile_of(t: &mut [f32]) -> &mut [f32; TILE] {
+    t.try_into().expect("tile")
+}
+
+/// Packs `kc` f32 values of up to [`SG_MR`] rows into a strip: `row(r)` is row r's bytes (at
+/// least `kc` little-endian f32, any alignment), rows from `nrows` on are zero.
+pub(crate) fn pack_f32_strip<'r>(
+    kt: &KernelTable,
+    kc: usize,
+    nrows: usize,
+    row: impl Fn(usize) -> &'r [u8],
+    out: &mut [f32],
+) {
+    let mut k0 = 0;
+    while k0 < kc {
+        // KC values at a time: the zero row's length.
+        let n = KC.min(kc - k0);
+        let rows: [&[u8]; SG_MR] = std::array::from_fn(|r| {
+            if r < nrows { &row(r)[k0 * 4..(k0 + n) * 4] } else { &ZERO_ROW[..n * 4] }
+        });
+        (kt.sgemm_pack)(n, rows, &mut out[k0 * SG_MR..(k0 + n) * SG_MR]);
+        k0 += n;
+    }
+}
+
+/// A block of the float family: rows `rows` of weights of `dtype` (`a_row(i)` is row i's first
+/// byte, `k` elements in whole blocks) against `ncols` columns packed in `panels` (panel p at
+/// `p * panel_floats(k)`).
+pub(crate) struct FloatBlock<'a, R: Fn(usize) -> *const u8> {
+    kt: &'a KernelTable,
+    dtype: DType,
+    k: usize,
+    rows: Range<usize>,
+    a_row: R,
+    panels: &'a [f32],
+    ncols: usize,
+    kern: Kernels,
+    deq: DequantizeFn,
+    strips: &'a mut [f32],
+    row_bufs: &'a mut [f32],
+}
+
+impl<'a, R: Fn(usize) -> *const u8> FloatBlock<'a, R> {
+    /// Splits `scratch` (at least [`BLOCK_SCRATCH`] f32) into the block's strips and row
+    /// buffers; returns the block and the tile area.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        kt: &'a KernelTable,
+        dtype: DType,
+        k: usize,
+        rows: Range<usize>,
+        a_row: R,
+        panels: &'a [f32],
+        ncols: usize,
+        scratch: &'a mut [f32],
+    ) -> Result<(FloatBlock<'a, R>, &'a mut [f32])> {
+        if rows.len() > MC
+            || ncols > NC
+            || scratch.len() < BLOCK_SCRATCH
+            || panels.len() < ncols.div_ceil(SG_NR) * panel_floats(k)
+        {
+            return Err(Error::Buffer("float GEMM block larger than its buffers".into()));
+        }
+        let deq =
+            super::super::get_rows::row_converter(kt, dtype).ok_or_else(|| Error::Unsupported {
+                op: "mul_mat",
+                backend: "CPU".into(),
+                msg: format!("no {dtype} -> f32"),
+            })?;
+        let (strips, rest) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
+        let (row_bufs, tiles) = rest.split_at_mut(SG_MR * KC);
+        let kern = Kernels::for_weights(kt, dtype, k);
+        let blk =
+            FloatBlock { kt, dtype, k, rows, a_row, panels, ncols, kern, deq, strips, row_bufs };
+        Ok((blk, tiles))
+    }
+}
+
+impl<R: Fn(usize) -> *const u8> Family for FloatBlock<'_, R> {
+    const MR: usize = SG_MR;
+    const NR: usize = SG_NR;
+
+    fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+
+    fn ncols(&self) -> usize {
+        self.ncols
+    }
+
+    fn steps(&self) -> usize {
+        self.k.div_ceil(KC)
+    }
+
+    /// Strip t holds rows i0 + 6t.., group kk of it element k0 + kk of its 6 rows (missing rows
+    /// zero). F32 and F16 rows are read in place (F16 widened by the packer), BF16 pairs move
+    /// as 4-byte units; the other types are first converted to f32 in the row buffers.
+    fn pack_step(&mut self, s: usize) -> Result<()> {
+        let (k0, kc) = (s * KC, KC.min(self.k - s * KC));
+        let (blck, ts) = (self.dtype.block_size(), self.dtype.type_size());
+        let in_place = matches!(self.dtype, DType::F32 | DType::F16) || self.kern.div == 2;
+        let (i0, i1) = (self.rows.start, self.rows.end);
+        for st in 0..(i1 - i0).div_ceil(SG_MR) {
+            let mut rows: [&[u8]; SG_MR] = [&ZERO_ROW[..]; SG_MR];
+            let mut bufs = self.row_bufs.chunks_exact_mut(KC);
+            for (r, row) in rows.iter_mut().enumerate() {
+                let i = i0 + st * SG_MR + r;
+                let buf = bufs.next().expect("SG_MR row buffers");
+                if i >= i1 {
+                    continue;
+                }
+                // SAFETY: `a_row(i)` starts a row of k elements in whole blocks (FloatBlock's
+                // contract); k0 and kc are multiples of the block size (KC is), so bytes
+                // [k0 / blck * ts, (k0 + kc) / blck * ts) lie inside it.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts((self.a_row)(i).add(k0 / blck * ts), kc / blck * ts)
+                };
+                if in_place {
+                    *row = bytes;
+                } else {
+                    (self.deq)(bytes, &mut buf[..kc]);
+                    *row = bytemuck::cast_slice(&buf[..kc]);
+                }
+            }
+            let strip = &mut self.strips[st * SG_MR * KC..][..kc * SG_MR];
+            if self.kern.div == 2 {
+                (self.kt.sgemm_pack)(kc / 2, rows, strip);
+            } else if self.dtype == DType::F16 {
+                (self.kt.sgemm_pack_f16)(kc, rows, strip);
+            } else {
+                (self.kt.sgemm_pack)(kc, rows, strip);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each 16-column panel slice stays in L1 while every strip passes over it. The next K
+    /// block's weight rows are fetched while the last panels run (a block's rows are separate
+    /// streams, too many for the hardware prefetcher), and the next panel's slice while this
+    /// one runs (panels stream from L3 or memory).
+    fn multiply_step(&mut self, s: usize, tiles: &mut [f32]) {
+        let (k, div) = (self.k, self.kern.div);
+        let (k0, kc) = (s * KC, KC.min(k - s * KC));
+        let (i0, i1) = (self.rows.start, self.rows.end);
+        let n_strips = (i1 - i0).div_ceil(SG_MR);
+        let n_panels = self.ncols.div_ceil(SG_NR);
+        let (blck, ts) = (self.dtype.block_size(), self.dtype.type_size());
+        let next = k0 + kc;
+        let window = n_panels.min(PREFETCH_PANELS);
+        let (seg, seg_len) = (next / blck * ts, KC.min(k.saturating_sub(next)) / blck * ts);
+        let (k0d, kcd) = (k0 / div, kc / div);
+        let panels = self.panels;
+        let a_row = &self.a_row;
+        let panel_at = |q: usize| {
+            let base = q * panel_floats(k) + k0d * SG_NR;
+            &panels[base..base + kcd * SG_NR]
+        };
+        let before_panel = |q: usize| {
+            if next < k && q + window >= n_panels {
+                let w = q + window - n_panels;
+                let (r0, r1) = ((i1 - i0) * w / window, (i1 - i0) * (w + 1) / window);
+                for i in i0 + r0..i0 + r1 {
+                    let row = a_row(i).wrapping_add(seg);
+                    for off in (0..seg_len).step_by(64) {
+                        prefetch_l2(row.wrapping_add(off));
+                    }
+                }
+            }
+        };
+        let group = |p: usize| {
+            if self.kern.two_by_two.is_some() && p + 1 < n_panels { 2 } else { 1 }
+        };
+        let before_strip = |p: usize, st: usize| {
+            // The slice after this sweep's group of panels (or the first panel's slice of the
+            // next K block), a line range per strip.
+            let (np, nk0) = if p + group(p) < n_panels { (p + group(p), k0) } else { (0, next) };
+            if nk0 >= k {
+                return;
+            }
+            let nb = np * panel_floats(k) + nk0 / div * SG_NR;
+            let slice = &panels[nb..nb + KC.min(k - nk0) / div * SG_NR];
+            let lines = (slice.len() * 4).div_ceil(64);
+            for l in (lines * st / n_strips)..(lines * (st + 1) / n_strips) {
+                prefetch_l2(slice.as_ptr().wrapping_add(l * 16) as *const u8);
+            }
+        };
+        let strips = Strips { data: self.strips, stride: SG_MR * KC, n: n_strips };
+        sweep(
+            self.kern,
+            kcd,
+            &strips,
+            panel_at,
+            n_panels,
+            tiles,
+            k0 > 0,
+            before_panel,
+            before_strip,
+        );
+    }
+}
+
+/// One block of the float GEMM: weight rows `rows` (at most [`MC`]; `a_row(i)` is row i's first
+/// byte, `k` elements of `dtype` in whole blocks) times the `ncols` columns packed in `panels`
+/// (at most [`NC`]; panel p at `p * panel_floats(k)`), each result handed to
+/// `store(i, column, value)` once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block<R: Fn(usize) -> *const u8>(
+    kt: &KernelTable,
+    dtype: DType,
+    k: usize,
+    rows: Range<usize>,
+    a_row: R,
+    panels: &[f32],
+    ncols: usize,
+    scratch: &mut [f32],
+    store: impl FnMut(usize, usize, f32),
+) -> Result<()> {
+    let (mut fam, tiles) = FloatBlock::new(kt, dtype, k, rows, a_row, panels, ncols, scratch)?;
+    super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
+}

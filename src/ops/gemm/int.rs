@@ -1,0 +1,307 @@
+//! The integer family of the GEMM engine: weight rows unpacked per 256-element step into bands
+//! of [`IG_MR`] rows (`WBand`: unsigned codes, sub-block scales and mins), activations packed
+//! into int8 panels of [`IG_NR`] columns per step (`ABlock`: levels, block sums, scales), and
+//! the tier's `KernelTable::igemm` micro-kernels summing int8 products exactly in int32 per
+//! sub-block and applying the scales in f32 (`kernels::igemm`). Each output is the sum over
+//! steps in K order.
+
+use super::Family;
+use crate::dtype::{DType, QK_K};
+use crate::error::{Error, Result};
+use crate::kernels::igemm::{
+    ABlock, IG_MR, IG_NR, IgemmFn, WBand, pack_q8_blocks_column, pack_q8k_column,
+};
+use crate::quant::unpack::{IntFormat, Unpack};
+use std::ops::Range;
+
+/// Weight rows per block (at most; fewer when that gives each thread several blocks).
+pub(crate) const MC: usize = 64;
+/// Columns per block (32 panels): the block's f32 tile is `MC * NC * 4` = 128 KiB, in L2.
+pub(crate) const NC: usize = 512;
+
+/// Bytes of one Q8_K block.
+pub(crate) const Q8K_BYTES: usize = 292;
+
+/// 256-element steps of K (the last one padded for block types).
+pub(crate) fn k_steps(k: usize) -> usize {
+    k.div_ceil(QK_K)
+}
+
+/// Regroups one column's row in the activation type (`q8`: Q8_K, Q8_0 or Q8_1, whole blocks)
+/// into column `c` of a panel's blocks (one per 256 elements).
+pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: usize) {
+    use crate::quant::legacy::{BlockQ8_0, BlockQ8_1};
+    use crate::quant::util::fp16_to_fp32;
+    match fmt.act {
+        DType::Q8_K => {
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks_exact(Q8K_BYTES)) {
+                let qb: crate::quant::kquants::BlockQ8K = bytemuck::pod_read_unaligned(q);
+                pack_q8k_column(blk, c, &qb.qs, &qb.bsums, qb.d, fmt.sub, fmt.bias);
+            }
+        }
+        DType::Q8_1 => {
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * size_of::<BlockQ8_1>())) {
+                let it = q.chunks_exact(size_of::<BlockQ8_1>()).map(|q| {
+                    let qb: BlockQ8_1 = bytemuck::pod_read_unaligned(q);
+                    (fp16_to_fp32(qb.d), fp16_to_fp32(qb.s), qb.qs)
+                });
+                pack_q8_blocks_column(blk, c, it, fmt.sub, fmt.bias);
+            }
+        }
+        _ => {
+            // The block types' other activation type (`int_format` gives only these three).
+            debug_assert_eq!(fmt.act, DType::Q8_0);
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * size_of::<BlockQ8_0>())) {
+                let it = q.chunks_exact(size_of::<BlockQ8_0>()).map(|q| {
+                    let qb: BlockQ8_0 = bytemuck::pod_read_unaligned(q);
+                    (fp16_to_fp32(qb.d), 0.0, qb.qs)
+                });
+                pack_q8_blocks_column(blk, c, it, fmt.sub, fmt.bias);
+            }
+        }
+    }
+}
+
+/// Zeroes column `c` of a panel's blocks (a padding column: its level sums and scale are 0).
+pub(crate) fn zero_column(blocks: &mut [ABlock], c: usize) {
+    for blk in blocks {
+        for g in 0..QK_K / 4 {
+            blk.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].fill(0);
+        }
+        for j in 0..16 {
+            blk.bsums[j * IG_NR + c] = 0;
+            blk.ds[j * IG_NR + c] = 0.0;
+            blk.ms[j * IG_NR + c] = 0.0;
+        }
+        blk.d[c] = 0.0;
+    }
+}
+
+/// Bytes of one row's step of repacked weights at most (8 IQ4_NL / Q4_0 / MXFP4 blocks, or one
+/// Q4_K / Q6_K / Q2_K / TQ2_0 super-block).
+const REPACK_STEP_MAX: usize = 256;
+
+/// Unpacks one row's step (`src`: its `nblk` weight blocks of `bsize` bytes, ggml's layout) into
+/// row `rr` of `band`; a partial step's rest is zero padding.
+fn unpack_step(
+    fmt: &IntFormat,
+    src: &[u8],
+    bsize: usize,
+    nblk: usize,
+    band: &mut WBand,
+    rr: usize,
+) {
+    let codes: &mut [u8; QK_K] =
+        (&mut band.codes[rr * QK_K..(rr + 1) * QK_K]).try_into().expect("256 codes");
+    match fmt.unpack {
+        Unpack::Super(unpack) => {
+            let scales: &mut [i32; 16] =
+                (&mut band.scales[rr * 16..rr * 16 + 16]).try_into().expect("16 scales");
+            let mins: &mut [i32; 16] =
+                (&mut band.mins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
+            let (dd, dmin) = unpack(&src[..bsize], codes, scales, mins);
+            band.d[rr] = dd;
+            band.dmin[rr] = dmin;
+        }
+        Unpack::Blocks { elems, f } => {
+            let ns = elems / fmt.sub;
+            let scales = &mut band.fscales[rr * 16..rr * 16 + 16];
+            let mins = &mut band.fmins[rr * 16..rr * 16 + 16];
+            for (b, blk) in src.chunks_exact(bsize).take(nblk).enumerate() {
+                f(
+                    blk,
+                    &mut codes[b * elems..(b + 1) * elems],
+                    &mut scales[b * ns..(b + 1) * ns],
+                    &mut mins[b * ns..(b + 1) * ns],
+                );
+            }
+            codes[nblk * elems..].fill(0);
+            scales[nblk * ns..].fill(0.0);
+            mins[nblk * ns..].fill(0.0);
+        }
+    }
+}
+
+/// Bytes of scratch a [`block`] needs: the bands, then the tiles.
+pub(crate) const BLOCK_SCRATCH: usize = (MC / IG_MR) * size_of::<WBand>() + MC * NC * 4;
+
+fn layout(e: bytemuck::PodCastError) -> Error {
+    Error::Buffer(format!("integer GEMM scratch layout: {e}"))
+}
+
+/// A block of the integer family: weight rows `rows` (`a_row(i)` points at row `i`'s `k`
+/// elements in whole blocks of `bsize` bytes) against `ncols` packed columns (`ab`:
+/// panel-major, `k_steps(k)` blocks per panel). With `repacked` (the weights' type, stored in
+/// CPU_REPACK's 8-row groups), `rows` starts at a multiple of 8 and `a_row(i)` of a group's
+/// first row points at the group; each step's group blocks are brought back to ggml's blocks
+/// before unpacking, so the results are bitwise those of the plain layout.
+pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
+    fmt: &'a IntFormat,
+    kernel: IgemmFn,
+    bsize: usize,
+    repacked: Option<DType>,
+    k: usize,
+    rows: Range<usize>,
+    a_row: R,
+    ab: &'a [ABlock],
+    ncols: usize,
+    bands: &'a mut [WBand],
+}
+
+impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
+    /// Splits `scratch` ([`BLOCK_SCRATCH`] bytes, 64-byte aligned) into the bands and the tile
+    /// area (returned as f32).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        fmt: &'a IntFormat,
+        kernel: IgemmFn,
+        bsize: usize,
+        repacked: Option<DType>,
+        k: usize,
+        rows: Range<usize>,
+        a_row: R,
+        ab: &'a [ABlock],
+        ncols: usize,
+        scratch: &'a mut [u8],
+    ) -> Result<(IntBlock<'a, R>, &'a mut [f32])> {
+        let np = ncols.div_ceil(IG_NR);
+        if ab.len() < np * k_steps(k) || rows.len() > MC || ncols > NC {
+            return Err(Error::Buffer("mul_mat: integer GEMM task larger than its buffers".into()));
+        }
+        if repacked.is_some() && (!rows.start.is_multiple_of(IG_MR) || bsize > REPACK_STEP_MAX) {
+            return Err(Error::Buffer(
+                "mul_mat: integer GEMM task not on repacked row groups".into(),
+            ));
+        }
+        if scratch.len() < BLOCK_SCRATCH {
+            return Err(Error::Buffer("mul_mat: integer GEMM scratch too small".into()));
+        }
+        let (bands_bytes, tile_bytes) =
+            scratch[..BLOCK_SCRATCH].split_at_mut((MC / IG_MR) * size_of::<WBand>());
+        let bands: &mut [WBand] = bytemuck::try_cast_slice_mut(bands_bytes).map_err(layout)?;
+        let tiles: &mut [f32] = bytemuck::try_cast_slice_mut(tile_bytes).map_err(layout)?;
+        let nbands = rows.len().div_ceil(IG_MR);
+        let bands = &mut bands[..nbands];
+        // Padding rows of the last band stay zero (codes, scales, mins and float scales).
+        if !rows.len().is_multiple_of(IG_MR) {
+            bands[nbands - 1] = bytemuck::Zeroable::zeroed();
+        }
+        let blk = IntBlock { fmt, kernel, bsize, repacked, k, rows, a_row, ab, ncols, bands };
+        Ok((blk, tiles))
+    }
+
+    /// K values of step `s` that are not padding (a block-type row's last step is partial).
+    fn step_len(&self, s: usize) -> usize {
+        (self.k - s * QK_K).min(QK_K)
+    }
+}
+
+impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
+    const MR: usize = IG_MR;
+    const NR: usize = IG_NR;
+
+    fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+
+    fn ncols(&self) -> usize {
+        self.ncols
+    }
+
+    fn steps(&self) -> usize {
+        k_steps(self.k)
+    }
+
+    fn pack_step(&mut self, kb: usize) -> Result<()> {
+        let (fmt, bsize, i1) = (self.fmt, self.bsize, self.rows.end);
+        let len = self.step_len(kb);
+        // Weight blocks per whole step and in this one.
+        let (per, nblk) = match fmt.unpack {
+            Unpack::Super(_) => (1, 1),
+            Unpack::Blocks { elems, .. } => (QK_K / elems, len / elems),
+        };
+        let step_bytes = nblk * bsize;
+        // Repacked weights: one band's step in ggml's blocks, row by row (each use rewrites
+        // what it reads).
+        let mut plain = [0u8; IG_MR * REPACK_STEP_MAX];
+        for (bi, band) in self.bands.iter_mut().enumerate() {
+            let r0 = self.rows.start + bi * IG_MR;
+            if let Some(dt) = self.repacked {
+                if step_bytes > REPACK_STEP_MAX {
+                    return Err(Error::Buffer(format!("mul_mat: {dt} step too large")));
+                }
+                let mut group = [0u8; IG_MR * REPACK_STEP_MAX];
+                let group = &mut group[..IG_MR * bsize];
+                for b in 0..nblk {
+                    // SAFETY: r0 is a group's first row (rows.start and the bands are multiples
+                    // of 8); the group holds k / block-size blocks of 8 rows, and
+                    // kb * per + b < k / block-size.
+                    let src = unsafe {
+                        std::slice::from_raw_parts(
+                            (self.a_row)(r0).add((kb * per + b) * bsize * IG_MR),
+                            bsize * IG_MR,
+                        )
+                    };
+                    crate::backend::repack::plain_group_block(dt, src, group)?;
+                    for (rr, blk) in group.chunks_exact(bsize).enumerate() {
+                        plain[rr * step_bytes + b * bsize..][..bsize].copy_from_slice(blk);
+                    }
+                }
+            }
+            for rr in 0..(i1 - r0).min(IG_MR) {
+                let src = if self.repacked.is_some() {
+                    &plain[rr * step_bytes..(rr + 1) * step_bytes]
+                } else {
+                    // SAFETY: a_row(i) points at k / block-size whole blocks of bsize bytes;
+                    // this step's blocks kb * per .. kb * per + nblk are among them.
+                    unsafe {
+                        std::slice::from_raw_parts(
+                            (self.a_row)(r0 + rr).add(kb * per * bsize),
+                            step_bytes,
+                        )
+                    }
+                };
+                unpack_step(fmt, src, bsize, nblk, band, rr);
+            }
+        }
+        Ok(())
+    }
+
+    fn multiply_step(&mut self, kb: usize, tiles: &mut [f32]) {
+        let (nkb, len) = (k_steps(self.k), self.step_len(kb));
+        let nbands = self.bands.len();
+        let tiles: &mut [[[f32; IG_NR]; IG_MR]] = bytemuck::cast_slice_mut(
+            &mut tiles[..self.ncols.div_ceil(IG_NR) * nbands * IG_MR * IG_NR],
+        );
+        if kb == 0 {
+            tiles.fill([[0.0; IG_NR]; IG_MR]);
+        }
+        for p in 0..self.ncols.div_ceil(IG_NR) {
+            let a = &self.ab[p * nkb + kb];
+            for (bi, band) in self.bands.iter().enumerate() {
+                (self.kernel)(band, a, &mut tiles[p * nbands + bi], len);
+            }
+        }
+    }
+}
+
+/// One block of the integer GEMM (see [`IntBlock`]; rows at most [`MC`], columns at most
+/// [`NC`]), calling `store(i, j, value)` once per output.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block<R: Fn(usize) -> *const u8>(
+    fmt: &IntFormat,
+    kernel: IgemmFn,
+    bsize: usize,
+    repacked: Option<DType>,
+    k: usize,
+    rows: Range<usize>,
+    a_row: R,
+    ab: &[ABlock],
+    ncols: usize,
+    scratch: &mut [u8],
+    store: impl FnMut(usize, usize, f32),
+) -> Result<()> {
+    let (mut fam, tiles) =
+        IntBlock::new(fmt, kernel, bsize, repacked, k, rows, a_row, ab, ncols, scratch)?;
+    super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
+}

@@ -1,0 +1,209 @@
+//! The GEMM engine: one packing, blocking and task scheme for every matrix product of the CPU
+//! backend, with two micro-kernel families plugged into it.
+//!
+//! A product C = A B^T has `m` rows of A (weights, query rows, convolution kernels), `n` columns
+//! (activations, key/value positions, output pixels) and a shared dimension `k`.
+//!
+//! - **Panels (B).** The columns are packed once into panels of `NR` columns, element `k` of the
+//!   `NR` columns side by side: f32 for the float family ([`float::panel_column`]), int8 blocks
+//!   with their scales and level sums for the integer family ([`int::pack_column`]).
+//! - **Strips (A).** A task packs its rows, step by step along K, into strips of `MR` rows: f32
+//!   (dequantized where needed) or unpacked integer codes with their sub-block scales.
+//! - **Blocking.** [`block`] walks K in the family's steps; each step packs the task's strips and
+//!   multiplies every strip with every panel into `MR x NR` f32 tiles, summing the steps in K
+//!   order; at the end it hands every result to the caller's `store` once.
+//! - **Tasks.** [`Grid`] numbers the `mc x nc` blocks of a (batched) product; workers take them
+//!   through the node's counter ([`Grid::run`]). Each output is computed by one task in a fixed
+//!   order, so results do not depend on the thread count.
+//!
+//! Users: `mul_mat` (`mul_mat_f` with the float family, `mul_mat_q` with the integer family),
+//! `mul_mat_id` (both, per expert), the tiled flash attention (the float family's strips,
+//! panels and [`float::sweep`] for S = Q K^T and P V) and `conv_2d` / `conv_3d` (im2col into
+//! panels, then [`block`] over the kernel rows).
+
+pub(crate) mod float;
+pub(crate) mod int;
+
+use crate::error::Result;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// One micro-kernel family over one block of rows and columns: how a K step's strips are packed
+/// and multiplied. Tile `(p, st)` (panel `p`, strip `st`) is `tiles[(p * n_strips + st) * MR *
+/// NR..]`, element `(r, c)` at `r * NR + c`.
+pub(crate) trait Family {
+    /// Rows per strip.
+    const MR: usize;
+    /// Columns per panel.
+    const NR: usize;
+    /// The block's rows (at most the family's row-block size).
+    fn rows(&self) -> Range<usize>;
+    /// The block's columns (at most the family's column-block size).
+    fn ncols(&self) -> usize;
+    /// Number of K steps.
+    fn steps(&self) -> usize;
+    /// Packs every strip of step `s`.
+    fn pack_step(&mut self, s: usize) -> Result<()>;
+    /// Multiplies step `s`'s strips with every panel into the tiles (step 0 starts them).
+    fn multiply_step(&mut self, s: usize, tiles: &mut [f32]);
+}
+
+/// The order in which [`block`] hands out its results: the one that writes the destination
+/// contiguously.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    /// Column by column, rows fastest (`mul_mat`'s dst: rows are contiguous).
+    ColumnMajor,
+    /// Row by row, columns fastest (convolutions: output positions are contiguous).
+    RowMajor,
+}
+
+/// Runs one block: every K step packed and multiplied in order, then each result of the block
+/// handed to `store(row, column, value)` once (`column` counted from the block's first), in
+/// `order`.
+pub(crate) fn block<F: Family>(
+    fam: &mut F,
+    tiles: &mut [f32],
+    order: Store,
+    mut store: impl FnMut(usize, usize, f32),
+) -> Result<()> {
+    let rows = fam.rows();
+    let ncols = fam.ncols();
+    let n_strips = rows.len().div_ceil(F::MR);
+    let n_panels = ncols.div_ceil(F::NR);
+    let t = F::MR * F::NR;
+    if tiles.len() < n_strips * n_panels * t {
+        return Err(crate::error::Error::Buffer("GEMM block larger than its tile buffer".into()));
+    }
+    for s in 0..fam.steps() {
+        fam.pack_step(s)?;
+        fam.multiply_step(s, tiles);
+    }
+    let tile = |p: usize, r: usize| &tiles[(p * n_strips + r / F::MR) * t..][..t];
+    match order {
+        Store::ColumnMajor => {
+            for p in 0..n_panels {
+                for c in 0..F::NR.min(ncols - p * F::NR) {
+                    for (r, i) in rows.clone().enumerate() {
+                        store(i, p * F::NR + c, tile(p, r)[(r % F::MR) * F::NR + c]);
+                    }
+                }
+            }
+        }
+        Store::RowMajor => {
+            for (r, i) in rows.clone().enumerate() {
+                for p in 0..n_panels {
+                    let run = &tile(p, r)[(r % F::MR) * F::NR..][..F::NR];
+                    for (c, &v) in run.iter().take(ncols - p * F::NR).enumerate() {
+                        store(i, p * F::NR + c, v);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The blocks of a batched product: `batches` products of `m` rows by `n` columns, cut into
+/// blocks of `mc` rows by `nc` columns, numbered row block fastest, then column block, then batch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grid {
+    pub m: usize,
+    pub n: usize,
+    pub batches: usize,
+    pub mc: usize,
+    pub nc: usize,
+}
+
+/// One block of a [`Grid`].
+#[derive(Clone, Debug)]
+pub(crate) struct Task {
+    pub batch: usize,
+    pub rows: Range<usize>,
+    pub cols: Range<usize>,
+}
+
+impl Grid {
+    fn blocks_m(&self) -> usize {
+        self.m.div_ceil(self.mc)
+    }
+
+    fn per_batch(&self) -> usize {
+        self.blocks_m() * self.n.div_ceil(self.nc)
+    }
+
+    /// Number of blocks.
+    pub(crate) fn tasks(&self) -> usize {
+        self.per_batch() * self.batches
+    }
+
+    /// Block `t` (below [`Grid::tasks`]).
+    pub(crate) fn task(&self, t: usize) -> Task {
+        let (pb, bm) = (self.per_batch(), self.blocks_m());
+        let (batch, local) = (t / pb, t % pb);
+        let (tm, tn) = (local % bm, local / bm);
+        Task {
+            batch,
+            rows: tm * self.mc..((tm + 1) * self.mc).min(self.m),
+            cols: tn * self.nc..((tn + 1) * self.nc).min(self.n),
+        }
+    }
+
+    /// Takes blocks from `counter` until none is left, running `f` on each; stops at the first
+    /// error.
+    pub(crate) fn run(
+        &self,
+        counter: &AtomicUsize,
+        mut f: impl FnMut(Task) -> Result<()>,
+    ) -> Result<()> {
+        let total = self.tasks();
+        loop {
+            let t = counter.fetch_add(1, Ordering::Relaxed);
+            if t >= total {
+                return Ok(());
+            }
+            f(self.task(t))?;
+        }
+    }
+
+    /// Halves `mc` (not below `min_mc`) while there are fewer than four blocks per thread.
+    pub(crate) fn balanced(mut self, min_mc: usize, nth: usize) -> Grid {
+        while self.mc > min_mc && self.tasks() < 4 * nth {
+            self.mc /= 2;
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_covers_every_element_once() {
+        for (m, n, batches, mc, nc) in
+            [(1, 1, 1, 96, 512), (97, 513, 2, 96, 512), (8, 40, 3, 4, 16)]
+        {
+            let g = Grid { m, n, batches, mc, nc };
+            let mut seen = vec![0u8; m * n * batches];
+            for t in 0..g.tasks() {
+                let task = g.task(t);
+                for i in task.rows.clone() {
+                    for j in task.cols.clone() {
+                        seen[(task.batch * n + j) * m + i] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{g:?}");
+        }
+    }
+
+    #[test]
+    fn balanced_grid_keeps_blocks_on_multiples() {
+        let g = Grid { m: 200, n: 8, batches: 1, mc: 64, nc: 512 }.balanced(8, 2);
+        assert_eq!(g.mc, 16);
+        assert!(g.tasks() >= 8);
+        let g = Grid { m: 8, n: 8, batches: 1, mc: 64, nc: 512 }.balanced(8, 4);
+        assert_eq!(g.mc, 8);
+    }
+}
