@@ -82,6 +82,11 @@ const _: () = assert!(size_of::<ABlock>() == 7232);
 /// skip the sub-blocks past [`used_subs`] (super-block types always pass 256). Every tier's kernel gives the same bits as [`igemm_generic`].
 pub(crate) type IgemmFn = fn(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR], len: usize);
 
+/// One band x two panels: the same as [`IgemmFn`] on `(a[0], acc[0])` then `(a[1], acc[1])`, bit
+/// for bit (a tier with the registers reads the band's codes once for both panels).
+pub(crate) type IgemmPairFn =
+    fn(w: &WBand, a: [&ABlock; 2], acc: [&mut [[f32; IG_NR]; IG_MR]; 2], len: usize);
+
 /// Sub-blocks of `sub` elements a kernel walks for `len` K values: those holding data, rounded
 /// up to a pair (the SIMD kernels take two at a time; a padding sub-block adds exact zeros).
 #[inline(always)]
@@ -100,6 +105,9 @@ pub(crate) struct IgemmKernels {
     pub blk16: IgemmFn,
     pub blk32: IgemmFn,
     pub blk32_min: IgemmFn,
+    /// Two-panel forms of `sub16`, `sub16_min`, `sub32`, `sub32_min` (in that order), where the
+    /// tier has them.
+    pub pairs: Option<[IgemmPairFn; 4]>,
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
@@ -117,6 +125,24 @@ impl IgemmKernels {
             (true, 16, _) => self.blk16,
             (true, _, false) => self.blk32,
             (true, _, true) => self.blk32_min,
+        }
+    }
+
+    /// The two-panel form of [`IgemmKernels::get`]'s kernel, where the tier has one (integer
+    /// sub-block scales only).
+    pub(crate) fn get_pair(
+        &self,
+        sub: usize,
+        has_min: bool,
+        float_scales: bool,
+    ) -> Option<IgemmPairFn> {
+        let p = self.pairs?;
+        match (float_scales, sub, has_min) {
+            (true, _, _) => None,
+            (false, 16, false) => Some(p[0]),
+            (false, 16, true) => Some(p[1]),
+            (false, _, false) => Some(p[2]),
+            (false, _, true) => Some(p[3]),
         }
     }
 
@@ -143,6 +169,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     blk16: igemm_blocks_generic::<16, false>,
     blk32: igemm_blocks_generic::<32, false>,
     blk32_min: igemm_blocks_generic::<32, true>,
+    pairs: None,
     max_code: 255,
 };
 
@@ -365,6 +392,25 @@ mod tests {
                         let same = want.iter().flatten().zip(got.iter().flatten());
                         for (x, y) in same {
                             assert_eq!(x.to_bits(), y.to_bits(), "{name} {sub} {min} {fl} {len}");
+                        }
+                        // The two-panel form: each panel as the one-panel kernel gives it
+                        // (the second panel is the first with its columns reversed).
+                        if let Some(pair) = k.get_pair(sub, min, fl) {
+                            let mut a2 = a;
+                            a2.d.reverse();
+                            let mut want2 = [[0.25f32; IG_NR]; IG_MR];
+                            (SCALAR.get(sub, min, fl))(&w, &a2, &mut want2, len);
+                            let (mut g1, mut g2) =
+                                ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
+                            pair(&w, [&a, &a2], [&mut g1, &mut g2], len);
+                            let all = want.iter().chain(&want2).flatten();
+                            for (x, y) in all.zip(g1.iter().chain(&g2).flatten()) {
+                                assert_eq!(
+                                    x.to_bits(),
+                                    y.to_bits(),
+                                    "{name} pair {sub} {min} {len}"
+                                );
+                            }
                         }
                     }
                 }

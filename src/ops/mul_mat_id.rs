@@ -712,14 +712,13 @@ fn int_chunk(
     // SAFETY: i < m and e < n_as (ids checked in phase 0): expert e's rows exist and
     // hold k elements in whole blocks (build check).
     let a_row = |i: usize| unsafe { a.row(i, e, 0) as *const u8 };
-    let kernel = mul_mat_q::kernels_for(ctx.kt, fmt)
-        .ok_or_else(|| unsupported(format!("no integer GEMM kernels for {}", a.dtype)))?
-        .get(fmt.sub, fmt.has_min, fmt.float_scales());
+    let kernels = mul_mat_q::kernels_for(ctx.kt, fmt)
+        .ok_or_else(|| unsupported(format!("no integer GEMM kernels for {}", a.dtype)))?;
     let bsize = a.dtype.type_size();
     let repacked = l.repack.then_some(a.dtype);
     int::block(
         fmt,
-        kernel,
+        &kernels,
         bsize,
         repacked,
         k,

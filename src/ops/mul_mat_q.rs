@@ -188,11 +188,9 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let fmt = format_of(a.dtype)?;
-    let kernel = kernels_for(ctx.kt, &fmt)
-        .ok_or_else(|| {
-            unsupported(format!("no integer GEMM kernels for {} in this tier", a.dtype))
-        })?
-        .get(fmt.sub, fmt.has_min, fmt.float_scales());
+    let kernels = kernels_for(ctx.kt, &fmt).ok_or_else(|| {
+        unsupported(format!("no integer GEMM kernels for {} in this tier", a.dtype))
+    })?;
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
     let nkb = k_steps(k);
     let np = panels(n);
@@ -217,14 +215,26 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         // a's rows are contiguous whole blocks (build check).
         let a_row = |i: usize| unsafe { a.row(i, i2 / r2, i3 / r3) as *const u8 };
         let j0 = cols.start;
-        int::block(&fmt, kernel, bsize, repacked, k, rows, a_row, ab, cols.len(), sc, |i, j, v| {
-            // SAFETY: i < m, j0 + j < n, (i2, i3) below dst's dims 2 and 3; the element belongs
-            // to this task, which only this worker took.
-            unsafe {
-                (d.ptr.add(i * d.nb[0] + (j0 + j) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
-                    as *mut f32)
-                    .write_unaligned(v)
-            };
-        })
+        int::block(
+            &fmt,
+            &kernels,
+            bsize,
+            repacked,
+            k,
+            rows,
+            a_row,
+            ab,
+            cols.len(),
+            sc,
+            |i, j, v| {
+                // SAFETY: i < m, j0 + j < n, (i2, i3) below dst's dims 2 and 3; the element belongs
+                // to this task, which only this worker took.
+                unsafe {
+                    (d.ptr.add(i * d.nb[0] + (j0 + j) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
+                        as *mut f32)
+                        .write_unaligned(v)
+                };
+            },
+        )
     })
 }

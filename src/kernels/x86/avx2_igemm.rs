@@ -130,6 +130,7 @@ macro_rules! kernel_set {
             blk16: $wrap::<16, false, true>,
             blk32: $wrap::<32, false, true>,
             blk32_min: $wrap::<32, true, true>,
+            pairs: None,
             max_code: $max,
         };
     };

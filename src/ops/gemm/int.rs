@@ -9,7 +9,8 @@ use super::Family;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::kernels::igemm::{
-    ABlock, IG_MR, IG_NR, IgemmFn, WBand, pack_q8_blocks_column, pack_q8k_column,
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, WBand, pack_q8_blocks_column,
+    pack_q8k_column,
 };
 use crate::quant::unpack::{IntFormat, Unpack};
 use std::ops::Range;
@@ -138,6 +139,7 @@ fn layout(e: bytemuck::PodCastError) -> Error {
 pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     fmt: &'a IntFormat,
     kernel: IgemmFn,
+    pair: Option<IgemmPairFn>,
     bsize: usize,
     repacked: Option<DType>,
     k: usize,
@@ -154,7 +156,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         fmt: &'a IntFormat,
-        kernel: IgemmFn,
+        kernels: &IgemmKernels,
         bsize: usize,
         repacked: Option<DType>,
         k: usize,
@@ -186,7 +188,9 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         if !rows.len().is_multiple_of(IG_MR) {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
-        let blk = IntBlock { fmt, kernel, bsize, repacked, k, rows, a_row, ab, ncols, bands };
+        let kernel = kernels.get(fmt.sub, fmt.has_min, fmt.float_scales());
+        let pair = kernels.get_pair(fmt.sub, fmt.has_min, fmt.float_scales());
+        let blk = IntBlock { fmt, kernel, pair, bsize, repacked, k, rows, a_row, ab, ncols, bands };
         Ok((blk, tiles))
     }
 
@@ -276,7 +280,20 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
         if kb == 0 {
             tiles.fill([[0.0; IG_NR]; IG_MR]);
         }
-        for p in 0..self.ncols.div_ceil(IG_NR) {
+        let np = self.ncols.div_ceil(IG_NR);
+        let mut p = 0;
+        // Panels in pairs where the tier has a two-panel kernel (same bits).
+        if let Some(pair) = self.pair {
+            while p + 1 < np {
+                let (a0, a1) = (&self.ab[p * nkb + kb], &self.ab[(p + 1) * nkb + kb]);
+                let (lo, hi) = tiles.split_at_mut((p + 1) * nbands);
+                for (bi, band) in self.bands.iter().enumerate() {
+                    pair(band, [a0, a1], [&mut lo[p * nbands + bi], &mut hi[bi]], len);
+                }
+                p += 2;
+            }
+        }
+        for p in p..np {
             let a = &self.ab[p * nkb + kb];
             for (bi, band) in self.bands.iter().enumerate() {
                 (self.kernel)(band, a, &mut tiles[p * nbands + bi], len);
@@ -290,7 +307,7 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block<R: Fn(usize) -> *const u8>(
     fmt: &IntFormat,
-    kernel: IgemmFn,
+    kernels: &IgemmKernels,
     bsize: usize,
     repacked: Option<DType>,
     k: usize,
@@ -302,6 +319,6 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     store: impl FnMut(usize, usize, f32),
 ) -> Result<()> {
     let (mut fam, tiles) =
-        IntBlock::new(fmt, kernel, bsize, repacked, k, rows, a_row, ab, ncols, scratch)?;
+        IntBlock::new(fmt, kernels, bsize, repacked, k, rows, a_row, ab, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
 }
