@@ -29,6 +29,7 @@
 //! ```
 
 pub mod backend;
+mod buffer;
 pub mod dtype;
 pub mod error;
 pub mod gguf;

@@ -165,7 +165,7 @@ impl BufferType for CpuRepackBufferType {
 
 /// State shared by a backend and the plans built on it.
 pub(crate) struct CpuShared {
-    pub pool: RwLock<Arc<crate::plan::exec::Workers>>,
+    pub pool: RwLock<Arc<crate::backend::pool::Workers>>,
     pub n_threads: AtomicUsize,
     pub abort: Mutex<Option<AbortHook>>,
     /// The tier chosen with [`CpuBackend::with_isa`]; `None` follows the process-wide default.
@@ -173,7 +173,7 @@ pub(crate) struct CpuShared {
 }
 
 impl CpuShared {
-    pub(crate) fn pool(&self) -> Arc<crate::plan::exec::Workers> {
+    pub(crate) fn pool(&self) -> Arc<crate::backend::pool::Workers> {
         match self.pool.read() {
             Ok(p) => p.clone(),
             Err(e) => e.into_inner().clone(),
@@ -204,12 +204,12 @@ fn check_thread_count(op: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
-fn build_pool(n: usize) -> Result<crate::plan::exec::Workers> {
+fn build_pool(n: usize) -> Result<crate::backend::pool::Workers> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("quantgraph-{i}"))
         .build()
-        .map(crate::plan::exec::Workers::new)
+        .map(crate::backend::pool::Workers::new)
         .map_err(|e| Error::arg(format!("cannot start {n} worker threads: {e}")))
 }
 

@@ -4,12 +4,12 @@
 //! Where ggml looks functions up by string (`get_proc_address`), these traits have typed methods:
 //! `features()`, `set_n_threads()`, `set_abort_hook()`.
 
-mod buffer;
 mod cpu;
-pub mod repack;
+pub(crate) mod pool;
+pub use crate::quant::repack;
 
-pub(crate) use buffer::BufferGuard;
-pub use buffer::{BUFFER_ALIGNMENT, Buffer};
+pub(crate) use crate::buffer::BufferGuard;
+pub use crate::buffer::{BUFFER_ALIGNMENT, Buffer};
 pub(crate) use cpu::CpuShared;
 pub use cpu::{
     CpuBackend, CpuBufferType, CpuDevice, CpuRegistry, CpuRepackBufferType, MAX_THREADS,

@@ -26,7 +26,7 @@ pub use reader::Gguf;
 pub use value::{Array, ArrayElement, Metadata, Scalar, Value, ValueType};
 pub use writer::{GGUF_VERSION, GgufWriter};
 
-use crate::backend::Buffer;
+use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, TensorId};

@@ -4,7 +4,7 @@
 
 use super::value::{Array, Metadata, Value};
 use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_GENERAL_ALIGNMENT, MAX_DIMS, MAX_NAME_LEN};
-use crate::backend::Buffer;
+use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use std::io::Write;

@@ -24,7 +24,7 @@ pub use rope::{RopeMode, RopeParams};
 pub use train::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams};
 pub use vision::{Conv2dParams, Conv3dParams, PoolOp};
 
-use crate::backend::Buffer;
+use crate::buffer::Buffer;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -181,7 +181,7 @@ impl Graph {
     }
 
     /// The caller buffer and byte range of a tensor stored in a `State` leaf (or a view of one).
-    fn state_range(&self, id: TensorId) -> Option<(crate::backend::Buffer, usize, usize)> {
+    fn state_range(&self, id: TensorId) -> Option<(crate::buffer::Buffer, usize, usize)> {
         let t = self.t(id);
         let root = self.root(id);
         match &self.t(root).leaf {

@@ -459,6 +459,37 @@ impl KernelTable {
     }
 }
 
+/// Dot product of `n` elements: `x` in `dtype`, `y` in `dtype.vec_dot_type()` (as made by
+/// [`crate::quant::quantize_for_dot`]). Uses the fastest kernel this CPU supports (this module's tables).
+// Inline: in a caller's loop the table and per-type lookups become loop-invariant and leave the
+// loop, and the `Result` stays in registers instead of going through memory.
+#[inline]
+pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
+    // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops; the error
+    // path is out of line, so this one is a few loads and compares around the kernel call.
+    if let Some(k) = table().vec_dot(dtype)
+        && crate::quant::fits(dtype, n, x.len())
+        && crate::quant::fits(dtype.vec_dot_type(), n, y.len())
+    {
+        return Ok(k(n, x, y));
+    }
+    vec_dot_error(dtype, n, x, y)
+}
+
+/// Why [`vec_dot`] cannot run: no kernel, or lengths that do not fit `n`.
+#[cold]
+#[inline(never)]
+fn vec_dot_error(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
+    let vd = dtype.vec_dot_type();
+    let k = table().vec_dot(dtype);
+    if k.is_none() {
+        return Err(Error::Quant { dtype, msg: "no dot product for this type".into() });
+    }
+    crate::quant::rows_of(dtype, n, x.len(), "vec_dot x")?;
+    crate::quant::rows_of(vd, n, y.len(), "vec_dot y")?;
+    Err(Error::arg(format!("vec_dot {dtype}: lengths do not fit n = {n}")))
+}
+
 /// Dot product of `n` elements with the `vec_dot` kernel of tier `isa`, whatever tier is selected:
 /// `x` in `dtype`, `y` in `dtype.vec_dot_type()`, checked like [`crate::quant::vec_dot`]. Lets
 /// tests and benchmarks compare every tier this CPU has in one process.

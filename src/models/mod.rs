@@ -3,7 +3,7 @@
 
 pub mod llama;
 
-use crate::backend::Buffer;
+use crate::buffer::Buffer;
 use crate::dtype::DType;
 
 /// Where one weight tensor lives: its type, shape (ggml order) and bytes in a shared buffer.

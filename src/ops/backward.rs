@@ -7,7 +7,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Im2colBackParams, Pool2dParams, PoolOp};
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
 use crate::quant::util::{fp16_to_fp32, fp32_to_fp16};
 
 #[inline(always)]

@@ -13,7 +13,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::{Conv2dParams, Conv3dParams};
 use crate::kernels::sgemm::SG_NR;
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
 use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
 /// Where the patch of one output position lies in the input: sizes, strides (bytes) and the

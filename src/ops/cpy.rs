@@ -7,7 +7,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
 
 fn row_path(node: &ExecNode) -> bool {
     match (node.src[0].as_ref(), Some(&node.dst)) {

@@ -8,7 +8,7 @@
 
 use super::{NodeCtx, split};
 use crate::error::Result;
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
 use std::sync::atomic::Ordering;
 
 /// Per-worker scratch of gated_delta_net: the `delta` vector of S floats, cache-line padded.

@@ -5,7 +5,7 @@
 
 use super::{NodeCtx, split};
 use crate::error::{Error, Result};
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
 
 const HC: usize = 4;
 

@@ -7,7 +7,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::Op;
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
 use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
 /// Loads one F32, F16, BF16 or I32 element as f32.

@@ -14,7 +14,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::FlashAttnParams;
 use crate::kernels::prefetch::prefetch_l1;
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
 use crate::quant::util::fp16_to_fp32;
 use std::sync::atomic::Ordering;
 

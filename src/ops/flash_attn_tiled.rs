@@ -18,7 +18,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::FlashAttnParams;
 use crate::kernels::sgemm::{SG_MR, SG_NR};
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
 use std::sync::atomic::Ordering;
 
 /// Query rows per task (16 strips of 6; K and V are converted once per task, so more rows

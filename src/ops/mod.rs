@@ -18,6 +18,8 @@ mod mul_mat;
 mod mul_mat_f;
 mod mul_mat_q;
 mod mul_mat_repack;
+mod node;
+pub(crate) use node::{ExecNode, TView, align_up};
 mod norm;
 mod reduce;
 mod rope;
@@ -42,7 +44,6 @@ mod window;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
 use crate::kernels::KernelTable;
-use crate::plan::{ExecNode, TView};
 use std::sync::atomic::AtomicUsize;
 
 /// What a worker gets for one node.

@@ -9,7 +9,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{GEMM_MR, GEMM_NR};
-use crate::plan::{ExecNode, TView};
+use crate::ops::node::{ExecNode, TView};
 use std::sync::atomic::Ordering;
 
 const TILE: usize = 16;
@@ -37,7 +37,9 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
 fn converted_row_bytes(node: &ExecNode) -> usize {
     let (a, b) = (node.src[0].as_ref(), node.src[1].as_ref());
     match (a, b) {
-        (Some(a), Some(b)) => crate::plan::align_up(a.dtype.vec_dot_type().row_bytes(b.ne[0]), 64),
+        (Some(a), Some(b)) => {
+            crate::ops::node::align_up(a.dtype.vec_dot_type().row_bytes(b.ne[0]), 64)
+        }
         _ => 0,
     }
 }
@@ -57,7 +59,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         return int;
     }
     let b = node.src[1].as_ref().map(|b| (b.nrows(), b.ne[0])).unwrap_or((0, 0));
-    int.max(b.0 * converted_row_bytes(node) + nth * crate::plan::align_up(b.1 * 4, 64))
+    int.max(b.0 * converted_row_bytes(node) + nth * crate::ops::node::align_up(b.1 * 4, 64))
 }
 
 fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
@@ -71,7 +73,7 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let k = b.ne[0];
     let rb = converted_row_bytes(ctx.node);
     let nrows = b.nrows();
-    let scratch_off = nrows * rb + ith * crate::plan::align_up(k * 4, 64);
+    let scratch_off = nrows * rb + ith * crate::ops::node::align_up(k * 4, 64);
     debug_assert!(scratch_off + k * 4 <= ctx.work_len);
     let (r0, r1) = split(nrows, ith, ctx.nth);
     for r in r0..r1 {

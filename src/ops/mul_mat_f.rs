@@ -19,7 +19,7 @@ use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::sgemm::SG_NR;
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
 use crate::quant::DequantizeFn;
 
 /// Fewer columns than this use the dot-product path (the panels would be mostly padding).

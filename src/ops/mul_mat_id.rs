@@ -17,7 +17,6 @@ use super::mul_mat_f::{self, MIN_N};
 use super::mul_mat_q;
 use super::mul_mat_repack as mmr;
 use super::{NodeCtx, split};
-use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
@@ -25,7 +24,8 @@ use crate::kernels::igemm::{ABlock, IG_NR};
 use crate::kernels::repack::{act_block_bytes, group_block_bytes};
 use crate::kernels::sgemm::SG_NR;
 use crate::kernels::{GEMM_MR, GEMM_NR};
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
+use crate::quant::repack::REPACK_ROWS;
 use crate::quant::unpack::{IntFormat, int_format};
 use std::sync::atomic::Ordering;
 

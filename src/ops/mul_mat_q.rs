@@ -22,7 +22,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
 use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels};
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
 use crate::quant::unpack::{IntFormat, int_format};
 /// Fewer columns than this use the dot-product tiles. q4_K 4096 x N x 4096, 2 threads,
 /// alternating binaries: the tiles give 98 GFLOPS at N = 4 (the integer GEMM 63); at N = 6 the
@@ -37,7 +37,7 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
     let Some(fmt) = int_format(a.dtype) else {
         return false;
     };
-    (!a.repacked || crate::backend::repack::supports(a.dtype, &a.ne))
+    (!a.repacked || crate::quant::repack::supports(a.dtype, &a.ne))
         && node.dst.ne[1] >= MIN_N
         && (b.dtype == DType::F32 || b.dtype == fmt.act && b.nb[0] == b.dtype.type_size())
         && a.ne[0] > 0

@@ -10,12 +10,12 @@
 //! thread count or on the task shape.
 
 use super::{NodeCtx, split, unravel_row};
-use crate::backend::repack::REPACK_ROWS;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
 use crate::kernels::repack::{RepackGemmFn, act_block_bytes, group_block_bytes, q8_0_to_y0};
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
+use crate::quant::repack::REPACK_ROWS;
 use std::sync::atomic::Ordering;
 
 /// 8-row groups per task.

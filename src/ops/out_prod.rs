@@ -9,7 +9,7 @@
 use super::{NodeCtx, get_rows::row_converter, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
 
 /// dst rows that share each converted row of `a`.
 const BLOCK: usize = 16;

@@ -7,7 +7,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::{Op, SortOrder};
-use crate::plan::ExecNode;
+use crate::ops::node::ExecNode;
 use std::cmp::Ordering;
 
 /// Work-buffer bytes: per-thread counts (count_equal) or index scratch rows (top_k).
@@ -16,7 +16,7 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
         Op::CountEqual => nth * 8,
         Op::TopK { .. } => {
             let n = node.src[0].as_ref().map_or(0, |a| a.ne[0]);
-            nth * crate::plan::align_up(n * 4, 64)
+            nth * crate::ops::node::align_up(n * 4, 64)
         }
         _ => 0,
     }
@@ -52,7 +52,7 @@ pub(crate) fn sum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 ///
 /// # Safety
 /// (i1, i2, i3) index a row of `a`, an F32 tensor.
-unsafe fn row_sum(a: &crate::plan::TView, i1: usize, i2: usize, i3: usize) -> f32 {
+unsafe fn row_sum(a: &crate::ops::node::TView, i1: usize, i2: usize, i3: usize) -> f32 {
     let mut s = 0f64;
     for i0 in 0..a.ne[0] {
         // SAFETY: per the contract.
@@ -162,7 +162,7 @@ fn cmp_values(x: f32, y: f32) -> Ordering {
 /// # Safety
 /// (i1, i2, i3) index a row of the F32 tensor `a`; `idx` has `a.ne[0]` elements.
 unsafe fn sort_row(
-    a: &crate::plan::TView,
+    a: &crate::ops::node::TView,
     i1: usize,
     i2: usize,
     i3: usize,
@@ -201,7 +201,7 @@ pub(crate) fn argsort(ctx: &NodeCtx<'_>, ith: usize, order: SortOrder) -> Result
 pub(crate) fn top_k(ctx: &NodeCtx<'_>, ith: usize, k: usize) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let n = a.ne[0];
-    let stride = crate::plan::align_up(n * 4, 64);
+    let stride = crate::ops::node::align_up(n * 4, 64);
     debug_assert!(ctx.work_len >= ctx.nth * stride);
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {

@@ -5,7 +5,7 @@ use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::{RopeMode, RopeParams};
-use crate::plan::ExecNode;
+use crate::ops::node::ExecNode;
 use crate::quant::util::{fp16_to_fp32, fp32_to_fp16};
 
 fn corr_dim(n_dims: usize, n_ctx_orig: i32, n_rot: f32, base: f32) -> f32 {

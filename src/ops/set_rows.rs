@@ -5,7 +5,7 @@
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
 
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     nth * align_up(node.dst.ne[0] * 4, 64)

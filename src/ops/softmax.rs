@@ -4,7 +4,7 @@
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::plan::{ExecNode, align_up};
+use crate::ops::node::{ExecNode, align_up};
 
 /// A per-thread f32 row for F16 masks.
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {

@@ -6,7 +6,7 @@
 use super::{NodeCtx, split, unravel_row};
 use crate::error::Result;
 use crate::kernels::KernelTable;
-use crate::plan::{ExecNode, TView, align_up};
+use crate::ops::node::{ExecNode, TView, align_up};
 
 /// One f32 partial sum per row, then one scratch row per thread.
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {

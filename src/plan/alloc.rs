@@ -2,13 +2,10 @@
 //! spirit of ggml-alloc's dynamic allocator. It only computes offsets; the plan allocates the arena
 //! once with the peak size.
 
-use crate::backend::BUFFER_ALIGNMENT;
+use crate::buffer::BUFFER_ALIGNMENT;
 
 use crate::error::{Error, Result};
-
-pub(crate) fn align_up(n: usize, a: usize) -> usize {
-    n.div_ceil(a) * a
-}
+use crate::ops::align_up;
 
 /// `align_up` for sizes that come from the graph: `Err` instead of wrapping near `usize::MAX`.
 pub(crate) fn checked_align_up(n: usize, a: usize) -> Result<usize> {

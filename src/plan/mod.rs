@@ -5,7 +5,6 @@
 //! times with new inputs and allocates nothing.
 
 mod alloc;
-pub(crate) use alloc::align_up;
 pub(crate) mod exec;
 
 use crate::backend::{AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared};
@@ -13,61 +12,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, MAX_SRC, Op, TensorId};
 use crate::kernels::KernelTable;
+pub(crate) use crate::ops::{ExecNode, TView, align_up};
 use alloc::ArenaAlloc;
 use std::sync::Arc;
-
-/// A tensor's address and layout as the kernels see it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TView {
-    pub ptr: *mut u8,
-    pub dtype: DType,
-    pub ne: [usize; 4],
-    pub nb: [usize; 4],
-    /// Weights stored in a CPU_REPACK buffer (8-row interleaved layout, `backend::repack`).
-    pub repacked: bool,
-}
-
-impl TView {
-    pub(crate) fn nrows(&self) -> usize {
-        self.ne[1] * self.ne[2] * self.ne[3]
-    }
-    pub(crate) fn nelements(&self) -> usize {
-        self.ne.iter().product()
-    }
-    /// Address of element row (i1, i2, i3).
-    ///
-    /// # Safety
-    /// The indices are below `ne[1..4]`; the plan validated that every such row lies inside the
-    /// tensor's memory.
-    #[inline(always)]
-    pub(crate) unsafe fn row(&self, i1: usize, i2: usize, i3: usize) -> *mut u8 {
-        // SAFETY: per the contract, the offset stays inside the tensor's allocation.
-        unsafe { self.ptr.add(i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3]) }
-    }
-}
-
-/// One node to run, with everything resolved at plan time.
-pub(crate) struct ExecNode {
-    pub id: TensorId,
-    pub op: Op,
-    pub dst: TView,
-    pub src: [Option<TView>; MAX_SRC],
-    pub phases: u8,
-}
-
-impl ExecNode {
-    /// A placeholder naming the node in compute-time errors; `Plan::compute` replaces it with the
-    /// full description (formatting it for every node at plan time would cost more than planning).
-    pub(crate) fn label(&self) -> String {
-        format!("#{}", self.id.idx)
-    }
-}
-
-// SAFETY: the raw pointers inside point into the plan's arena and into buffers the plan keeps alive;
-// workers only write disjoint parts of a node's destination (see exec.rs).
-unsafe impl Send for ExecNode {}
-// SAFETY: as above.
-unsafe impl Sync for ExecNode {}
 
 /// Sizes found while planning (for tests, benchmarks and curious users).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -174,7 +121,7 @@ impl Plan {
     /// nothing in place) framed by `guard` bytes of a fixed pattern; every `compute` then checks
     /// them ([`Plan::check_guards`]) and returns `Err` if an op wrote outside its output.
     pub fn with_guards(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
-        let guard = alloc::checked_align_up(guard.max(1), crate::backend::BUFFER_ALIGNMENT)
+        let guard = alloc::checked_align_up(guard.max(1), crate::buffer::BUFFER_ALIGNMENT)
             .map_err(|_| Error::Overflow { what: "plan guard size" })?;
         Plan::build(graph, backend, guard)
     }
@@ -294,7 +241,7 @@ impl Plan {
             if is_arena_node(t) {
                 let nbytes = t.nbytes();
                 stats.intermediate_bytes = stats.intermediate_bytes.saturating_add(
-                    alloc::checked_align_up(nbytes, crate::backend::BUFFER_ALIGNMENT)?,
+                    alloc::checked_align_up(nbytes, crate::buffer::BUFFER_ALIGNMENT)?,
                 );
                 let mut placed = false;
                 if t.op.can_inplace()

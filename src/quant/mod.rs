@@ -11,12 +11,15 @@ pub(crate) mod iq;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
 pub(crate) mod lowbit;
+pub mod repack;
 pub(crate) mod ternary;
 pub(crate) mod unpack;
 pub(crate) mod util;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+/// The dot-product kernels live with the other kernels; this is their public path.
+pub use crate::kernels::vec_dot;
 
 /// Reference quantizer for whole rows (`ggml_quantize_chunk`): `src` holds `src.len() / n_per_row`
 /// rows, `dst` exactly that many rows of the type's row size. `imatrix`, when given, has
@@ -84,7 +87,7 @@ pub(crate) fn format(dtype: DType) -> FormatFns {
     }
 }
 
-fn rows_of(dtype: DType, n_elems: usize, n_bytes: usize, what: &str) -> Result<()> {
+pub(crate) fn rows_of(dtype: DType, n_elems: usize, n_bytes: usize, what: &str) -> Result<()> {
     let need = dtype.row_size(n_elems)?;
     if need != n_bytes {
         return Err(Error::arg(format!(
@@ -178,40 +181,9 @@ pub fn quantize_for_dot(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()>
     Ok(())
 }
 
-/// Dot product of `n` elements: `x` in `dtype`, `y` in `dtype.vec_dot_type()` (as made by
-/// [`quantize_for_dot`]). Uses the fastest kernel this CPU supports (see `crate::kernels`).
-// Inline: in a caller's loop the table and per-type lookups become loop-invariant and leave the
-// loop, and the `Result` stays in registers instead of going through memory.
-#[inline]
-pub fn vec_dot(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
-    // Fast path: plain arithmetic checks, no `Result` plumbing, for callers in loops; the error
-    // path is out of line, so this one is a few loads and compares around the kernel call.
-    if let Some(k) = crate::kernels::table().vec_dot(dtype)
-        && fits(dtype, n, x.len())
-        && fits(dtype.vec_dot_type(), n, y.len())
-    {
-        return Ok(k(n, x, y));
-    }
-    vec_dot_error(dtype, n, x, y)
-}
-
-/// Why [`vec_dot`] cannot run: no kernel, or lengths that do not fit `n`.
-#[cold]
-#[inline(never)]
-fn vec_dot_error(dtype: DType, n: usize, x: &[u8], y: &[u8]) -> Result<f32> {
-    let vd = dtype.vec_dot_type();
-    let k = crate::kernels::table().vec_dot(dtype);
-    if k.is_none() {
-        return Err(Error::Quant { dtype, msg: "no dot product for this type".into() });
-    }
-    rows_of(dtype, n, x.len(), "vec_dot x")?;
-    rows_of(vd, n, y.len(), "vec_dot y")?;
-    Err(Error::arg(format!("vec_dot {dtype}: lengths do not fit n = {n}")))
-}
-
 /// True when `len` bytes hold exactly `n` elements of `d`.
 #[inline(always)]
-fn fits(d: DType, n: usize, len: usize) -> bool {
+pub(crate) fn fits(d: DType, n: usize, len: usize) -> bool {
     let bs = d.block_size();
     // Every ggml block size is a power of two: a mask and a shift instead of two divisions.
     if bs.is_power_of_two() {

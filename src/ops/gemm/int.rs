@@ -246,7 +246,7 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                             bsize * IG_MR,
                         )
                     };
-                    crate::backend::repack::plain_group_block(dt, src, group)?;
+                    crate::quant::repack::plain_group_block(dt, src, group)?;
                     for (rr, blk) in group.chunks_exact(bsize).enumerate() {
                         plain[rr * step_bytes + b * bsize..][..bsize].copy_from_slice(blk);
                     }

@@ -113,7 +113,7 @@ impl Buffer {
     /// A CPU_REPACK buffer: tensors are stored with [`Buffer::set_tensor`], which rearranges them
     /// into the interleaved layout the repacked matmul kernels read.
     pub(crate) fn alloc_repack(len: usize) -> Result<Buffer> {
-        Buffer::alloc_with(len, super::repack::REPACK_NAME, Some(Mutex::new(Vec::new())))
+        Buffer::alloc_with(len, crate::quant::repack::REPACK_NAME, Some(Mutex::new(Vec::new())))
     }
 
     /// True for buffers of the CPU_REPACK type (weights stored in an interleaved layout).
@@ -126,8 +126,8 @@ impl Buffer {
     /// buffer rearranges it into the interleaved layout on the way in (no second copy is kept)
     /// and fails for tensors it cannot hold (see [`CpuRepackBufferType`](super::CpuRepackBufferType)).
     pub fn set_tensor(&self, offset: usize, dtype: DType, ne: &[usize], data: &[u8]) -> Result<()> {
-        let ne4 = super::repack::shape4(ne)?;
-        let need = super::repack::plain_bytes(dtype, &ne4)?;
+        let ne4 = crate::quant::repack::shape4(ne)?;
+        let need = crate::quant::repack::plain_bytes(dtype, &ne4)?;
         if data.len() != need {
             return Err(Error::Buffer(format!(
                 "set_tensor: {dtype} {ne:?} needs {need} bytes, got {}",
@@ -137,19 +137,19 @@ impl Buffer {
         let Some(entries) = &self.inner.repack else {
             return self.write(offset, data);
         };
-        super::repack::check(dtype, &ne4)?;
+        crate::quant::repack::check(dtype, &ne4)?;
         self.check_range(offset, need)?;
         let _g = self.lock_write()?;
         // SAFETY: the range is inside the allocation (checked above) and the write lock excludes
         // every other reader and writer while the slice lives.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.inner.ptr.add(offset), need) };
-        super::repack::repack(dtype, &ne4, data, dst)?;
+        crate::quant::repack::repack(dtype, &ne4, data, dst)?;
         let mut list = match entries.lock() {
             Ok(l) => l,
             Err(e) => e.into_inner(),
         };
         list.retain(|e| {
-            let end = e.offset + super::repack::plain_bytes(e.dtype, &e.ne).unwrap_or(0);
+            let end = e.offset + crate::quant::repack::plain_bytes(e.dtype, &e.ne).unwrap_or(0);
             end <= offset || e.offset >= offset + need
         });
         list.push(RepackEntry { offset, dtype, ne: ne4 });
@@ -165,8 +165,8 @@ impl Buffer {
         ne: &[usize],
         out: &mut [u8],
     ) -> Result<()> {
-        let ne4 = super::repack::shape4(ne)?;
-        let need = super::repack::plain_bytes(dtype, &ne4)?;
+        let ne4 = crate::quant::repack::shape4(ne)?;
+        let need = crate::quant::repack::plain_bytes(dtype, &ne4)?;
         if out.len() != need {
             return Err(Error::Buffer(format!(
                 "get_tensor: {dtype} {ne:?} needs {need} bytes, got {}",
@@ -186,7 +186,7 @@ impl Buffer {
         let _g = self.lock_read()?;
         // SAFETY: in range (checked above); the read lock excludes writers while the slice lives.
         let src = unsafe { std::slice::from_raw_parts(self.inner.ptr.add(offset), need) };
-        super::repack::unpack(dtype, &ne4, src, out)
+        crate::quant::repack::unpack(dtype, &ne4, src, out)
     }
 
     /// True when `set_tensor` stored exactly this tensor at `offset` of this CPU_REPACK buffer.
