@@ -388,35 +388,6 @@ impl Op {
             Op::AddRelPos => "add_rel_pos",
         }
     }
-
-    /// True for ops whose result may take over the memory of their first source when that source
-    /// is not used afterwards (ggml-alloc's `ggml_op_can_inplace`).
-    pub(crate) fn can_inplace(&self) -> bool {
-        matches!(
-            self,
-            Op::Add
-                | Op::Sub
-                | Op::Mul
-                | Op::Div
-                | Op::Scale { .. }
-                | Op::Unary(_)
-                | Op::SoftMax { .. }
-                | Op::RmsNorm { .. }
-                | Op::Rope(_)
-                // ops1 (ggml-alloc's list, plus the fused rms_norm * weight)
-                | Op::Add1
-                | Op::AddId
-                | Op::Fill { .. }
-                | Op::DiagMaskInf { .. }
-                | Op::DiagMaskZero { .. }
-                | Op::Sqr
-                | Op::Sqrt
-                | Op::Log
-                | Op::RmsNormMul { .. }
-                // vision (ggml_add_rel_pos_inplace)
-                | Op::AddRelPos
-        )
-    }
 }
 
 impl Graph {

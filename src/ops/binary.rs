@@ -3,24 +3,48 @@
 
 use super::{NodeCtx, split, unravel_row};
 use crate::error::Result;
-use crate::graph::Op;
-use crate::kernels::BinaryF32;
+use crate::kernels::{BinaryF32, KernelTable};
 
-pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+/// The four broadcast binary ops.
+#[derive(Clone, Copy)]
+pub(crate) enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+impl BinOp {
+    fn kernel(self, kt: &KernelTable) -> BinaryF32 {
+        match self {
+            BinOp::Add => kt.add_f32,
+            BinOp::Sub => kt.sub_f32,
+            BinOp::Mul => kt.mul_f32,
+            BinOp::Div => kt.div_f32,
+        }
+    }
+
+    /// The op on two f32 values.
+    pub(crate) fn scalar(self) -> fn(f32, f32) -> f32 {
+        match self {
+            BinOp::Add => |x, y| x + y,
+            BinOp::Sub => |x, y| x - y,
+            BinOp::Mul => |x, y| x * y,
+            BinOp::Div => |x, y| x / y,
+        }
+    }
+}
+
+pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: BinOp) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     if a.dtype.is_quantized() {
-        return super::elementwise::add_quant(ctx, ith);
+        // Only add takes a quantized a (build check).
+        return super::elementwise::add_quant(ctx, ith, false);
     }
     if a.dtype != crate::dtype::DType::F32 || b.dtype != crate::dtype::DType::F32 {
-        return super::elementwise::binary_mixed(ctx, ith);
+        return super::elementwise::binary_mixed(ctx, ith, op.scalar());
     }
-    let kt = ctx.kt;
-    let (kernel, scalar): (BinaryF32, fn(f32, f32) -> f32) = match ctx.node.op {
-        Op::Add => (kt.add_f32, |x, y| x + y),
-        Op::Sub => (kt.sub_f32, |x, y| x - y),
-        Op::Mul => (kt.mul_f32, |x, y| x * y),
-        _ => (kt.div_f32, |x, y| x / y),
-    };
+    let (kernel, scalar) = (op.kernel(ctx.kt), op.scalar());
     let ne0 = d.ne[0];
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     let fast = a.nb[0] == 4 && b.nb[0] == 4 && d.nb[0] == 4;

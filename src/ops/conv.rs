@@ -454,17 +454,17 @@ pub(crate) fn col2im_1d(
 // ------------------------------------------------------------------------------------------------
 // conv_2d / conv_3d: packed f32 kernel, per-thread im2col tiles, one dot product per output.
 
-/// (output channels, kernel row length) of a conv_2d / conv_3d node.
-fn conv_dims(node: &ExecNode) -> (usize, usize) {
+/// (output channels, kernel row length) of a conv_2d / conv_3d node: the kernel is [KW, KH, C,
+/// OC] for conv_2d, [KW, KH, KD, C * OC] for conv_3d (`p3`).
+pub(crate) fn conv_dims(node: &ExecNode, p3: Option<&Conv3dParams>) -> (usize, usize) {
     let (Some(a), Some(b)) = (node.src[0].as_ref(), node.src[1].as_ref()) else { return (0, 0) };
-    match &node.op {
-        crate::graph::Op::Conv3d(p) => (p.oc, a.ne[0] * a.ne[1] * a.ne[2] * p.c),
-        _ => (a.ne[3], a.ne[0] * a.ne[1] * b.ne[2]),
+    match p3 {
+        Some(p) => (p.oc, a.ne[0] * a.ne[1] * a.ne[2] * p.c),
+        None => (a.ne[3], a.ne[0] * a.ne[1] * b.ne[2]),
     }
 }
 
-fn conv_kernel_bytes(node: &ExecNode) -> usize {
-    let (oc, kn) = conv_dims(node);
+fn conv_kernel_bytes((oc, kn): (usize, usize)) -> usize {
     align_up(oc * kn * 4, 64)
 }
 
@@ -478,13 +478,13 @@ fn conv_cols(kn: usize) -> usize {
 }
 
 /// Per-thread scratch: the task's patch panels, then the engine's block scratch.
-fn conv_scratch_bytes(node: &ExecNode) -> usize {
-    let kn = conv_dims(node).1;
+fn conv_scratch_bytes((_, kn): (usize, usize)) -> usize {
     align_up(conv_cols(kn) * kn * 4, 64) + align_up(float::BLOCK_SCRATCH * 4, 64)
 }
 
-pub(crate) fn conv_work_size(node: &ExecNode, nth: usize) -> usize {
-    conv_kernel_bytes(node) + nth * conv_scratch_bytes(node)
+/// Work bytes of a conv_2d / conv_3d node with `dims` (`conv_dims`).
+pub(crate) fn conv_work_size(dims: (usize, usize), nth: usize) -> usize {
+    conv_kernel_bytes(dims) + nth * conv_scratch_bytes(dims)
 }
 
 /// im2col + GEMM on the engine's float family. Phase 0: the kernel as f32 rows [OC][row_len]
@@ -497,11 +497,14 @@ fn conv_nd(
     ith: usize,
     g: Patch,
     out_strides: [usize; 5],
+    dims: (usize, usize),
 ) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let (oc, kn) = conv_dims(ctx.node);
+    let (oc, kn) = dims;
     debug_assert_eq!(kn, g.row_len());
-    debug_assert!(conv_work_size(ctx.node, ctx.nth) <= ctx.work_len);
+    if conv_work_size(dims, ctx.nth) > ctx.work_len {
+        return Err(crate::error::Error::Buffer("conv: work buffer smaller than planned".into()));
+    }
     let kernel_ptr = ctx.work as *mut f32;
     if phase == 0 {
         // The kernel is contiguous (build check): element i of the flat kernel is row i / kn.
@@ -515,11 +518,11 @@ fn conv_nd(
     }
     let round_f16 = ctx.kt.conv.round_f16;
     let nc = conv_cols(kn);
-    let sb = conv_scratch_bytes(ctx.node);
+    let sb = conv_scratch_bytes(dims);
     // SAFETY: each thread's scratch is a disjoint, 64-byte aligned block of `sb` bytes after the
     // kernel block (conv_work_size); worker ith alone uses block ith.
     let scratch = unsafe {
-        let t = ctx.work.add(conv_kernel_bytes(ctx.node) + ith * sb);
+        let t = ctx.work.add(conv_kernel_bytes(dims) + ith * sb);
         std::slice::from_raw_parts_mut(t as *mut f32, sb / 4)
     };
     let (panels, block) = scratch.split_at_mut(align_up(nc * kn * 4, 64) / 4);
@@ -571,13 +574,14 @@ fn conv_nd(
 pub(crate) fn conv_2d(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &Conv2dParams) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let g = Patch::from_2d(p, &a.ne, ctx.src(1), true).with_out(d.ne[0], d.ne[1], 1);
-    conv_nd(ctx, phase, ith, g, [d.nb[0], d.nb[1], 0, d.nb[2], d.nb[3]])
+    conv_nd(ctx, phase, ith, g, [d.nb[0], d.nb[1], 0, d.nb[2], d.nb[3]], conv_dims(ctx.node, None))
 }
 
 pub(crate) fn conv_3d(ctx: &NodeCtx<'_>, phase: u8, ith: usize, p: &Conv3dParams) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let g = Patch::from_3d(p, &a.ne, b).with_out(d.ne[0], d.ne[1], d.ne[2]);
-    conv_nd(ctx, phase, ith, g, [d.nb[0], d.nb[1], d.nb[2], d.nb[3], p.oc * d.nb[3]])
+    let dims = conv_dims(ctx.node, Some(p));
+    conv_nd(ctx, phase, ith, g, [d.nb[0], d.nb[1], d.nb[2], d.nb[3], p.oc * d.nb[3]], dims)
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -649,19 +653,20 @@ pub(crate) fn conv_2d_dw(ctx: &NodeCtx<'_>, ith: usize, p: &Conv2dParams) -> Res
 // ------------------------------------------------------------------------------------------------
 // conv_transpose_1d / conv_transpose_2d
 
-/// Element counts of the permuted kernel and input in the work buffer.
-fn convt_parts(node: &ExecNode) -> (usize, usize) {
+/// Element counts of the permuted kernel and input in the work buffer (`one_d`:
+/// conv_transpose_1d, else conv_transpose_2d).
+fn convt_parts(node: &ExecNode, one_d: bool) -> (usize, usize) {
     let (Some(a), Some(b)) = (node.src[0].as_ref(), node.src[1].as_ref()) else { return (0, 0) };
-    match node.op {
-        crate::graph::Op::ConvTranspose1d { .. } => {
-            (a.ne[0] * a.ne[1] * a.ne[2], b.ne[0] * b.ne[1])
-        }
-        _ => (a.nelements(), b.nelements()),
+    if one_d {
+        (a.ne[0] * a.ne[1] * a.ne[2], b.ne[0] * b.ne[1])
+    } else {
+        (a.nelements(), b.nelements())
     }
 }
 
-pub(crate) fn convt_work_size(node: &ExecNode, _nth: usize) -> usize {
-    let (nk, ns) = convt_parts(node);
+/// Work bytes of a conv_transpose_1d (`one_d`) or conv_transpose_2d node.
+pub(crate) fn convt_work_size(node: &ExecNode, one_d: bool) -> usize {
+    let (nk, ns) = convt_parts(node, one_d);
     align_up(nk * 4, 64) + ns * 4
 }
 
@@ -671,8 +676,8 @@ pub(crate) fn convt_work_size(node: &ExecNode, _nth: usize) -> usize {
 pub(crate) fn conv_transpose_1d(ctx: &NodeCtx<'_>, phase: u8, ith: usize, s0: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let (k, cout, cin, l) = (a.ne[0], a.ne[1], a.ne[2], b.ne[0]);
-    let (nk, ns) = convt_parts(ctx.node);
-    debug_assert!(convt_work_size(ctx.node, ctx.nth) <= ctx.work_len);
+    let (nk, ns) = convt_parts(ctx.node, true);
+    debug_assert!(convt_work_size(ctx.node, true) <= ctx.work_len);
     let wk = ctx.work as *mut f32;
     // SAFETY: the input block follows the kernel block inside the work buffer (convt_work_size).
     let ws = unsafe { ctx.work.add(align_up(nk * 4, 64)) as *mut f32 };
@@ -737,8 +742,8 @@ pub(crate) fn conv_transpose_2d(
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let (kw, kh, cout, cin) = (a.ne[0], a.ne[1], a.ne[2], a.ne[3]);
     let (w, h, n) = (b.ne[0], b.ne[1], b.ne[3]);
-    let (nk, ns) = convt_parts(ctx.node);
-    debug_assert!(convt_work_size(ctx.node, ctx.nth) <= ctx.work_len);
+    let (nk, ns) = convt_parts(ctx.node, false);
+    debug_assert!(convt_work_size(ctx.node, false) <= ctx.work_len);
     let wk = ctx.work as *mut f32;
     // SAFETY: the input block follows the kernel block inside the work buffer (convt_work_size).
     let ws = unsafe { ctx.work.add(align_up(nk * 4, 64)) as *mut f32 };

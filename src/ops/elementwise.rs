@@ -6,7 +6,7 @@
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::graph::Op;
+
 use crate::ops::node::{ExecNode, TView, align_up};
 use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
@@ -101,23 +101,19 @@ pub(crate) fn map_f16_table(ctx: &NodeCtx<'_>, ith: usize, table: &[u16]) -> Res
 }
 
 /// sqr, sqrt, log, sin, cos, clamp, leaky_relu: ggml's f32 formulas, one monomorphised loop each.
-pub(crate) fn simple(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
-    match ctx.node.op {
-        Op::Sqr => map_float(ctx, ith, |x| x * x),
-        Op::Sqrt => map_float(ctx, ith, f32::sqrt),
-        Op::Log => map_float(ctx, ith, f32::ln),
-        Op::Sin => map_float(ctx, ith, f32::sin),
-        Op::Cos => map_float(ctx, ith, f32::cos),
-        // ggml: MAX(MIN(x, max), min) with C's ternary MIN/MAX.
-        Op::Clamp { min, max } => map_float(ctx, ith, move |x| {
-            let m = if x < max { x } else { max };
-            if m > min { m } else { min }
-        }),
-        Op::LeakyRelu { negative_slope: ns } => map_float(ctx, ith, move |x| {
-            (if x > 0.0 { x } else { 0.0 }) + ns * if x < 0.0 { x } else { 0.0 }
-        }),
-        _ => Err(internal(ctx, "not a simple elementwise op")),
-    }
+/// ggml's clamp: MAX(MIN(x, max), min) with C's ternary MIN/MAX.
+pub(crate) fn clamp(ctx: &NodeCtx<'_>, ith: usize, min: f32, max: f32) -> Result<()> {
+    map_float(ctx, ith, move |x| {
+        let m = if x < max { x } else { max };
+        if m > min { m } else { min }
+    })
+}
+
+/// ggml's leaky_relu: max(x, 0) + slope * min(x, 0).
+pub(crate) fn leaky_relu(ctx: &NodeCtx<'_>, ith: usize, ns: f32) -> Result<()> {
+    map_float(ctx, ith, move |x| {
+        (if x > 0.0 { x } else { 0.0 }) + ns * if x < 0.0 { x } else { 0.0 }
+    })
 }
 
 fn internal(ctx: &NodeCtx<'_>, msg: &str) -> Error {
@@ -127,14 +123,8 @@ fn internal(ctx: &NodeCtx<'_>, msg: &str) -> Error {
 /// add/sub/mul/div when a type is F16 or BF16 (F16+F16, F16+F32, BF16+BF16, BF16+F32; the
 /// result in a's type, or F32 through add_cast): b broadcast over a in all four dims, converted
 /// through f32 as ggml's `apply_binary_op`.
-pub(crate) fn binary_mixed(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+pub(crate) fn binary_mixed(ctx: &NodeCtx<'_>, ith: usize, f: fn(f32, f32) -> f32) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let f: fn(f32, f32) -> f32 = match ctx.node.op {
-        Op::Add => |x, y| x + y,
-        Op::Sub => |x, y| x - y,
-        Op::Mul => |x, y| x * y,
-        _ => |x, y| x / y,
-    };
     let (r0, r1) = split(d.nrows(), ith, ctx.nth);
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &d.ne);
@@ -164,7 +154,7 @@ pub(crate) fn quant_row_work_size(node: &ExecNode, nth: usize) -> usize {
 /// add (an F32 `b` of `a`'s shape) or add1 (an F32 scalar) with a block-quantized `a`
 /// (ggml's add_q_f32 / add1_q_f32): each row is dequantized into the worker's scratch row, `b`
 /// is added, and the sum is written as dst's type (requantized, or F32/F16/BF16 for add_cast).
-pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize, scalar_b: bool) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let op = ctx.node.op.name();
     let ne0 = a.ne[0];
@@ -176,7 +166,7 @@ pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let to_f32 = super::get_rows::row_converter(ctx.kt, a.dtype)
         .ok_or_else(|| internal(ctx, "no dequantizer for a"))?;
     // SAFETY: add1's b has one element (build-time check).
-    let scalar = matches!(ctx.node.op, Op::Add1).then(|| unsafe { ld(b.ptr, b.dtype) });
+    let scalar = scalar_b.then(|| unsafe { ld(b.ptr, b.dtype) });
     let (sa, sd) = (a.dtype.row_bytes(ne0), d.dtype.row_bytes(ne0));
     let (r0, r1) = split(a.nrows(), ith, ctx.nth);
     for r in r0..r1 {
@@ -206,7 +196,7 @@ pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 /// a + b[0] (ggml_compute_forward_add1): the scalar is read in its own type.
 pub(crate) fn add1(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     if ctx.src(0).dtype.is_quantized() {
-        return add_quant(ctx, ith);
+        return add_quant(ctx, ith, true);
     }
     let b = ctx.src(1);
     // SAFETY: b has exactly one element (build-time check).

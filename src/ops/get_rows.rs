@@ -55,3 +55,20 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// The tier needs a row converter for the table's type.
+pub(crate) fn supports(
+    graph: &crate::graph::Graph,
+    t: &crate::graph::Tensor,
+    kt: &KernelTable,
+) -> Result<()> {
+    let a = graph.t(t.src[0].ok_or_else(|| crate::error::Error::arg("get_rows: no a"))?);
+    if row_converter(kt, a.dtype).is_none() {
+        return Err(crate::error::Error::Unsupported {
+            op: "get_rows",
+            backend: "CPU".into(),
+            msg: format!("cannot convert {} rows to f32", a.dtype),
+        });
+    }
+    Ok(())
+}

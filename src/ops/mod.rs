@@ -41,8 +41,8 @@ mod conv;
 mod pool;
 mod window;
 
-use crate::error::{Error, Result};
-use crate::graph::{Graph, Op, TensorId};
+use crate::error::Result;
+use crate::graph::{Graph, Op, Tensor, TensorId};
 use crate::kernels::KernelTable;
 use std::sync::atomic::AtomicUsize;
 
@@ -103,186 +103,569 @@ pub(crate) fn unravel_row(r: usize, ne: &[usize; 4]) -> (usize, usize, usize) {
     (i1, i2, i3)
 }
 
-/// Checks that the CPU backend can run node `id` (its kernels exist for these types).
-pub(crate) fn supports(graph: &Graph, id: TensorId, kt: &KernelTable) -> Result<()> {
-    let t = graph.get("supports_op", id)?;
-    let unsupported =
-        |msg: String| Error::Unsupported { op: t.op.name(), backend: "CPU".into(), msg };
-    match &t.op {
-        Op::MulMat => {
-            let a = graph.t(t.src[0].expect("mul_mat a"));
-            let vd = a.dtype.vec_dot_type();
-            if kt.vec_dot(a.dtype).is_none() || kt.activation_converter(vd).is_none() {
-                return Err(unsupported(format!("no {} x {vd} dot product kernel", a.dtype)));
+// The op registry.
+
+/// Work bytes of a node for `nth` workers on a tier.
+type WorkFn = fn(&ExecNode, usize, &KernelTable) -> usize;
+/// Phases of a node (each ends at a barrier).
+type PhasesFn = fn(&ExecNode, &KernelTable) -> u8;
+/// Whether a tier has the kernels a node needs (checked when planning).
+type SupportsFn = fn(&Graph, &Tensor, &KernelTable) -> Result<()>;
+
+/// The common answers, named so that every registry entry states its choice.
+const NO_WORK: WorkFn = |_, _, _| 0;
+const ONE_PHASE: PhasesFn = |_, _| 1;
+const TWO_PHASES: PhasesFn = |_, _| 2;
+const ANY_TIER: SupportsFn = |_, _, _| Ok(());
+
+/// The registry: for every `Op`, whether it may run in place, its phases, work size, support rule
+/// and driver, in one entry.
+/// It expands to `can_inplace`, `phases`, `work_size`, `supports` and `compute`, each an
+/// exhaustive match: an op without an entry, or an entry without one of the five, does not
+/// compile. Patterns
+/// bind the op's parameters; every field is a function or a closure called in the op's arm, so
+/// it can use them.
+macro_rules! registry {
+    ($($pat:pat => {
+        inplace: $inplace:expr,
+        phases: $phases:expr,
+        work: $work:expr,
+        supports: $supports:expr,
+        run: $run:expr $(,)?
+    }),* $(,)?) => {
+        /// True for ops whose result may take over the memory of their first source when that
+        /// source is not used afterwards (ggml-alloc's `ggml_op_can_inplace`).
+        pub(crate) fn can_inplace(op: &Op) -> bool {
+            #[allow(unused_variables)]
+            match op {
+                $($pat => $inplace,)*
             }
-            Ok(())
         }
-        Op::GetRows => {
-            let a = graph.t(t.src[0].expect("get_rows a"));
-            if get_rows::row_converter(kt, a.dtype).is_none() {
-                return Err(unsupported(format!("cannot convert {} rows to f32", a.dtype)));
+
+        /// Phases of a node.
+        pub(crate) fn phases(node: &ExecNode, kt: &KernelTable) -> u8 {
+            #[allow(unused_variables)]
+            match &node.op {
+                $($pat => ($phases)(node, kt),)*
             }
-            Ok(())
         }
-        // --- moe (src/ops/mul_mat_id.rs) ---
-        Op::MulMatId => {
-            let a = graph.t(t.src[0].expect("mul_mat_id as"));
-            let b = graph.t(t.src[1].expect("mul_mat_id b"));
-            mul_mat_id::check_kernels(kt, a.dtype, b.dtype).map_err(unsupported)
+
+        /// Work-buffer bytes of a node for `nth` workers.
+        pub(crate) fn work_size(node: &ExecNode, nth: usize, kt: &KernelTable) -> usize {
+            #[allow(unused_variables)]
+            match &node.op {
+                $($pat => ($work)(node, nth, kt),)*
+            }
         }
-        _ => Ok(()),
-    }
+
+        /// Whether tier `kt` can run node `id` of `graph`.
+        pub(crate) fn supports(graph: &Graph, id: TensorId, kt: &KernelTable) -> Result<()> {
+            let t = graph.get("supports_op", id)?;
+            #[allow(unused_variables)]
+            match &t.op {
+                $($pat => ($supports)(graph, t, kt),)*
+            }
+        }
+
+        /// Runs worker `ith`'s share of phase `phase` of a node.
+        pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
+            #[allow(unused_variables)]
+            match &ctx.node.op {
+                $($pat => ($run)(ctx, phase, ith),)*
+            }
+        }
+    };
 }
 
-/// Number of barrier-separated phases of a node.
-pub(crate) fn phases(node: &ExecNode, kt: &KernelTable) -> u8 {
-    match node.op {
-        Op::MulMat => mul_mat::phases(node),
-        Op::FlashAttnExt(_) => flash_attn::phases(node),
-        Op::Set { .. } => 2,
-        // ops1: copy then accumulate; count then add the per-thread counts.
-        Op::Acc { .. } | Op::CountEqual => 2,
-        // --- moe: convert b and group by expert, then the expert chunks ---
-        Op::MulMatId => mul_mat_id::phases(node, kt),
-        // train: per-row loss terms, then their sum in row order.
-        Op::CrossEntropyLoss => 2,
-        // vision: pack operands into the work buffer, then compute.
-        Op::Conv2d(_) | Op::Conv3d(_) | Op::ConvTranspose1d { .. } | Op::ConvTranspose2d { .. } => {
-            2
-        }
-        _ => 1,
-    }
-}
-
-/// Work-buffer bytes a node needs with `nth` threads.
-pub(crate) fn work_size(node: &ExecNode, nth: usize, kt: &KernelTable) -> usize {
-    match node.op {
-        Op::MulMat => mul_mat::work_size(node, nth),
-        Op::Add | Op::Add1 => elementwise::quant_row_work_size(node, nth),
-        Op::Rope(_) => rope::work_size(node, nth),
-        Op::Cpy | Op::Dup => cpy::work_size(node, nth),
-        Op::SetRows => set_rows::work_size(node, nth),
-        Op::SoftMax { .. } => softmax::work_size(node, nth),
-        Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
-        // ops1
-        Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
-        // --- moe ---
-        Op::MulMatId => mul_mat_id::work_size(node, nth, kt),
-        Op::OutProd => out_prod::work_size(node, nth),
-        // --- ssm ---
-        Op::GatedDeltaNet { .. } => delta_net::gdn_work_size(node, nth),
-        Op::LightningIndexer => dsv4::li_work_size(node, nth),
-        // train
-        Op::CrossEntropyLoss => train::work_size(node, nth),
-        Op::RopeBack(_) => rope::work_size(node, nth),
-        Op::FlashAttnBack { .. } => backward::flash_attn_back_work_size(node, nth),
-        // vision
-        Op::Conv2d(_) | Op::Conv3d(_) => conv::conv_work_size(node, nth),
-        Op::Im2col { .. } | Op::Im2col3d(_) => conv::im2col_work_size(node, nth),
-        Op::ConvTranspose1d { .. } | Op::ConvTranspose2d { .. } => conv::convt_work_size(node, nth),
-        _ => 0,
-    }
-}
-
-/// Runs worker `ith`'s share of `phase` of the node.
-pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
-    match &ctx.node.op {
-        Op::None | Op::View => Ok(()),
-        Op::Add | Op::Sub | Op::Mul | Op::Div => binary::compute(ctx, ith),
-        Op::Scale { scale, bias } => unary::scale(ctx, ith, *scale, *bias),
-        Op::Unary(u) => unary::compute(ctx, ith, *u),
-        Op::RmsNorm { eps } => norm::rms_norm(ctx, ith, *eps),
-        Op::SoftMax { scale, max_bias } => softmax::compute(ctx, ith, *scale, *max_bias),
-        Op::GetRows => get_rows::compute(ctx, ith),
-        Op::Cpy | Op::Dup => cpy::compute(ctx, ith),
-        Op::MulMat => mul_mat::compute(ctx, phase, ith),
-        Op::Rope(p) => rope::compute(ctx, ith, p),
-        Op::FlashAttnExt(p) => flash_attn::compute(ctx, phase, ith, p),
-        Op::SetRows => set_rows::compute(ctx, ith),
-        Op::Gather(g) => gather::compute(ctx, ith, g),
-        Op::RepeatBack => gather::repeat_back(ctx, ith),
-        Op::Custom(op) => custom::compute(ctx, ith, op),
-        Op::Upscale(m) => upscale::compute(ctx, ith, *m),
-        Op::Set { nb, offset } => gather::set(ctx, phase, ith, *nb, *offset),
-        Op::Arange { start, step } => gather::arange(ctx, ith, *start, *step),
-        Op::TimestepEmbedding { dim, max_period } => {
-            gather::timestep_embedding(ctx, ith, *dim, *max_period)
-        }
-        // ops1: elementwise, GLU, norms, reductions and sorting
-        Op::Add1 => elementwise::add1(ctx, ith),
-        Op::AddId => elementwise::add_id(ctx, ith),
-        Op::Acc { nb1, nb2, nb3, offset } => {
-            elementwise::acc(ctx, phase, ith, [*nb1, *nb2, *nb3], *offset)
-        }
-        Op::Clamp { .. }
-        | Op::LeakyRelu { .. }
-        | Op::Sqr
-        | Op::Sqrt
-        | Op::Log
-        | Op::Sin
-        | Op::Cos => elementwise::simple(ctx, ith),
-        Op::Fill { value } => elementwise::fill(ctx, ith, *value),
-        Op::Tri(kind) => elementwise::tri(ctx, ith, *kind),
-        Op::Diag => elementwise::diag(ctx, ith),
-        Op::DiagMaskInf { n_past } => elementwise::diag_mask(ctx, ith, *n_past, f32::NEG_INFINITY),
-        Op::DiagMaskZero { n_past } => elementwise::diag_mask(ctx, ith, *n_past, 0.0),
-        Op::Glu { op, swapped, alpha, limit } => {
-            glu::compute(ctx, ith, *op, *swapped, *alpha, *limit)
-        }
-        Op::Norm { eps } => norm::norm(ctx, ith, *eps),
-        Op::RmsNormMul { eps } => norm::rms_norm_mul(ctx, ith, *eps),
-        Op::GroupNorm { n_groups, eps } => norm::group_norm(ctx, ith, *n_groups, *eps),
-        Op::L2Norm { eps } => norm::l2_norm(ctx, ith, *eps),
-        Op::Sum => reduce::sum(ctx, ith),
-        Op::SumRows => reduce::sum_rows(ctx, ith, false),
-        Op::Mean => reduce::sum_rows(ctx, ith, true),
-        Op::Cumsum => reduce::cumsum(ctx, ith),
-        Op::Argmax => reduce::argmax(ctx, ith),
-        Op::CountEqual => reduce::count_equal(ctx, phase, ith),
-        Op::Argsort(order) => reduce::argsort(ctx, ith, *order),
-        Op::TopK { k } => reduce::top_k(ctx, ith, *k),
-        // --- moe: mul_mat_id and out_prod ---
-        Op::MulMatId => mul_mat_id::compute(ctx, phase, ith),
-        Op::OutProd => out_prod::compute(ctx, ith),
-        // --- ssm: state-space, recurrent and misc forward ops ---
-        Op::SsmConv => ssm::ssm_conv(ctx, ith),
-        Op::SsmScan { k } => ssm::ssm_scan(ctx, ith, *k),
-        Op::RwkvWkv6 => rwkv::wkv6(ctx, ith),
-        Op::GatedLinearAttn { scale } => rwkv::gla(ctx, ith, *scale),
-        Op::RwkvWkv7 => rwkv::wkv7(ctx, ith),
-        Op::SolveTri => delta_net::solve_tri(ctx, ith),
-        Op::GatedDeltaNet { k } => delta_net::gated_delta_net(ctx, ith, *k),
-        Op::LightningIndexer => dsv4::lightning_indexer(ctx, ith),
-        Op::Dsv4HcComb { eps, n_iter } => dsv4::hc_comb(ctx, ith, *eps, *n_iter),
-        Op::Dsv4HcPre => dsv4::hc_pre(ctx, ith),
-        Op::Dsv4HcPost => dsv4::hc_post(ctx, ith),
-        // train: losses, optimizer steps and backward ops
-        Op::CrossEntropyLoss => train::cross_entropy_loss(ctx, phase, ith),
-        Op::CrossEntropyLossBack => train::cross_entropy_loss_back(ctx, ith),
-        Op::OptStepAdamw => train::opt_step_adamw(ctx, ith),
-        Op::OptStepSgd => train::opt_step_sgd(ctx, ith),
-        Op::SiluBack => backward::silu_back(ctx, ith),
-        Op::RmsNormBack { eps } => backward::rms_norm_back(ctx, ith, *eps),
-        Op::SoftMaxBack { scale, .. } => backward::soft_max_back(ctx, ith, *scale),
-        Op::RopeBack(p) => rope::compute_back(ctx, ith, p),
-        Op::GetRowsBack => backward::get_rows_back(ctx, ith),
-        Op::Im2colBack(p) => backward::im2col_back(ctx, ith, p),
-        Op::Pool2dBack(p) => backward::pool_2d_back(ctx, ith, p),
-        Op::FlashAttnBack { masked } => backward::flash_attn_back(ctx, ith, *masked),
-        // vision: convolution, pooling, windows
-        Op::Im2col { p, is_2d } => conv::im2col(ctx, ith, p, *is_2d),
-        Op::Im2col3d(p) => conv::im2col_3d(ctx, ith, p),
-        Op::Col2im1d { s0, oc, p0 } => conv::col2im_1d(ctx, ith, *s0, *oc, *p0),
-        Op::Conv2d(p) => conv::conv_2d(ctx, phase, ith, p),
-        Op::Conv3d(p) => conv::conv_3d(ctx, phase, ith, p),
-        Op::Conv2dDw(p) => conv::conv_2d_dw(ctx, ith, p),
-        Op::ConvTranspose1d { s0 } => conv::conv_transpose_1d(ctx, phase, ith, *s0),
-        Op::ConvTranspose2d { stride } => conv::conv_transpose_2d(ctx, phase, ith, *stride),
-        Op::Pool1d { op, k0, s0, p0 } => pool::pool_1d(ctx, ith, *op, *k0, *s0, *p0),
-        Op::Pool2d { op, k, s, p } => pool::pool_2d(ctx, ith, *op, *k, *s, *p),
-        Op::WinPart { npx, w, .. } => window::win_part(ctx, ith, *npx, *w),
-        Op::WinUnpart { w } => window::win_unpart(ctx, ith, *w),
-        Op::GetRelPos => window::get_rel_pos(ctx, ith),
-        Op::AddRelPos => window::add_rel_pos(ctx, ith),
-    }
+registry! {
+    Op::None | Op::View => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER, run: |ctx, phase, ith| Ok(())
+    },
+    Op::Add => {
+        inplace: true,
+        phases: ONE_PHASE,
+        work: |n, nth, _| elementwise::quant_row_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| binary::compute(ctx, ith, binary::BinOp::Add)
+    },
+    Op::Sub => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| binary::compute(ctx, ith, binary::BinOp::Sub)
+    },
+    Op::Mul => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| binary::compute(ctx, ith, binary::BinOp::Mul)
+    },
+    Op::Div => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| binary::compute(ctx, ith, binary::BinOp::Div)
+    },
+    Op::Scale { scale, bias } => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| unary::scale(ctx, ith, *scale, *bias)
+    },
+    Op::Unary(u) => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| unary::compute(ctx, ith, *u)
+    },
+    Op::RmsNorm { eps } => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| norm::rms_norm(ctx, ith, *eps)
+    },
+    Op::SoftMax { scale, max_bias } => {
+        inplace: true,
+        phases: ONE_PHASE,
+        work: |n, nth, _| softmax::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| softmax::compute(ctx, ith, *scale, *max_bias)
+    },
+    Op::GetRows => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: get_rows::supports,
+        run: |ctx, phase, ith| get_rows::compute(ctx, ith)
+    },
+    Op::Cpy | Op::Dup => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| cpy::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| cpy::compute(ctx, ith)
+    },
+    Op::MulMat => {
+        inplace: false,
+        phases: |n, _| mul_mat::phases(n),
+        work: |n, nth, _| mul_mat::work_size(n, nth),
+        supports: mul_mat::supports,
+        run: |ctx, phase, ith| mul_mat::compute(ctx, phase, ith)
+    },
+    Op::Rope(p) => {
+        inplace: true,
+        phases: ONE_PHASE,
+        work: |n, nth, _| rope::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| rope::compute(ctx, ith, p)
+    },
+    Op::FlashAttnExt(p) => {
+        inplace: false,
+        phases: |n, _| flash_attn::phases(n),
+        work: |n, nth, _| flash_attn::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| flash_attn::compute(ctx, phase, ith, p)
+    },
+    Op::SetRows => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| set_rows::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| set_rows::compute(ctx, ith)
+    },
+    Op::Gather(g) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| gather::compute(ctx, ith, g)
+    },
+    Op::RepeatBack => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| gather::repeat_back(ctx, ith)
+    },
+    Op::Custom(op) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| custom::compute(ctx, ith, op)
+    },
+    Op::Upscale(m) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| upscale::compute(ctx, ith, *m)
+    },
+    Op::Set { nb, offset } => {
+        inplace: false,
+        phases: TWO_PHASES, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| gather::set(ctx, phase, ith, *nb, *offset)
+    },
+    Op::Arange { start, step } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| gather::arange(ctx, ith, *start, *step)
+    },
+    Op::TimestepEmbedding { dim, max_period } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| gather::timestep_embedding(ctx, ith, *dim, *max_period)
+    },
+    Op::Add1 => {
+        inplace: true,
+        phases: ONE_PHASE,
+        work: |n, nth, _| elementwise::quant_row_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::add1(ctx, ith)
+    },
+    Op::AddId => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::add_id(ctx, ith)
+    },
+    Op::Acc { nb1, nb2, nb3, offset } => {
+        inplace: false,
+        phases: TWO_PHASES, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::acc(ctx, phase, ith, [*nb1, *nb2, *nb3], *offset)
+    },
+    Op::Clamp { min, max } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::clamp(ctx, ith, *min, *max)
+    },
+    Op::LeakyRelu { negative_slope } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::leaky_relu(ctx, ith, *negative_slope)
+    },
+    Op::Sqr => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::map_float(ctx, ith, |x| x * x)
+    },
+    Op::Sqrt => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::map_float(ctx, ith, f32::sqrt)
+    },
+    Op::Log => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::map_float(ctx, ith, f32::ln)
+    },
+    Op::Sin => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::map_float(ctx, ith, f32::sin)
+    },
+    Op::Cos => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::map_float(ctx, ith, f32::cos)
+    },
+    Op::Fill { value } => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::fill(ctx, ith, *value)
+    },
+    Op::Tri(kind) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::tri(ctx, ith, *kind)
+    },
+    Op::Diag => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::diag(ctx, ith)
+    },
+    Op::DiagMaskInf { n_past } => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::diag_mask(ctx, ith, *n_past, f32::NEG_INFINITY)
+    },
+    Op::DiagMaskZero { n_past } => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| elementwise::diag_mask(ctx, ith, *n_past, 0.0)
+    },
+    Op::Glu { op, swapped, alpha, limit } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| glu::compute(ctx, ith, *op, *swapped, *alpha, *limit)
+    },
+    Op::Norm { eps } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| norm::norm(ctx, ith, *eps)
+    },
+    Op::RmsNormMul { eps } => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| norm::rms_norm_mul(ctx, ith, *eps)
+    },
+    Op::GroupNorm { n_groups, eps } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| norm::group_norm(ctx, ith, *n_groups, *eps)
+    },
+    Op::L2Norm { eps } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| norm::l2_norm(ctx, ith, *eps)
+    },
+    Op::Sum => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::sum(ctx, ith)
+    },
+    Op::SumRows => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::sum_rows(ctx, ith, false)
+    },
+    Op::Mean => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::sum_rows(ctx, ith, true)
+    },
+    Op::Cumsum => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::cumsum(ctx, ith)
+    },
+    Op::Argmax => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::argmax(ctx, ith)
+    },
+    Op::CountEqual => {
+        inplace: false,
+        phases: TWO_PHASES,
+        work: |n, nth, _| reduce::count_equal_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::count_equal(ctx, phase, ith)
+    },
+    Op::Argsort(order) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::argsort(ctx, ith, *order)
+    },
+    Op::TopK { k } => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| reduce::top_k_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| reduce::top_k(ctx, ith, *k)
+    },
+    Op::MulMatId => {
+        inplace: false,
+        phases: mul_mat_id::phases,
+        work: mul_mat_id::work_size,
+        supports: mul_mat_id::supports,
+        run: |ctx, phase, ith| mul_mat_id::compute(ctx, phase, ith)
+    },
+    Op::OutProd => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| out_prod::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| out_prod::compute(ctx, ith)
+    },
+    Op::SsmConv => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| ssm::ssm_conv(ctx, ith)
+    },
+    Op::SsmScan { k } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| ssm::ssm_scan(ctx, ith, *k)
+    },
+    Op::RwkvWkv6 => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| rwkv::wkv6(ctx, ith)
+    },
+    Op::GatedLinearAttn { scale } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| rwkv::gla(ctx, ith, *scale)
+    },
+    Op::RwkvWkv7 => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| rwkv::wkv7(ctx, ith)
+    },
+    Op::SolveTri => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| delta_net::solve_tri(ctx, ith)
+    },
+    Op::GatedDeltaNet { k } => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| delta_net::gdn_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| delta_net::gated_delta_net(ctx, ith, *k)
+    },
+    Op::LightningIndexer => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| dsv4::li_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| dsv4::lightning_indexer(ctx, ith)
+    },
+    Op::Dsv4HcComb { eps, n_iter } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| dsv4::hc_comb(ctx, ith, *eps, *n_iter)
+    },
+    Op::Dsv4HcPre => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| dsv4::hc_pre(ctx, ith)
+    },
+    Op::Dsv4HcPost => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| dsv4::hc_post(ctx, ith)
+    },
+    Op::CrossEntropyLoss => {
+        inplace: false,
+        phases: TWO_PHASES,
+        work: |n, nth, _| train::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| train::cross_entropy_loss(ctx, phase, ith)
+    },
+    Op::CrossEntropyLossBack => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| train::cross_entropy_loss_back(ctx, ith)
+    },
+    Op::OptStepAdamw => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| train::opt_step_adamw(ctx, ith)
+    },
+    Op::OptStepSgd => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| train::opt_step_sgd(ctx, ith)
+    },
+    Op::SiluBack => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| backward::silu_back(ctx, ith)
+    },
+    Op::RmsNormBack { eps } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| backward::rms_norm_back(ctx, ith, *eps)
+    },
+    Op::SoftMaxBack { scale, .. } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| backward::soft_max_back(ctx, ith, *scale)
+    },
+    Op::RopeBack(p) => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| rope::work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| rope::compute_back(ctx, ith, p)
+    },
+    Op::GetRowsBack => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| backward::get_rows_back(ctx, ith)
+    },
+    Op::Im2colBack(p) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| backward::im2col_back(ctx, ith, p)
+    },
+    Op::Pool2dBack(p) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| backward::pool_2d_back(ctx, ith, p)
+    },
+    Op::FlashAttnBack { masked } => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| backward::flash_attn_back_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| backward::flash_attn_back(ctx, ith, *masked)
+    },
+    Op::Im2col { p, is_2d } => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| conv::im2col_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::im2col(ctx, ith, p, *is_2d)
+    },
+    Op::Im2col3d(p) => {
+        inplace: false,
+        phases: ONE_PHASE,
+        work: |n, nth, _| conv::im2col_work_size(n, nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::im2col_3d(ctx, ith, p)
+    },
+    Op::Col2im1d { s0, oc, p0 } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::col2im_1d(ctx, ith, *s0, *oc, *p0)
+    },
+    Op::Conv2d(p) => {
+        inplace: false,
+        phases: TWO_PHASES,
+        work: |n, nth, _| conv::conv_work_size(conv::conv_dims(n, None), nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::conv_2d(ctx, phase, ith, p)
+    },
+    Op::Conv3d(p) => {
+        inplace: false,
+        phases: TWO_PHASES,
+        work: |n, nth, _| conv::conv_work_size(conv::conv_dims(n, Some(p)), nth),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::conv_3d(ctx, phase, ith, p)
+    },
+    Op::Conv2dDw(p) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::conv_2d_dw(ctx, ith, p)
+    },
+    Op::ConvTranspose1d { s0 } => {
+        inplace: false,
+        phases: TWO_PHASES,
+        work: |n, _, _| conv::convt_work_size(n, true),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::conv_transpose_1d(ctx, phase, ith, *s0)
+    },
+    Op::ConvTranspose2d { stride } => {
+        inplace: false,
+        phases: TWO_PHASES,
+        work: |n, _, _| conv::convt_work_size(n, false),
+        supports: ANY_TIER,
+        run: |ctx, phase, ith| conv::conv_transpose_2d(ctx, phase, ith, *stride)
+    },
+    Op::Pool1d { op, k0, s0, p0 } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| pool::pool_1d(ctx, ith, *op, *k0, *s0, *p0)
+    },
+    Op::Pool2d { op, k, s, p } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| pool::pool_2d(ctx, ith, *op, *k, *s, *p)
+    },
+    Op::WinPart { npx, w, .. } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| window::win_part(ctx, ith, *npx, *w)
+    },
+    Op::WinUnpart { w } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| window::win_unpart(ctx, ith, *w)
+    },
+    Op::GetRelPos => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| window::get_rel_pos(ctx, ith)
+    },
+    Op::AddRelPos => {
+        inplace: true,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| window::add_rel_pos(ctx, ith)
+    },
 }

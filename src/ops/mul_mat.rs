@@ -8,6 +8,8 @@
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::graph::{Graph, Tensor};
+use crate::kernels::KernelTable;
 use crate::kernels::{GEMM_MR, GEMM_NR};
 use crate::ops::node::{ExecNode, TView};
 use std::sync::atomic::Ordering;
@@ -20,6 +22,20 @@ fn needs_conversion(node: &ExecNode) -> bool {
         (Some(a), Some(b)) => b.dtype != a.dtype.vec_dot_type() || b.nb[0] != b.dtype.type_size(),
         _ => false,
     }
+}
+
+/// The tier needs the weight type's dot product and the activation conversion.
+pub(crate) fn supports(graph: &Graph, t: &Tensor, kt: &KernelTable) -> Result<()> {
+    let a = graph.t(t.src[0].ok_or_else(|| Error::arg("mul_mat: no a"))?);
+    let vd = a.dtype.vec_dot_type();
+    if kt.vec_dot(a.dtype).is_none() || kt.activation_converter(vd).is_none() {
+        return Err(Error::Unsupported {
+            op: "mul_mat",
+            backend: "CPU".into(),
+            msg: format!("no {} x {vd} dot product kernel", a.dtype),
+        });
+    }
+    Ok(())
 }
 
 pub(crate) fn phases(node: &ExecNode) -> u8 {

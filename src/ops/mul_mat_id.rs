@@ -809,6 +809,23 @@ fn repack_chunks(
 
 /// What `supports` checks: the weights need a dot-product kernel and, for F32 activations, a
 /// converter into their vec-dot type.
+/// The tier needs the experts' dot product and the activation conversion.
+pub(crate) fn supports(
+    graph: &crate::graph::Graph,
+    t: &crate::graph::Tensor,
+    kt: &KernelTable,
+) -> Result<()> {
+    let (Some(a), Some(b)) = (t.src[0], t.src[1]) else {
+        return Err(Error::arg("mul_mat_id: missing sources"));
+    };
+    let (a, b) = (graph.t(a), graph.t(b));
+    check_kernels(kt, a.dtype, b.dtype).map_err(|msg| Error::Unsupported {
+        op: "mul_mat_id",
+        backend: "CPU".into(),
+        msg,
+    })
+}
+
 pub(crate) fn check_kernels(
     kt: &KernelTable,
     a: DType,

@@ -6,20 +6,19 @@ use super::elementwise::{at, ld, st};
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::graph::{Op, SortOrder};
+use crate::graph::SortOrder;
 use crate::ops::node::ExecNode;
 use std::cmp::Ordering;
 
-/// Work-buffer bytes: per-thread counts (count_equal) or index scratch rows (top_k).
-pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
-    match node.op {
-        Op::CountEqual => nth * 8,
-        Op::TopK { .. } => {
-            let n = node.src[0].as_ref().map_or(0, |a| a.ne[0]);
-            nth * crate::ops::node::align_up(n * 4, 64)
-        }
-        _ => 0,
-    }
+/// count_equal's work buffer: one count per thread.
+pub(crate) fn count_equal_work_size(_node: &ExecNode, nth: usize) -> usize {
+    nth * 8
+}
+
+/// top_k's work buffer: an index scratch row per thread.
+pub(crate) fn top_k_work_size(node: &ExecNode, nth: usize) -> usize {
+    let n = node.src[0].as_ref().map_or(0, |a| a.ne[0]);
+    nth * crate::ops::node::align_up(n * 4, 64)
 }
 
 /// Sum of all elements (ggml_compute_forward_sum): F32 rows summed in f64 into an f64 total;

@@ -244,7 +244,7 @@ impl Plan {
                     alloc::checked_align_up(nbytes, crate::buffer::BUFFER_ALIGNMENT)?,
                 );
                 let mut placed = false;
-                if t.op.can_inplace()
+                if crate::ops::can_inplace(&t.op)
                     && guard == 0
                     && let Some(s0) = t.src[0]
                 {
