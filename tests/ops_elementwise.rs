@@ -570,6 +570,7 @@ fn tri_diag_and_diag_masks() {
                     TriType::Upper => i[0] > i[1],
                     TriType::LowerDiag => i[0] <= i[1],
                     TriType::Lower => i[0] < i[1],
+                    other => panic!("no reference for {other:?}"),
                 };
                 if keep { v[flat(ne, i)] as f64 } else { 0.0 }
             })

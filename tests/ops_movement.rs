@@ -454,6 +454,7 @@ fn interpolate_nearest_bilinear_bicubic_antialias() {
                         }
                         v / tw
                     }
+                    other => panic!("no reference for {other:?}"),
                 }
             })
             .collect();

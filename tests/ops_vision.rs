@@ -764,7 +764,7 @@ fn pool_1d_sweep() {
                                 want[j] = match op {
                                     PoolOp::Avg if cnt > 0 => acc / cnt as f64,
                                     PoolOp::Avg => 0.0,
-                                    PoolOp::Max => acc,
+                                    _ => acc,
                                 };
                             }
                             check(&g, &[&x], out, &want, 1e-7, &what);

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 /// Kind of device (ggml's `ggml_backend_dev_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeviceType {
     /// The host CPU.
     Cpu,
@@ -34,6 +35,7 @@ pub enum DeviceType {
 
 /// What a device can do (ggml's `ggml_backend_dev_caps`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceCaps {
     /// Asynchronous compute and transfers.
     pub async_compute: bool,
@@ -47,6 +49,7 @@ pub struct DeviceCaps {
 
 /// Device properties (ggml's `ggml_backend_dev_props`).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DeviceProps {
     /// Short name ("CPU").
     pub name: String,

@@ -13,6 +13,7 @@ pub const QK_K: usize = 256;
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
+#[non_exhaustive]
 pub enum DType {
     F32 = 0,
     F16 = 1,

@@ -42,6 +42,7 @@ impl GluOp {
 
 /// Which triangle `tri` keeps (ggml's `ggml_tri_type`); element (column i0, row i1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum TriType {
     /// i0 >= i1
     UpperDiag,
@@ -68,6 +69,7 @@ impl TriType {
 
 /// Sort order of `argsort` (ggml's `ggml_sort_order`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SortOrder {
     /// Smallest first.
     Asc,

@@ -78,6 +78,7 @@ impl Graph {
 
 /// How an output element of a gather-style op finds its source (see `ops::gather`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Gather {
     /// src0 then src1 along `dim`.
     Concat { dim: usize },
@@ -247,6 +248,7 @@ impl Graph {
 
 /// Interpolation used by `interpolate` (ggml's `GGML_SCALE_MODE_*` with its flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ScaleMode {
     /// Nearest neighbour.
     Nearest,

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 
 /// How dimensions are paired for rotation (ggml's `GGML_ROPE_TYPE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RopeMode {
     /// Adjacent pairs (x0, x1), (x2, x3), ... (`GGML_ROPE_TYPE_NORMAL`, 0).
     Normal,

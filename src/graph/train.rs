@@ -12,6 +12,7 @@ pub use super::vision::PoolOp;
 
 /// Parameters of an im2col_back node (ggml's op_params `s0, s1, p0, p1, d0, d1, is_2D`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Im2colBackParams {
     /// Stride along width.
     pub s0: usize,
@@ -32,6 +33,7 @@ pub struct Im2colBackParams {
 /// Parameters of a pool_2d_back node (ggml's op_params `op, k0, k1, s0, s1, p0, p1`; the
 /// paddings are stored as integers, truncated from the builder's floats as ggml does).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Pool2dParams {
     /// Pooling function.
     pub op: PoolOp,
@@ -52,6 +54,7 @@ pub struct Pool2dParams {
 /// Byte offsets of the three gradients inside the packed result of [`Graph::flash_attn_back`]
 /// (ggml's layout: each block padded to 16 bytes, `GGML_MEM_ALIGN`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FlashAttnBackLayout {
     /// Offset of d/dq (q's shape, contiguous): always 0.
     pub offs_q: usize,

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 
 /// Pooling function (ggml's `enum ggml_op_pool`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PoolOp {
     /// Largest value of the window (padding never wins: the start value is `-f32::MAX`).
     Max,

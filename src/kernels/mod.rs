@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// A SIMD tier. Higher tiers include the lower ones.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum Isa {
     /// Portable Rust, no `std::arch`.
     Scalar = 0,
@@ -89,6 +90,7 @@ fn avx512_tier_features() -> bool {
 
 /// CPU features found at run time, named as ggml's CPU backend reports them.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct CpuFeatures {
     pub sse3: bool,
     pub ssse3: bool,
@@ -259,7 +261,7 @@ const N_TYPES: usize = 43;
 
 /// Function pointers for one ISA tier, filled once per tier. Op drivers read the table of their
 /// plan (`NodeCtx::kt`); [`table`] is the default tier's.
-pub struct KernelTable {
+pub(crate) struct KernelTable {
     isa: Isa,
     vec_dot: [Option<VecDotFn>; N_TYPES],
     /// Variants of `vec_dot` for weight rows read once from memory (decode): the same results,
@@ -398,11 +400,6 @@ impl KernelTable {
         t
     }
 
-    /// The tier this table was built for.
-    pub fn isa(&self) -> Isa {
-        self.isa
-    }
-
     /// The dot-product kernel for weights of type `d` against `d.vec_dot_type()`.
     pub(crate) fn vec_dot(&self, d: DType) -> Option<VecDotFn> {
         self.vec_dot[d.ggml_id() as usize]
@@ -527,7 +524,7 @@ fn slot(isa: Isa) -> &'static OnceLock<KernelTable> {
 }
 
 /// The table for `isa`, or `None` when this CPU cannot run it. Tests use this to compare tiers.
-pub fn table_for(isa: Isa) -> Option<&'static KernelTable> {
+pub(crate) fn table_for(isa: Isa) -> Option<&'static KernelTable> {
     isa.is_supported().then(|| slot(isa).get_or_init(|| KernelTable::build(isa)))
 }
 
@@ -577,7 +574,7 @@ pub fn set_isa(isa: Isa) -> Result<()> {
 
 /// The kernel table of the process-wide default tier ([`selected_isa`]).
 #[inline]
-pub fn table() -> &'static KernelTable {
+pub(crate) fn table() -> &'static KernelTable {
     // The selected tier is always supported, so a table already built for it is the answer: one
     // load on the per-call path (vec_dot), the feature check only on first use.
     match slot(selected_isa()).get() {

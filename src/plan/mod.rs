@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 /// Sizes found while planning (for tests, benchmarks and curious users).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PlanStats {
     /// Nodes that compute something (views excluded).
     pub n_nodes: usize,
