@@ -12,31 +12,72 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A row length that is not a whole number of blocks of its type.
     #[error("{dtype}: {n} elements is not a multiple of the block size {block}")]
-    BlockSize { dtype: DType, n: usize, block: usize },
+    BlockSize {
+        /// The type whose block size was not met.
+        dtype: DType,
+        /// The element count given (a row length, `ne[0]`).
+        n: usize,
+        /// Elements per block of `dtype` ([`DType::block_size`]): 32 for Q4_0, 256 for the K-quants.
+        block: usize,
+    },
     /// A size computation overflowed `usize`.
     #[error("size overflow computing {what}")]
-    Overflow { what: &'static str },
+    Overflow {
+        /// The quantity being computed ("row size", "upscale size", a node's result size, ...).
+        what: &'static str,
+    },
     /// A type name or id that ggml does not have.
     #[error("unknown tensor type {0:?}")]
     UnknownType(String),
     /// Shapes that do not fit the op (broadcast rules, matmul inner dimensions, view bounds, ...).
     #[error("{op}: {msg}")]
-    Shape { op: &'static str, msg: String },
+    Shape {
+        /// The op that refused, by name (ggml's where ggml has the op: `"mul_mat"`, `"concat"`).
+        op: &'static str,
+        /// The shapes involved and the rule they break.
+        msg: String,
+    },
     /// A tensor type the op does not accept.
     #[error("{op}: unsupported type combination: {msg}")]
-    Type { op: &'static str, msg: String },
+    Type {
+        /// The op that refused, by name (as in [`Error::Shape`]).
+        op: &'static str,
+        /// The tensors and types involved, and the types the op accepts.
+        msg: String,
+    },
     /// A bad op parameter (mode, axis, eps, ...).
     #[error("{op}: invalid parameter: {msg}")]
-    Param { op: &'static str, msg: String },
+    Param {
+        /// The op that refused, by name (as in [`Error::Shape`]).
+        op: &'static str,
+        /// The parameter, its value and the accepted range.
+        msg: String,
+    },
     /// The backend cannot run this node.
     #[error("{op}: not supported by backend {backend}: {msg}")]
-    Unsupported { op: &'static str, backend: String, msg: String },
+    Unsupported {
+        /// The op, by name (as in [`Error::Shape`]).
+        op: &'static str,
+        /// The backend's name (`"CPU"`).
+        backend: String,
+        /// What is missing (a kernel for this type, a conversion, ...).
+        msg: String,
+    },
     /// Bad data or arguments handed to a function (lengths, ids, missing inputs).
     #[error("{0}")]
     InvalidArgument(String),
     /// An index stored in a tensor was out of range at compute time.
     #[error("{op}: index {index} in tensor '{tensor}' is out of range 0..{limit}")]
-    IndexOutOfRange { op: &'static str, tensor: String, index: i64, limit: usize },
+    IndexOutOfRange {
+        /// The op that read the index (`"get_rows"`, `"mul_mat_id"`, `"ssm_scan"`, ...).
+        op: &'static str,
+        /// The node whose index input held the value, as the plan describes it.
+        tensor: String,
+        /// The offending index, widened to i64 (it may be negative).
+        index: i64,
+        /// The exclusive upper bound: valid indices are `0..limit`.
+        limit: usize,
+    },
     /// The abort hook asked compute to stop.
     #[error("computation aborted by the abort hook")]
     Aborted,
@@ -45,10 +86,23 @@ pub enum Error {
     Buffer(String),
     /// A quantization routine refused its input.
     #[error("quantize {dtype}: {msg}")]
-    Quant { dtype: DType, msg: String },
-    /// A user closure (custom op) panicked; the plan and pool remain usable.
+    Quant {
+        /// The type being quantized to or dequantized from (or whose dot product was asked for).
+        dtype: DType,
+        /// Why: a missing importance matrix, data ggml's quantizer would abort on, no routine for
+        /// the type, ...
+        msg: String,
+    },
+    /// A custom op's closure returned `Err`, or a node's compute panicked; the plan and pool
+    /// remain usable.
     #[error("custom op '{name}' panicked: {msg}")]
-    Panicked { name: String, msg: String },
+    Panicked {
+        /// The custom op's name, or the description of the node whose compute panicked.
+        name: String,
+        /// The message the closure returned as `Err`, or the panic's payload when it is a string
+        /// (`"unknown panic"` otherwise).
+        msg: String,
+    },
     /// A GGUF file is malformed or uses something this reader refuses.
     #[error("gguf: {0}")]
     Gguf(String),

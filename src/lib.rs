@@ -28,6 +28,8 @@
 //! # Ok::<(), quantgraph::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backend;
 mod buffer;
 pub mod dtype;

@@ -15,40 +15,118 @@ pub const QK_K: usize = 256;
 #[repr(u32)]
 #[non_exhaustive]
 pub enum DType {
+    /// GGML_TYPE_F32: IEEE 754 single precision, 4 bytes per element.
     F32 = 0,
+    /// GGML_TYPE_F16: IEEE 754 half precision, 2 bytes per element.
     F16 = 1,
+    /// GGML_TYPE_Q4_0: blocks of 32 elements, one f16 scale `d` and 32 4-bit codes `q`; an
+    /// element is `(q - 8) * d` (18 bytes, 4.5 bits per weight).
     Q4_0 = 2,
+    /// GGML_TYPE_Q4_1: blocks of 32 elements, f16 scale `d` and minimum `m`, 32 4-bit codes `q`; an
+    /// element is `q * d + m` (20 bytes, 5 bits per weight).
     Q4_1 = 3,
+    /// GGML_TYPE_Q5_0: blocks of 32 elements, f16 scale `d`, the fifth bits in 4 bytes and the low
+    /// nibbles in 16; an element is `(q - 16) * d` (22 bytes, 5.5 bits per weight).
     Q5_0 = 6,
+    /// GGML_TYPE_Q5_1: blocks of 32 elements, f16 scale `d` and minimum `m`, 5-bit codes (fifth bits
+    /// in 4 bytes); an element is `q * d + m` (24 bytes, 6 bits per weight).
     Q5_1 = 7,
+    /// GGML_TYPE_Q8_0: blocks of 32 elements, f16 scale `d` and 32 signed 8-bit codes; an element is
+    /// `q * d` (34 bytes). Also the type activations are quantized to for Q4_0, Q5_0, IQ4_NL,
+    /// MXFP4, NVFP4, Q1_0 and Q2_0 weights.
     Q8_0 = 8,
+    /// GGML_TYPE_Q8_1: blocks of 32 elements, f16 scale `d`, f16 `s = d * sum(q)` and 32 signed
+    /// 8-bit codes (36 bytes). The activation type for Q4_1 and Q5_1 weights, whose minimum
+    /// multiplies `s`.
     Q8_1 = 9,
+    /// GGML_TYPE_Q2_K: 256-element super-blocks of 16 sub-blocks of 16; 2-bit codes, 4-bit sub-block
+    /// scales and mins, f16 super-block scale and min (84 bytes, 2.625 bits per weight).
     Q2_K = 10,
+    /// GGML_TYPE_Q3_K: 256-element super-blocks of 16 sub-blocks of 16; 3-bit codes (low 2 bits plus
+    /// a high-bit mask), 6-bit signed sub-block scales, f16 super-block scale (110 bytes, 3.4375
+    /// bits per weight).
     Q3_K = 11,
+    /// GGML_TYPE_Q4_K: 256-element super-blocks of 8 sub-blocks of 32; 4-bit codes, 6-bit sub-block
+    /// scales and mins, f16 super-block scale and min (144 bytes, 4.5 bits per weight).
     Q4_K = 12,
+    /// GGML_TYPE_Q5_K: 256-element super-blocks of 8 sub-blocks of 32; 5-bit codes (low nibble plus a
+    /// high-bit plane), 6-bit sub-block scales and mins, f16 super-block scale and min (176 bytes,
+    /// 5.5 bits per weight).
     Q5_K = 13,
+    /// GGML_TYPE_Q6_K: 256-element super-blocks of 16 sub-blocks of 16; 6-bit codes (low 4 plus high
+    /// 2 bits), signed 8-bit sub-block scales, f16 super-block scale (210 bytes, 6.5625 bits per
+    /// weight).
     Q6_K = 14,
+    /// GGML_TYPE_Q8_K: 256-element blocks with an f32 scale, 256 signed 8-bit codes and 16 i16 sums
+    /// of 16 codes each (292 bytes). The activation type the K-quants, IQ2/IQ3/IQ1, IQ4_XS and
+    /// ternary weights are dotted against; ggml uses it only as an intermediate.
     Q8_K = 15,
+    /// GGML_TYPE_IQ2_XXS: 256-element super-blocks, f16 scale; each group of 8 is an index into
+    /// the 256-entry `iq2xxs_grid` plus 7 sign bits, with a 4-bit scale per 32 (66 bytes, 2.0625
+    /// bits per weight). Quantizing needs an importance matrix.
     IQ2_XXS = 16,
+    /// GGML_TYPE_IQ2_XS: 256-element super-blocks, f16 scale; each group of 8 is a 9-bit index into
+    /// the 512-entry `iq2xs_grid` plus 7 sign bits, with a 4-bit scale per 16 (74 bytes, 2.3125
+    /// bits per weight). Quantizing needs an importance matrix.
     IQ2_XS = 17,
+    /// GGML_TYPE_IQ3_XXS: 256-element super-blocks, f16 scale; each group of 4 is an index into
+    /// the 256-entry `iq3xxs_grid`, signs and a 4-bit scale per 32 packed alongside (98 bytes,
+    /// 3.0625 bits per weight).
     IQ3_XXS = 18,
+    /// GGML_TYPE_IQ1_S: 256-element super-blocks, f16 scale; each group of 8 is an 11-bit index into
+    /// the 2048-entry ternary `iq1s_grid`, with a 3-bit scale and a ±`IQ1S_DELTA` shift per 32
+    /// (50 bytes, 1.5625 bits per weight). Quantizing needs an importance matrix.
     IQ1_S = 19,
+    /// GGML_TYPE_IQ4_NL: blocks of 32 elements, f16 scale and 4-bit indices into the non-linear
+    /// 16-value table `kvalues_iq4nl` (18 bytes, 4.5 bits per weight).
     IQ4_NL = 20,
+    /// GGML_TYPE_IQ3_S: 256-element super-blocks, f16 scale; each group of 4 is a 9-bit index into
+    /// the 512-entry `iq3s_grid`, with explicit sign bits and a 4-bit scale per 32 (110 bytes,
+    /// 3.4375 bits per weight).
     IQ3_S = 21,
+    /// GGML_TYPE_IQ2_S: 256-element super-blocks, f16 scale; each group of 8 is a 10-bit index into
+    /// the 1024-entry `iq2s_grid`, with explicit sign bits and a 4-bit scale per 16 (82 bytes,
+    /// 2.5625 bits per weight).
     IQ2_S = 22,
+    /// GGML_TYPE_IQ4_XS: 256-element super-blocks of 8 sub-blocks of 32; 4-bit indices into
+    /// `kvalues_iq4nl`, 6-bit sub-block scales, f16 super-block scale (136 bytes, 4.25 bits per
+    /// weight).
     IQ4_XS = 23,
+    /// GGML_TYPE_I8: signed 8-bit integer.
     I8 = 24,
+    /// GGML_TYPE_I16: signed 16-bit integer.
     I16 = 25,
+    /// GGML_TYPE_I32: signed 32-bit integer; the type of row ids, positions and indices (get_rows,
+    /// rope, argsort, ...).
     I32 = 26,
+    /// GGML_TYPE_I64: signed 64-bit integer (set_rows ids, count_equal's result).
     I64 = 27,
+    /// GGML_TYPE_F64: IEEE 754 double precision, 8 bytes per element.
     F64 = 28,
+    /// GGML_TYPE_IQ1_M: 256-element super-blocks; groups of 8 from the ternary `iq1s_grid` (11-bit
+    /// indices), a shift per 8, 3-bit scales per 16, and the f16 super-block scale split over the
+    /// top nibbles of the four 16-bit scale words, no separate `d` field (56 bytes, 1.75 bits per
+    /// weight).
     IQ1_M = 29,
+    /// GGML_TYPE_BF16: bfloat16, the upper 16 bits of an f32 (8-bit exponent, 7-bit mantissa).
     BF16 = 30,
+    /// GGML_TYPE_TQ1_0: ternary (-1, 0, 1) 256-element blocks, five trits per byte in base 3 for 240
+    /// elements and four per byte for the last 16, f16 scale (54 bytes, 1.6875 bits per weight).
     TQ1_0 = 34,
+    /// GGML_TYPE_TQ2_0: ternary (-1, 0, 1) 256-element blocks, each trit + 1 in 2 bits, f16 scale
+    /// (66 bytes, 2.0625 bits per weight).
     TQ2_0 = 35,
+    /// GGML_TYPE_MXFP4: OCP microscaling FP4, blocks of 32 E2M1 4-bit floats sharing one E8M0
+    /// power-of-two scale byte (17 bytes, 4.25 bits per weight).
     MXFP4 = 39,
+    /// GGML_TYPE_NVFP4: blocks of 64 E2M1 4-bit floats in four sub-blocks of 16, each with an
+    /// unsigned E4M3 scale byte (36 bytes, 4.5 bits per weight).
     NVFP4 = 40,
+    /// GGML_TYPE_Q1_0: blocks of 128 elements, f16 scale `d` and one bit per element; a set bit is
+    /// `+d`, a clear one `-d` (18 bytes, 1.125 bits per weight).
     Q1_0 = 41,
+    /// GGML_TYPE_Q2_0: blocks of 64 elements, f16 scale `d` and 2-bit codes `q`; an element is
+    /// `(q - 1) * d`, one of -d, 0, d, 2d (18 bytes, 2.25 bits per weight).
     Q2_0 = 42,
 }
 

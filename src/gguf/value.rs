@@ -9,18 +9,32 @@ use std::collections::HashMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum ValueType {
+    /// `GGUF_TYPE_UINT8`: unsigned 8-bit integer, 1 byte.
     U8 = 0,
+    /// `GGUF_TYPE_INT8`: signed 8-bit integer, 1 byte.
     I8 = 1,
+    /// `GGUF_TYPE_UINT16`: unsigned 16-bit integer, 2 bytes little-endian.
     U16 = 2,
+    /// `GGUF_TYPE_INT16`: signed 16-bit integer, 2 bytes little-endian.
     I16 = 3,
+    /// `GGUF_TYPE_UINT32`: unsigned 32-bit integer, 4 bytes little-endian.
     U32 = 4,
+    /// `GGUF_TYPE_INT32`: signed 32-bit integer, 4 bytes little-endian.
     I32 = 5,
+    /// `GGUF_TYPE_FLOAT32`: IEEE 754 single precision, 4 bytes little-endian.
     F32 = 6,
+    /// `GGUF_TYPE_BOOL`: one byte, 0 or 1; the reader refuses any other byte.
     Bool = 7,
+    /// `GGUF_TYPE_STRING`: a u64 byte length, then that many bytes of UTF-8 with no terminator.
     String = 8,
+    /// `GGUF_TYPE_ARRAY`: a u32 element type, a u64 count, then the elements; the element type
+    /// is never `Array` (nested arrays are refused).
     Array = 9,
+    /// `GGUF_TYPE_UINT64`: unsigned 64-bit integer, 8 bytes little-endian.
     U64 = 10,
+    /// `GGUF_TYPE_INT64`: signed 64-bit integer, 8 bytes little-endian.
     I64 = 11,
+    /// `GGUF_TYPE_FLOAT64`: IEEE 754 double precision, 8 bytes little-endian.
     F64 = 12,
 }
 
@@ -51,7 +65,7 @@ impl ValueType {
         self as u32
     }
 
-    /// ggml's name (`gguf_type_name`): "u8", "int32", "str", ...
+    /// ggml's name (`gguf_type_name`): "u8", "i32", "str", "arr", ...
     pub fn name(self) -> &'static str {
         use ValueType::*;
         match self {
@@ -94,17 +108,29 @@ impl std::fmt::Display for ValueType {
 /// An array value: elements of one scalar or string type.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Array {
+    /// Elements of type `u8` ([`ValueType::U8`]).
     U8(Vec<u8>),
+    /// Elements of type `i8` ([`ValueType::I8`]).
     I8(Vec<i8>),
+    /// Elements of type `u16` ([`ValueType::U16`]).
     U16(Vec<u16>),
+    /// Elements of type `i16` ([`ValueType::I16`]).
     I16(Vec<i16>),
+    /// Elements of type `u32` ([`ValueType::U32`]).
     U32(Vec<u32>),
+    /// Elements of type `i32` ([`ValueType::I32`]), e.g. `tokenizer.ggml.token_type`.
     I32(Vec<i32>),
+    /// Elements of type `f32` ([`ValueType::F32`]), e.g. `tokenizer.ggml.scores`.
     F32(Vec<f32>),
+    /// Booleans ([`ValueType::Bool`]), one byte each in the file.
     Bool(Vec<bool>),
+    /// Strings ([`ValueType::String`]), e.g. `tokenizer.ggml.tokens` or `tokenizer.ggml.merges`.
     String(Vec<String>),
+    /// Elements of type `u64` ([`ValueType::U64`]).
     U64(Vec<u64>),
+    /// Elements of type `i64` ([`ValueType::I64`]).
     I64(Vec<i64>),
+    /// Elements of type `f64` ([`ValueType::F64`]).
     F64(Vec<f64>),
 }
 
@@ -154,18 +180,32 @@ impl Array {
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
+    /// A `u8` ([`ValueType::U8`]).
     U8(u8),
+    /// An `i8` ([`ValueType::I8`]).
     I8(i8),
+    /// A `u16` ([`ValueType::U16`]).
     U16(u16),
+    /// An `i16` ([`ValueType::I16`]).
     I16(i16),
+    /// A `u32` ([`ValueType::U32`]): the usual type of counts such as `llama.block_count` and of
+    /// `general.alignment`.
     U32(u32),
+    /// An `i32` ([`ValueType::I32`]).
     I32(i32),
+    /// An `f32` ([`ValueType::F32`]), e.g. `llama.attention.layer_norm_rms_epsilon`.
     F32(f32),
+    /// A boolean ([`ValueType::Bool`]).
     Bool(bool),
+    /// A UTF-8 string ([`ValueType::String`]), e.g. `general.architecture`.
     String(String),
+    /// An array of one scalar or string type ([`ValueType::Array`]).
     Array(Array),
+    /// A `u64` ([`ValueType::U64`]).
     U64(u64),
+    /// An `i64` ([`ValueType::I64`]).
     I64(i64),
+    /// An `f64` ([`ValueType::F64`]).
     F64(f64),
 }
 

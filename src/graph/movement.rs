@@ -80,16 +80,34 @@ impl Graph {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Gather {
-    /// src0 then src1 along `dim`.
-    Concat { dim: usize },
+    /// src0 then src1 along `dim` (ggml_concat).
+    Concat {
+        /// The dimension joined along, 0 (innermost, `ne[0]`) to 3.
+        dim: usize,
+    },
     /// src0 tiled to the output shape.
     Repeat,
-    /// Zero (or wrapped, when `circular`) padding: `lp[d]` elements before dim d.
-    Pad { lp: [usize; 4], circular: bool },
-    /// Reflection padding of dim 0 by `p0` on the left.
-    PadReflect1d { p0: usize },
-    /// Circular shift by `shift[d]` along every dim.
-    Roll { shift: [i64; 4] },
+    /// Zero (or wrapped, when `circular`) padding: `lp[d]` elements before dim d (ggml_pad_ext).
+    Pad {
+        /// Elements added before the start of each dim (ggml's `lp0..lp3`); the padding after
+        /// the end follows from the output shape.
+        lp: [usize; 4],
+        /// Fill with the values from the opposite edge (ggml_pad_circular) instead of zeros;
+        /// the padding on each side is then at most the dim's size.
+        circular: bool,
+    },
+    /// Reflection padding of dim 0 by `p0` on the left (ggml_pad_reflect_1d).
+    PadReflect1d {
+        /// Elements mirrored in before element 0 (the edge element itself is not repeated);
+        /// below `ne[0]`. The right padding follows from the output shape.
+        p0: usize,
+    },
+    /// Circular shift by `shift[d]` along every dim (ggml_roll).
+    Roll {
+        /// Elements to shift each dim by, `|shift[d]| < ne[d]`: output `i` takes input
+        /// `i - shift[d]` modulo `ne[d]`, so a positive shift moves elements toward higher indices.
+        shift: [i64; 4],
+    },
 }
 
 impl Graph {
@@ -253,9 +271,19 @@ pub enum ScaleMode {
     /// Nearest neighbour.
     Nearest,
     /// Bilinear over dims 0 and 1; `antialias` widens the filter when shrinking (PyTorch's).
-    Bilinear { align_corners: bool, antialias: bool },
+    Bilinear {
+        /// `GGML_SCALE_FLAG_ALIGN_CORNERS`: the corner pixels of input and output line up (scale
+        /// `(out - 1) / (in - 1)`, no half-pixel offset), as PyTorch's `align_corners=True`.
+        align_corners: bool,
+        /// `GGML_SCALE_FLAG_ANTIALIAS`: when shrinking, the triangle filter is widened to the
+        /// shrink factor so every input pixel contributes (PyTorch's `antialias=True`).
+        antialias: bool,
+    },
     /// Bicubic (alpha -0.75, as PyTorch) over dims 0 and 1.
-    Bicubic { align_corners: bool },
+    Bicubic {
+        /// `GGML_SCALE_FLAG_ALIGN_CORNERS`, as for [`ScaleMode::Bilinear`].
+        align_corners: bool,
+    },
 }
 
 impl Graph {

@@ -46,7 +46,19 @@ pub enum UnaryOp {
     GeluErf,
     /// xIELU with ggml's stored parameters: `alpha_n` and `alpha_p` are already passed through
     /// softplus (and `alpha_n` offset by `beta`), as `ggml_xielu` stores them.
-    Xielu { alpha_n: f32, alpha_p: f32, beta: f32, eps: f32 },
+    Xielu {
+        /// Coefficient of the negative side, stored as `beta + softplus(alpha_n)` of the model's
+        /// parameter: for x <= 0 the result is `(expm1(min(x, eps)) - x) * alpha_n + beta * x`.
+        alpha_n: f32,
+        /// Coefficient of the positive side, stored as `softplus(alpha_p)` of the model's
+        /// parameter: for x > 0 the result is `alpha_p * x * x + beta * x`.
+        alpha_p: f32,
+        /// The linear coefficient, on both sides.
+        beta: f32,
+        /// Upper clamp of x inside `expm1` on the negative side (a small negative number in the
+        /// models that use xIELU).
+        eps: f32,
+    },
     /// floor(x)
     Floor,
     /// ceil(x)
@@ -108,13 +120,30 @@ pub enum Op {
     /// a / b, b broadcast over a.
     Div,
     /// a * scale + bias.
-    Scale { scale: f32, bias: f32 },
+    Scale {
+        /// The factor (ggml_scale's `s`).
+        scale: f32,
+        /// Added after scaling (ggml_scale_bias's `b`; 0 for ggml_scale).
+        bias: f32,
+    },
     /// Elementwise activation.
     Unary(UnaryOp),
     /// softmax(a * scale + slope * mask) along rows; ALiBi slopes from `max_bias`.
-    SoftMax { scale: f32, max_bias: f32 },
+    SoftMax {
+        /// Multiplies the logits before the mask is added (1 for ggml_soft_max; `1/sqrt(d_head)`
+        /// in attention). Finite.
+        scale: f32,
+        /// ALiBi's maximum bias, >= 0. 0 adds the mask as is (slope 1); above 0 the mask is
+        /// scaled per head (dim 2) by ggml's ALiBi slope, a power of `2^(-max_bias / n)` with `n`
+        /// the largest power of two not above the head count, and a mask is needed.
+        max_bias: f32,
+    },
     /// x / sqrt(mean(x^2) + eps) along rows.
-    RmsNorm { eps: f32 },
+    RmsNorm {
+        /// Added to the mean of squares before the square root (1e-5 or 1e-6 in most models);
+        /// finite and >= 0.
+        eps: f32,
+    },
     /// Rows of src0 picked by the I32 ids in src1.
     GetRows,
     /// src0 [k, m] x src1 [k, n] -> [m, n], broadcasting dims 2 and 3.
@@ -130,26 +159,61 @@ pub enum Op {
     /// Sum of tiles (the backward of repeat).
     RepeatBack,
     /// start + step * i.
-    Arange { start: f32, step: f32 },
+    Arange {
+        /// The first value.
+        start: f32,
+        /// The increment, > 0. The count, `ceil((stop - start) / step)`, is the node's `ne[0]`.
+        step: f32,
+    },
     /// Sinusoidal embedding of timesteps.
-    TimestepEmbedding { dim: usize, max_period: i32 },
+    TimestepEmbedding {
+        /// Features per timestep (`ne[0]` of the result): `dim / 2` cosines, then `dim / 2`
+        /// sines, then a zero when `dim` is odd.
+        dim: usize,
+        /// The longest period, > 0 (10000 in Stable Diffusion): feature `j` has frequency
+        /// `max_period^(-j / (dim / 2))`.
+        max_period: i32,
+    },
     /// A Rust closure (map_custom1/2/3, custom).
     Custom(super::CustomOp),
     /// Resize (upscale / interpolate).
     Upscale(super::ScaleMode),
     /// A copy of src0 with src1 written into a strided view at a byte offset.
-    Set { nb: [usize; 3], offset: usize },
+    Set {
+        /// Byte strides `nb1, nb2, nb3` of the view of src0 that src1 is written into (ggml's
+        /// `nb1..nb3`; `nb0` is the element size).
+        nb: [usize; 3],
+        /// Byte offset of the view's first element in src0, a multiple of the element size.
+        offset: usize,
+    },
     // --- ops1: elementwise, GLU, norms, reductions and sorting (src/graph/elementwise.rs) ---
     /// a + b where b is a scalar (one element).
     Add1,
     /// a + rows of b picked by the I32 ids (`dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]]`).
     AddId,
     /// a with b added into a strided view of it (`nb1..nb3`, `offset` in bytes).
-    Acc { nb1: usize, nb2: usize, nb3: usize, offset: usize },
+    Acc {
+        /// Byte stride of dim 1 of the view of `a` that `b` is added into (a multiple of 4: F32).
+        nb1: usize,
+        /// Byte stride of dim 2 of the view.
+        nb2: usize,
+        /// Byte stride of dim 3 of the view.
+        nb3: usize,
+        /// Byte offset of the view's first element in `a`, a multiple of 4.
+        offset: usize,
+    },
     /// min(max(x, min), max).
-    Clamp { min: f32, max: f32 },
+    Clamp {
+        /// The lower bound; not NaN.
+        min: f32,
+        /// The upper bound, `>= min`.
+        max: f32,
+    },
     /// x if x > 0 else `negative_slope * x`.
-    LeakyRelu { negative_slope: f32 },
+    LeakyRelu {
+        /// The factor for x <= 0 (0.01 in PyTorch's default).
+        negative_slope: f32,
+    },
     /// x * x
     Sqr,
     /// sqrt(x)
@@ -161,25 +225,63 @@ pub enum Op {
     /// cos(x)
     Cos,
     /// Every element set to `value` (shape and type of src0).
-    Fill { value: f32 },
+    Fill {
+        /// The value written, rounded to the tensor's type.
+        value: f32,
+    },
     /// Keeps one triangle of each square matrix, zeroes the rest.
     Tri(super::TriType),
     /// [n, 1, p, q] -> [n, n, p, q] with the vector on the diagonal.
     Diag,
     /// Elements with column > n_past + row set to -inf.
-    DiagMaskInf { n_past: usize },
+    DiagMaskInf {
+        /// Positions already in the cache before this batch: row `i` keeps columns
+        /// `0..=n_past + i`. At most `i32::MAX`.
+        n_past: usize,
+    },
     /// Elements with column > n_past + row set to 0.
-    DiagMaskZero { n_past: usize },
+    DiagMaskZero {
+        /// As for [`Op::DiagMaskInf`].
+        n_past: usize,
+    },
     /// Gated linear unit: act(x) * g, fused (src0 split in halves) or split (src0, src1).
-    Glu { op: super::GluOp, swapped: bool, alpha: f32, limit: f32 },
+    Glu {
+        /// The activation and gating (ggml's `enum ggml_glu_op`).
+        op: super::GluOp,
+        /// Fused form only: the gate is the first half of the row and the activation's input the
+        /// second (ggml's `*_swapped`); otherwise the other way round.
+        swapped: bool,
+        /// swiglu_oai only: the result is `x * sigmoid(alpha * x) * (g + 1)` (alpha 1.702 in
+        /// gpt-oss); 0 for the other ops.
+        alpha: f32,
+        /// swiglu_oai only: x is clamped to at most `limit` and the gate to `[-limit, limit]`
+        /// (7 in gpt-oss), >= 0; 0 for the other ops.
+        limit: f32,
+    },
     /// (x - mean) / sqrt(var + eps) along rows.
-    Norm { eps: f32 },
+    Norm {
+        /// Added to the variance before the square root; finite and >= 0.
+        eps: f32,
+    },
     /// rms_norm(src0) * src1 in one pass (ggml's CPU RMS_NORM + MUL fusion).
-    RmsNormMul { eps: f32 },
+    RmsNormMul {
+        /// As for [`Op::RmsNorm`].
+        eps: f32,
+    },
     /// norm over groups of channels (dim 2), per sample (dim 3).
-    GroupNorm { n_groups: usize, eps: f32 },
+    GroupNorm {
+        /// Groups the channels (dim 2) are split into, >= 1: each has `ceil(ne[2] / n_groups)`
+        /// channels, the last ones fewer (or none).
+        n_groups: usize,
+        /// Added to each group's variance; finite and >= 0.
+        eps: f32,
+    },
     /// x / max(||x||, eps) along rows.
-    L2Norm { eps: f32 },
+    L2Norm {
+        /// Lower bound on the norm divided by (with `eps > 0` a zero row stays zero); finite
+        /// and >= 0.
+        eps: f32,
+    },
     /// Sum of all elements.
     Sum,
     /// Sum of each row.
@@ -195,7 +297,10 @@ pub enum Op {
     /// Indices that sort each row (I32).
     Argsort(super::SortOrder),
     /// Indices of the `k` largest elements of each row (I32; order not significant, as ggml).
-    TopK { k: usize },
+    TopK {
+        /// Indices kept per row, `1..=ne[0]`; the result's `ne[0]`.
+        k: usize,
+    },
     // --- moe: mul_mat_id and out_prod (src/graph/moe.rs) ---
     /// Per-token expert matmul: src0 [k, m, n_expert] x src1 [k, 1 or n_used, n_tokens] with the
     /// experts named by the I32 ids in src2 [n_used, n_tokens] -> [m, n_used, n_tokens].
@@ -206,21 +311,37 @@ pub enum Op {
     /// Depthwise causal 1-D convolution over tokens (Mamba's conv1d).
     SsmConv,
     /// Selective state-space scan (Mamba-1 and Mamba-2 layouts); `k` state snapshot slots.
-    SsmScan { k: usize },
+    SsmScan {
+        /// State snapshot slots in the result, >= 1: slot 0 is the state after the last token,
+        /// slot `j` the state `j` tokens earlier. Above 1 only for Mamba-2 (scalar `A` per head).
+        k: usize,
+    },
     /// RWKV-6 time-mix recurrence (output and new state).
     RwkvWkv6,
     /// Gated linear attention recurrence with query scale `scale`.
-    GatedLinearAttn { scale: f32 },
+    GatedLinearAttn {
+        /// Multiplies the queries (often `1/sqrt(head_size)`); finite.
+        scale: f32,
+    },
     /// RWKV-7 generalised delta-rule recurrence.
     RwkvWkv7,
     /// Solves A X = B for lower-triangular A (left, lower, non-unit diagonal).
     SolveTri,
     /// Gated delta rule recurrence (Qwen3-Next / Kimi linear); `k` state snapshot slots.
-    GatedDeltaNet { k: usize },
+    GatedDeltaNet {
+        /// State snapshot slots, >= 1, as for [`Op::SsmScan`].
+        k: usize,
+    },
     /// DeepSeek sparse-attention lightning indexer scores.
     LightningIndexer,
     /// DeepSeek-V4 hyper-connection combination matrices (Sinkhorn normalised).
-    Dsv4HcComb { eps: f32, n_iter: u32 },
+    Dsv4HcComb {
+        /// Added after the softmax and to every normalisation sum; finite.
+        eps: f32,
+        /// Sinkhorn rounds, 1 to [`DSV4_HC_MAX_ITER`](crate::DSV4_HC_MAX_ITER) (DeepSeek-V4
+        /// uses 20).
+        n_iter: u32,
+    },
     /// DeepSeek-V4 hyper-connection pre-mix (weighted sum of streams).
     Dsv4HcPre,
     /// DeepSeek-V4 hyper-connection post-mix (streams recombined with the layer output).
@@ -237,9 +358,18 @@ pub enum Op {
     /// Gradient of silu: src0 is the output gradient, src1 silu's input.
     SiluBack,
     /// Gradient of rms_norm: src0 is the output gradient, src1 rms_norm's input.
-    RmsNormBack { eps: f32 },
+    RmsNormBack {
+        /// The forward rms_norm's `eps`.
+        eps: f32,
+    },
     /// Gradient of soft_max_ext: src0 is the output gradient, src1 the softmax output.
-    SoftMaxBack { scale: f32, max_bias: f32 },
+    SoftMaxBack {
+        /// The forward soft_max_ext's `scale`.
+        scale: f32,
+        /// The forward soft_max_ext's `max_bias`; always 0 (ggml's CPU backend implements only
+        /// that, and the builder refuses other values).
+        max_bias: f32,
+    },
     /// Gradient of rope: rotation by -theta.
     RopeBack(Box<super::RopeParams>),
     /// Gradient of get_rows: rows of src0 summed into the rows picked by the ids in src1.
@@ -249,14 +379,29 @@ pub enum Op {
     /// Gradient of pool_2d with respect to its input (src1).
     Pool2dBack(super::Pool2dParams),
     /// Gradients of q, k and v of (pre-flash_attn_ext) attention, packed in one vector.
-    FlashAttnBack { masked: bool },
+    FlashAttnBack {
+        /// Causal masking: query `i` of N sees keys `j <= M - N + i` of M.
+        masked: bool,
+    },
     // --- vision: convolution, pooling, windows (src/graph/vision.rs) ---
     /// Patches of src1 unfolded into rows (1D or 2D), shaped by the kernel src0.
-    Im2col { p: super::Conv2dParams, is_2d: bool },
+    Im2col {
+        /// Stride, padding and dilation; the 1D form uses only `s0`, `p0` and `d0`.
+        p: super::Conv2dParams,
+        /// 2D patches (kernel [KW, KH, IC, ..]) rather than 1D (kernel [KW, IC, ..]).
+        is_2d: bool,
+    },
     /// Patches of a 3D input unfolded into rows.
     Im2col3d(super::Conv3dParams),
     /// GEMM columns scatter-added back into a 1D signal.
-    Col2im1d { s0: usize, oc: usize, p0: usize },
+    Col2im1d {
+        /// Stride: output positions between consecutive input columns, >= 1.
+        s0: usize,
+        /// Output channels: src0's `ne[0]` is `K * oc` for kernel size K.
+        oc: usize,
+        /// Padding cropped from both ends of the output.
+        p0: usize,
+    },
     /// Direct 2D convolution (kernel src0, input src1).
     Conv2d(super::Conv2dParams),
     /// Direct 3D convolution.
@@ -264,17 +409,52 @@ pub enum Op {
     /// Depthwise 2D convolution (WHCN or CWHN input).
     Conv2dDw(super::Conv2dParams),
     /// Transposed 1D convolution (padding 0, dilation 1).
-    ConvTranspose1d { s0: usize },
+    ConvTranspose1d {
+        /// Stride, >= 1: the output has `(L - 1) * s0 + K` positions.
+        s0: usize,
+    },
     /// Transposed 2D convolution, padding 0.
-    ConvTranspose2d { stride: usize },
+    ConvTranspose2d {
+        /// Stride on both axes, >= 1: output width `(W - 1) * stride + KW`, likewise height.
+        stride: usize,
+    },
     /// 1D pooling along dim 0.
-    Pool1d { op: super::PoolOp, k0: usize, s0: usize, p0: usize },
+    Pool1d {
+        /// Max or average.
+        op: super::PoolOp,
+        /// Window length, >= 1.
+        k0: usize,
+        /// Stride, >= 1.
+        s0: usize,
+        /// Padding on both sides (never selected by max; average divides by the in-range count).
+        p0: usize,
+    },
     /// 2D pooling over dims 0 and 1 (padding is a float, as ggml's parameter).
-    Pool2d { op: super::PoolOp, k: [usize; 2], s: [usize; 2], p: [f32; 2] },
+    Pool2d {
+        /// Max or average.
+        op: super::PoolOp,
+        /// Window width and height, >= 1.
+        k: [usize; 2],
+        /// Strides along width and height, >= 1.
+        s: [usize; 2],
+        /// Padding along width and height, 0 to 1e6: used as a float for the output size and
+        /// truncated for the window offsets, as ggml does.
+        p: [f32; 2],
+    },
     /// Split into zero-padded square windows.
-    WinPart { npx: usize, npy: usize, w: usize },
+    WinPart {
+        /// Windows across the width (src0's `ne[1]`, W): `ceil(W / w)`.
+        npx: usize,
+        /// Windows across the height (src0's `ne[2]`, H): `ceil(H / w)`.
+        npy: usize,
+        /// Window side in elements, >= 1.
+        w: usize,
+    },
     /// Join square windows back.
-    WinUnpart { w: usize },
+    WinUnpart {
+        /// Window side in elements, as given to win_part.
+        w: usize,
+    },
     /// Relative position embeddings per (query, key) pair.
     GetRelPos,
     /// Decomposed relative positions added to attention scores.

@@ -88,26 +88,53 @@ fn avx512_tier_features() -> bool {
     false
 }
 
-/// CPU features found at run time, named as ggml's CPU backend reports them.
+/// CPU features found at run time, named as ggml's CPU backend reports them
+/// (`ggml_backend_cpu_get_features`). The fields are a report: the tiers' `plug` functions check
+/// the features their kernels need themselves, once, when a [`KernelTable`] is filled.
+/// A field is false when the feature is absent or not probed on this architecture.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct CpuFeatures {
+    /// SSE3 (x86). Reported only: every x86 tier implies it.
     pub sse3: bool,
+    /// SSSE3 (x86). Reported only: every x86 tier implies it.
     pub ssse3: bool,
+    /// AVX, 256-bit float vectors (x86). Reported only: implied by the AVX2 tier.
     pub avx: bool,
+    /// AVX-VNNI, `vpdpbusd` on 256-bit vectors (x86): the AVX2 tier's integer GEMM (quantized
+    /// matmul with several activation columns) uses it instead of `vpmaddubsw` when present.
     pub avx_vnni: bool,
+    /// AVX2, 256-bit integer vectors (x86). With `fma` and `f16c` it enables [`Isa::Avx2`], the
+    /// tier with the x86 dot products, GEMM tiles, repacked matmul, elementwise, recurrent and
+    /// convolution kernels.
     pub avx2: bool,
+    /// F16C, f16 <-> f32 conversion (`vcvtph2ps`, `vcvtps2ph`): needed by [`Isa::Avx2`] for F16
+    /// tensors and the f16 scales of quantized blocks. On aarch64, the FP16 extension (`fp16`).
     pub f16c: bool,
+    /// FMA3, fused multiply-add (x86): needed by [`Isa::Avx2`].
     pub fma: bool,
+    /// BMI2 (x86): its `pdep` speeds up the AVX2 tier's IQ1_M and IQ3_S dot products, used only
+    /// where `pdep` is fast (not on AMD before Zen 3, where it is microcoded).
     pub bmi2: bool,
+    /// AVX-512 Foundation (x86; ggml's `AVX512` flag). [`Isa::Avx512`] also needs AVX-512 BW,
+    /// DQ and VL, which are checked but not reported separately.
     pub avx512: bool,
+    /// AVX-512 VBMI, byte permutes (x86). Reported only: no kernel uses it.
     pub avx512_vbmi: bool,
+    /// AVX-512 VNNI, `vpdpbusd` on 512-bit vectors (x86): the AVX-512 tier's integer GEMM,
+    /// Q4_0/Q8_0 GEMM tiles and repacked Q4_0, IQ4_NL and MXFP4 kernels use it when present.
     pub avx512_vnni: bool,
+    /// AVX-512 BF16, `vdpbf16ps` (x86): the AVX-512 tier's BF16 matmul kernels.
     pub avx512_bf16: bool,
+    /// AMX-INT8 tile instructions (x86). Always false: it is not probed and no kernel uses AMX.
     pub amx_int8: bool,
+    /// NEON (aarch64). Reported only: aarch64 runs the portable scalar tier.
     pub neon: bool,
+    /// The dot product extension, `sdot`/`udot` (aarch64). Reported only.
     pub dotprod: bool,
+    /// The int8 matrix multiply extension (I8MM, `smmla`; aarch64). Reported only.
     pub matmul_int8: bool,
+    /// SVE, scalable vectors (aarch64). Reported only.
     pub sve: bool,
     /// The CPU's brand string ("AMD EPYC ...", "Intel(R) Xeon(R) ..."), or "CPU" when unknown.
     pub brand: String,
