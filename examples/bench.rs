@@ -15,20 +15,9 @@
 //! llama-bench's pp / tg (last-token logits for the prompt, median decode step).
 //! Times are medians over repetitions; the machine is noisy, so compare ratios measured together.
 
+use quantgraph::testdata::{rand_f32, uniform};
 use quantgraph::{Backend, Buffer, BufferType, CpuBackend, DType, Graph, Plan};
 use std::time::Instant;
-
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
@@ -80,7 +69,7 @@ fn node_overhead(nodes: usize, threads: usize) -> quantgraph::Result<()> {
     let be = CpuBackend::with_threads(threads)?;
     let (g, x, _) = chain(nodes)?;
     let mut plan = Plan::new(g, &be)?;
-    plan.set_input(x, &rand_vec(64, 1))?;
+    plan.set_input(x, &rand_f32(64, 1))?;
     for _ in 0..20 {
         plan.compute()?;
     }
@@ -119,7 +108,7 @@ fn matmul(
     repack: bool,
 ) -> quantgraph::Result<()> {
     let be = CpuBackend::with_threads(threads)?;
-    let a = rand_vec(m * k, 1);
+    let a = rand_f32(m * k, 1);
     let row = ty.row_size(k)?;
     let mut bytes = vec![0u8; row * m];
     match ty {
@@ -134,7 +123,7 @@ fn matmul(
     let y = g.mul_mat(w, x)?;
     g.set_output(y);
     let mut plan = Plan::new(g, &be)?;
-    plan.set_input(x, &rand_vec(k * n, 2))?;
+    plan.set_input(x, &rand_f32(k * n, 2))?;
     let t = median_compute_secs(&mut plan, reps)?;
     let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
     let suffix = if repack {
@@ -190,7 +179,7 @@ fn mul_mat_id(
         )));
     }
     let be = CpuBackend::with_threads(threads)?;
-    let a = rand_vec(m * k * experts, 1);
+    let a = rand_f32(m * k * experts, 1);
     let mut bytes = vec![0u8; ty.row_size(k)? * m * experts];
     match ty {
         DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
@@ -205,7 +194,7 @@ fn mul_mat_id(
     let y = g.mul_mat_id(w, x, ids)?;
     g.set_output(y);
     let mut plan = Plan::new(g, &be)?;
-    plan.set_input(x, &rand_vec(k * used * n, 2))?;
+    plan.set_input(x, &rand_f32(k * used * n, 2))?;
     // Token t uses experts t, t + 1, ... (mod E): every expert gets work as in a real batch.
     let ids_v: Vec<i32> =
         (0..n).flat_map(|t| (0..used).map(move |s| ((t + s) % experts) as i32)).collect();
@@ -227,8 +216,8 @@ fn mul_mat_id(
 /// checks on every call); with `kernel` through a [`quantgraph::kernels::VecDotKernel`] bound once,
 /// which calls the selected tier's kernel the way ggml's harness calls `type_traits_cpu[t].vec_dot`.
 fn vec_dot(ty: DType, n: usize, reps: usize, kernel: bool) -> quantgraph::Result<()> {
-    let x = rand_vec(n, 1);
-    let y = rand_vec(n, 2);
+    let x = rand_f32(n, 1);
+    let y = rand_f32(n, 2);
     let mut xq = vec![0u8; ty.row_size(n)?];
     match ty {
         DType::F32 | DType::F16 | DType::BF16 => {
@@ -365,7 +354,7 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
             (g.swiglu(a, Some(b))?, 3 * 11008 * 512 * 4)
         }
         "get_rows" => {
-            let w = rand_vec(4096 * 4096, 3);
+            let w = rand_f32(4096 * 4096, 3);
             let mut q = vec![0u8; DType::Q4_0.row_size(4096 * 4096)?];
             quantgraph::quant::quantize(DType::Q4_0, &w, &mut q)?;
             let buf = Buffer::from_host(q);
@@ -392,10 +381,10 @@ fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     g.set_output(out);
     let mut plan = Plan::new(g, &be)?;
     for (t, n) in &f32_inputs {
-        plan.set_input(*t, &rand_vec(*n, 7))?;
+        plan.set_input(*t, &rand_f32(*n, 7))?;
     }
     for (t, n) in &f16_inputs {
-        let v: Vec<half::f16> = rand_vec(*n, 8).iter().map(|&x| half::f16::from_f32(x)).collect();
+        let v: Vec<half::f16> = rand_f32(*n, 8).iter().map(|&x| half::f16::from_f32(x)).collect();
         plan.set_input(*t, &v)?;
     }
     for (t, v) in &i32_inputs {
@@ -426,8 +415,7 @@ fn recurrent_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<(
     let mut input = |g: &mut Graph, ne: &[usize], lo: f32, hi: f32| {
         let t = g.input(DType::F32, ne)?;
         let n = ne.iter().product::<usize>();
-        let v = rand_vec(n, inputs.len() as u64 + 1);
-        inputs.push((t, v.iter().map(|x| lo + (x + 1.0) * 0.5 * (hi - lo)).collect()));
+        inputs.push((t, uniform(n, inputs.len() as u64 + 1, lo, hi)));
         Ok::<_, quantgraph::Error>(t)
     };
     let decode = name.ends_with("_decode");
@@ -487,7 +475,7 @@ fn train_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     let mut state = |g: &mut Graph, ne: &[usize]| -> quantgraph::Result<quantgraph::TensorId> {
         let n: usize = ne.iter().product();
         let buf = Buffer::alloc(n * 4)?;
-        buf.write_f32(0, &rand_vec(n, 11).iter().map(|v| v.abs()).collect::<Vec<_>>())?;
+        buf.write_f32(0, &rand_f32(n, 11).iter().map(|v| v.abs()).collect::<Vec<_>>())?;
         let t = g.state(DType::F32, ne, &buf, 0)?;
         states.push(buf);
         Ok(t)
@@ -589,7 +577,7 @@ fn train_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
         } else if *n == 2 {
             vec![1e-3, 0.0]
         } else {
-            rand_vec(*n, 7)
+            rand_f32(*n, 7)
         };
         plan.set_input(*t, &v)?;
     }
@@ -855,7 +843,7 @@ fn vision_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> 
     g.set_output(out);
     let mut plan = Plan::new(g, &be)?;
     for (i, (t, dt, n)) in inputs.iter().enumerate() {
-        let v = rand_vec(*n, 11 + i as u64);
+        let v = rand_f32(*n, 11 + i as u64);
         if *dt == DType::F16 {
             let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
             plan.set_input(*t, &h)?;

@@ -39,6 +39,8 @@ pub mod models;
 pub(crate) mod ops;
 pub mod plan;
 pub mod quant;
+#[doc(hidden)]
+pub mod testdata;
 
 pub use backend::{
     AbortHook, Backend, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice, CpuRegistry,

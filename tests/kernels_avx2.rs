@@ -10,10 +10,10 @@
 
 mod common;
 
-use common::rand_f32;
 use quantgraph::DType;
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{quantize, quantize_for_dot};
+use quantgraph::testdata::rand_f32;
 
 /// Every type with an AVX2 kernel in avx2_quants.rs.
 const TYPES: [DType; 19] = [

@@ -6,8 +6,9 @@
 
 mod common;
 
-use common::{each, nmse, rand_f32};
+use common::{each, nmse};
 use half::f16;
+use quantgraph::testdata::uniform;
 use quantgraph::{
     Buffer, CpuBackend, DType, Error, FlashAttnBackLayout, Graph, Plan, PoolOp, RopeMode,
     RopeParams, TensorId,
@@ -71,10 +72,6 @@ fn read_out(p: &Plan, out: TensorId) -> Vec<f32> {
         DType::F16 => p.output::<f16>(out).unwrap().iter().map(|v| v.to_f32()).collect(),
         _ => p.output::<f32>(out).unwrap().to_vec(),
     }
-}
-
-fn uniform(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    rand_f32(n, seed).iter().map(|v| lo + (v + 1.0) * 0.5 * (hi - lo)).collect()
 }
 
 fn to64(v: &[f32]) -> Vec<f64> {

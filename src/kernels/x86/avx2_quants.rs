@@ -1869,6 +1869,7 @@ unsafe fn vec_dot_q6_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testdata::Xorshift64;
 
     #[test]
     fn f16_table_matches_f16c() {
@@ -1886,22 +1887,12 @@ mod tests {
         unsafe { check() }
     }
 
-    /// A xorshift stream of values in [-1, 1).
-    fn uniform(mut s: u64) -> impl FnMut() -> f32 {
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-    }
-
     #[test]
     fn stream_variants_give_the_plain_kernels_bits() {
         if !crate::kernels::Isa::Avx2.is_supported() {
             return;
         }
-        let mut rnd = uniform(0x9E37_79B9_7F4A_7C15u64);
+        let mut r = Xorshift64::from_state(0x9E37_79B9_7F4A_7C15);
         // Every type whose AVX2 (or AVX-512) table has a decode (stream) variant, IQ kernels
         // included.
         let mut checked = Vec::new();
@@ -1919,8 +1910,8 @@ mod tests {
             }
             checked.push(ty);
             for n in [256, 512, 4096, 14336 + 256] {
-                let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
-                let y: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let x: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
+                let y: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
                 let mut xq = vec![0u8; ty.row_size(n).unwrap()];
                 if crate::quant::quantize(ty, &x, &mut xq).is_err() {
                     crate::quant::quantize_for_dot(ty, &x, &mut xq).unwrap();
@@ -1944,7 +1935,7 @@ mod tests {
         if !crate::kernels::Isa::Avx2.is_supported() {
             return;
         }
-        let mut rnd = uniform(0x0F1E_2D3C_4B5A_6978u64);
+        let mut r = Xorshift64::from_state(0x0F1E_2D3C_4B5A_6978);
         type Gemm = fn(usize, &[&[u8]], &[&[u8]], &mut [f32]);
         type Kind = (fn(f32) -> Vec<u8>, Gemm, fn(usize, &[u8], &[u8]) -> f32);
         let kinds: [Kind; 3] = [
@@ -1954,7 +1945,7 @@ mod tests {
         ];
         for (enc, gemm, dot) in kinds {
             for k in [7, 32, 100, 14336 + 7] {
-                let mut row = || (0..k).flat_map(|_| enc(rnd())).collect::<Vec<u8>>();
+                let mut row = || (0..k).flat_map(|_| enc(r.next_f32())).collect::<Vec<u8>>();
                 let rows: Vec<Vec<u8>> = (0..5).map(|_| row()).collect();
                 let cols: Vec<Vec<u8>> = (0..2).map(|_| row()).collect();
                 for nr in 1..=5 {

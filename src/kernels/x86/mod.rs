@@ -200,16 +200,6 @@ pub(crate) fn avx2_igemm_maddubs() -> Option<crate::kernels::igemm::IgemmKernels
 pub(crate) mod test_util {
     use crate::kernels::{Isa, KernelTable, table_for};
 
-    /// A deterministic xorshift32 stream of test data.
-    pub(crate) fn xorshift32(mut s: u32) -> impl FnMut() -> u32 {
-        move || {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            s
-        }
-    }
-
     /// The AVX2 and AVX-512 tables, to compare a kernel of the AVX-512 tier with its AVX2 twin;
     /// `None` (the test says it skips) on a CPU without the AVX-512 tier, or without
     /// AVX512_VNNI when `vnni`.
