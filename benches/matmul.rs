@@ -1,7 +1,7 @@
 //! `mul_mat` on one plan per (type, columns): decode (N = 1, the dot-product path) and prefill
 //! (N = 64, the GEMM path) of a 1024 x 4096 weight matrix, 2 threads, in GFLOPS (criterion's
-//! element throughput counts multiply-adds x 2). The one-line `examples/bench.rs matmul` runs the
-//! issue's full shapes.
+//! element throughput counts multiply-adds x 2). The one-line `bench` example's `matmul` runs any
+//! shape.
 //!
 //! `cargo bench --bench matmul -- q4_0` runs one type.
 

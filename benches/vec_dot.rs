@@ -53,7 +53,7 @@ fn operands(dtype: DType) -> (Vec<u8>, Vec<u8>) {
     let mut xq = vec![0u8; dtype.row_size(N).unwrap()];
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => quantize_for_dot(dtype, &x, &mut xq).unwrap(),
-        // These three need an importance matrix: a uniform one, as examples/bench.rs does.
+        // These three need an importance matrix: a uniform one, as the `bench` example's `vec-dot` does.
         DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS => {
             quantize_with_imatrix(dtype, &x, N, &vec![1.0; N], &mut xq).unwrap()
         }
