@@ -169,7 +169,7 @@ fn float_gemm_tiers_agree_with_scalar() {
 
 /// Every quantized weight type with a dot product takes the same GEMM (dequantized strips, the
 /// activations rounded through the vec-dot type): against a dequantize-then-f64 product (NMSE
-/// 5e-4, the limit) and against one `vec_dot` per element (same products, another
+/// 5e-4, test-backend-ops' limit for mul_mat) and against one `vec_dot` per element (same products, another
 /// summation order), with 1 and 3 threads bitwise equal.
 #[test]
 fn quantized_gemm_matches_reference_for_every_type() {

@@ -1,4 +1,4 @@
-//! Training ops (issue #7): cross_entropy_loss(+back) and the optimizer steps against f64
+//! Training ops: cross_entropy_loss(+back) and the optimizer steps against f64
 //! references; the backward ops against f64 references and against finite differences of their
 //! forward ops (test-backend-ops' grad mode: central differences, 4-point when "precise", mean
 //! absolute asymmetry below its limit). Guard bytes around every tensor, thread counts 1, 2 and 3

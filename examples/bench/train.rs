@@ -5,7 +5,7 @@ use crate::measure::median_compute_secs;
 use quantgraph::testdata::rand_f32;
 use quantgraph::{Buffer, CpuBackend, DType, Graph, Plan};
 
-/// One training op (issue #7) on a typical shape; prints median ms and GB/s of tensor traffic.
+/// One training op on a typical shape; prints median ms and GB/s of tensor traffic.
 pub fn train_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
     use quantgraph::{PoolOp, RopeMode, RopeParams};
     let be = CpuBackend::with_threads(threads)?;

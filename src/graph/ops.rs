@@ -15,7 +15,6 @@ pub enum UnaryOp {
     Gelu,
     /// x * sigmoid(x)
     Silu,
-    // --- ops1: the rest of GGML_UNARY_OP_* ---
     /// |x|
     Abs,
     /// sign of x: -1, 0 or 1.
@@ -139,7 +138,7 @@ pub enum Op {
     Upscale(super::ScaleMode),
     /// A copy of src0 with src1 written into a strided view at a byte offset.
     Set { nb: [usize; 3], offset: usize },
-    // --- ops1: elementwise, GLU, norms, reductions and sorting (src/graph/elementwise.rs) ---
+    // Elementwise, GLU, norms, reductions and sorting (built in graph/elementwise.rs).
     /// a + b where b is a scalar (one element).
     Add1,
     /// a + rows of b picked by the I32 ids (`dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]]`).
@@ -196,13 +195,13 @@ pub enum Op {
     Argsort(super::SortOrder),
     /// Indices of the `k` largest elements of each row (I32; order not significant, as ggml).
     TopK { k: usize },
-    // --- moe: mul_mat_id and out_prod (src/graph/moe.rs) ---
+    // Mixture of experts (graph/moe.rs).
     /// Per-token expert matmul: src0 [k, m, n_expert] x src1 [k, 1 or n_used, n_tokens] with the
     /// experts named by the I32 ids in src2 [n_used, n_tokens] -> [m, n_used, n_tokens].
     MulMatId,
     /// Outer products summed over k: src0 [m, k] x src1 [n, k] -> [m, n], broadcasting dims 2, 3.
     OutProd,
-    // --- ssm: state-space, recurrent and misc forward ops (src/graph/recurrent.rs) ---
+    // State-space, recurrent and other sequence-mixing ops (graph/recurrent.rs).
     /// Depthwise causal 1-D convolution over tokens (Mamba's conv1d).
     SsmConv,
     /// Selective state-space scan (Mamba-1 and Mamba-2 layouts); `k` state snapshot slots.
@@ -225,7 +224,7 @@ pub enum Op {
     Dsv4HcPre,
     /// DeepSeek-V4 hyper-connection post-mix (streams recombined with the layer output).
     Dsv4HcPost,
-    // --- train: losses, optimizer steps and backward ops (src/graph/train.rs) ---
+    // Training: losses, optimizer steps and backward ops (graph/train.rs).
     /// -mean over rows of sum(labels * log_softmax(logits)) (F32 scalar).
     CrossEntropyLoss,
     /// Gradient of cross_entropy_loss with respect to the logits.
@@ -250,7 +249,7 @@ pub enum Op {
     Pool2dBack(super::Pool2dParams),
     /// Gradients of q, k and v of (pre-flash_attn_ext) attention, packed in one vector.
     FlashAttnBack { masked: bool },
-    // --- vision: convolution, pooling, windows (src/graph/vision.rs) ---
+    // Vision: convolution, pooling, windows (graph/vision.rs).
     /// Patches of src1 unfolded into rows (1D or 2D), shaped by the kernel src0.
     Im2col { p: super::Conv2dParams, is_2d: bool },
     /// Patches of a 3D input unfolded into rows.
@@ -343,10 +342,8 @@ impl Op {
             Op::CountEqual => "count_equal",
             Op::Argsort(_) => "argsort",
             Op::TopK { .. } => "top_k",
-            // --- moe (src/graph/moe.rs) ---
             Op::MulMatId => "mul_mat_id",
             Op::OutProd => "out_prod",
-            // --- ssm (src/graph/recurrent.rs) ---
             Op::SsmConv => "ssm_conv",
             Op::SsmScan { .. } => "ssm_scan",
             Op::RwkvWkv6 => "rwkv_wkv6",
@@ -358,7 +355,6 @@ impl Op {
             Op::Dsv4HcComb { .. } => "dsv4_hc_comb",
             Op::Dsv4HcPre => "dsv4_hc_pre",
             Op::Dsv4HcPost => "dsv4_hc_post",
-            // --- train (src/graph/train.rs) ---
             Op::CrossEntropyLoss => "cross_entropy_loss",
             Op::CrossEntropyLossBack => "cross_entropy_loss_back",
             Op::OptStepAdamw => "opt_step_adamw",
@@ -371,7 +367,6 @@ impl Op {
             Op::Im2colBack(_) => "im2col_back",
             Op::Pool2dBack(_) => "pool_2d_back",
             Op::FlashAttnBack { .. } => "flash_attn_back",
-            // --- vision (src/graph/vision.rs) ---
             Op::Im2col { .. } => "im2col",
             Op::Im2col3d(_) => "im2col_3d",
             Op::Col2im1d { .. } => "col2im_1d",
@@ -403,7 +398,7 @@ impl Op {
                 | Op::SoftMax { .. }
                 | Op::RmsNorm { .. }
                 | Op::Rope(_)
-                // ops1 (ggml-alloc's list, plus the fused rms_norm * weight)
+                // more of ggml-alloc's list, and the fused rms_norm * weight
                 | Op::Add1
                 | Op::AddId
                 | Op::Fill { .. }
@@ -413,7 +408,7 @@ impl Op {
                 | Op::Sqrt
                 | Op::Log
                 | Op::RmsNormMul { .. }
-                // vision (ggml_add_rel_pos_inplace)
+                // ggml_add_rel_pos_inplace
                 | Op::AddRelPos
         )
     }

@@ -5,8 +5,11 @@
 
 mod backward;
 mod binary;
+mod conv;
 mod cpy;
 mod custom;
+mod delta_net;
+mod dsv4;
 mod elementwise;
 mod flash_attn;
 mod flash_attn_tiled;
@@ -16,30 +19,25 @@ mod get_rows;
 mod glu;
 mod mul_mat;
 mod mul_mat_f;
+mod mul_mat_id;
 mod mul_mat_q;
 mod mul_mat_repack;
 mod node;
-pub(crate) use node::{ExecNode, TView, align_up};
 mod norm;
+mod out_prod;
+mod pool;
 mod reduce;
 mod rope;
+mod rwkv;
 mod set_rows;
 mod softmax;
+mod ssm;
 mod train;
 mod unary;
 mod upscale;
-// --- moe: mul_mat_id and out_prod ---
-mod mul_mat_id;
-mod out_prod;
-// --- ssm: state-space, recurrent and misc forward ops ---
-mod delta_net;
-mod dsv4;
-mod rwkv;
-mod ssm;
-// vision
-mod conv;
-mod pool;
 mod window;
+
+pub(crate) use node::{ExecNode, TView, align_up};
 
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Op, TensorId};
@@ -124,7 +122,6 @@ pub(crate) fn supports(graph: &Graph, id: TensorId, kt: &KernelTable) -> Result<
             }
             Ok(())
         }
-        // --- moe (src/ops/mul_mat_id.rs) ---
         Op::MulMatId => {
             let a = graph.t(t.src[0].expect("mul_mat_id as"));
             let b = graph.t(t.src[1].expect("mul_mat_id b"));
@@ -140,13 +137,13 @@ pub(crate) fn phases(node: &ExecNode, kt: &KernelTable) -> u8 {
         Op::MulMat => mul_mat::phases(node),
         Op::FlashAttnExt(_) => flash_attn::phases(node),
         Op::Set { .. } => 2,
-        // ops1: copy then accumulate; count then add the per-thread counts.
+        // acc: copy, then accumulate; count_equal: count, then add the per-thread counts.
         Op::Acc { .. } | Op::CountEqual => 2,
-        // --- moe: convert b and group by expert, then the expert chunks ---
+        // convert b and group it by expert, then the expert chunks
         Op::MulMatId => mul_mat_id::phases(node, kt),
-        // train: per-row loss terms, then their sum in row order.
+        // per-row loss terms, then their sum in row order
         Op::CrossEntropyLoss => 2,
-        // vision: pack operands into the work buffer, then compute.
+        // pack the operands into the work buffer, then compute
         Op::Conv2d(_) | Op::Conv3d(_) | Op::ConvTranspose1d { .. } | Op::ConvTranspose2d { .. } => {
             2
         }
@@ -164,19 +161,14 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize, kt: &KernelTable) -> usize 
         Op::SetRows => set_rows::work_size(node, nth),
         Op::SoftMax { .. } => softmax::work_size(node, nth),
         Op::FlashAttnExt(_) => flash_attn::work_size(node, nth),
-        // ops1
         Op::CountEqual | Op::TopK { .. } => reduce::work_size(node, nth),
-        // --- moe ---
         Op::MulMatId => mul_mat_id::work_size(node, nth, kt),
         Op::OutProd => out_prod::work_size(node, nth),
-        // --- ssm ---
         Op::GatedDeltaNet { .. } => delta_net::gdn_work_size(node, nth),
         Op::LightningIndexer => dsv4::li_work_size(node, nth),
-        // train
         Op::CrossEntropyLoss => train::work_size(node, nth),
         Op::RopeBack(_) => rope::work_size(node, nth),
         Op::FlashAttnBack { .. } => backward::flash_attn_back_work_size(node, nth),
-        // vision
         Op::Conv2d(_) | Op::Conv3d(_) => conv::conv_work_size(node, nth),
         Op::Im2col { .. } | Op::Im2col3d(_) => conv::im2col_work_size(node, nth),
         Op::ConvTranspose1d { .. } | Op::ConvTranspose2d { .. } => conv::convt_work_size(node, nth),
@@ -208,7 +200,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::TimestepEmbedding { dim, max_period } => {
             gather::timestep_embedding(ctx, ith, *dim, *max_period)
         }
-        // ops1: elementwise, GLU, norms, reductions and sorting
+        // Elementwise, GLU, norms, reductions and sorting.
         Op::Add1 => elementwise::add1(ctx, ith),
         Op::AddId => elementwise::add_id(ctx, ith),
         Op::Acc { nb1, nb2, nb3, offset } => {
@@ -241,10 +233,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::CountEqual => reduce::count_equal(ctx, phase, ith),
         Op::Argsort(order) => reduce::argsort(ctx, ith, *order),
         Op::TopK { k } => reduce::top_k(ctx, ith, *k),
-        // --- moe: mul_mat_id and out_prod ---
+        // Mixture of experts.
         Op::MulMatId => mul_mat_id::compute(ctx, phase, ith),
         Op::OutProd => out_prod::compute(ctx, ith),
-        // --- ssm: state-space, recurrent and misc forward ops ---
+        // State-space, recurrent and other sequence-mixing ops.
         Op::SsmConv => ssm::ssm_conv(ctx, ith),
         Op::SsmScan { k } => ssm::ssm_scan(ctx, ith, *k),
         Op::RwkvWkv6 => rwkv::wkv6(ctx, ith),
@@ -256,7 +248,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::Dsv4HcComb { eps, n_iter } => dsv4::hc_comb(ctx, ith, *eps, *n_iter),
         Op::Dsv4HcPre => dsv4::hc_pre(ctx, ith),
         Op::Dsv4HcPost => dsv4::hc_post(ctx, ith),
-        // train: losses, optimizer steps and backward ops
+        // Training: losses, optimizer steps and backward ops.
         Op::CrossEntropyLoss => train::cross_entropy_loss(ctx, phase, ith),
         Op::CrossEntropyLossBack => train::cross_entropy_loss_back(ctx, ith),
         Op::OptStepAdamw => train::opt_step_adamw(ctx, ith),
@@ -269,7 +261,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         Op::Im2colBack(p) => backward::im2col_back(ctx, ith, p),
         Op::Pool2dBack(p) => backward::pool_2d_back(ctx, ith, p),
         Op::FlashAttnBack { masked } => backward::flash_attn_back(ctx, ith, *masked),
-        // vision: convolution, pooling, windows
+        // Vision: convolution, pooling, windows.
         Op::Im2col { p, is_2d } => conv::im2col(ctx, ith, p, *is_2d),
         Op::Im2col3d(p) => conv::im2col_3d(ctx, ith, p),
         Op::Col2im1d { s0, oc, p0 } => conv::col2im_1d(ctx, ith, *s0, *oc, *p0),

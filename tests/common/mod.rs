@@ -1,5 +1,6 @@
-//! Shared test helpers: the ggml golden vectors in tests/data/golden (copied from ../shared/golden,
-//! produced by ggml itself; see tests/data/golden/README.md) and comparison metrics.
+//! What the integration tests share: ggml's golden vectors in tests/data/golden (made by ggml
+//! itself; see tests/data/golden/README.md), references and comparison metrics. Random inputs come
+//! from `quantgraph::testdata`.
 #![allow(dead_code)]
 
 use quantgraph::DType;

@@ -121,7 +121,7 @@ fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
 /// threads, the kernel switched between computes of one plan) measured 1-16 KiB: 4 KiB was best or
 /// within 2% of best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0
 /// ~1.3-1.6x, Q4_1/Q5_1/Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). The gain depends
-/// on how loaded the memory is: in the host's fast phases Q5_0 measured no gain (and no loss).
+/// on how loaded the memory is: in the test machine's fast phases Q5_0 measured no gain (and no loss).
 /// Q4_0, Q8_0, MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to
 /// 10%) and keep their plain kernels; so does F32, whose decode is bound by memory bandwidth.
 pub(super) const STREAM_PF: usize = 4096;
