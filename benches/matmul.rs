@@ -1,11 +1,12 @@
 //! `mul_mat` on one plan per (type, columns): decode (N = 1, the dot-product path) and prefill
 //! (N = 64, the GEMM path) of a 1024 x 4096 weight matrix, 2 threads, in GFLOPS (criterion's
-//! element throughput counts multiply-adds x 2). The one-line `examples/bench.rs matmul` runs the
-//! issue's full shapes.
+//! element throughput counts multiply-adds x 2). The one-line `bench` example's `matmul` runs any
+//! shape.
 //!
 //! `cargo bench --bench matmul -- q4_0` runs one type.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{Buffer, CpuBackend, DType, Graph, Plan};
 use std::time::Duration;
 
@@ -23,21 +24,8 @@ const TYPES: [DType; 8] = [
     DType::MXFP4,
 ];
 
-/// Deterministic values in [-1, 1) (xorshift), as in examples/bench.rs.
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
 fn plan(ty: DType, n: usize, be: &CpuBackend) -> quantgraph::Result<Plan> {
-    let w = rand_vec(M * K, 1);
+    let w = rand_f32(M * K, 1);
     let mut bytes = vec![0u8; ty.row_size(K)? * M];
     match ty {
         DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&w)),
@@ -51,7 +39,7 @@ fn plan(ty: DType, n: usize, be: &CpuBackend) -> quantgraph::Result<Plan> {
     let y = g.mul_mat(a, x)?;
     g.set_output(y);
     let mut p = Plan::new(g, be)?;
-    p.set_input(x, &rand_vec(K * n, 2))?;
+    p.set_input(x, &rand_f32(K * n, 2))?;
     Ok(p)
 }
 

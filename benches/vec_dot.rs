@@ -12,6 +12,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, 
 use quantgraph::DType;
 use quantgraph::kernels::{Isa, VecDotKernel, vec_dot_with};
 use quantgraph::quant::{quantize, quantize_for_dot, quantize_with_imatrix};
+use quantgraph::testdata::rand_f32;
 use std::time::Duration;
 
 const N: usize = 4096;
@@ -47,25 +48,12 @@ const TYPES: [DType; 28] = [
     DType::IQ4_XS,
 ];
 
-/// Deterministic values in [-1, 1) (xorshift), as in examples/bench.rs.
-fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
-
 fn operands(dtype: DType) -> (Vec<u8>, Vec<u8>) {
-    let (x, y) = (rand_vec(N, 1), rand_vec(N, 2));
+    let (x, y) = (rand_f32(N, 1), rand_f32(N, 2));
     let mut xq = vec![0u8; dtype.row_size(N).unwrap()];
     match dtype {
         DType::F32 | DType::F16 | DType::BF16 => quantize_for_dot(dtype, &x, &mut xq).unwrap(),
-        // These three need an importance matrix: a uniform one, as examples/bench.rs does.
+        // These three need an importance matrix: a uniform one, as the `bench` example's `vec-dot` does.
         DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS => {
             quantize_with_imatrix(dtype, &x, N, &vec![1.0; N], &mut xq).unwrap()
         }

@@ -41,6 +41,8 @@ pub mod models;
 pub(crate) mod ops;
 pub mod plan;
 pub mod quant;
+#[doc(hidden)]
+pub mod testdata;
 
 pub use backend::{
     AbortHook, Backend, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice, CpuRegistry,
@@ -50,11 +52,9 @@ pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
 pub use gguf::{GgufFile, GgufWriter};
 pub use graph::{
-    CustomArgs, CustomFn, FlashAttnParams, Gather, GluOp, Graph, Op, RopeMode, RopeParams,
-    ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
+    Conv2dParams, Conv3dParams, CustomArgs, CustomFn, DSV4_HC_MAX_ITER, FlashAttnBackLayout,
+    FlashAttnParams, Gather, GluOp, Graph, Im2colBackParams, Op, Pool2dParams, PoolOp, RopeMode,
+    RopeParams, ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
 };
-pub use graph::{DSV4_HC_MAX_ITER, FlashAttnBackLayout, Im2colBackParams, Pool2dParams};
-// vision ops (src/graph/vision.rs)
-pub use graph::{Conv2dParams, Conv3dParams, PoolOp};
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{each, nmse, rand_f32};
+use common::{each, nmse};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{Backend, CpuBackend, DType, Error, Graph, Plan, TensorId};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

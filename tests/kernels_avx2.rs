@@ -10,10 +10,10 @@
 
 mod common;
 
-use common::rand_f32;
 use quantgraph::DType;
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{quantize, quantize_for_dot};
+use quantgraph::testdata::rand_f32;
 
 /// Every type with an AVX2 kernel in avx2_quants.rs.
 const TYPES: [DType; 19] = [
@@ -184,7 +184,7 @@ fn vec_dot_with_refuses_wrong_lengths() {
     assert!(vec_dot_with(Isa::Avx2, DType::Q4_0, 32, &xq, &yq).is_err());
 }
 
-/// ggml's own vec_dot results (its AVX2 build) on the golden rows: within the 1e-4, and in
+/// ggml's own vec_dot results (its AVX2 build) on the golden rows: within a relative 1e-4, and in
 /// fact bit-exact.
 #[test]
 fn avx2_golden_vec_dot_matches_ggml() {

@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::nmse;
+use quantgraph::testdata::rand_f32;
 use quantgraph::{
     Buffer, CpuBackend, DType, FlashAttnParams, Graph, Plan, RopeMode, RopeParams, TensorId,
 };

@@ -3,9 +3,10 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::nmse;
 use quantgraph::models::WeightRef;
 use quantgraph::models::llama::{Llama, LlamaConfig};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{Buffer, CpuBackend, DType};
 use std::collections::HashMap;
 

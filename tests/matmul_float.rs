@@ -5,9 +5,10 @@
 
 mod common;
 
-use common::{assert_close_to_scale, matmul_f64, nmse, rand_f32, tiers};
+use common::{assert_close_to_scale, matmul_f64, nmse, tiers};
 use quantgraph::kernels::Isa;
 use quantgraph::quant::{dequantize, quantize_for_dot};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{CpuBackend, DType, Graph, Plan};
 
 const TYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -168,7 +169,7 @@ fn float_gemm_tiers_agree_with_scalar() {
 
 /// Every quantized weight type with a dot product takes the same GEMM (dequantized strips, the
 /// activations rounded through the vec-dot type): against a dequantize-then-f64 product (NMSE
-/// 5e-4, the limit) and against one `vec_dot` per element (same products, another
+/// 5e-4, test-backend-ops' limit for mul_mat) and against one `vec_dot` per element (same products, another
 /// summation order), with 1 and 3 threads bitwise equal.
 #[test]
 fn quantized_gemm_matches_reference_for_every_type() {

@@ -5,10 +5,11 @@
 
 mod common;
 
-use common::{assert_close_to_scale, matmul_f64, nmse, rand_f32, tiers};
+use common::{assert_close_to_scale, matmul_f64, nmse, tiers};
 use quantgraph::DType;
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
+use quantgraph::testdata::rand_f32;
 
 const TYPES: [DType; 2] = [DType::Q8_0, DType::Q4_0];
 

@@ -5,9 +5,10 @@
 
 mod common;
 
-use common::{each, nmse, rand_f32};
+use common::{each, nmse};
 use quantgraph::kernels::{Isa, selected_isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot};
+use quantgraph::testdata::{Xorshift64, rand_f32, random_blocks};
 use quantgraph::{CpuBackend, DType, Error, Graph, Plan, TensorId};
 
 /// Types whose reference quantizer needs an importance matrix or builds grid tables that take
@@ -15,39 +16,11 @@ use quantgraph::{CpuBackend, DType, Error, Graph, Plan, TensorId};
 const RANDOM_BLOCK_TYPES: [DType; 5] =
     [DType::IQ1_S, DType::IQ1_M, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S];
 
-/// Random blocks of `ty` whose dequantized values are finite and of moderate size (every index
-/// pattern of these formats is valid; only the f16 scales can be out of range).
-fn random_blocks(ty: DType, n: usize, seed: u64) -> Vec<u8> {
-    let (bs, ts) = (ty.block_size(), ty.type_size());
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(n / bs * ts);
-    let mut vals = vec![0f32; bs];
-    for _ in 0..n / bs {
-        loop {
-            let block: Vec<u8> = (0..ts)
-                .map(|_| {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
-                    (s >> 32) as u8
-                })
-                .collect();
-            dequantize(ty, &block, &mut vals).unwrap();
-            let max = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-            if vals.iter().all(|v| v.is_finite()) && max > 1e-3 && max < 1e3 {
-                out.extend(block);
-                break;
-            }
-        }
-    }
-    out
-}
-
 /// `x` in type `ty`: the reference quantizer, the plain conversion of float types, or (for
 /// [`RANDOM_BLOCK_TYPES`]) random valid blocks seeded from `x`; `None` when the type has none.
 fn encode(ty: DType, x: &[f32]) -> Option<Vec<u8>> {
     if RANDOM_BLOCK_TYPES.contains(&ty) {
-        return Some(random_blocks(ty, x.len(), x.len() as u64 ^ x[0].to_bits() as u64));
+        return Some(random_blocks(ty, x.len(), x.len() as u64 ^ x[0].to_bits() as u64).unwrap());
     }
     let mut q = vec![0u8; ty.row_size(x.len()).ok()?];
     if quantize(ty, x, &mut q).is_ok() || quantize_for_dot(ty, x, &mut q).is_ok() {
@@ -83,18 +56,12 @@ fn weight_types() -> Vec<DType> {
 /// test-backend-ops' ids: per token a shuffle of `i % n_mats`, of which the first `n_used` are
 /// read through a strided view when `n_used < n_mats`.
 fn make_ids(n_mats: usize, n_tok: usize, seed: u64) -> Vec<i32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
+    let mut r = Xorshift64::new(seed);
     let mut out = Vec::with_capacity(n_mats * n_tok);
     for _ in 0..n_tok {
         let mut row: Vec<i32> = (0..n_mats as i32).collect();
         for i in (1..n_mats).rev() {
-            row.swap(i, (next() % (i as u64 + 1)) as usize);
+            row.swap(i, (r.next_u64() % (i as u64 + 1)) as usize);
         }
         out.extend(row);
     }

@@ -7,9 +7,10 @@
 
 mod common;
 
-use common::{matmul_f64, nmse, rand_f32};
+use common::{matmul_f64, nmse};
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{CpuBackend, DType, Graph, Plan};
 
 const TYPES: [DType; 25] = [

@@ -8,10 +8,11 @@
 
 mod common;
 
-use common::{matmul_f64, nmse, rand_f32, tiers};
+use common::{matmul_f64, nmse, tiers};
 use quantgraph::backend::repack::REPACK_TYPES;
 use quantgraph::kernels::Isa;
 use quantgraph::quant::{dequantize, quantize};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{Buffer, BufferType, CpuBackend, CpuRepackBufferType, DType, Graph, Plan};
 
 struct Case {

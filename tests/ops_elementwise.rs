@@ -8,8 +8,9 @@
 
 mod common;
 
-use common::{each, nmse, rand_f32};
+use common::{each, nmse};
 use half::{bf16, f16};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{
     Buffer, CpuBackend, DType, Error, GluOp, Graph, Isa, Plan, SortOrder, TensorId, TriType,
     UnaryOp,

@@ -2,7 +2,8 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::nmse;
+use quantgraph::testdata::rand_f32;
 use quantgraph::{CpuBackend, DType, Graph, Plan, RopeMode, RopeParams, TensorId};
 
 fn compute(

@@ -8,8 +8,9 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::nmse;
 use quantgraph::kernels::Isa;
+use quantgraph::testdata::rand_f32;
 use quantgraph::{CpuBackend, DType, FlashAttnParams, Graph, Plan, RopeMode, RopeParams, TensorId};
 
 /// Runs `build` on tier `isa` with random F32 inputs (and F16 inputs, given as F32 then cast in

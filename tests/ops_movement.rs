@@ -2,7 +2,8 @@
 
 mod common;
 
-use common::{each, nmse, rand_f32};
+use common::{each, nmse};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{Buffer, CpuBackend, DType, Error, Graph, Plan};
 
 /// F32 -> T -> F32 through graph copies equals quantize/dequantize through the quant API

@@ -6,7 +6,8 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::nmse;
+use quantgraph::testdata::{rand_f32, uniform};
 use quantgraph::{CpuBackend, DType, Error, Graph, Plan, TensorId};
 
 /// Input data for one tensor.
@@ -44,10 +45,6 @@ fn run_threads(g: &Graph, inputs: &[(TensorId, &Data)], out: TensorId) -> Vec<f3
         );
     }
     r1
-}
-
-fn uniform(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    rand_f32(n, seed).iter().map(|&x| lo + (x + 1.0) * 0.5 * (hi - lo)).collect()
 }
 
 fn check(what: &str, got: &[f32], want: &[f64], limit: f64) {

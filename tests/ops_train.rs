@@ -1,4 +1,4 @@
-//! Training ops (issue #7): cross_entropy_loss(+back) and the optimizer steps against f64
+//! Training ops: cross_entropy_loss(+back) and the optimizer steps against f64
 //! references; the backward ops against f64 references and against finite differences of their
 //! forward ops (test-backend-ops' grad mode: central differences, 4-point when "precise", mean
 //! absolute asymmetry below its limit). Guard bytes around every tensor, thread counts 1, 2 and 3
@@ -6,8 +6,9 @@
 
 mod common;
 
-use common::{each, nmse, rand_f32};
+use common::{each, nmse};
 use half::f16;
+use quantgraph::testdata::uniform;
 use quantgraph::{
     Buffer, CpuBackend, DType, Error, FlashAttnBackLayout, Graph, Plan, PoolOp, RopeMode,
     RopeParams, TensorId,
@@ -71,10 +72,6 @@ fn read_out(p: &Plan, out: TensorId) -> Vec<f32> {
         DType::F16 => p.output::<f16>(out).unwrap().iter().map(|v| v.to_f32()).collect(),
         _ => p.output::<f32>(out).unwrap().to_vec(),
     }
-}
-
-fn uniform(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
-    rand_f32(n, seed).iter().map(|v| lo + (v + 1.0) * 0.5 * (hi - lo)).collect()
 }
 
 fn to64(v: &[f32]) -> Vec<f64> {

@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{each, nmse, rand_f32};
+use common::{each, nmse};
 use half::{bf16, f16};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{
     Conv2dParams, Conv3dParams, CpuBackend, DType, Error, Graph, Plan, PoolOp, ScaleMode, TensorId,
 };

@@ -5,8 +5,9 @@
 
 mod common;
 
-use common::{nmse, rand_f32};
+use common::nmse;
 use quantgraph::kernels::{Isa, set_isa};
+use quantgraph::testdata::rand_f32;
 use quantgraph::{Conv2dParams, Conv3dParams, CpuBackend, DType, Graph, Plan};
 
 fn run(kt: DType, three_d: bool, threads: usize) -> Vec<f32> {

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{QuantCase, quant_case, quant_rows, quant_x, rand_f32};
+use common::{QuantCase, quant_case, quant_rows, quant_x};
+use quantgraph::testdata::{generate_data, rand_f32};
 use quantgraph::{DType, quant};
 
 /// The IQ types with golden data (ggml quantizes them without an importance matrix).
@@ -213,11 +214,6 @@ fn test_q8_k_helper_matches_golden_activations() {
 // ggml's tests/test-quantize-fns.cpp checks, with its data, rmse definition and limits.
 
 const TEST_SIZE: usize = 32 * 128;
-
-/// test-quantize-fns' `generate_data`: `0.1 + 2*cos(i + offset)` in f32.
-fn generate_data(offset: f32, n: usize) -> Vec<f32> {
-    (0..n).map(|i| (0.1 + 2.0 * (i as f32 + offset).cos() as f64) as f32).collect()
-}
 
 /// test-quantize-fns' `array_rmse`: `sqrtf(sum of squared differences) / n`.
 fn array_rmse(a: &[f32], b: &[f32]) -> f32 {

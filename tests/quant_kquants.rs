@@ -3,10 +3,11 @@
 
 mod common;
 
-use common::{quant_case, quant_rows, quant_x, quant_y, rand_f32};
+use common::{quant_case, quant_rows, quant_x, quant_y};
 use proptest::prelude::*;
 use quantgraph::DType;
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix, vec_dot};
+use quantgraph::testdata::{generate_data, rand_f32};
 
 /// Every K-quant weight type, listed explicitly so none can be skipped silently.
 const K_TYPES: [DType; 5] = [DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K];
@@ -123,11 +124,6 @@ fn q8_k_dequantize_is_within_half_a_step() {
 
 // ---------------------------------------------------------------------------------------------
 // ggml's tests/test-quantize-fns.cpp, with its data, error definitions and limits.
-
-/// `0.1 + 2*cosf(i + offset)` (the `0.1` is a C double).
-fn generate_data(offset: f32, n: usize) -> Vec<f32> {
-    (0..n).map(|i| (0.1 + (2.0 * (i as f32 + offset).cos()) as f64) as f32).collect()
-}
 
 fn array_rmse(a: &[f32], b: &[f32]) -> f32 {
     let sum: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();

@@ -6,6 +6,7 @@ mod common;
 
 use quantgraph::DType;
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix, vec_dot};
+use quantgraph::testdata::{generate_data, rand_f32};
 
 /// Every type this module implements that the golden set covers.
 const GOLDEN_TYPES: [&str; 14] = [
@@ -162,11 +163,6 @@ const MAX_DOT_PRODUCT_ERROR_FP4: f32 = 0.03;
 const MAX_DOT_PRODUCT_ERROR_BINARY: f32 = 0.40;
 const MAX_DOT_PRODUCT_ERROR_TERNARY: f32 = 0.15;
 
-/// `generate_data`: `0.1 + 2*cosf(i + offset)`, the sum taken in double as in C.
-fn generate_data(offset: f32, n: usize) -> Vec<f32> {
-    (0..n).map(|i| (0.1f64 + (2.0 * (i as f32 + offset).cos()) as f64) as f32).collect()
-}
-
 /// `array_rmse`: sqrt of the summed squared differences, divided by n (ggml's definition).
 fn array_rmse(a: &[f32], b: &[f32]) -> f32 {
     let sum: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
@@ -291,8 +287,8 @@ fn with_imatrix(dtype: DType, x: &[f32], n_per_row: usize, qw: &[f32]) -> Vec<u8
 #[test]
 fn imatrix_changes_bytes_where_ggml_uses_it() {
     let n = 256;
-    let x: Vec<f32> = common::rand_f32(2 * n, 7);
-    let qw: Vec<f32> = common::rand_f32(n, 8).iter().map(|v| v.abs() + 0.01).collect();
+    let x: Vec<f32> = rand_f32(2 * n, 7);
+    let qw: Vec<f32> = rand_f32(n, 8).iter().map(|v| v.abs() + 0.01).collect();
     for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
         let plain = quantized(dtype, &x);
         let weighted = with_imatrix(dtype, &x, n, &qw);
@@ -317,8 +313,8 @@ fn imatrix_changes_bytes_where_ggml_uses_it() {
 #[test]
 fn imatrix_scaled_by_power_of_two_gives_identical_bytes() {
     let n = 128;
-    let x = common::rand_f32(3 * n, 11);
-    let qw: Vec<f32> = common::rand_f32(n, 12).iter().map(|v| v.abs() + 0.1).collect();
+    let x = rand_f32(3 * n, 11);
+    let qw: Vec<f32> = rand_f32(n, 12).iter().map(|v| v.abs() + 0.1).collect();
     let qw4: Vec<f32> = qw.iter().map(|v| v * 4.0).collect();
     for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
         assert_eq!(with_imatrix(dtype, &x, n, &qw), with_imatrix(dtype, &x, n, &qw4), "{dtype}");
@@ -330,8 +326,8 @@ fn imatrix_scaled_by_power_of_two_gives_identical_bytes() {
 #[test]
 fn imatrix_is_ignored_where_ggml_ignores_it() {
     let n = 512;
-    let x = common::rand_f32(2 * n, 3);
-    let qw: Vec<f32> = common::rand_f32(n, 4).iter().map(|v| v * v * 10.0).collect();
+    let x = rand_f32(2 * n, 3);
+    let qw: Vec<f32> = rand_f32(n, 4).iter().map(|v| v * v * 10.0).collect();
     for dtype in [
         DType::F32,
         DType::F16,
@@ -381,7 +377,7 @@ fn imatrix_known_answer_on_exact_grid() {
 #[test]
 fn imatrix_rows_are_independent() {
     let n = 64;
-    let x = common::rand_f32(4 * n, 21);
+    let x = rand_f32(4 * n, 21);
     let qw: Vec<f32> = (0..n).map(|j| 1.0 + (j % 5) as f32).collect();
     for dtype in [DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1] {
         let all = with_imatrix(dtype, &x, n, &qw);
@@ -409,8 +405,8 @@ fn edge_rows_never_panic_and_roundtrip_sizes() {
             vec![0.3125; n],
             vec![1e-30; n],
             vec![-1e30; n],
-            common::rand_f32(n, 5).iter().map(|v| v * 1e30).collect(),
-            common::rand_f32(n, 6).iter().map(|v| v * 1e-30).collect(),
+            rand_f32(n, 5).iter().map(|v| v * 1e30).collect(),
+            rand_f32(n, 6).iter().map(|v| v * 1e-30).collect(),
             (0..n).map(|i| if i % 7 == 0 { f32::NAN } else { i as f32 }).collect(),
             (0..n).map(|i| if i % 5 == 0 { f32::INFINITY } else { -(i as f32) }).collect(),
             vec![f32::NAN; n],
@@ -503,8 +499,8 @@ fn half_bits(v: f32) -> u16 {
 #[test]
 fn misaligned_buffers_give_the_same_results() {
     let n = 512;
-    let x = common::rand_f32(n, 9);
-    let y = common::rand_f32(n, 10);
+    let x = rand_f32(n, 9);
+    let y = rand_f32(n, 10);
     for dtype in QUANTIZABLE {
         let q = quantized(dtype, &x);
         let mut buf = vec![0u8; q.len() + 1];

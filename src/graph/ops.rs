@@ -15,7 +15,6 @@ pub enum UnaryOp {
     Gelu,
     /// x * sigmoid(x)
     Silu,
-    // --- ops1: the rest of GGML_UNARY_OP_* ---
     /// |x|
     Abs,
     /// sign of x: -1, 0 or 1.
@@ -186,7 +185,7 @@ pub enum Op {
         /// Byte offset of the view's first element in src0, a multiple of the element size.
         offset: usize,
     },
-    // --- ops1: elementwise, GLU, norms, reductions and sorting (src/graph/elementwise.rs) ---
+    // Elementwise, GLU, norms, reductions and sorting (built in graph/elementwise.rs).
     /// a + b where b is a scalar (one element).
     Add1,
     /// a + rows of b picked by the I32 ids (`dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]]`).
@@ -301,13 +300,13 @@ pub enum Op {
         /// Indices kept per row, `1..=ne[0]`; the result's `ne[0]`.
         k: usize,
     },
-    // --- moe: mul_mat_id and out_prod (src/graph/moe.rs) ---
+    // Mixture of experts (graph/moe.rs).
     /// Per-token expert matmul: src0 [k, m, n_expert] x src1 [k, 1 or n_used, n_tokens] with the
     /// experts named by the I32 ids in src2 [n_used, n_tokens] -> [m, n_used, n_tokens].
     MulMatId,
     /// Outer products summed over k: src0 [m, k] x src1 [n, k] -> [m, n], broadcasting dims 2, 3.
     OutProd,
-    // --- ssm: state-space, recurrent and misc forward ops (src/graph/recurrent.rs) ---
+    // State-space, recurrent and other sequence-mixing ops (graph/recurrent.rs).
     /// Depthwise causal 1-D convolution over tokens (Mamba's conv1d).
     SsmConv,
     /// Selective state-space scan (Mamba-1 and Mamba-2 layouts); `k` state snapshot slots.
@@ -346,7 +345,7 @@ pub enum Op {
     Dsv4HcPre,
     /// DeepSeek-V4 hyper-connection post-mix (streams recombined with the layer output).
     Dsv4HcPost,
-    // --- train: losses, optimizer steps and backward ops (src/graph/train.rs) ---
+    // Training: losses, optimizer steps and backward ops (graph/train.rs).
     /// -mean over rows of sum(labels * log_softmax(logits)) (F32 scalar).
     CrossEntropyLoss,
     /// Gradient of cross_entropy_loss with respect to the logits.
@@ -383,7 +382,7 @@ pub enum Op {
         /// Causal masking: query `i` of N sees keys `j <= M - N + i` of M.
         masked: bool,
     },
-    // --- vision: convolution, pooling, windows (src/graph/vision.rs) ---
+    // Vision: convolution, pooling, windows (graph/vision.rs).
     /// Patches of src1 unfolded into rows (1D or 2D), shaped by the kernel src0.
     Im2col {
         /// Stride, padding and dilation; the 1D form uses only `s0`, `p0` and `d0`.
@@ -523,10 +522,8 @@ impl Op {
             Op::CountEqual => "count_equal",
             Op::Argsort(_) => "argsort",
             Op::TopK { .. } => "top_k",
-            // --- moe (src/graph/moe.rs) ---
             Op::MulMatId => "mul_mat_id",
             Op::OutProd => "out_prod",
-            // --- ssm (src/graph/recurrent.rs) ---
             Op::SsmConv => "ssm_conv",
             Op::SsmScan { .. } => "ssm_scan",
             Op::RwkvWkv6 => "rwkv_wkv6",
@@ -538,7 +535,6 @@ impl Op {
             Op::Dsv4HcComb { .. } => "dsv4_hc_comb",
             Op::Dsv4HcPre => "dsv4_hc_pre",
             Op::Dsv4HcPost => "dsv4_hc_post",
-            // --- train (src/graph/train.rs) ---
             Op::CrossEntropyLoss => "cross_entropy_loss",
             Op::CrossEntropyLossBack => "cross_entropy_loss_back",
             Op::OptStepAdamw => "opt_step_adamw",
@@ -551,7 +547,6 @@ impl Op {
             Op::Im2colBack(_) => "im2col_back",
             Op::Pool2dBack(_) => "pool_2d_back",
             Op::FlashAttnBack { .. } => "flash_attn_back",
-            // --- vision (src/graph/vision.rs) ---
             Op::Im2col { .. } => "im2col",
             Op::Im2col3d(_) => "im2col_3d",
             Op::Col2im1d { .. } => "col2im_1d",

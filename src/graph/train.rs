@@ -1,4 +1,4 @@
-//! Training builders (issue #7): the cross-entropy loss and its gradient, the AdamW and SGD
+//! Training builders: the cross-entropy loss and its gradient, the AdamW and SGD
 //! optimizer steps (in-place updates of `State` tensors), and ggml's dedicated backward ops:
 //! silu_back, rms_norm_back, soft_max_ext_back, rope_ext_back / rope_multi_back, get_rows_back,
 //! im2col_back, pool_2d_back and flash_attn_back. Shapes, parameter order and layouts are ggml's

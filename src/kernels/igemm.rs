@@ -319,13 +319,6 @@ mod tests {
     use super::*;
     use crate::kernels::{Isa, table_for};
 
-    fn xorshift(s: &mut u64) -> u64 {
-        *s ^= *s << 13;
-        *s ^= *s >> 7;
-        *s ^= *s << 17;
-        *s
-    }
-
     /// The kernel sets a tier's table may not hold on this CPU (the AVX2 tier installs one of
     /// two).
     fn extra_kernels() -> Vec<(String, IgemmKernels)> {
@@ -340,35 +333,35 @@ mod tests {
     /// bound) mixed in; every tier with integer kernels gives the portable kernel's bits.
     #[test]
     fn igemm_tiers_are_bitwise_the_portable_kernel() {
-        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut r = crate::testdata::Xorshift64::from_state(0x2545_F491_4F6C_DD1D);
         for case in 0..24 {
             let mut w: WBand = bytemuck::Zeroable::zeroed();
             let mut a: ABlock = bytemuck::Zeroable::zeroed();
             let extreme = case % 3 == 0;
             for c in w.codes.iter_mut() {
-                *c = if extreme { 255 } else { xorshift(&mut s) as u8 };
+                *c = if extreme { 255 } else { r.next_u64() as u8 };
             }
             for v in w.scales.iter_mut().chain(w.mins.iter_mut()) {
-                *v = (xorshift(&mut s) % 256) as i32 - 128;
+                *v = (r.next_u64() % 256) as i32 - 128;
             }
             for (d, dm) in w.d.iter_mut().zip(w.dmin.iter_mut()) {
-                *d = (xorshift(&mut s) % 1000) as f32 * 1e-4;
-                *dm = (xorshift(&mut s) % 1000) as f32 * 1e-4;
+                *d = (r.next_u64() % 1000) as f32 * 1e-4;
+                *dm = (r.next_u64() % 1000) as f32 * 1e-4;
             }
             for v in w.fscales.iter_mut().chain(w.fmins.iter_mut()) {
-                *v = ((xorshift(&mut s) % 2000) as f32 - 1000.0) * 1e-4;
+                *v = ((r.next_u64() % 2000) as f32 - 1000.0) * 1e-4;
             }
             for v in a.ds.iter_mut().chain(a.ms.iter_mut()) {
-                *v = (xorshift(&mut s) % 1000) as f32 * 1e-3;
+                *v = (r.next_u64() % 1000) as f32 * 1e-3;
             }
             for q in a.codes.iter_mut() {
-                *q = if extreme { -128 } else { xorshift(&mut s) as i8 };
+                *q = if extreme { -128 } else { r.next_u64() as i8 };
             }
             for b in a.bsums.iter_mut() {
-                *b = (xorshift(&mut s) % 8192) as i32 - 4096;
+                *b = (r.next_u64() % 8192) as i32 - 4096;
             }
             for d in a.d.iter_mut() {
-                *d = (xorshift(&mut s) % 1000) as f32 * 1e-3;
+                *d = (r.next_u64() % 1000) as f32 * 1e-3;
             }
             let mut sets: Vec<(String, IgemmKernels)> = Isa::ALL
                 .iter()

@@ -243,7 +243,6 @@ pub(crate) type DotF32 = fn(a: &[f32], b: &[f32]) -> f32;
 pub(crate) type F16ToF32 = fn(src: &[u16], dst: &mut [f32]);
 /// In-place `x = exp(x - max)` over `n` values, returning the f64 sum (softmax's inner loop).
 pub(crate) type ExpSubSum = unsafe fn(n: usize, dst: *mut f32, max: f32) -> f64;
-// --- ops ---
 /// (n, d0, d1, x0, x1, cos, sin): see `scalar::rope_rotate_f32`.
 pub(crate) type RopeRotateF32 =
     unsafe fn(usize, *mut f32, *mut f32, *const f32, *const f32, *const f32, *const f32);
@@ -273,7 +272,6 @@ pub(crate) struct AttendF16<'a> {
 
 /// (n, dst, a, scale, add): see `scalar::scale_add_f32`.
 pub(crate) type ScaleAddF32 = unsafe fn(usize, *mut f32, *const f32, f32, bool);
-// --- end ops ---
 
 /// A register tile of dot products: `out[c * x.len() + r] = vec_dot(k, x[r], y[c])` for
 /// `x.len() <= GEMM_MR` weight rows and `y.len() <= GEMM_NR` activation rows in the weight type's
@@ -333,9 +331,9 @@ pub(crate) struct KernelTable {
     /// portable twin (`igemm::SCALAR`) ran at a quarter of the portable f32 GEMM's speed, so the
     /// portable tier keeps that GEMM.
     pub(crate) igemm: Option<igemm::IgemmKernels>,
-    // --- repacked weights (kernels/repack.rs, x86/avx2_repack.rs) ---
+    /// GEMM kernels on CPU_REPACK weights, per type (kernels/repack.rs and the tiers').
     repack: [Option<repack::RepackGemmFn>; N_TYPES],
-    // --- ops: fused / contiguous elementwise kernels ---
+    // Fused and contiguous elementwise and attention kernels of the op drivers.
     /// dst = silu(x) * g (fused SwiGLU).
     pub(crate) swiglu_f32: BinaryF32,
     /// Neox pair rotation (rope).
@@ -347,7 +345,6 @@ pub(crate) struct KernelTable {
     /// flash_attn_ext's per-query loop over F16 K/V (head sizes multiples of 16), where a tier
     /// has one; otherwise the driver's generic loop runs.
     pub(crate) attend_f16: Option<AttendF16Fn>,
-    // --- end ops ---
     /// Inner loops of the recurrent ops (ssm_scan, rwkv_wkv6/7, gated_linear_attn).
     pub(crate) recurrent: recurrent::RecurrentKernels,
     /// The direct convolutions' register tile and F16 conversions (conv_2d/3d, im2col).
@@ -387,13 +384,11 @@ impl KernelTable {
             round_bf16: sgemm::round_bf16,
             igemm: None,
             repack: [None; N_TYPES],
-            // --- ops ---
             swiglu_f32: scalar::swiglu_f32,
             rope_rotate_f32: scalar::rope_rotate_f32,
             scale_add_f32: scalar::scale_add_f32,
             max_f32: scalar::max_f32,
             attend_f16: None,
-            // --- end ops ---
             recurrent: recurrent::PORTABLE,
             conv: conv::PORTABLE,
         };
@@ -619,8 +614,6 @@ fn build_selected_table() -> &'static KernelTable {
     table_for(isa)
         .unwrap_or_else(|| slot(Isa::Scalar).get_or_init(|| KernelTable::build(Isa::Scalar)))
 }
-
-// --- vec_dot kernel handle (issue #3: time the dispatched kernel like ggml's harness) ---
 
 /// One tier's `vec_dot` kernel bound to a weight type and a row length, with the lengths checked
 /// once at [`VecDotKernel::new`]. [`VecDotKernel::dot`] then costs two length compares around the

@@ -219,15 +219,8 @@ mod tests {
     use super::*;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
+        let mut r = crate::testdata::Xorshift32::new(seed);
+        (0..n).map(|_| r.next_f32()).collect()
     }
 
     /// Every tier's set (through its `KernelTable`) gives the portable set's bits.

@@ -169,8 +169,6 @@ pub(crate) unsafe fn exp_sub_sum_f32(n: usize, dst: *mut f32, max: f32) -> f64 {
     sum
 }
 
-// --- ops: fused / contiguous elementwise kernels (swiglu, rope, attention scores, max) ---
-
 /// SwiGLU over `n` f32: dst[i] = silu(x[i]) * g[i].
 ///
 /// # Safety
@@ -227,7 +225,6 @@ pub(crate) unsafe fn scale_add_f32(n: usize, dst: *mut f32, a: *const f32, scale
 pub(crate) fn max_f32(x: &[f32]) -> f32 {
     x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
 }
-// --- end ops ---
 
 #[cfg(test)]
 mod tests {

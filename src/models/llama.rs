@@ -565,16 +565,10 @@ pub fn synthetic_gguf(cfg: &LlamaConfig, types: WeightTypes, seed: u64) -> Resul
     w.add("llama.context_length", cfg.n_ctx as u32)?;
     w.add("llama.rope.freq_base", cfg.rope_base)?;
     w.add("llama.attention.layer_norm_rms_epsilon", cfg.eps)?;
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    // One stream for every tensor, in the order they are written.
+    let mut r = crate::testdata::Xorshift64::new(seed);
     let mut rand = |n: usize, scale: f32, offset: f32| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale + offset
-            })
-            .collect()
+        (0..n).map(|_| r.next_f32() * scale + offset).collect()
     };
     let add = |w: &mut crate::gguf::GgufWriter,
                name: &str,

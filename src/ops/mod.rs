@@ -5,8 +5,11 @@
 
 mod backward;
 mod binary;
+mod conv;
 mod cpy;
 mod custom;
+mod delta_net;
+mod dsv4;
 mod elementwise;
 mod flash_attn;
 mod flash_attn_tiled;
@@ -16,30 +19,25 @@ mod get_rows;
 mod glu;
 mod mul_mat;
 mod mul_mat_f;
+mod mul_mat_id;
 mod mul_mat_q;
 mod mul_mat_repack;
 mod node;
-pub(crate) use node::{ExecNode, TView, align_up};
 mod norm;
+mod out_prod;
+mod pool;
 mod reduce;
 mod rope;
+mod rwkv;
 mod set_rows;
 mod softmax;
+mod ssm;
 mod train;
 mod unary;
 mod upscale;
-// --- moe: mul_mat_id and out_prod ---
-mod mul_mat_id;
-mod out_prod;
-// --- ssm: state-space, recurrent and misc forward ops ---
-mod delta_net;
-mod dsv4;
-mod rwkv;
-mod ssm;
-// vision
-mod conv;
-mod pool;
 mod window;
+
+pub(crate) use node::{ExecNode, TView, align_up};
 
 use crate::error::Result;
 use crate::graph::{Graph, Op, Tensor, TensorId};

@@ -340,15 +340,9 @@ pub(crate) mod tests {
     /// The integer form of `dtype` gives the dequantizer's weights (relative 1e-6) for random rows.
     pub(crate) fn check_type(dtype: DType) {
         let n = 4 * QK_K;
-        let mut s = 0x9E37_79B9u32;
-        let x: Vec<f32> = (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32 - 0.5) * 3.0
-            })
-            .collect();
+        let mut r = crate::testdata::Xorshift32::from_state(0x9E37_79B9);
+        let x: Vec<f32> =
+            (0..n).map(|_| (r.next_u32() as f32 / u32::MAX as f32 - 0.5) * 3.0).collect();
         let mut q = vec![0u8; dtype.row_bytes(n)];
         let imat = vec![1.0f32; n];
         let im = crate::quant::format(dtype).requires_imatrix.then_some(&imat[..]);

@@ -1,5 +1,6 @@
-//! Shared test helpers: the ggml golden vectors in tests/data/golden (copied from ../shared/golden,
-//! produced by ggml itself; see tests/data/golden/README.md) and comparison metrics.
+//! What the integration tests share: ggml's golden vectors in tests/data/golden (made by ggml
+//! itself; see tests/data/golden/README.md), references and comparison metrics. Random inputs come
+//! from `quantgraph::testdata`.
 #![allow(dead_code)]
 
 use quantgraph::DType;
@@ -133,19 +134,6 @@ pub fn nmse(got: &[f32], want: &[f64]) -> f64 {
         den += w * w;
     }
     if den == 0.0 { num } else { num / den }
-}
-
-/// Deterministic pseudo-random f32s in [-1, 1) (xorshift), so tests need no RNG crate.
-pub fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// Every index (i0, i1, i2, i3) of a shape, i0 fastest (ggml's memory order).

@@ -345,15 +345,8 @@ mod tests {
     }
 
     fn data(n: usize, seed: u32, amp: f32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                ((s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * amp
-            })
-            .collect()
+        let mut r = crate::testdata::Xorshift32::new(seed);
+        (0..n).map(|_| r.next_f32() * amp).collect()
     }
 
     #[test]

@@ -936,6 +936,7 @@ mod tests {
     use crate::kernels::{Isa, table_for};
     use crate::quant::iq::grids::KSIGNS_IQ2XS;
     use crate::quant::util::fp32_to_fp16;
+    use crate::testdata::Xorshift64;
 
     const TYPES: [DType; 9] = [
         DType::IQ2_XXS,
@@ -960,24 +961,22 @@ mod tests {
         }
     }
 
-    struct Rng(u64);
+    /// The shared xorshift64 stream, drawn as block fields.
+    struct Rng(Xorshift64);
     impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
+        fn new(state: u64) -> Rng {
+            Rng(Xorshift64::from_state(state))
         }
         fn byte(&mut self) -> u8 {
-            (self.next() >> 32) as u8
+            self.0.next_u8()
         }
         /// Uniform in [-1, 1).
         fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            self.0.next_f32()
         }
         /// A Q8 level, -127..=127 as the quantizers make them.
         fn level(&mut self) -> i8 {
-            (((self.next() >> 32) % 255) as i32 - 127) as i8
+            (((self.0.next_u64() >> 32) % 255) as i32 - 127) as i8
         }
     }
 
@@ -1060,7 +1059,7 @@ mod tests {
     #[test]
     fn avx2_iq_vec_dot_matches_scalar_on_random_blocks() {
         let Some((avx2, scalar)) = tiers() else { return };
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
         for dtype in TYPES {
             let fa = avx2.vec_dot(dtype).unwrap();
             let fs = scalar.vec_dot(dtype).unwrap();
@@ -1113,7 +1112,7 @@ mod tests {
                 offset_of!(BlockIQ3S, qh)..offset_of!(BlockIQ3S, qh) + QK_K / 32,
             ),
         ];
-        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let mut rng = Rng::new(0x2545_F491_4F6C_DD1D);
         for (dtype, plain, bmi2, qh) in pairs {
             let fs = scalar.vec_dot(dtype).unwrap();
             for nb in [1, 2, 3, 16, 37] {
@@ -1164,7 +1163,7 @@ mod tests {
     #[test]
     fn avx2_iq_vec_dot_of_zero_blocks_is_zero() {
         let Some((avx2, _)) = tiers() else { return };
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         for dtype in TYPES {
             let nb = 4;
             let n = nb * dtype.block_size();

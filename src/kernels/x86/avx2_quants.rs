@@ -121,7 +121,7 @@ fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
 /// threads, the kernel switched between computes of one plan) measured 1-16 KiB: 4 KiB was best or
 /// within 2% of best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0
 /// ~1.3-1.6x, Q4_1/Q5_1/Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). The gain depends
-/// on how loaded the memory is: in the host's fast phases Q5_0 measured no gain (and no loss).
+/// on how loaded the memory is: in the test machine's fast phases Q5_0 measured no gain (and no loss).
 /// Q4_0, Q8_0, MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to
 /// 10%) and keep their plain kernels; so does F32, whose decode is bound by memory bandwidth.
 pub(super) const STREAM_PF: usize = 4096;
@@ -1869,6 +1869,7 @@ unsafe fn vec_dot_q6_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testdata::Xorshift64;
 
     #[test]
     fn f16_table_matches_f16c() {
@@ -1886,22 +1887,12 @@ mod tests {
         unsafe { check() }
     }
 
-    /// A xorshift stream of values in [-1, 1).
-    fn uniform(mut s: u64) -> impl FnMut() -> f32 {
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-    }
-
     #[test]
     fn stream_variants_give_the_plain_kernels_bits() {
         if !crate::kernels::Isa::Avx2.is_supported() {
             return;
         }
-        let mut rnd = uniform(0x9E37_79B9_7F4A_7C15u64);
+        let mut r = Xorshift64::from_state(0x9E37_79B9_7F4A_7C15);
         // Every type whose AVX2 (or AVX-512) table has a decode (stream) variant, IQ kernels
         // included.
         let mut checked = Vec::new();
@@ -1919,8 +1910,8 @@ mod tests {
             }
             checked.push(ty);
             for n in [256, 512, 4096, 14336 + 256] {
-                let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
-                let y: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let x: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
+                let y: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
                 let mut xq = vec![0u8; ty.row_size(n).unwrap()];
                 if crate::quant::quantize(ty, &x, &mut xq).is_err() {
                     crate::quant::quantize_for_dot(ty, &x, &mut xq).unwrap();
@@ -1944,7 +1935,7 @@ mod tests {
         if !crate::kernels::Isa::Avx2.is_supported() {
             return;
         }
-        let mut rnd = uniform(0x0F1E_2D3C_4B5A_6978u64);
+        let mut r = Xorshift64::from_state(0x0F1E_2D3C_4B5A_6978);
         type Gemm = fn(usize, &[&[u8]], &[&[u8]], &mut [f32]);
         type Kind = (fn(f32) -> Vec<u8>, Gemm, fn(usize, &[u8], &[u8]) -> f32);
         let kinds: [Kind; 3] = [
@@ -1954,7 +1945,7 @@ mod tests {
         ];
         for (enc, gemm, dot) in kinds {
             for k in [7, 32, 100, 14336 + 7] {
-                let mut row = || (0..k).flat_map(|_| enc(rnd())).collect::<Vec<u8>>();
+                let mut row = || (0..k).flat_map(|_| enc(r.next_f32())).collect::<Vec<u8>>();
                 let rows: Vec<Vec<u8>> = (0..5).map(|_| row()).collect();
                 let cols: Vec<Vec<u8>> = (0..2).map(|_| row()).collect();
                 for nr in 1..=5 {

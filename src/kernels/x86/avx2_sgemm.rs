@@ -244,12 +244,10 @@ mod tests {
             0x7f7f_ffff,
             0x3f80_1000,
         ];
-        let mut s = 0x9e37_79b9u32;
+        let mut r = crate::testdata::Xorshift32::from_state(0x9e37_79b9);
         (0..n)
             .map(|i| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
+                let s = r.next_u32();
                 f32::from_bits(if i < special.len() { special[i] } else { s })
             })
             .collect()

@@ -1001,14 +1001,15 @@ fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{avx2_and_avx512, xorshift32};
+    use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
+    use crate::testdata::Xorshift32;
 
     /// Inputs covering the vector exp's fast lanes, its rare lanes (|x| > 87, overflow and
     /// underflow of exp(-x)), infinities, NaN and signed zeros, at lengths around every step.
     fn inputs(n: usize) -> Vec<f32> {
         let special = [0.0, -0.0, 1.0, -1.0, 88.0, -88.0, 90.0, -90.0, 150.0, -150.0, 200.0];
-        let mut rnd = xorshift32(0x9E37_79B9);
+        let mut r = Xorshift32::from_state(0x9E37_79B9);
         (0..n)
             .map(|i| {
                 if i % 13 == 5 {
@@ -1020,7 +1021,7 @@ mod tests {
                 if i == 9 {
                     return f32::NAN;
                 }
-                (rnd() as f32 / u32::MAX as f32 - 0.5) * 40.0
+                (r.next_u32() as f32 / u32::MAX as f32 - 0.5) * 40.0
             })
             .collect()
     }

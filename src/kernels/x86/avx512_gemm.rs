@@ -170,25 +170,26 @@ unsafe fn tile_q0_avx512<const Q4: bool, const R: usize, const C: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{avx2_and_avx512, xorshift32};
+    use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
+    use crate::testdata::Xorshift32;
 
     /// Every tile shape gives the AVX2 tier's bits, for odd and even block counts, on rows with
     /// -128 activations, zero weights and extreme scales.
     #[test]
     fn avx512_vnni_tiles_give_the_avx2_tiers_bits() {
         let Some((t2, t5)) = avx2_and_avx512(true) else { return };
-        let mut rnd = xorshift32(0x1234_5678);
+        let mut r = Xorshift32::from_state(0x1234_5678);
         for dt in [DType::Q4_0, DType::Q8_0] {
             for nb in [1usize, 2, 3, 8, 33] {
                 let k = nb * 32;
-                let row = |rnd: &mut dyn FnMut() -> u32, tsz: usize| -> Vec<u8> {
+                let row = |r: &mut Xorshift32, tsz: usize| -> Vec<u8> {
                     (0..nb * tsz)
-                        .map(|i| if i % tsz == 1 { 0x3c } else { rnd() as u8 })
+                        .map(|i| if i % tsz == 1 { 0x3c } else { r.next_u32() as u8 })
                         .collect::<Vec<u8>>()
                 };
-                let xs: Vec<Vec<u8>> = (0..4).map(|_| row(&mut rnd, dt.type_size())).collect();
-                let mut ys: Vec<Vec<u8>> = (0..2).map(|_| row(&mut rnd, 34)).collect();
+                let xs: Vec<Vec<u8>> = (0..4).map(|_| row(&mut r, dt.type_size())).collect();
+                let mut ys: Vec<Vec<u8>> = (0..2).map(|_| row(&mut r, 34)).collect();
                 ys[1][2] = 0x80; // a -128 activation
                 let xr: Vec<&[u8]> = xs.iter().map(|v| &v[..]).collect();
                 let yr: Vec<&[u8]> = ys.iter().map(|v| &v[..]).collect();

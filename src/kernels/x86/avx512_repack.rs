@@ -130,24 +130,25 @@ unsafe fn q0_kernel<const KIND: u8, const NC: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{avx2_and_avx512, xorshift32};
+    use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
+    use crate::testdata::Xorshift32;
 
     /// Random group blocks (finite scales) against random activation blocks: the AVX-512 kernels
     /// give the AVX2 kernels' accumulators bit for bit, for 1 to 6 columns (chunks of 4).
     #[test]
     fn avx512_repack_q4_0_family_gives_the_avx2_tiers_bits() {
         let Some((t2, t5)) = avx2_and_avx512(true) else { return };
-        let mut rnd = xorshift32(0x2545_f491);
+        let mut rng = Xorshift32::from_state(0x2545_f491);
         for (dt, gb) in [(DType::Q4_0, 144usize), (DType::IQ4_NL, 144), (DType::MXFP4, 136)] {
             let nb = 5;
-            let mut x: Vec<u8> = (0..nb * gb).map(|_| rnd() as u8).collect();
+            let mut x: Vec<u8> = (0..nb * gb).map(|_| rng.next_u32() as u8).collect();
             for b in 0..nb {
                 for r in 0..8 {
                     if dt == DType::MXFP4 {
-                        x[b * gb + r] = 120 + (rnd() % 16) as u8; // E8M0 near 1
+                        x[b * gb + r] = 120 + (rng.next_u32() % 16) as u8; // E8M0 near 1
                     } else {
-                        x[b * gb + 2 * r + 1] = 0x38 + (rnd() % 8) as u8; // f16 high byte
+                        x[b * gb + 2 * r + 1] = 0x38 + (rng.next_u32() % 8) as u8; // f16 high byte
                     }
                 }
             }
@@ -157,10 +158,11 @@ mod tests {
                     for b in 0..nb {
                         let blk = &mut v[b * 40..(b + 1) * 40];
                         // Q8_0 levels (-127..=127), as the activation converter writes them.
-                        let q: Vec<i8> = (0..32).map(|_| ((rnd() % 255) as i8).max(-127)).collect();
+                        let q: Vec<i8> =
+                            (0..32).map(|_| ((rng.next_u32() % 255) as i8).max(-127)).collect();
                         let sum: i32 = q.iter().map(|&v| v as i32).sum();
                         blk[0..4].copy_from_slice(
-                            &(0.01f32 + (rnd() % 100) as f32 * 1e-4).to_le_bytes(),
+                            &(0.01f32 + (rng.next_u32() % 100) as f32 * 1e-4).to_le_bytes(),
                         );
                         blk[4..8].copy_from_slice(&sum.to_le_bytes());
                         for (d, &v) in blk[8..].iter_mut().zip(&q) {

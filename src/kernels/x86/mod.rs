@@ -120,6 +120,7 @@ macro_rules! q0_tile_driver {
 
 pub(crate) mod avx2;
 mod avx2_conv;
+pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
 mod avx2_gemm;
 mod avx2_igemm;
 pub(crate) mod avx2_iq;
@@ -131,9 +132,6 @@ pub(crate) mod avx512;
 mod avx512_gemm;
 mod avx512_igemm;
 mod avx512_repack;
-// --- ops ---
-pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
-// --- end ops ---
 
 use super::{Isa, KernelTable};
 
@@ -180,9 +178,7 @@ pub(crate) fn plug_avx2(t: &mut KernelTable, cpu: Avx2) {
     } else {
         avx2_igemm::MADDUBS
     });
-    // --- ops ---
     avx2_elementwise::plug(t, cpu);
-    // --- end ops ---
     t.recurrent = avx2_recurrent::kernels(cpu);
     t.conv = avx2_conv::kernels(cpu);
 }
@@ -195,20 +191,10 @@ pub(crate) fn avx2_igemm_maddubs() -> Option<crate::kernels::igemm::IgemmKernels
         .then_some(avx2_igemm::MADDUBS)
 }
 
-/// Test helpers shared by the tier files' tests.
+/// Test support shared by the tier files' tests.
 #[cfg(test)]
 pub(crate) mod test_util {
     use crate::kernels::{Isa, KernelTable, table_for};
-
-    /// A deterministic xorshift32 stream of test data.
-    pub(crate) fn xorshift32(mut s: u32) -> impl FnMut() -> u32 {
-        move || {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            s
-        }
-    }
 
     /// The AVX2 and AVX-512 tables, to compare a kernel of the AVX-512 tier with its AVX2 twin;
     /// `None` (the test says it skips) on a CPU without the AVX-512 tier, or without

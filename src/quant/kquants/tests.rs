@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::quant::util::fp32_to_fp16;
+use crate::testdata::rand_f32;
 
 fn golden(name: &str) -> Vec<u8> {
     let p =
@@ -155,19 +156,6 @@ fn quantize_rows_rejects_partial_rows() {
     assert!(
         (Q2_K_FNS.quantize.unwrap())(&x[..256], &mut out[..84], 256, Some(&[1.0; 10])).is_err()
     );
-}
-
-/// tests/common's `rand_f32` (xorshift), repeated here for the stress rows.
-fn rand_f32(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// The helper variants the K-quants do not use themselves (other `rmse_type`s, `make_q3_quants`

@@ -1,0 +1,121 @@
+//! `matmul` and `mul_mat_id`: one weight matrix (or a stack of experts) of a type times F32
+//! activations, in GFLOPS, optionally on CPU_REPACK weights.
+
+use crate::measure::{digest, median_compute_secs};
+use quantgraph::testdata::rand_f32;
+use quantgraph::{Backend, Buffer, BufferType, CpuBackend, DType, Graph, Plan};
+
+/// `bench matmul TYPE M N K THREADS REPS`: `mul_mat` of a [K, M] weight of `ty` and F32
+/// activations [K, N]; flops = 2 M N K. `--repack` stores the weight in the CPU_REPACK buffer type.
+pub fn matmul(
+    ty: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    reps: usize,
+    repack: bool,
+) -> quantgraph::Result<()> {
+    let be = CpuBackend::with_threads(threads)?;
+    let a = rand_f32(m * k, 1);
+    let row = ty.row_size(k)?;
+    let mut bytes = vec![0u8; row * m];
+    match ty {
+        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
+        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
+        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
+    }
+    let wbuf = weight_buffer(ty, &[k, m], bytes, repack)?;
+    let mut g = Graph::new();
+    let w = g.weight(ty, &[k, m], &wbuf, 0)?;
+    let x = g.input(DType::F32, &[k, n])?;
+    let y = g.mul_mat(w, x)?;
+    g.set_output(y);
+    let mut plan = Plan::new(g, &be)?;
+    plan.set_input(x, &rand_f32(k * n, 2))?;
+    let t = median_compute_secs(&mut plan, reps)?;
+    let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
+    let suffix = if repack {
+        format!(" buffer=CPU_REPACK weight_bytes={}", wbuf.len())
+    } else {
+        String::new()
+    };
+    println!(
+        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}{suffix} digest={}",
+        ty.name(),
+        be.n_threads(),
+        t * 1e3,
+        digest(&plan, y)
+    );
+    Ok(())
+}
+
+/// The weights in a plain buffer, or (with `--repack`) in the CPU_REPACK buffer type: repacked on
+/// the way in, the plain bytes dropped right after, so only one copy stays alive.
+fn weight_buffer(
+    ty: DType,
+    ne: &[usize],
+    bytes: Vec<u8>,
+    repack: bool,
+) -> quantgraph::Result<Buffer> {
+    if !repack {
+        return Ok(Buffer::from_host(bytes));
+    }
+    let b = quantgraph::CpuRepackBufferType.alloc(bytes.len())?;
+    b.set_tensor(0, ty, ne, &bytes)?;
+    Ok(b)
+}
+
+/// `bench mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS`: mul_mat_id as test-backend-ops
+/// times it: `as` [K, M, E] weights, b F32 [K, U, N] (one row per slot), ids [U, N] picking U
+/// distinct experts per token; flops = 2 M N K U. `--repack` stores the experts in the CPU_REPACK
+/// buffer type.
+#[allow(clippy::too_many_arguments)]
+pub fn mul_mat_id(
+    ty: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    experts: usize,
+    used: usize,
+    threads: usize,
+    reps: usize,
+    repack: bool,
+) -> quantgraph::Result<()> {
+    if used == 0 || used > experts {
+        return Err(quantgraph::Error::InvalidArgument(format!(
+            "mul_mat_id bench: need 1 <= N_USED ({used}) <= N_EXPERT ({experts})"
+        )));
+    }
+    let be = CpuBackend::with_threads(threads)?;
+    let a = rand_f32(m * k * experts, 1);
+    let mut bytes = vec![0u8; ty.row_size(k)? * m * experts];
+    match ty {
+        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
+        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
+        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
+    }
+    let wbuf = weight_buffer(ty, &[k, m, experts], bytes, repack)?;
+    let mut g = Graph::new();
+    let w = g.weight(ty, &[k, m, experts], &wbuf, 0)?;
+    let x = g.input(DType::F32, &[k, used, n])?;
+    let ids = g.input(DType::I32, &[used, n])?;
+    let y = g.mul_mat_id(w, x, ids)?;
+    g.set_output(y);
+    let mut plan = Plan::new(g, &be)?;
+    plan.set_input(x, &rand_f32(k * used * n, 2))?;
+    // Token t uses experts t, t + 1, ... (mod E): every expert gets work as in a real batch.
+    let ids_v: Vec<i32> =
+        (0..n).flat_map(|t| (0..used).map(move |s| ((t + s) % experts) as i32)).collect();
+    plan.set_input(ids, &ids_v)?;
+    let t = median_compute_secs(&mut plan, reps)?;
+    let gflops = 2.0 * (m * n * k * used) as f64 / t / 1e9;
+    println!(
+        "quantgraph mul_mat_id {} {m} {n} {k} experts={experts} used={used} threads={} median_ms={:.3} gflops={gflops:.1}{}",
+        ty.name(),
+        be.n_threads(),
+        t * 1e3,
+        if repack { " buffer=CPU_REPACK" } else { "" }
+    );
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! `peak` and `bandwidth`: the machine's f32 FMA and int8 dot-product peaks and its copy
+//! bandwidth, the references the GFLOPS and GB/s columns are read against.
+
+use crate::measure::median;
+use std::time::Instant;
+
+/// The f32 FMA peak of `threads` threads: 12 independent FMA chains per thread, 16-lane where
+/// the CPU has AVX-512 (the width quantgraph's AVX-512 tier uses), else 8-lane (AVX2); median of
+/// 5 runs of about 0.1 s. Prefill f32 matmul is compared against this number.
+pub fn fma_peak(threads: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    fn per_thread(iters: u64) -> u64 {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn chains(iters: u64) -> f32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm256_set1_ps(0.5); 12];
+            let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm256_fmadd_ps(*v, m, a);
+                }
+            }
+            let mut s = [0f32; 8];
+            let mut t = acc[0];
+            for v in &acc[1..] {
+                t = _mm256_add_ps(t, *v);
+            }
+            // SAFETY: `s` holds 8 f32.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), t) };
+            s.iter().sum()
+        }
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chains16(iters: u64) -> f32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm512_set1_ps(0.5); 12];
+            let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm512_fmadd_ps(*v, m, a);
+                }
+            }
+            let mut t = acc[0];
+            for v in &acc[1..] {
+                t = _mm512_add_ps(t, *v);
+            }
+            _mm512_reduce_add_ps(t)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512 F detected just above.
+            let v = unsafe { chains16(iters) };
+            std::hint::black_box(v);
+            iters * 12 * 16 * 2
+        } else if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2/FMA detected just above.
+            let v = unsafe { chains(iters) };
+            std::hint::black_box(v);
+            iters * 12 * 8 * 2
+        } else {
+            0
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    fn per_thread(_iters: u64) -> u64 {
+        0
+    }
+    per_second_on_threads(threads, per_thread)
+}
+
+/// Median over 5 runs of `threads` threads each calling `work(5_000_000)`: the operations they
+/// report, in billions per second.
+fn per_second_on_threads(threads: usize, work: fn(u64) -> u64) -> f64 {
+    let iters = 5_000_000u64;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let ops: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(move || work(iters))).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        runs.push(ops as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    median(runs)
+}
+
+/// The int8 dot-product peak of `threads` threads where the CPU has AVX-512 VNNI: 12 independent
+/// `vpdpbusd` chains per thread, each instruction 64 multiply-adds (128 operations, counted as
+/// GFLOPS are); median of 5 runs. Quantized prefill (the integer GEMM) is compared against it.
+pub fn int8_peak(threads: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    fn per_thread(iters: u64) -> u64 {
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        unsafe fn chains(iters: u64) -> i32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm512_set1_epi32(1); 12];
+            let (u, s) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm512_dpbusd_epi32(*v, u, s);
+                }
+            }
+            let mut t = acc[0];
+            for v in &acc[1..] {
+                t = _mm512_add_epi32(t, *v);
+            }
+            _mm512_reduce_add_epi32(t)
+        }
+        // SAFETY: int8_peak runs this only where AVX-512 F and VNNI were detected.
+        let v = unsafe { chains(iters) };
+        std::hint::black_box(v);
+        iters * 12 * 64 * 2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    fn per_thread(_iters: u64) -> u64 {
+        0
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vnni"))
+    {
+        return None;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    return None;
+    Some(per_second_on_threads(threads, per_thread))
+}
+
+/// Measures memory bandwidth (GB/s) with a multi-threaded copy of 256 MiB, the same run's
+/// reference for the GB/s columns.
+pub fn bandwidth(threads: usize) -> f64 {
+    let n = 32 << 20; // f64 elements: 256 MiB per side
+    let src = vec![1.0f64; n];
+    let mut dst = vec![0.0f64; n];
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        pool.install(|| {
+            use rayon::prelude::*;
+            dst.par_chunks_mut(1 << 16)
+                .zip(src.par_chunks(1 << 16))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        });
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    2.0 * (n * 8) as f64 / median(times) / 1e9
+}
