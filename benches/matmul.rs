@@ -37,7 +37,7 @@ fn plan(ty: DType, n: usize, be: &CpuBackend) -> quantgraph::Result<Plan> {
     let a = g.weight(ty, &[K, M], &buf, 0)?;
     let x = g.input(DType::F32, &[K, n])?;
     let y = g.mul_mat(a, x)?;
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::new(g, be)?;
     p.set_input(x, &rand_f32(K * n, 2))?;
     Ok(p)

@@ -11,7 +11,7 @@ fn chain(nodes: usize) -> (Graph, quantgraph::TensorId) {
     for _ in 0..nodes {
         t = g.add(t, x).unwrap();
     }
-    g.set_output(t);
+    g.set_output(t).unwrap();
     (g, x)
 }
 

@@ -15,7 +15,7 @@
 //! let x = g.input(DType::F32, &[4, 2])?; // ne = [k, n]
 //! let y = g.mul_mat(w, x)?;              // ne = [m, n] = [3, 2]
 //! let y = g.soft_max(y)?;
-//! g.set_output(y);
+//! g.set_output(y)?;
 //!
 //! let backend = CpuBackend::with_threads(2)?;
 //! let mut plan = Plan::new(g, &backend)?;

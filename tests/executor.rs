@@ -18,7 +18,7 @@ fn chain(be: &CpuBackend, depth: usize) -> (Plan, TensorId, TensorId) {
     for i in 0..depth {
         y = if i % 2 == 0 { g.add(y, x).unwrap() } else { g.mul(y, x).unwrap() };
     }
-    g.set_output(y);
+    g.set_output(y).unwrap();
     (Plan::new(g, be).unwrap(), x, y)
 }
 
@@ -116,7 +116,7 @@ fn a_compute_inside_a_compute_of_the_same_backend_is_an_error_not_a_deadlock() {
         let mut g = Graph::new();
         let x = g.input(DType::F32, &[8, 4]).unwrap();
         let y = g.map_custom1(x, "nested", None, body).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let mut p = Plan::new(g, &be).unwrap();
         p.set_input(x, &[0.0f32; 32]).unwrap();
         saw_error.store(false, Ordering::Relaxed);

@@ -79,8 +79,8 @@ fn bound_weights_compute_from_the_map() {
     let xi = g.input(DType::F32, &[k, 1]).unwrap();
     let yf = g.mul_mat(wf, xi).unwrap();
     let yq = g.mul_mat(wq, xi).unwrap();
-    g.set_output(yf);
-    g.set_output(yq);
+    g.set_output(yf).unwrap();
+    g.set_output(yq).unwrap();
     assert!(file.bind(&mut g, "nope").is_err());
     drop(file); // the graph keeps the map alive
     let backend = CpuBackend::with_threads(1).unwrap();

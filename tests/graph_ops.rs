@@ -52,7 +52,7 @@ fn binary_ops_broadcast_like_ggml() {
                     _ => g.div(a, b),
                 }
                 .unwrap();
-                g.set_output(c);
+                g.set_output(c).unwrap();
                 let va = rand_f32(ne.iter().product(), 1);
                 let vb: Vec<f32> =
                     rand_f32(nb.iter().product(), 2).iter().map(|x| x + 2.5).collect();
@@ -97,7 +97,7 @@ fn unary_ops_on_permuted_views() {
             _ => g.scale_bias(p, 0.5, 0.25),
         }
         .unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let va: Vec<f32> = rand_f32(ne.iter().product(), 3).iter().map(|x| x * 4.0).collect();
         let got = run1(g, &[(a, va.clone())], y, 3);
         let pne = [7, 5, 3, 2];
@@ -113,7 +113,7 @@ fn rms_norm_and_soft_max_ext_match_reference() {
         let mut g = Graph::new();
         let a = g.input(DType::F32, &ne).unwrap();
         let r = g.rms_norm(a, 1e-6).unwrap();
-        g.set_output(r);
+        g.set_output(r).unwrap();
         let va: Vec<f32> = rand_f32(ne.iter().product(), 4).iter().map(|x| x * 3.0).collect();
         let got = run1(g, &[(a, va.clone())], r, 2);
         let mut want = Vec::new();
@@ -132,7 +132,7 @@ fn rms_norm_and_soft_max_ext_match_reference() {
         let m32 = g.input(DType::F32, &mne).unwrap();
         let m = if mask_ty == DType::F16 { g.cast(m32, DType::F16).unwrap() } else { m32 };
         let s = g.soft_max_ext(a, Some(m), 0.7, max_bias).unwrap();
-        g.set_output(s);
+        g.set_output(s).unwrap();
         let va = rand_f32(ne.iter().product(), 5);
         let mut vm: Vec<f32> = rand_f32(mne.iter().product(), 6);
         vm[3] = f32::NEG_INFINITY; // a masked position
@@ -188,7 +188,7 @@ fn get_rows_f32_f16_and_out_of_range() {
         let a = if ty == DType::F16 { g.cast(a32, DType::F16).unwrap() } else { a32 };
         let ids = g.input(DType::I32, &[4, 3]).unwrap();
         let r = g.get_rows(a, ids).unwrap();
-        g.set_output(r);
+        g.set_output(r).unwrap();
         let be = CpuBackend::with_threads(2).unwrap();
         let mut p = Plan::new(g, &be).unwrap();
         let va = rand_f32(ne.iter().product(), 7);
@@ -257,7 +257,7 @@ fn mul_mat_f32_and_f16_with_broadcast_and_transposed_b() {
             let a = if ty == DType::F16 { g.cast(a32, DType::F16).unwrap() } else { a32 };
             let b = g.input(DType::F32, &bne).unwrap();
             let c = g.mul_mat(a, b).unwrap();
-            g.set_output(c);
+            g.set_output(c).unwrap();
             let va = rand_f32(ane.iter().product(), 8);
             let vb = rand_f32(bne.iter().product(), 9);
             let got = run1(g, &[(a32, va.clone()), (b, vb.clone())], c, 2);
@@ -272,7 +272,7 @@ fn mul_mat_f32_and_f16_with_broadcast_and_transposed_b() {
     let bt = g.input(DType::F32, &[3, 8]).unwrap();
     let b = g.transpose(bt).unwrap(); // [8, 3] strided
     let c = g.mul_mat(a, b).unwrap();
-    g.set_output(c);
+    g.set_output(c).unwrap();
     let va = rand_f32(32, 10);
     let vbt = rand_f32(24, 11);
     let got = run1(g, &[(a, va.clone()), (bt, vbt.clone())], c, 2);
@@ -294,7 +294,7 @@ fn cpy_into_state_view_persists_and_cont_reorders() {
         let _ = w;
         let all = g.view_2d(kv, [8, pos + 1], 16, 0).unwrap();
         let all32 = g.cast(all, DType::F32).unwrap();
-        g.set_output(all32);
+        g.set_output(all32).unwrap();
         let be = CpuBackend::with_threads(2).unwrap();
         let mut p = Plan::new(g, &be).unwrap();
         p.set_input(x, &[pos as f32 + 0.5; 8]).unwrap();
@@ -309,7 +309,7 @@ fn cpy_into_state_view_persists_and_cont_reorders() {
     let a = g.input(DType::F32, &[3, 4, 2]).unwrap();
     let p = g.permute(a, [2, 0, 1, 3]).unwrap(); // a's dim i becomes dim axes[i]: [4, 2, 3]
     let c = g.cont(p).unwrap();
-    g.set_output(c);
+    g.set_output(c).unwrap();
     let va: Vec<f32> = (0..24).map(|x| x as f32).collect();
     let got = run1(g, &[(a, va.clone())], c, 3);
     let want: Vec<f32> =
@@ -329,7 +329,7 @@ fn mlp(d: usize, h: usize, n: usize) -> (Graph, Vec<(TensorId, Vec<f32>)>, Tenso
     let t = g.mul_mat(w2, t).unwrap();
     let t = g.add(t, x).unwrap();
     let y = g.soft_max(t).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let inputs =
         vec![(x, rand_f32(d * n, 12)), (w1, rand_f32(d * h, 13)), (w2, rand_f32(h * d, 14))];
     (g, inputs, y)
@@ -352,7 +352,7 @@ fn planner_reuses_memory_on_a_chain() {
     for i in 0..50 {
         t = if i % 2 == 0 { g.add(t, x).unwrap() } else { g.mul(t, x).unwrap() };
     }
-    g.set_output(t);
+    g.set_output(t).unwrap();
     let p = Plan::new(g, &CpuBackend::with_threads(1).unwrap()).unwrap();
     let s = p.stats();
     assert_eq!(s.n_nodes, 50);
@@ -400,7 +400,7 @@ fn bad_input_gives_clear_errors() {
     assert!(g.rms_norm(a, -1.0).is_err());
 
     let c = g.add(a, a).unwrap();
-    g.set_output(c);
+    g.set_output(c).unwrap();
     let mut p = Plan::new(g, &CpuBackend::with_threads(1).unwrap()).unwrap();
     assert!(p.compute().unwrap_err().to_string().contains("never set"));
     assert!(p.set_input(a, &[1.0f32; 5]).unwrap_err().to_string().contains("12"));
@@ -423,7 +423,7 @@ fn weights_in_shared_buffers_are_read_only() {
     let x = g.input(DType::F32, &[4]).unwrap();
     assert!(g.cpy(x, wt).is_err(), "cannot write into weights");
     let y = g.mul(x, wt).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
     p.set_input(x, &[2.0f32; 4]).unwrap();
     p.compute().unwrap();

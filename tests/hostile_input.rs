@@ -147,13 +147,13 @@ fn destinations_whose_rows_overlap_are_refused() {
     let wide = g.input(DType::F32, &[64, 8]).unwrap();
     let every_other = g.view_2d(wide, [64, 4], 512, 0).unwrap();
     let c = g.cpy(src, every_other).unwrap();
-    g.set_output(c);
+    g.set_output(c).unwrap();
     let sq = g.input(DType::F32, &[4, 4]).unwrap();
     let sq_dst = g.input(DType::F32, &[4, 4]).unwrap();
     let t = g.transpose(sq_dst).unwrap();
     let ct = g.cpy(sq, t).unwrap();
     let out = g.cont(ct).unwrap();
-    g.set_output(out);
+    g.set_output(out).unwrap();
     let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
     p.set_input(src, &vec![1.0f32; 256]).unwrap();
     p.set_input(wide, &vec![0.0f32; 512]).unwrap();
@@ -207,8 +207,8 @@ fn zero_dims_and_plan_size_overflow_return_errors() {
     let d = g.input(DType::F16, &[0, 4]).unwrap();
     let c = g.cpy(a, d).unwrap();
     let s = g.sum(a).unwrap();
-    g.set_output(c);
-    g.set_output(s);
+    g.set_output(c).unwrap();
+    g.set_output(s).unwrap();
     let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
     p.set_input::<f32>(a, &[]).unwrap();
     p.set_input_bytes(d, &[]).unwrap();
@@ -220,8 +220,8 @@ fn zero_dims_and_plan_size_overflow_return_errors() {
     let x = g.input(DType::F32, &[1 << 60]).unwrap();
     let y = g.scale(x, 2.0).unwrap();
     let z = g.add(y, x).unwrap();
-    g.set_output(y);
-    g.set_output(z);
+    g.set_output(y).unwrap();
+    g.set_output(z).unwrap();
     let be = CpuBackend::with_threads(1).unwrap();
     let e = Plan::new(g.clone(), &be).err().unwrap();
     assert!(matches!(e, Error::Overflow { what: "plan arena size" }), "{e:?}");
@@ -230,7 +230,7 @@ fn zero_dims_and_plan_size_overflow_return_errors() {
     let mut g = Graph::new();
     let x = g.input(DType::F32, &[16]).unwrap();
     let y = g.scale(x, 2.0).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let e = Plan::with_guards(g, &be, usize::MAX / 4).err().unwrap();
     assert!(matches!(e, Error::Overflow { what: "plan arena size" }), "{e:?}");
 }
@@ -256,17 +256,17 @@ fn overflowing_views_foreign_ids_and_mismatched_shapes_are_errors() {
     }
     assert!(g.shape(foreign).is_err());
     assert!(g.name(foreign).is_none());
-    // set_output cannot return Err; the plan reports it.
+    // set_output refuses it, and the graph stays usable.
     let y = g.silu(x).unwrap();
-    g.set_output(y);
-    g.set_output(foreign);
-    let e = Plan::new(g.clone(), &CpuBackend::with_threads(1).unwrap()).err().unwrap();
+    g.set_output(y).unwrap();
+    let e = g.set_output(foreign).unwrap_err();
     assert!(e.to_string().contains("set_output") && e.to_string().contains("another graph"), "{e}");
+    assert!(Plan::new(g.clone(), &CpuBackend::with_threads(1).unwrap()).is_ok());
     // Clones share ids: planning the original graph's ids through a clone still works.
     let mut h = Graph::new();
     let hx = h.input(DType::F32, &[2]).unwrap();
     let hy = h.scale(hx, 3.0).unwrap();
-    h.set_output(hy);
+    h.set_output(hy).unwrap();
     let mut p = Plan::new(h.clone(), &CpuBackend::with_threads(1).unwrap()).unwrap();
     p.set_input(hx, &[1.0f32, 2.0]).unwrap();
     p.compute().unwrap();
@@ -406,7 +406,7 @@ fn dsv4_hc_comb_iteration_count_is_bounded() {
     }
     // The largest count accepted runs in a moment.
     let y = g.dsv4_hc_comb(mixes, scale, base, 1e-6, quantgraph::DSV4_HC_MAX_ITER).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::new(g, &CpuBackend::with_threads(1).unwrap()).unwrap();
     p.set_input(mixes, &[0.5f32; 48]).unwrap();
     p.set_input(scale, &[1.0f32; 3]).unwrap();
@@ -438,7 +438,7 @@ fn nesting_plan(
     let mut g = Graph::new();
     let x = g.input(DType::F32, &[8, 4]).unwrap();
     let y = g.map_custom1(x, "nested", None, body).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::new(g, be).unwrap();
     p.set_input(x, &[0.0f32; 32]).unwrap();
     (p, x)

@@ -115,7 +115,7 @@ fn build(w: &Weights, wt: DType) -> (Graph, TensorId, TensorId, TensorId, Tensor
     let ff = g.swiglu(gt, Some(up)).unwrap();
     let dn = g.mul_mat(wd, ff).unwrap();
     let out = g.add(dn, x1).unwrap();
-    g.set_output(out);
+    g.set_output(out).unwrap();
     // The norm weights ride along as inputs.
     g.set_name(an, "attn_norm").unwrap();
     g.set_name(fnorm, "ffn_norm").unwrap();

@@ -53,7 +53,7 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
         (t, b)
     };
     let y = g.mul_mat(a, b).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::with_guards(g, &be, 64).unwrap();
     p.set_input_bytes(a, &c.a_bytes).unwrap();
     if c.b_transposed {

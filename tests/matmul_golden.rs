@@ -12,7 +12,7 @@ fn golden_nmse(c: &MatmulCase, buf: &Buffer) -> f64 {
     let a = g.weight(c.dtype, &[c.k, c.m], buf, 0).unwrap();
     let b = g.input(quantgraph::DType::F32, &[c.k, c.n]).unwrap();
     let y = g.mul_mat(a, b).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
     p.set_input(b, &c.b).unwrap();
     p.compute().unwrap();

@@ -128,7 +128,7 @@ impl MoeCase {
             ids_in
         };
         let y = g.mul_mat_id(a, b, ids).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         (g, a, b, ids_in, y)
     }
 
@@ -181,7 +181,7 @@ impl MoeCase {
             let a = g.input(self.ty, &[k, m]).unwrap();
             let b = g.input(DType::F32, &[k, pairs.len()]).unwrap();
             let y = g.mul_mat(a, b).unwrap();
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let be = CpuBackend::with_isa(2, self.isa).unwrap();
             let mut p = Plan::with_guards(g, &be, 64).unwrap();
             p.set_input_bytes(a, &self.as_q[e * m * row..(e + 1) * m * row]).unwrap();
@@ -519,7 +519,7 @@ impl OutProdCase {
             (b_in, b_in)
         };
         let y = g.out_prod(a, b).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let be = CpuBackend::with_isa(threads, self.isa).unwrap();
         let mut pl = Plan::with_guards(g, &be, 64).unwrap();
         let a_bytes = if self.perm_a {
@@ -673,7 +673,7 @@ fn empty_shapes_compute_nothing_without_failing() {
     let fb = g.input(DType::F32, &[0, 4]).unwrap();
     let w = g.out_prod(fa, fb).unwrap();
     for t in [y, z, w] {
-        g.set_output(t);
+        g.set_output(t).unwrap();
     }
     let mut p = Plan::with_guards(g, &be, 64).unwrap();
     p.set_input_bytes(a, &vec![0u8; 256 / 32 * 18 * 16 * 4]).unwrap();
@@ -703,7 +703,7 @@ fn mul_mat_id_b_in_vec_dot_type_matches_f32_b() {
         let ids_in = g.input(DType::I32, &[c.n_mats, c.n]).unwrap();
         let ids = g.view_2d(ids_in, [c.n_used, c.n], c.n_mats * 4, 0).unwrap();
         let y = g.mul_mat_id(a, b, ids).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_isa(3, c.isa).unwrap(), 64).unwrap();
         p.set_input_bytes(a, &c.as_q).unwrap();
         p.set_input_bytes(b, &b_vd).unwrap();

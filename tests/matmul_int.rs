@@ -159,7 +159,7 @@ fn int_gemm_b_in_vec_dot_type_matches_f32_b() {
         let a = g.input(ty, &ane).unwrap();
         let b = g.input(vd, &bne).unwrap();
         let y = g.mul_mat(a, b).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let mut p = Plan::with_guards(g, &be, 64).unwrap();
         p.set_input_bytes(a, &c.a_q).unwrap();
         p.set_input_bytes(b, &b_q).unwrap();

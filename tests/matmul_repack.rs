@@ -57,7 +57,7 @@ fn run(c: &Case, repacked: bool, isa: Isa, threads: usize) -> Vec<f32> {
         (t, t)
     };
     let y = g.mul_mat(a, b).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::with_guards(g, &be, 64).unwrap();
     if c.b_transposed {
         let (k, n) = (c.bne[0], c.bne[1]);
@@ -232,7 +232,7 @@ fn run_id(c: &IdCase, repacked: bool, isa: Isa, threads: usize) -> Vec<f32> {
     let b = g.input(DType::F32, &[c.k, c.n_b, c.n_tok]).unwrap();
     let ids = g.input(DType::I32, &[c.n_used, c.n_tok]).unwrap();
     let y = g.mul_mat_id(a, b, ids).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::with_guards(g, &be, 64).unwrap();
     p.set_input(b, &c.b).unwrap();
     p.set_input(ids, &c.ids).unwrap();

@@ -262,7 +262,7 @@ fn unary_all_22_f32_f16_bf16_contiguous_and_permuted() {
                         _ => g.unary(t, op).unwrap(),
                     };
                     assert_eq!(g.dtype(y).unwrap(), dt);
-                    g.set_output(y);
+                    g.set_output(y).unwrap();
                     let n: usize = ne.iter().product();
                     let v: Vec<f32> = rand_f32(n, 21).iter().map(|x| x * 4.0).collect();
                     let got = run(g, &[(x, v.clone())], y, 2);
@@ -298,7 +298,7 @@ fn gelu_and_gelu_quick_match_ggml_f16_tables_bit_for_bit() {
         let mut g = Graph::new();
         let x = g.input(DType::F16, &[256, 256]).unwrap();
         let y = g.unary(x, op).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
         p.set_input(x, &all).unwrap();
         p.compute().unwrap();
@@ -318,7 +318,7 @@ fn gelu_and_gelu_quick_match_ggml_f16_tables_bit_for_bit() {
             let mut g = Graph::new();
             let x = g.input(DType::F32, &[1000]).unwrap();
             let y = g.unary(x, op).unwrap();
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let xs: Vec<f32> = rand_f32(1000, 6).iter().map(|x| x * 12.0).collect();
             tiers.push(run(g, &[(x, xs)], y, 2).iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         }
@@ -331,7 +331,7 @@ fn gelu_and_gelu_quick_match_ggml_f16_tables_bit_for_bit() {
         let mut g = Graph::new();
         let x = g.input(DType::F32, &[xs.len()]).unwrap();
         let y = g.unary(x, op).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let got = run(g, &[(x, xs.clone())], y, 2);
         for (&x, &r) in xs.iter().zip(&got) {
             let from_table = f16::from_bits(table[f16::from_f32(x).to_bits() as usize]).to_f32();
@@ -379,7 +379,7 @@ fn binary_f32_f16_bf16_combinations_broadcast_in_4_dims() {
                     }
                     .unwrap();
                     assert_eq!(g.dtype(c).unwrap(), ta);
-                    g.set_output(c);
+                    g.set_output(c).unwrap();
                     let va = rand_f32(ne.iter().product(), 1);
                     let vb: Vec<f32> =
                         rand_f32(bne.iter().product(), 2).iter().map(|x| x + 2.5).collect();
@@ -423,8 +423,7 @@ fn simple_elementwise_ops_f32_f16_bf16() {
         if !with_bf16 {
             let mut g = Graph::new();
             let x = g.input(DType::BF16, &[8]).unwrap();
-            let r =
-                if *name == "clamp" { g.clamp(x, 0.0, 1.0) } else { g.leaky_relu(x, 0.1, false) };
+            let r = if *name == "clamp" { g.clamp(x, 0.0, 1.0) } else { g.leaky_relu(x, 0.1) };
             assert!(matches!(r, Err(Error::Type { .. })), "{name} BF16");
         }
         let types: &[DType] = if with_bf16 {
@@ -439,7 +438,7 @@ fn simple_elementwise_ops_f32_f16_bf16() {
                 let (x, t) = source(&mut g, ne, dt, permuted);
                 let y = match *name {
                     "clamp" => g.clamp(t, -0.5, 0.25),
-                    "leaky_relu" => g.leaky_relu(t, 0.1, false),
+                    "leaky_relu" => g.leaky_relu(t, 0.1),
                     "sqr" => g.sqr(t),
                     "sqrt" => g.sqrt(t),
                     "log" => g.log(t),
@@ -447,7 +446,7 @@ fn simple_elementwise_ops_f32_f16_bf16() {
                     _ => g.cos(t),
                 }
                 .unwrap();
-                g.set_output(y);
+                g.set_output(y).unwrap();
                 let v: Vec<f32> = rand_f32(ne.iter().product(), 3)
                     .iter()
                     .map(|&x| if positive { x.abs() * 3.0 + 0.01 } else { x * 3.0 })
@@ -477,7 +476,7 @@ fn add1_add_id_acc_fill() {
         let (xa, a) = source(&mut g, ne, ta, false);
         let (xb, b) = source(&mut g, [1, 1, 1, 1], tb, false);
         let c = g.add1(a, b).unwrap();
-        g.set_output(c);
+        g.set_output(c).unwrap();
         let va = rand_f32(ne.iter().product(), 4);
         let got = run(g, &[(xa, va.clone()), (xb, vec![0.3])], c, 3);
         let s = src_at(&[0.3], [1, 1, 1, 1], [0; 4], tb, false);
@@ -492,7 +491,7 @@ fn add1_add_id_acc_fill() {
     let b = g.input(DType::F32, &[n, k]).unwrap();
     let ids = g.input(DType::I32, &[m, p]).unwrap();
     let c = g.add_id(a, b, ids).unwrap();
-    g.set_output(c);
+    g.set_output(c).unwrap();
     let be = CpuBackend::with_threads(2).unwrap();
     let mut pl = Plan::with_guards(g, &be, 64).unwrap();
     let va = rand_f32(n * m * p, 5);
@@ -524,7 +523,7 @@ fn add1_add_id_acc_fill() {
         let a = g.input(DType::F32, &ane).unwrap();
         let b = g.input(DType::F32, &bne).unwrap();
         let c = g.acc(a, b, nb, offset).unwrap();
-        g.set_output(c);
+        g.set_output(c).unwrap();
         let va = rand_f32(ane.iter().product(), 7);
         let vb = rand_f32(bne.iter().product(), 8);
         let got = run(g, &[(a, va.clone()), (b, vb.clone())], c, threads);
@@ -548,7 +547,7 @@ fn add1_add_id_acc_fill() {
         let mut g = Graph::new();
         let (x, t) = source(&mut g, ne, dt, false);
         let y = g.fill(t, -2.75).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let got = run(g, &[(x, rand_f32(ne.iter().product(), 9))], y, 3);
         assert!(got.iter().all(|&v| v == -2.75), "fill {dt}");
     }
@@ -562,7 +561,7 @@ fn tri_diag_and_diag_masks() {
         let mut g = Graph::new();
         let x = g.input(DType::F32, &ne).unwrap();
         let y = g.tri(x, kind).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let got = run(g, &[(x, v.clone())], y, 3);
         let want: Vec<f64> = each(ne)
             .map(|i| {
@@ -588,7 +587,7 @@ fn tri_diag_and_diag_masks() {
     let mut g = Graph::new();
     let x = g.input(DType::F32, &dne).unwrap();
     let y = g.diag(x).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let got = run(g, &[(x, dv.clone())], y, 2);
     let want: Vec<f64> = each([6, 6, 3, 2])
         .map(|i| if i[0] == i[1] { dv[flat(dne, [i[0], 0, i[2], i[3]])] as f64 } else { 0.0 })
@@ -604,7 +603,7 @@ fn tri_diag_and_diag_masks() {
             let x = g.input(DType::F32, &mne).unwrap();
             let y = if inf { g.diag_mask_inf(x, n_past) } else { g.diag_mask_zero(x, n_past) };
             let y = y.unwrap();
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let got = run(g, &[(x, mv.clone())], y, 3);
             for i in each(mne) {
                 let masked = i[0] > n_past + i[1];
@@ -674,7 +673,7 @@ fn glu_all_six_fused_swapped_and_split_f32_f16() {
                 }
                 .unwrap();
                 assert_eq!(g.shape(y).unwrap(), hne);
-                g.set_output(y);
+                g.set_output(y).unwrap();
                 let na: usize = if form == "split" { hne } else { ne }.iter().product();
                 let va: Vec<f32> = rand_f32(na, 13).iter().map(|x| x * 3.0).collect();
                 let vb: Vec<f32> = rand_f32(hne.iter().product(), 14);
@@ -728,7 +727,7 @@ fn norm_rms_norm_mul_group_norm_l2_norm() {
             let mut g = Graph::new();
             let (x, t) = source(&mut g, ne, DType::F32, permuted);
             let y = g.norm(t, 1e-5).unwrap();
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let got = run(g, &[(x, v.clone())], y, 3);
             let lne = logical(ne, permuted);
             let src: Vec<f64> =
@@ -745,7 +744,7 @@ fn norm_rms_norm_mul_group_norm_l2_norm() {
             let mut g = Graph::new();
             let (x, t) = source(&mut g, ne, DType::F32, permuted);
             let y = g.l2_norm(t, 1e-12).unwrap();
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let got = run(g, &[(x, v.clone())], y, 2);
             let mut want = Vec::new();
             for row in src.chunks(lne[0]) {
@@ -761,7 +760,7 @@ fn norm_rms_norm_mul_group_norm_l2_norm() {
             let x = g.input(DType::F32, &ne).unwrap();
             let w = g.input(DType::F32, &wne).unwrap();
             let y = g.rms_norm_mul(x, w, 1e-6).unwrap();
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let vw = rand_f32(wne.iter().product(), 16);
             let got = run(g, &[(x, v.clone()), (w, vw.clone())], y, 3);
             let mut want = Vec::new();
@@ -784,8 +783,8 @@ fn norm_rms_norm_mul_group_norm_l2_norm() {
     let fused = g.rms_norm_mul(x, w, 1e-6).unwrap();
     let r = g.rms_norm(x, 1e-6).unwrap();
     let unfused = g.mul(r, w).unwrap();
-    g.set_output(fused);
-    g.set_output(unfused);
+    g.set_output(fused).unwrap();
+    g.set_output(unfused).unwrap();
     let p = plan(g, &[(x, rand_f32(33 * 12, 17)), (w, rand_f32(33, 18))], 2);
     let (a, b) = (p.output::<f32>(fused).unwrap(), p.output::<f32>(unfused).unwrap());
     let want: Vec<f64> = b.iter().map(|&v| v as f64).collect();
@@ -797,7 +796,7 @@ fn norm_rms_norm_mul_group_norm_l2_norm() {
         let mut g = Graph::new();
         let x = g.input(DType::F32, &ne).unwrap();
         let y = g.group_norm(x, groups, 1e-6).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let got = run(g, &[(x, v.clone())], y, 3);
         let per = ne[2].div_ceil(groups);
         let mut want = vec![0f64; v.len()];
@@ -840,7 +839,7 @@ fn sum_sum_rows_mean_cumsum() {
                     _ => g.cumsum(t),
                 }
                 .unwrap();
-                g.set_output(y);
+                g.set_output(y).unwrap();
                 let got = run(g, &[(x, v.clone())], y, 3);
                 let mut want = Vec::new();
                 for row in src.chunks(lne[0]) {
@@ -865,7 +864,7 @@ fn sum_sum_rows_mean_cumsum() {
             let (x, t) = source(&mut g, ne, dt, true);
             let y = g.sum(t).unwrap();
             assert_eq!(g.shape(y).unwrap(), [1, 1, 1, 1]);
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let got = run(g, &[(x, v.clone())], y, 2);
             let want: f64 = each(logical(ne, true)).map(|i| src_at(&v, ne, i, dt, true)).sum();
             let lim = match dt {
@@ -891,7 +890,7 @@ fn argmax_count_equal_argsort_top_k_exact() {
     let mut g = Graph::new();
     let x = g.input(DType::F32, &[n, m]).unwrap();
     let y = g.argmax(x).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let p = plan(g, &[(x, v.clone())], 3);
     let got = p.output::<i32>(y).unwrap().to_vec();
     let want: Vec<i32> = (0..m)
@@ -915,7 +914,7 @@ fn argmax_count_equal_argsort_top_k_exact() {
         let a = g.input(DType::I32, &ne).unwrap();
         let b = g.input(DType::I32, &ne).unwrap();
         let c = g.count_equal(a, b).unwrap();
-        g.set_output(c);
+        g.set_output(c).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_threads(threads).unwrap(), 64).unwrap();
         p.set_input(a, &va).unwrap();
         p.set_input(b, &vb).unwrap();
@@ -934,7 +933,7 @@ fn argmax_count_equal_argsort_top_k_exact() {
                 let mut g = Graph::new();
                 let (x, t) = source(&mut g, ne, DType::F32, permuted);
                 let y = g.argsort(t, order).unwrap();
-                g.set_output(y);
+                g.set_output(y).unwrap();
                 let p = plan(g, &[(x, v.clone())], 3);
                 let got = p.output::<i32>(y).unwrap();
                 for (r, row) in src.chunks(lne[0]).enumerate() {
@@ -950,7 +949,7 @@ fn argmax_count_equal_argsort_top_k_exact() {
                 let mut g = Graph::new();
                 let (x, t) = source(&mut g, ne, DType::F32, permuted);
                 let y = g.top_k(t, k).unwrap();
-                g.set_output(y);
+                g.set_output(y).unwrap();
                 let p = plan(g, &[(x, v.clone())], 2);
                 let got = p.output::<i32>(y).unwrap();
                 for (r, row) in src.chunks(lne[0]).enumerate() {
@@ -1002,7 +1001,7 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
         ),
         (
             "leaky_relu",
-            |g, v, _| g.leaky_relu(v, 0.25, true).unwrap(),
+            |g, v, _| g.leaky_relu_inplace(v, 0.25).unwrap(),
             |x, _, _| if x > 0.0 { x } else { 0.25 * x },
         ),
         (
@@ -1036,7 +1035,7 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
         let v = g.view_4d(st, ne, [nb1, nb2, nb2 * 3], off).unwrap();
         let b = g.input(DType::F32, &[7, 1, 3]).unwrap();
         let y = build(&mut g, v, b);
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let vb: Vec<f32> = rand_f32(21, 25).iter().map(|x| x + 0.5).collect();
         let vb: Vec<f32> = if name == "add1" { vec![0.5; 21] } else { vb };
         let be = CpuBackend::with_threads(3).unwrap();
@@ -1089,8 +1088,8 @@ fn inplace_ops_write_only_their_view_of_a_state_buffer() {
     let y = g.scale(x, 2.0).unwrap();
     let z = g.unary_inplace(y, UnaryOp::Neg).unwrap();
     let w = g.add(x, x).unwrap(); // may reuse freed memory: must not be z's
-    g.set_output(z);
-    g.set_output(w);
+    g.set_output(z).unwrap();
+    g.set_output(w).unwrap();
     let v = rand_f32(36, 28);
     let p = plan(g, &[(x, v.clone())], 2);
     let got = p.output::<f32>(z).unwrap();
@@ -1131,7 +1130,7 @@ fn results_are_bitwise_identical_for_1_2_3_threads() {
                 g.l2_norm(s, 1e-12).unwrap()
             }
         };
-        g.set_output(y);
+        g.set_output(y).unwrap();
         (g, x, wt, y)
     };
     for which in 0..8 {
@@ -1160,7 +1159,7 @@ fn bad_parameters_and_shapes_return_err_at_build_time() {
     assert!(g.xielu(a, f32::NAN, 0.8, 0.5, 1e-6).is_err());
     assert!(g.clamp(a, 1.0, -1.0).is_err());
     assert!(g.clamp(a, f32::NAN, 1.0).is_err());
-    assert!(g.leaky_relu(a, f32::INFINITY, false).is_err());
+    assert!(g.leaky_relu(a, f32::INFINITY).is_err());
     assert!(g.norm(a, -1.0).is_err());
     assert!(g.l2_norm(a, f32::NAN).is_err());
     assert!(g.group_norm(a, 0, 1e-6).is_err());
@@ -1215,7 +1214,7 @@ fn unary_and_glu_on_views_of_larger_tensors() {
                 }
                 _ => g.unary(a, op).unwrap(),
             };
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let v: Vec<f32> = rand_f32(n_big, 29).iter().map(|x| x * 4.0).collect();
             let got = run(g, &[(x, v.clone())], y, 3);
             let want: Vec<f64> = each(ne).map(|i| unary_ref(op, big_at(&v, i, dt))).collect();
@@ -1234,7 +1233,7 @@ fn unary_and_glu_on_views_of_larger_tensors() {
                 let nb = g.strides(t).unwrap();
                 let a = g.view_4d(t, glu_ne, [nb[1], nb[2], nb[3]], 0).unwrap();
                 let y = g.glu(a, op, swapped).unwrap();
-                g.set_output(y);
+                g.set_output(y).unwrap();
                 let v: Vec<f32> = rand_f32(n_glu, 30).iter().map(|x| x * 150.0).collect();
                 let got = run(g, &[(x, v.clone())], y, 2);
                 assert!(got.iter().all(|x| x.is_finite()), "{} {dt}: non-finite", op.name());
@@ -1313,7 +1312,7 @@ fn add_and_add1_with_quantized_a_requantize_rows_bit_for_bit() {
         let c16 = g.add_cast(a, b, DType::F16).unwrap();
         let c1 = g.add1(a, s).unwrap();
         for t in [c, c32, c16, c1] {
-            g.set_output(t);
+            g.set_output(t).unwrap();
         }
         assert_eq!(g.dtype(c).unwrap(), dt);
         assert_eq!(g.dtype(c1).unwrap(), dt);
@@ -1350,7 +1349,7 @@ fn add_and_add1_with_quantized_a_requantize_rows_bit_for_bit() {
         let st = g.state(dt, &ne, &buf, 0).unwrap();
         let b = g.input(DType::F32, &ne).unwrap();
         let c = g.add_inplace(st, b).unwrap();
-        g.set_output(c);
+        g.set_output(c).unwrap();
         let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
         p.set_input(b, &vb).unwrap();
         p.compute().unwrap();
@@ -1383,7 +1382,7 @@ fn add_and_add1_with_quantized_a_requantize_rows_bit_for_bit() {
         let xb = g.input(DType::F32, &[5, 1, 11, 1]).unwrap();
         let c = g.add_cast(a, xb, DType::F32).unwrap();
         assert_eq!(g.dtype(c).unwrap(), DType::F32);
-        g.set_output(c);
+        g.set_output(c).unwrap();
         let va = rand_f32(5 * 7 * 11 * 13, 33);
         let vb = rand_f32(5 * 11, 34);
         let got = run(g, &[(xa, va.clone()), (xb, vb.clone())], c, 2);

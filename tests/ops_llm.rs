@@ -122,7 +122,7 @@ fn rope_normal_and_neox_with_yarn_and_freq_factors() {
             let pos = g.input(DType::I32, &[ne[2]]).unwrap();
             let ff = if with_ff { Some(g.input(DType::F32, &[n_dims / 2]).unwrap()) } else { None };
             let y = g.rope_ext(a, pos, ff, p).unwrap();
-            g.set_output(y);
+            g.set_output(y).unwrap();
             let x = rand_f32(ne.iter().product(), 21);
             let pv: Vec<i32> = vec![0, 3, 7, 11, 17];
             let ffv: Vec<f32> = (0..n_dims / 2).map(|i| 1.0 + i as f32 * 0.1).collect();
@@ -147,7 +147,7 @@ fn rope_multi_mrope_and_f16() {
     let a = g.input(DType::F32, &ne).unwrap();
     let pos = g.input(DType::I32, &[4 * ne[2]]).unwrap();
     let y = g.rope_multi(a, pos, None, p.sections, p).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let x = rand_f32(ne.iter().product(), 22);
     let pv: Vec<i32> = (0..16).map(|i| (i * 3) % 13).collect();
     let got = compute(g, &[(a, x.clone())], &[(pos, pv.clone())], y, 3);
@@ -162,7 +162,7 @@ fn rope_multi_mrope_and_f16() {
     let p = RopeParams::new(64, RopeMode::Neox, 500000.0);
     let y = g.rope_ext(a16, pos, None, p).unwrap();
     let y32 = g.cast(y, DType::F32).unwrap();
-    g.set_output(y32);
+    g.set_output(y32).unwrap();
     let x = rand_f32(64 * 12, 23);
     let xh: Vec<f32> = x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
     let got = compute(g, &[(a32, x)], &[(pos, vec![1, 5, 9])], y32, 2);
@@ -258,7 +258,7 @@ fn run_attn(c: &Attn, nth: usize) -> (Vec<f32>, Vec<f64>) {
     let tm = if c.mask { Some(g.cast(tm32, DType::F16).unwrap()) } else { None };
     let ts = if c.sinks { Some(g.input(DType::F32, &[c.n_head]).unwrap()) } else { None };
     let out = g.flash_attn_ext(tq, tk, tv, tm, ts, c.p).unwrap();
-    g.set_output(out);
+    g.set_output(out).unwrap();
     let mut inputs = vec![(tq, q.clone())];
     if c.mask {
         inputs.push((tm32, maskv.clone()));
@@ -524,7 +524,7 @@ fn soft_max_ext_with_sinks() {
     let a = g.input(DType::F32, &ne).unwrap();
     let s = g.input(DType::F32, &[4]).unwrap();
     let y = g.soft_max_ext_sinks(a, None, s, 0.5, 0.0).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let x = rand_f32(72, 71);
     let sv = vec![-1.0f32, 0.0, 2.0, 10.0];
     let got = compute(g, &[(a, x.clone()), (s, sv.clone())], &[], y, 2);
@@ -552,7 +552,7 @@ fn rope_odd_head_size_with_partial_rotation() {
         let a = g.input(DType::F32, &ne).unwrap();
         let pos = g.input(DType::I32, &[3]).unwrap();
         let y = g.rope_ext(a, pos, None, p).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let x = rand_f32(ne.iter().product(), 24);
         let got = compute(g, &[(a, x.clone())], &[(pos, vec![2, 9, 4])], y, 2);
         let mut want = rope_ref(&x, ne, &[2, 9, 4], None, &p);

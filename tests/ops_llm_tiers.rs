@@ -22,7 +22,7 @@ fn run(
 ) -> Vec<f32> {
     let mut g = Graph::new();
     let (inputs, ints, out) = build(&mut g);
-    g.set_output(out);
+    g.set_output(out).unwrap();
     let mut p = Plan::with_guards(g, &CpuBackend::with_isa(threads, isa).unwrap(), 64).unwrap();
     for (k, (id, n)) in inputs.iter().enumerate() {
         let v: Vec<f32> = rand_f32(*n, 40 + k as u64).iter().map(|x| x * 6.0).collect();
@@ -195,7 +195,7 @@ fn flash_attn_ext_decode_propagates_nan_scores_per_head() {
         let k = g.cast(k32, DType::F16).unwrap();
         let v = g.cast(v32, DType::F16).unwrap();
         let o = g.flash_attn_ext(q, k, v, None, None, FlashAttnParams::new(0.125)).unwrap();
-        g.set_output(o);
+        g.set_output(o).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_isa(2, isa).unwrap(), 64).unwrap();
         let mut kv = rand_f32(d * n_kv * heads, 2);
         kv[d * 17 + 3] = f32::NAN; // head 0, position 17

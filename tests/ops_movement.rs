@@ -38,7 +38,7 @@ fn cast_to_and_from_every_quantizable_type_matches_the_quant_api() {
                 continue;
             }
         };
-        g.set_output(back);
+        g.set_output(back).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
         p.set_input(a, &x).unwrap();
         p.compute().unwrap();
@@ -71,8 +71,8 @@ fn bf16_and_i32_copies_with_permuted_layouts() {
     let b = g.cast(p, DType::BF16).unwrap();
     let c = g.cast(b, DType::F32).unwrap();
     let i = g.cast(c, DType::I32).unwrap();
-    g.set_output(c);
-    g.set_output(i);
+    g.set_output(c).unwrap();
+    g.set_output(i).unwrap();
     let x: Vec<f32> = (0..24).map(|v| v as f32 * 1.25 - 7.0).collect();
     let mut plan = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
     plan.set_input(a, &x).unwrap();
@@ -102,7 +102,7 @@ fn set_rows_writes_a_kv_cache_and_checks_ids() {
         let w = g.set_rows(kv, b, ids).unwrap();
         let _ = w;
         let all = g.cast(kv, DType::F32).unwrap();
-        g.set_output(all);
+        g.set_output(all).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
         p.set_input(b, &x).unwrap();
         if id_t == DType::I64 {
@@ -177,7 +177,7 @@ fn concat_repeat_pad_roll_match_index_references() {
         let a = g.input(DType::F32, &ne).unwrap();
         let b = g.input(DType::F32, &nb).unwrap();
         let c = g.concat(a, b, dim).unwrap();
-        g.set_output(c);
+        g.set_output(c).unwrap();
         let got = run(g, &[(a, x.clone()), (b, y.clone())], c, 3);
         let mut one = ne;
         one[dim] += 2;
@@ -200,8 +200,8 @@ fn concat_repeat_pad_roll_match_index_references() {
     let t = g.transpose(a).unwrap(); // [2, 3]
     let r = g.repeat(t, [4, 3, 2, 1]).unwrap();
     let rb = g.repeat_back(r, t).unwrap();
-    g.set_output(r);
-    g.set_output(rb);
+    g.set_output(r).unwrap();
+    g.set_output(rb).unwrap();
     let xa: Vec<f32> = (0..6).map(|v| v as f32).collect();
     let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(a, &xa).unwrap();
@@ -223,7 +223,7 @@ fn concat_repeat_pad_roll_match_index_references() {
     let pr = g.pad_reflect_1d(a, 3, 2).unwrap();
     let ro = g.roll(a, [1, -2, 1, 0]).unwrap();
     for t in [pz, pc, pr, ro] {
-        g.set_output(t);
+        g.set_output(t).unwrap();
     }
     let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(a, &x).unwrap();
@@ -278,8 +278,8 @@ fn arange_and_timestep_embedding() {
     let r = g.arange(1.0, 4.0, 0.5).unwrap();
     let t = g.input(DType::F32, &[3]).unwrap();
     let e = g.timestep_embedding(t, 7, 10000).unwrap();
-    g.set_output(r);
-    g.set_output(e);
+    g.set_output(r).unwrap();
+    g.set_output(e).unwrap();
     let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(t, &[0.0f32, 1.0, 250.0]).unwrap();
     p.compute().unwrap();
@@ -332,7 +332,7 @@ fn custom_ops_run_closures_and_survive_panics() {
         let x = g.input(DType::F32, &[5, 4]).unwrap();
         let b = g.input(DType::F32, &[5]).unwrap();
         let y = g.map_custom2(x, b, "twice_plus", n_tasks, body.clone()).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();
         let xv = rand_f32(20, 61);
         let bv = rand_f32(5, 62);
@@ -351,7 +351,7 @@ fn custom_ops_run_closures_and_survive_panics() {
     let mut g = Graph::new();
     let x = g.input(DType::F32, &[5, 4]).unwrap();
     let y = g.map_custom1(x, "refuser", None, errs).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     p.set_input(x, &[0.0f32; 20]).unwrap();
     assert!(p.compute().unwrap_err().to_string().contains("refused"));
@@ -388,7 +388,7 @@ fn interpolate_nearest_bilinear_bicubic_antialias() {
         let mut g = Graph::new();
         let a = g.input(DType::F32, &ine).unwrap();
         let y = g.interpolate(a, one, mode).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let got = run(g, &[(a, x.clone())], y, 2);
         let (sx, sy) = (one[0] as f64 / 5.0, one[1] as f64 / 4.0);
         let want: Vec<f64> = each(one)
@@ -477,8 +477,8 @@ fn set_writes_a_strided_view_into_a_copy() {
     // b's 3 rows of 2 go to a's rows 1..4, columns 3..5.
     let s = g.set(a, b, [24, 72, 72], 24 + 12).unwrap();
     let s1 = g.set_1d(a, b, 4).unwrap();
-    g.set_output(s);
-    g.set_output(s1);
+    g.set_output(s).unwrap();
+    g.set_output(s1).unwrap();
     let xa: Vec<f32> = (0..24).map(|v| v as f32).collect();
     let xb: Vec<f32> = (0..6).map(|v| 100.0 + v as f32).collect();
     let mut p = Plan::with_guards(g, &CpuBackend::with_threads(3).unwrap(), 64).unwrap();

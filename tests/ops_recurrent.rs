@@ -20,7 +20,7 @@ enum Data {
 fn run(g: &Graph, inputs: &[(TensorId, &Data)], out: TensorId, nth: usize) -> Vec<f32> {
     let be = CpuBackend::with_threads(nth).unwrap();
     let mut g = g.clone();
-    g.set_output(out);
+    g.set_output(out).unwrap();
     let mut p = Plan::with_guards(g, &be, 64).unwrap();
     for (id, d) in inputs {
         match d {
@@ -369,7 +369,7 @@ fn ssm_scan_rejects_bad_inputs_and_ids() {
     assert!(matches!(g.ssm_scan(s, xt, dt, a, b, c, ids, 1), Err(Error::Shape { .. })));
     // An id out of range is data: compute returns Err and the plan stays usable.
     let y = g.ssm_scan(s, x, dt, a, b, c, ids, 1).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     let mut p = Plan::with_guards(g, &CpuBackend::with_threads(2).unwrap(), 64).unwrap();
     for (id, n) in [(s, 16 * 4 * 4 * 2), (x, 4 * 4 * 3 * 2), (dt, 24), (a, 4), (b, 192), (c, 192)] {
         p.set_input(id, &rand_f32(n, 1)).unwrap();

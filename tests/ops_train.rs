@@ -33,7 +33,7 @@ impl Case {
 
     fn plan(&self, nth: usize) -> Plan {
         let mut g = self.g.clone();
-        g.set_output(self.out);
+        g.set_output(self.out).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_threads(nth).unwrap(), 64).unwrap();
         for (id, v) in &self.f32s {
             p.set_input(*id, v).unwrap();
@@ -1087,7 +1087,13 @@ fn pool_2d_back_matches_finite_differences_of_pool_2d() {
                                 let a = g.input(DType::F32, &one).unwrap();
                                 let af = g.input(dt, &ne).unwrap();
                                 let out = g
-                                    .pool_2d_back(a, af, op, k0, k1, s0, s1, p0 as f32, p1 as f32)
+                                    .pool_2d_back(
+                                        a,
+                                        af,
+                                        quantgraph::Pool2dParams::new(op, k0, k1)
+                                            .stride(s0, s1)
+                                            .padding(p0 as f32, p1 as f32),
+                                    )
                                     .unwrap();
                                 let mut c = Case::new(g, out);
                                 c.f32s.push((a, w.iter().map(|&v| v as f32).collect()));
@@ -1251,21 +1257,62 @@ fn backward_ops_reject_bad_shapes_and_types() {
     let big = usize::MAX;
     assert!(g.im2col_back(grad, k, [6, 6, 2, 1], big, big, big, big, big, big, true).is_err());
     assert!(g.im2col_back(grad, k, [big, 6, 2, 1], 1, 1, 1, 1, 1, 1, true).is_err());
-    assert!(g.pool_2d_back(grad, grad, PoolOp::Max, big, 1, big, 1, 0.0, 0.0).is_err());
+    assert!(
+        g.pool_2d_back(
+            grad,
+            grad,
+            quantgraph::Pool2dParams::new(PoolOp::Max, big, 1).stride(big, 1).padding(0.0, 0.0)
+        )
+        .is_err()
+    );
 
     // pool_2d_back: the grad must have pool_2d's output shape.
     let af = g.input(DType::F32, &[10, 10, 3]).unwrap();
     let pg = g.input(DType::F32, &[4, 4, 3]).unwrap();
-    assert!(g.pool_2d_back(pg, af, PoolOp::Max, 3, 3, 2, 2, 0.0, 0.0).is_ok());
-    assert!(g.pool_2d_back(pg, af, PoolOp::Max, 3, 3, 2, 2, 1.0, 0.0).is_err());
-    assert!(g.pool_2d_back(pg, af, PoolOp::Avg, 0, 3, 2, 2, 0.0, 0.0).is_err());
-    assert!(g.pool_2d_back(pg, af, PoolOp::Avg, 3, 3, 2, 2, f32::NAN, 0.0).is_err());
+    assert!(
+        g.pool_2d_back(
+            pg,
+            af,
+            quantgraph::Pool2dParams::new(PoolOp::Max, 3, 3).stride(2, 2).padding(0.0, 0.0)
+        )
+        .is_ok()
+    );
+    assert!(
+        g.pool_2d_back(
+            pg,
+            af,
+            quantgraph::Pool2dParams::new(PoolOp::Max, 3, 3).stride(2, 2).padding(1.0, 0.0)
+        )
+        .is_err()
+    );
+    assert!(
+        g.pool_2d_back(
+            pg,
+            af,
+            quantgraph::Pool2dParams::new(PoolOp::Avg, 0, 3).stride(2, 2).padding(0.0, 0.0)
+        )
+        .is_err()
+    );
+    assert!(
+        g.pool_2d_back(
+            pg,
+            af,
+            quantgraph::Pool2dParams::new(PoolOp::Avg, 3, 3).stride(2, 2).padding(f32::NAN, 0.0)
+        )
+        .is_err()
+    );
     // Padding wider than the window: whole windows in the padding get no gradient.
     for op in [PoolOp::Avg, PoolOp::Max] {
         let mut g2 = Graph::new();
         let af = g2.input(DType::F32, &[4, 3]).unwrap();
         let pg = g2.input(DType::F32, &[12, 11]).unwrap();
-        let out = g2.pool_2d_back(pg, af, op, 1, 1, 1, 1, 4.0, 4.0).unwrap();
+        let out = g2
+            .pool_2d_back(
+                pg,
+                af,
+                quantgraph::Pool2dParams::new(op, 1, 1).stride(1, 1).padding(4.0, 4.0),
+            )
+            .unwrap();
         let mut c = Case::new(g2, out);
         c.f32s = vec![(af, uniform(12, 1, -1.0, 1.0)), (pg, vec![1.0; 132])];
         assert_eq!(c.run_threads("pool_2d_back wide padding"), vec![1.0; 12], "{op:?}");

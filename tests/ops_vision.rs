@@ -57,7 +57,7 @@ fn check(
     let mut result = Vec::new();
     for threads in [1, 2, 3] {
         let mut g = g.clone();
-        g.set_output(out);
+        g.set_output(out).unwrap();
         let mut p = Plan::with_guards(g, &CpuBackend::with_threads(threads).unwrap(), 64).unwrap();
         for i in ins {
             p.set_input_bytes(i.id, &i.bytes).unwrap();
@@ -712,7 +712,14 @@ fn pool2d_case(
     let what = format!("pool_2d {dt} {op:?} {ne_in:?} k={k:?} s={s:?} p={p:?}");
     let mut g = Graph::new();
     let x = input(&mut g, dt, ne_in, 14);
-    let out = g.pool_2d(x.id, op, k[0], k[1], s[0], s[1], p[0] as f32, p[1] as f32).unwrap();
+    let out = g
+        .pool_2d(
+            x.id,
+            quantgraph::Pool2dParams::new(op, k[0], k[1])
+                .stride(s[0], s[1])
+                .padding(p[0] as f32, p[1] as f32),
+        )
+        .unwrap();
     let ne = g.shape(out).unwrap();
     for d in 0..2 {
         assert_eq!(ne[d] as i64, (ne_in[d] + 2 * p[d] - k[d]) as i64 / s[d] as i64 + 1, "{what}");
@@ -842,7 +849,7 @@ fn add_rel_pos_matches_reference_and_runs_in_place() {
             .collect();
         check(&g, &[&a0, &pw, &ph], out, &want, 1e-7, &what);
         let mut g2 = g.clone();
-        g2.set_output(out);
+        g2.set_output(out).unwrap();
         let mut p = Plan::new(g2, &CpuBackend::with_threads(2).unwrap()).unwrap();
         assert!(p.stats().n_inplace >= 1, "{what}: add_rel_pos should reuse its input");
         p.set_input(a0.id, &a0.vals).unwrap();
@@ -918,9 +925,27 @@ fn bad_shapes_types_and_params_are_refused_at_build_time() {
     expect_err(g.conv_transpose_2d(kt2, img, 0), "stride");
     expect_err(g.pool_1d(img, PoolOp::Max, 9, 1, 0), "too small");
     expect_err(g.pool_1d(img, PoolOp::Max, 0, 1, 0), "k0");
-    expect_err(g.pool_2d(img, PoolOp::Avg, 3, 3, 1, 0, 0.0, 0.0), "s1");
-    expect_err(g.pool_2d(img, PoolOp::Avg, 3, 3, 1, 1, -1.0, 0.0), "p0");
-    expect_err(g.pool_2d(img, PoolOp::Avg, 3, 9, 1, 1, 0.0, 0.0), "too small");
+    expect_err(
+        g.pool_2d(
+            img,
+            quantgraph::Pool2dParams::new(PoolOp::Avg, 3, 3).stride(1, 0).padding(0.0, 0.0),
+        ),
+        "s1",
+    );
+    expect_err(
+        g.pool_2d(
+            img,
+            quantgraph::Pool2dParams::new(PoolOp::Avg, 3, 3).stride(1, 1).padding(-1.0, 0.0),
+        ),
+        "p0",
+    );
+    expect_err(
+        g.pool_2d(
+            img,
+            quantgraph::Pool2dParams::new(PoolOp::Avg, 3, 9).stride(1, 1).padding(0.0, 0.0),
+        ),
+        "too small",
+    );
     let cols = g.input(DType::F32, &[12, 5, 1, 1]).unwrap();
     g.col2im_1d(cols, 2, 3, 0).unwrap();
     expect_err(g.col2im_1d(cols, 2, 5, 0), "K*oc");
@@ -967,10 +992,14 @@ fn small_cnn_end_to_end() {
     let y = g.conv_2d(k1.id, x.id, Conv2dParams::square(1, 1, 1)).unwrap();
     let y = g.group_norm(y, 2, 1e-5).unwrap();
     let y = g.gelu(y).unwrap();
-    let y = g.pool_2d(y, PoolOp::Max, 2, 2, 2, 2, 0.0, 0.0).unwrap();
+    let y = g
+        .pool_2d(y, quantgraph::Pool2dParams::new(PoolOp::Max, 2, 2).stride(2, 2).padding(0.0, 0.0))
+        .unwrap();
     let y = g.upscale(y, 2, ScaleMode::Nearest).unwrap();
     let y = g.conv_2d(k2.id, y, Conv2dParams::square(2, 0, 1)).unwrap();
-    let out = g.pool_2d(y, PoolOp::Avg, 2, 2, 2, 2, 1.0, 1.0).unwrap();
+    let out = g
+        .pool_2d(y, quantgraph::Pool2dParams::new(PoolOp::Avg, 2, 2).stride(2, 2).padding(1.0, 1.0))
+        .unwrap();
 
     // f64 reference
     let conv = |xs: &[f64], xn: [usize; 4], k: &[f32], kn: [usize; 4], s: usize, p: usize| {

@@ -22,7 +22,7 @@ fn run(kt: DType, three_d: bool, threads: usize) -> Vec<f32> {
         let k = g.input(kt, &[3, 3, 13, 7]).unwrap();
         (x, k, g.conv_2d(k, x, Conv2dParams::square(1, 1, 1)).unwrap())
     };
-    g.set_output(out);
+    g.set_output(out).unwrap();
     let xn: usize = g.shape(x).unwrap().iter().product();
     let kn: usize = g.shape(k).unwrap().iter().product();
     let mut p = Plan::with_guards(g, &CpuBackend::with_threads(threads).unwrap(), 64).unwrap();

@@ -30,7 +30,7 @@ pub fn matmul(
     let w = g.weight(ty, &[k, m], &wbuf, 0)?;
     let x = g.input(DType::F32, &[k, n])?;
     let y = g.mul_mat(w, x)?;
-    g.set_output(y);
+    g.set_output(y)?;
     let mut plan = Plan::new(g, &be)?;
     plan.set_input(x, &rand_f32(k * n, 2))?;
     let t = median_compute_secs(&mut plan, reps)?;
@@ -101,7 +101,7 @@ pub fn mul_mat_id(
     let x = g.input(DType::F32, &[k, used, n])?;
     let ids = g.input(DType::I32, &[used, n])?;
     let y = g.mul_mat_id(w, x, ids)?;
-    g.set_output(y);
+    g.set_output(y)?;
     let mut plan = Plan::new(g, &be)?;
     plan.set_input(x, &rand_f32(k * used * n, 2))?;
     // Token t uses experts t, t + 1, ... (mod E): every expert gets work as in a real batch.

@@ -88,7 +88,7 @@ pub fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
         }
         _ => return Err(quantgraph::Error::InvalidArgument(format!("unknown op bench {name}"))),
     };
-    g.set_output(out);
+    g.set_output(out)?;
     let mut plan = Plan::new(g, &be)?;
     for (t, n) in &f32_inputs {
         plan.set_input(*t, &rand_f32(*n, 7))?;
@@ -152,7 +152,7 @@ fn recurrent_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<(
         let st = input(&mut g, &[sz * sz * h, 1], -1.0, 1.0)?;
         (g.rwkv_wkv6(k, v, r, tf, td, st)?, 7.0 * (sz * sz * h * n_tok) as f64)
     };
-    g.set_output(out);
+    g.set_output(out)?;
     let mut plan = Plan::new(g, &be)?;
     for (t, v) in &inputs {
         plan.set_input(*t, v)?;
@@ -198,11 +198,18 @@ pub fn vision_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<
         "pool_2d" => {
             let x = g.input(DType::F32, &[128, 128, 64, 1])?;
             inputs.push((x, DType::F32, 128 * 128 * 64));
-            (g.pool_2d(x, PoolOp::Max, 2, 2, 2, 2, 0.0, 0.0)?, 0.0, 128 * 128 * 64 * 4 * 5 / 4)
+            (
+                g.pool_2d(
+                    x,
+                    quantgraph::Pool2dParams::new(PoolOp::Max, 2, 2).stride(2, 2).padding(0.0, 0.0),
+                )?,
+                0.0,
+                128 * 128 * 64 * 4 * 5 / 4,
+            )
         }
         _ => return Err(quantgraph::Error::InvalidArgument(format!("unknown op bench {name}"))),
     };
-    g.set_output(out);
+    g.set_output(out)?;
     let mut plan = Plan::new(g, &be)?;
     for (i, (t, dt, n)) in inputs.iter().enumerate() {
         let v = rand_f32(*n, 11 + i as u64);

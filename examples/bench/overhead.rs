@@ -14,7 +14,7 @@ fn chain(nodes: usize) -> quantgraph::Result<(Graph, quantgraph::TensorId, quant
     for _ in 0..nodes {
         t = g.add(t, x)?;
     }
-    g.set_output(t);
+    g.set_output(t)?;
     Ok((g, x, t))
 }
 

@@ -99,7 +99,11 @@ pub fn train_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<(
             let a = input(&mut g, &[64, 64, 64, 4])?;
             let af = input(&mut g, &[128, 128, 64, 4])?;
             (
-                g.pool_2d_back(a, af, PoolOp::Max, 2, 2, 2, 2, 0.0, 0.0)?,
+                g.pool_2d_back(
+                    a,
+                    af,
+                    quantgraph::Pool2dParams::new(PoolOp::Max, 2, 2).stride(2, 2).padding(0.0, 0.0),
+                )?,
                 (64 * 64 + 2 * 128 * 128) * 64 * 4 * 4,
             )
         }
@@ -114,7 +118,7 @@ pub fn train_op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<(
         _ => return Err(quantgraph::Error::InvalidArgument(format!("unknown train op {name}"))),
     };
     if !name.starts_with("opt_step") {
-        g.set_output(out);
+        g.set_output(out)?;
     }
     let mut plan = Plan::new(g, &be)?;
     for (t, n) in &f32_inputs {

@@ -339,7 +339,7 @@ mod tests {
         let mut g = Graph::new();
         let xi = g.input(DType::F32, &[x.len()]).unwrap();
         let y = g.silu(xi).unwrap();
-        g.set_output(y);
+        g.set_output(y).unwrap();
         let mut p = Plan::new(g, be).unwrap();
         p.set_input(xi, x).unwrap();
         p.compute().unwrap();

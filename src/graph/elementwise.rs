@@ -326,7 +326,15 @@ impl Graph {
     }
 
     /// x if x > 0 else `negative_slope * x` (ggml_leaky_relu), F32 or F16.
-    pub fn leaky_relu(
+    pub fn leaky_relu(&mut self, a: TensorId, negative_slope: f32) -> Result<TensorId> {
+        self.leaky_relu_impl(a, negative_slope, false)
+    }
+    /// ggml_leaky_relu with `inplace` (the result takes over `a`'s memory).
+    pub fn leaky_relu_inplace(&mut self, a: TensorId, negative_slope: f32) -> Result<TensorId> {
+        self.leaky_relu_impl(a, negative_slope, true)
+    }
+
+    fn leaky_relu_impl(
         &mut self,
         a: TensorId,
         negative_slope: f32,

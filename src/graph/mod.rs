@@ -307,7 +307,7 @@ pub(crate) fn divides(d: usize, n: usize) -> bool {
 /// let y = g.input(DType::F32, &[4, 1])?;
 /// let z = g.add(x, y)?; // y broadcast over rows
 /// let z = g.silu(z)?;
-/// g.set_output(z);
+/// g.set_output(z)?;
 /// # Ok::<(), quantgraph::Error>(())
 /// ```
 #[derive(Clone)]
@@ -315,9 +315,6 @@ pub struct Graph {
     pub(crate) tensors: Vec<Tensor>,
     /// Stamped into every `TensorId` this graph hands out.
     id: u32,
-    /// A misuse found by a method that cannot return `Err` (`set_output` with a foreign id),
-    /// reported by `Plan::new`.
-    pub(crate) deferred: Option<String>,
 }
 
 impl Default for Graph {
@@ -334,7 +331,7 @@ impl Graph {
 
     /// An empty graph with room for `n` tensors.
     pub fn with_capacity(n: usize) -> Graph {
-        Graph { tensors: Vec::with_capacity(n), id: next_graph_id(), deferred: None }
+        Graph { tensors: Vec::with_capacity(n), id: next_graph_id() }
     }
 
     /// The id of this graph's tensor number `i` (callers guarantee `i < len`).
@@ -419,20 +416,15 @@ impl Graph {
     }
 
     /// Marks a tensor as an output: it is computed, kept alive to the end of the graph and readable
-    /// with `Plan::output`. Every op feeding an output runs; others are skipped. An id that is
-    /// not one of this graph's tensors makes `Plan::new` return `Err`.
-    pub fn set_output(&mut self, id: TensorId) {
-        match self.index_of(id) {
-            Some(i) => self.tensors[i].output = true,
-            None => {
-                if self.deferred.is_none() {
-                    let e = self.get("set_output", id).err().map(|e| e.to_string());
-                    self.deferred = e;
-                }
-            }
-        }
+    /// with `Plan::output`. Every op feeding an output runs; others are skipped. `Err` for an id
+    /// that is not one of this graph's tensors.
+    pub fn set_output(&mut self, id: TensorId) -> Result<()> {
+        let i = self.index_of(id).ok_or_else(|| {
+            self.get("set_output", id).err().unwrap_or_else(|| Error::arg("set_output: unknown id"))
+        })?;
+        self.tensors[i].output = true;
+        Ok(())
     }
-
     /// True when `id` was marked with [`Graph::set_output`].
     pub fn is_output(&self, id: TensorId) -> bool {
         self.index_of(id).is_some_and(|i| self.tensors[i].output)

@@ -63,7 +63,7 @@ impl Graph {
     /// let x = g.input(DType::F32, &[2, 1, 1])?; // one token, b shared by the slots
     /// let ids = g.input(DType::I32, &[2, 1])?; // two experts used
     /// let y = g.mul_mat_id(experts, x, ids)?; // [1, 2, 1]
-    /// g.set_output(y);
+    /// g.set_output(y)?;
     /// let mut p = Plan::new(g, &CpuBackend::with_threads(1)?)?;
     /// p.set_input(experts, &[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0])?;
     /// p.set_input(x, &[3.0f32, 4.0])?;
@@ -160,7 +160,7 @@ impl Graph {
     /// let a = g.input(DType::F32, &[2, 1])?; // m = 2, k = 1
     /// let b = g.input(DType::F32, &[3, 1])?; // n = 3
     /// let y = g.out_prod(a, b)?; // [2, 3]
-    /// g.set_output(y);
+    /// g.set_output(y)?;
     /// let mut p = Plan::new(g, &CpuBackend::with_threads(1)?)?;
     /// p.set_input(a, &[1.0f32, 2.0])?;
     /// p.set_input(b, &[1.0f32, 10.0, 100.0])?;

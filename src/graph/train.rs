@@ -30,9 +30,16 @@ pub struct Im2colBackParams {
     pub is_2d: bool,
 }
 
-/// Parameters of a pool_2d_back node (ggml's op_params `op, k0, k1, s0, s1, p0, p1`; the
-/// paddings are stored as integers, truncated from the builder's floats as ggml does).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Parameters of [`Graph::pool_2d`] and [`Graph::pool_2d_back`] (ggml's op_params `op, k0, k1,
+/// s0, s1, p0, p1`). Paddings are floats as in ggml: they set the output size, and the window
+/// offsets use their integer part.
+///
+/// ```
+/// use quantgraph::{PoolOp, Pool2dParams};
+/// let p = Pool2dParams::new(PoolOp::Avg, 3, 3).stride(2, 2).padding(1.0, 1.0);
+/// assert_eq!((p.k0, p.s1, p.p0), (3, 2, 1.0));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct Pool2dParams {
     /// Pooling function.
@@ -45,10 +52,29 @@ pub struct Pool2dParams {
     pub s0: usize,
     /// Stride along height.
     pub s1: usize,
-    /// Padding along width.
-    pub p0: usize,
-    /// Padding along height.
-    pub p1: usize,
+    /// Padding along width (0 ..= 1e6).
+    pub p0: f32,
+    /// Padding along height (0 ..= 1e6).
+    pub p1: f32,
+}
+
+impl Pool2dParams {
+    /// `k0 x k1` windows moved by their own size (ggml's usual pooling), no padding.
+    pub fn new(op: PoolOp, k0: usize, k1: usize) -> Pool2dParams {
+        Pool2dParams { op, k0, k1, s0: k0, s1: k1, p0: 0.0, p1: 0.0 }
+    }
+
+    /// The strides along width and height.
+    pub fn stride(mut self, s0: usize, s1: usize) -> Pool2dParams {
+        (self.s0, self.s1) = (s0, s1);
+        self
+    }
+
+    /// The paddings along width and height.
+    pub fn padding(mut self, p0: f32, p1: f32) -> Pool2dParams {
+        (self.p0, self.p1) = (p0, p1);
+        self
+    }
 }
 
 /// Byte offsets of the three gradients inside the packed result of [`Graph::flash_attn_back`]
@@ -546,26 +572,15 @@ impl Graph {
         self.node(Op::Im2colBack(p), DType::F32, ne, &[a, b])
     }
 
-    /// ggml_pool_2d_back: the gradient of `pool_2d(af, op, k0, k1, s0, s1, p0, p1)` with respect
+    /// ggml_pool_2d_back: the gradient of `pool_2d(af, p)` with respect
     /// to its input `af` ([IW, IH, C, N], F32 or F16), given the gradient `a` (F32, contiguous)
     /// of its output. Max pooling routes each gradient to the first largest element of its
     /// window; average pooling spreads it over the window (padding included). Paddings are
     /// truncated to integers for the window offsets, as ggml does. The result is F32 shaped like
     /// `af`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn pool_2d_back(
-        &mut self,
-        a: TensorId,
-        af: TensorId,
-        op: PoolOp,
-        k0: usize,
-        k1: usize,
-        s0: usize,
-        s1: usize,
-        p0: f32,
-        p1: f32,
-    ) -> Result<TensorId> {
+    pub fn pool_2d_back(&mut self, a: TensorId, af: TensorId, p: Pool2dParams) -> Result<TensorId> {
         const OP: &str = "pool_2d_back";
+        let Pool2dParams { k0, k1, s0, s1, p0, p1, .. } = p;
         let (ta, tf) = (self.get(OP, a)?, self.get(OP, af)?);
         if ta.dtype != DType::F32 || !matches!(tf.dtype, DType::F32 | DType::F16) {
             return Err(Error::ty(
@@ -617,7 +632,6 @@ impl Graph {
             ));
         }
         let ne = tf.ne;
-        let p = Pool2dParams { op, k0, k1, s0, s1, p0: p0 as usize, p1: p1 as usize };
         self.node(Op::Pool2dBack(p), DType::F32, ne, &[a, af])
     }
 

@@ -3,7 +3,7 @@
 //! win_part, win_unpart, get_rel_pos, add_rel_pos). Shapes, parameter order and output types are
 //! ggml's; every check ggml asserts (and the ones it leaves to chance) is an `Err` here.
 
-use super::{Graph, Op, TensorId};
+use super::{Graph, Op, Pool2dParams, TensorId};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -305,7 +305,7 @@ impl Graph {
     /// let k = g.input(DType::F32, &[3, 3, 1, 2])?; // two 3x3 filters
     /// let y = g.conv_2d(k, x, Conv2dParams::square(1, 1, 1))?; // stride 1, pad 1, dilation 1
     /// assert_eq!(g.shape(y)?, [4, 4, 2, 1]);
-    /// g.set_output(y);
+    /// g.set_output(y)?;
     /// let mut plan = Plan::new(g, &CpuBackend::with_threads(1)?)?;
     /// plan.set_input(x, &[1.0f32; 16])?;
     /// let mut w = vec![0.0f32; 18];
@@ -551,22 +551,13 @@ impl Graph {
         self.node(Op::Pool1d { op, k0, s0, p0 }, DType::F32, ne, &[a])
     }
 
-    /// ggml_pool_2d: pools `k0 x k1` windows, strides `s0, s1`, padding `p0, p1` over dims 0
-    /// and 1 of `a` (F32 or F16, contiguous rows) -> F32. As in ggml the padding is a float for
-    /// the output size and truncated to an integer for the window offsets.
-    #[allow(clippy::too_many_arguments)]
-    pub fn pool_2d(
-        &mut self,
-        a: TensorId,
-        op: PoolOp,
-        k0: usize,
-        k1: usize,
-        s0: usize,
-        s1: usize,
-        p0: f32,
-        p1: f32,
-    ) -> Result<TensorId> {
+    /// ggml_pool_2d: pools `k0 x k1` windows, strides `s0, s1`, padding `p0, p1` (see
+    /// [`Pool2dParams`]) over dims 0 and 1 of `a` (F32 or F16, contiguous rows) -> F32. As in
+    /// ggml the padding is a float for the output size and truncated to an integer for the
+    /// window offsets.
+    pub fn pool_2d(&mut self, a: TensorId, params: Pool2dParams) -> Result<TensorId> {
         const OP: &str = "pool_2d";
+        let Pool2dParams { op, k0, k1, s0, s1, p0, p1 } = params;
         self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
         if !matches!(ta.dtype, DType::F32 | DType::F16) || !ta.rows_contiguous() {

@@ -1,6 +1,6 @@
 //! Portable kernels for repacked weights (the scalar twins of `x86/avx2_repack.rs`).
 //!
-//! Weights are stored 8 rows interleaved (`backend::repack`). A kernel takes one 8-row group's
+//! Weights are stored 8 rows interleaved (`quant::repack`). A kernel takes one 8-row group's
 //! blocks for a range of K (`x`), the same K range of up to [`REPACK_NC`] activation rows (`y`)
 //! and one accumulator per activation row holding the 8 rows' partial results, and adds each
 //! block's contribution in block order: `acc[c][r] = fma(sumi, dx[r] * dy[c], acc[c][r])` with
@@ -189,7 +189,7 @@ fn f16_at(b: &[u8], o: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[o], b[o + 1]])).to_f32()
 }
 
-/// Decodes the scales of a group block (see `backend::repack` for the field order).
+/// Decodes the scales of a group block (see `quant::repack` for the field order).
 #[inline(always)]
 pub(crate) fn k_scales<const KIND: u8>(xb: &[u8]) -> KScales {
     let mut k = KScales { d: [0.0; 8], dmin: [0.0; 8], sc: [[0; 8]; 16], w: [[0; 8]; 16] };

@@ -276,7 +276,7 @@ impl Llama {
         let on = Self::weight(&mut g, &self.output_norm)?;
         let h = g.rms_norm_mul(x, on, c.eps)?;
         let logits = Self::mm(&mut g, &self.output, h)?;
-        g.set_output(logits);
+        g.set_output(logits)?;
         let plan = Plan::new(g, &self.backend)?;
         Ok(Step { n_tokens: t, plan, tokens, pos, mask: mask32, logits })
     }

@@ -1,4 +1,4 @@
-//! mul_mat with repacked weights (CPU_REPACK, `backend::repack`): 8 weight rows interleaved, read
+//! mul_mat with repacked weights (CPU_REPACK, `quant::repack`): 8 weight rows interleaved, read
 //! by the integer kernels of `kernels::repack` (one load serves 8 rows, one activation broadcast
 //! serves them too).
 //!

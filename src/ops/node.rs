@@ -16,7 +16,7 @@ pub(crate) struct TView {
     pub dtype: DType,
     pub ne: [usize; 4],
     pub nb: [usize; 4],
-    /// Weights stored in a CPU_REPACK buffer (8-row interleaved layout, `backend::repack`).
+    /// Weights stored in a CPU_REPACK buffer (8-row interleaved layout, `quant::repack`).
     pub repacked: bool,
 }
 

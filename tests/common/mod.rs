@@ -196,7 +196,7 @@ pub fn mul_mat_guarded(
     let a_in = g.input(ty, &ane).unwrap();
     let b_in = g.input(DType::F32, &bne).unwrap();
     let y = g.mul_mat(a_in, b_in).unwrap();
-    g.set_output(y);
+    g.set_output(y).unwrap();
     // Guard bytes around every tensor catch a kernel writing outside its output.
     let mut p = Plan::with_guards(g, &be, 64).unwrap();
     p.set_input_bytes(a_in, a_bytes).unwrap();
