@@ -11,14 +11,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// One warm-up compute, then the median wall time of `reps` computes, in seconds.
 pub fn median_compute_secs(plan: &mut Plan, reps: usize) -> quantgraph::Result<f64> {
-    plan.compute()?;
-    let mut times = Vec::new();
-    for _ in 0..reps.max(1) {
-        let t0 = Instant::now();
-        plan.compute()?;
-        times.push(t0.elapsed().as_secs_f64());
-    }
-    Ok(median(times))
+    Ok(median_and_best_compute_secs(plan, reps)?.0)
 }
 
 /// One warm-up compute, then (median, best) wall time of `reps` computes, in seconds: on a busy
