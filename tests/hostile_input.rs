@@ -204,7 +204,7 @@ fn sources_sharing_memory_with_the_destination_are_refused() {
     g.set_output(sq);
     g.set_output(c);
     let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
-    p.set_input(x, &vec![2.0f32; 32]).unwrap();
+    p.set_input(x, &[2.0f32; 32]).unwrap();
     p.compute().unwrap();
     assert!(p.output::<f32>(sq).unwrap().iter().all(|&v| (v - 1.0).abs() < 1e-5));
 }
