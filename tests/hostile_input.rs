@@ -164,6 +164,51 @@ fn destinations_whose_rows_overlap_are_refused() {
     assert_eq!(p.output::<f32>(out).unwrap(), &m[..]);
 }
 
+#[test]
+fn sources_sharing_memory_with_the_destination_are_refused() {
+    // cpy of a tensor onto itself handed the same address to both sides of a non-overlapping
+    // copy (undefined behaviour, caught as an abort by the standard library's checks), and a
+    // source overlapping its destination at another offset made workers race.
+    let mut g = Graph::new();
+    let x = g.input(DType::F32, &[8, 4]).unwrap();
+    let y = g.rms_norm(x, 1e-5).unwrap();
+    let e = g.cpy(y, y).unwrap_err();
+    shape_err(e, "cpy", &["source", "shares memory with the destination", "bytes 0..128"]);
+    let head = g.view_2d(y, [8, 3], 32, 0).unwrap();
+    let tail = g.view_2d(y, [8, 3], 32, 32).unwrap();
+    let e = g.cpy(head, tail).unwrap_err();
+    shape_err(e, "cpy", &["bytes 0..96", "bytes 32..128"]);
+    // State tensors bound to the same caller buffer overlap as well.
+    let buf = Buffer::alloc(256).unwrap();
+    let s0 = g.state(DType::F32, &[16], &buf, 0).unwrap();
+    let s1 = g.state(DType::F32, &[16], &buf, 32).unwrap();
+    let e = g.cpy(s0, s1).unwrap_err();
+    shape_err(e, "cpy", &["shares memory"]);
+    // In-place ops, set_rows and acc: no source may overlap the memory written...
+    let e = g.add_inplace(tail, head).unwrap_err();
+    shape_err(e, "add", &["shares memory"]);
+    let row = g.view_2d(x, [8, 1], 32, 0).unwrap();
+    let e = g.mul_inplace(x, row).unwrap_err();
+    shape_err(e, "mul", &["shares memory"]);
+    let e = g.acc_inplace(y, head, [32, 96, 96], 0).unwrap_err();
+    shape_err(e, "acc", &["shares memory"]);
+    let ids = g.input(DType::I32, &[3]).unwrap();
+    let e = g.set_rows(y, head, ids).unwrap_err();
+    shape_err(e, "set_rows", &["rows", "shares memory"]);
+    // ...but an elementwise op may read exactly the elements it writes, and disjoint parts of
+    // one tensor copy into each other.
+    let sq = g.mul_inplace(y, y).unwrap();
+    let lo = g.view_2d(x, [8, 2], 32, 0).unwrap();
+    let hi = g.view_2d(x, [8, 2], 32, 64).unwrap();
+    let c = g.cpy(lo, hi).unwrap();
+    g.set_output(sq);
+    g.set_output(c);
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input(x, &[2.0f32; 32]).unwrap();
+    p.compute().unwrap();
+    assert!(p.output::<f32>(sq).unwrap().iter().all(|&v| (v - 1.0).abs() < 1e-5));
+}
+
 // ---- 3. Zero dimensions and arena overflow at build and plan time --------------------------------
 
 #[test]
@@ -214,6 +259,34 @@ fn zero_dims_and_plan_size_overflow_return_errors() {
     p.set_input_bytes(d, &[]).unwrap();
     p.compute().unwrap();
     assert_eq!(p.output::<f32>(s).unwrap(), &[0.0]);
+
+    // An empty tensor still counts its rows: [0, 2^40, 2^40] would make ne[1] * ne[2] overflow
+    // (and a row count times a row size in work-buffer sizes), so it is refused like a full one.
+    let mut g = Graph::new();
+    let e = g.input(DType::F32, &[0, 1 << 40, 1 << 40]).unwrap_err();
+    assert!(matches!(e, Error::Overflow { what: "tensor element count" }), "{e:?}");
+    let x = g.input(DType::F32, &[4]).unwrap();
+    let e = g.view_4d(x, [0, 1 << 31, 1 << 31, 1], [0, 0, 0], 0).unwrap_err();
+    assert!(matches!(e, Error::Overflow { what: "view element count" }), "{e:?}");
+    // Reductions of an empty tensor with many rows return at once instead of walking 2^50
+    // empty rows (sum, count_equal) or asking for a partial sum per row (cross_entropy_loss).
+    let a = g.input(DType::F32, &[0, 1 << 30, 1 << 20]).unwrap();
+    let ia = g.input(DType::I32, &[0, 1 << 30, 1 << 20]).unwrap();
+    let s = g.sum(a).unwrap();
+    let ce = g.cross_entropy_loss(a, a).unwrap();
+    let eq = g.count_equal(ia, ia).unwrap();
+    for y in [s, ce, eq] {
+        g.set_output(y);
+    }
+    let start = std::time::Instant::now();
+    let mut p = Plan::new(g, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    p.set_input::<f32>(a, &[]).unwrap();
+    p.set_input::<i32>(ia, &[]).unwrap();
+    p.compute().unwrap();
+    assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(p.output::<f32>(s).unwrap(), &[0.0]);
+    assert_eq!(p.output::<f32>(ce).unwrap()[0], 0.0);
+    assert_eq!(p.output::<i64>(eq).unwrap(), &[0]);
 
     // Three live 2^62-byte tensors do not fit an arena: Err before allocating, not a wrapped size.
     let mut g = Graph::new();

@@ -139,6 +139,16 @@ impl Graph {
             )));
         }
         super::check_no_self_overlap(op.name(), ta, a)?;
+        // Other sources must not share bytes with `a`, except a source that is exactly `a` for
+        // an elementwise op on plain elements (each element read and written by one worker).
+        let elementwise =
+            matches!(op, Op::Add | Op::Sub | Op::Mul | Op::Div) && !dtype.is_quantized();
+        for &s in &srcs[1..] {
+            if !(elementwise && self.same_layout(a, s)) {
+                self.check_apart(op.name(), a, s, "source")?;
+            }
+        }
+        let ta = self.t(a);
         let (nb, offs) = (ta.nb, if ta.view_src.is_some() { ta.view_offs } else { 0 });
         let mut src = [None; MAX_SRC];
         for (s, &id) in src.iter_mut().zip(srcs) {

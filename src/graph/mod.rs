@@ -208,7 +208,22 @@ fn checked_shape(op: &'static str, dtype: DType, ne: &[usize]) -> Result<[usize;
     if bytes > isize::MAX as usize {
         return Err(Error::Overflow { what: "tensor size" });
     }
+    if !counts_fit(dtype, &out) {
+        return Err(Error::Overflow { what: "tensor element count" });
+    }
     Ok(out)
+}
+
+/// True when the tensor would fit in memory with every zero dim read as 1. An empty tensor
+/// spans no bytes, but kernels and work-buffer sizes still count its rows (`ne[1] * ne[2] *
+/// ne[3]`, times a row or element size), so an empty `[0, 2^40, 2^40]` must not make those
+/// products overflow any more than a full tensor can.
+fn counts_fit(dtype: DType, ne: &[usize; MAX_DIMS]) -> bool {
+    let row = (ne[0] / dtype.block_size()).saturating_mul(dtype.type_size()).max(dtype.type_size());
+    ne[1..]
+        .iter()
+        .try_fold(row, |n, &d| n.checked_mul(d.max(1)))
+        .is_some_and(|n| n <= isize::MAX as usize)
 }
 
 /// A view's byte offset (from its root) and its strides must be multiples of the type's
@@ -289,6 +304,23 @@ pub(crate) fn check_disjoint_layout(
         span = (count - 1).saturating_mul(stride).saturating_add(span);
     }
     Ok(())
+}
+
+/// Where a tensor's bytes live, for overlap tests: the arena memory of a root tensor, or a
+/// caller buffer.
+enum Memory<'a> {
+    Root(TensorId),
+    Buffer(&'a Buffer),
+}
+
+impl Memory<'_> {
+    fn same(&self, other: &Memory<'_>) -> bool {
+        match (self, other) {
+            (Memory::Root(a), Memory::Root(b)) => a == b,
+            (Memory::Buffer(a), Memory::Buffer(b)) => a.same(b),
+            _ => false,
+        }
+    }
 }
 
 /// ggml's "b divides a" test for broadcast dims, false for a zero divisor instead of a division
@@ -607,6 +639,62 @@ impl Graph {
         })
     }
 
+    /// The memory `id` lives in and the byte range it spans there (empty for an empty tensor).
+    fn byte_range(&self, id: TensorId) -> (Memory<'_>, usize, usize) {
+        let t = self.t(id);
+        let root = self.root(id);
+        let view_offs = if t.view_src.is_some() { t.view_offs } else { 0 };
+        let (mem, start) = match &self.t(root).leaf {
+            Leaf::Weight { buffer, offset } | Leaf::State { buffer, offset } => {
+                (Memory::Buffer(buffer), offset.saturating_add(view_offs))
+            }
+            Leaf::None | Leaf::Input => (Memory::Root(root), view_offs),
+        };
+        (mem, start, start.saturating_add(t.nbytes()))
+    }
+
+    /// True when `a` and `b` may touch the same bytes: they live in the same memory and their
+    /// byte ranges intersect.
+    pub(crate) fn overlaps(&self, a: TensorId, b: TensorId) -> bool {
+        let (ma, sa, ea) = self.byte_range(a);
+        let (mb, sb, eb) = self.byte_range(b);
+        ma.same(&mb) && sa < ea && sb < eb && sa < eb && sb < ea
+    }
+
+    /// True when `a` and `b` are the same elements of the same memory (type, shape, strides
+    /// and start), so an elementwise op reading one and writing the other touches each element
+    /// from one worker only.
+    pub(crate) fn same_layout(&self, a: TensorId, b: TensorId) -> bool {
+        let (ta, tb) = (self.t(a), self.t(b));
+        let (ma, sa, _) = self.byte_range(a);
+        let (mb, sb, _) = self.byte_range(b);
+        ma.same(&mb) && sa == sb && ta.dtype == tb.dtype && ta.ne == tb.ne && ta.nb == tb.nb
+    }
+
+    /// An op that writes `dst` while reading `src` needs the two apart: workers write their share
+    /// of `dst` while others still read `src`, and a copy between overlapping ranges is undefined.
+    pub(crate) fn check_apart(
+        &self,
+        op: &'static str,
+        dst: TensorId,
+        src: TensorId,
+        what: &str,
+    ) -> Result<()> {
+        if !self.overlaps(dst, src) {
+            return Ok(());
+        }
+        let (_, sd, ed) = self.byte_range(dst);
+        let (_, ss, es) = self.byte_range(src);
+        Err(Error::shape(
+            op,
+            format!(
+                "{what} {} (bytes {ss}..{es}) shares memory with the destination {} (bytes {sd}..{ed}); copy it with cont first",
+                self.t(src).describe(src),
+                self.t(dst).describe(dst)
+            ),
+        ))
+    }
+
     /// True when `id` is a weight stored in a CPU_REPACK buffer (interleaved layout).
     pub(crate) fn is_repacked(&self, id: TensorId) -> bool {
         matches!(&self.t(self.root(id)).leaf, Leaf::Weight { buffer, .. } if buffer.is_repacked())
@@ -668,13 +756,9 @@ impl Graph {
                 format!("ne[0] = {} is not a multiple of {dtype}'s block size", ne[0]),
             ));
         }
-        // The element count must fit too: with zero or tiny strides a huge shape spans few bytes,
-        // but row and element counts are still computed from it.
-        if ne
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .is_none_or(|n| n > isize::MAX as usize)
-        {
+        // The element count must fit too: with zero or tiny strides (or a zero dim) a huge shape
+        // spans few bytes, but row and element counts are still computed from it.
+        if !counts_fit(dtype, &ne) {
             return Err(Error::Overflow { what: "view element count" });
         }
         // Roots start aligned (arena, `Graph::weight` / `Graph::state` check their address), so

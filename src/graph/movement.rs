@@ -48,6 +48,8 @@ impl Graph {
             return Err(Error::shape(OP, "rows of a and b must be contiguous"));
         }
         super::check_no_self_overlap(OP, ta, a)?;
+        self.check_apart(OP, a, b, "rows")?;
+        self.check_apart(OP, a, ids, "ids")?;
         if matches!(self.t(self.root(a)).leaf, Leaf::Weight { .. }) {
             return Err(Error::Buffer(format!(
                 "set_rows: destination {} is a read-only weight",

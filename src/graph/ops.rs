@@ -825,6 +825,7 @@ impl Graph {
         }
         check_copy(OP, ta, td)?;
         super::check_no_self_overlap(OP, td, dst)?;
+        self.check_apart(OP, dst, a, "source")?;
         if matches!(self.t(self.root(dst)).leaf, super::Leaf::Weight { .. }) {
             return Err(Error::Buffer(format!(
                 "cpy: destination {} is a read-only weight",

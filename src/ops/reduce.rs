@@ -29,7 +29,9 @@ pub(crate) fn sum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     }
     let (a, d) = (ctx.src(0), ctx.dst());
     let (mut s64, mut s32) = (0f64, 0f32);
-    for r in 0..a.nrows() {
+    // Rows of no elements add nothing; an empty [0, 2^40] has 2^40 of them to walk.
+    let rows = if a.ne[0] == 0 { 0 } else { a.nrows() };
+    for r in 0..rows {
         let (i1, i2, i3) = unravel_row(r, &a.ne);
         let (mut r64, mut r32) = (0f64, 0f32);
         for i0 in 0..a.ne[0] {
@@ -124,7 +126,9 @@ pub(crate) fn count_equal(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()
     let slots = ctx.work as *mut i64;
     debug_assert!(ctx.work_len >= ctx.nth * 8);
     if phase == 0 {
-        let (r0, r1) = split(a.nrows(), ith, ctx.nth);
+        // As in `sum`: empty rows count nothing, however many there are.
+        let rows = if a.ne[0] == 0 { 0 } else { a.nrows() };
+        let (r0, r1) = split(rows, ith, ctx.nth);
         let mut n = 0i64;
         for r in r0..r1 {
             let (i1, i2, i3) = unravel_row(r, &a.ne);

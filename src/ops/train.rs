@@ -8,11 +8,12 @@ use crate::error::Result;
 use crate::kernels::KernelTable;
 use crate::ops::node::{ExecNode, TView, align_up};
 
-/// One f32 partial sum per row, then one scratch row per thread.
+/// One f32 partial sum per row, then one scratch row per thread; nothing for rows of no
+/// elements (`cross_entropy_loss` skips them).
 pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     match node.src[0].as_ref() {
-        Some(a) => align_up(a.nrows() * 4, 64) + nth * align_up(a.ne[0] * 4, 64),
-        None => 0,
+        Some(a) if a.ne[0] > 0 => align_up(a.nrows() * 4, 64) + nth * align_up(a.ne[0] * 4, 64),
+        _ => 0,
     }
 }
 
@@ -46,8 +47,17 @@ fn loss_row(kt: &KernelTable, x: &[f32], y: &[f32], st: &mut [f32]) -> f32 {
 pub(crate) fn cross_entropy_loss(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let nr = a.nrows();
-    debug_assert!(nr * 4 <= ctx.work_len);
     let sums = ctx.work as *mut f32;
+    if a.ne[0] == 0 {
+        // Every row's term is an empty sum: the loss is 0 * (-1 / nr), as the loop below gives,
+        // without walking (or keeping a partial sum for) rows of no elements.
+        if phase == 1 && ith == 0 {
+            // SAFETY: dst is an F32 scalar.
+            unsafe { *(d.ptr as *mut f32) = 0.0 * (-1.0 / nr as f32) };
+        }
+        return Ok(());
+    }
+    debug_assert!(nr * 4 <= ctx.work_len);
     if phase == 0 {
         let stride = align_up(a.ne[0] * 4, 64);
         let off = align_up(nr * 4, 64) + ith * stride;
