@@ -30,7 +30,8 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     };
     let small = cfg(64, 1, 4, 2, 96, 32);
     let kq = cfg(256, 1, 4, 1, 256, 16);
-    let mixed = WeightTypes { embd: DType::Q8_0, attn: DType::F16, ffn: DType::Q4_K, output: DType::Q6_K };
+    let mixed =
+        WeightTypes { embd: DType::Q8_0, attn: DType::F16, ffn: DType::Q4_K, output: DType::Q6_K };
     [
         ("default", small, WeightTypes::default()),
         ("f32", cfg(32, 2, 2, 2, 48, 24), WeightTypes::all(DType::F32)),
