@@ -853,8 +853,8 @@ impl<'a> Builder<'a> {
                     0 => ("scale", g.scale(a, x)),
                     1 => ("scale_bias", g.scale_bias(a, x, y)),
                     2 => ("clamp", g.clamp(a, x, y)),
-                    3 => ("leaky_relu", g.leaky_relu(a, x, false)),
-                    4 => ("leaky_relu inplace", g.leaky_relu(a, x, true)),
+                    3 => ("leaky_relu", g.leaky_relu(a, x)),
+                    4 => ("leaky_relu inplace", g.leaky_relu_inplace(a, x)),
                     5 => ("sqr", g.sqr(a)),
                     6 => ("sqrt", g.sqrt(a)),
                     7 => ("log", g.log(a)),
@@ -1222,7 +1222,7 @@ impl<'a> Builder<'a> {
                 1 => self.flash_attn_fresh(),
                 _ => {
                     let a = self.src()?;
-                    self.b.g.set_output(a);
+                    self.b.g.set_output(a).ok()?;
                     self.b.outputs.push(a);
                     self.log(format!("set_output(#{})", a.index()));
                     Some(())
@@ -1238,8 +1238,9 @@ impl<'a> Builder<'a> {
         // The last two tensors made are outputs as well.
         let n = self.b.pool.len();
         for &id in &self.b.pool[n.saturating_sub(2)..] {
-            self.b.g.set_output(id);
-            self.b.outputs.push(id);
+            if self.b.g.set_output(id).is_ok() {
+                self.b.outputs.push(id);
+            }
         }
         self.b.outputs.sort();
         self.b.outputs.dedup();
