@@ -37,7 +37,7 @@ mod unary;
 mod upscale;
 mod window;
 
-pub(crate) use node::{ExecNode, TView, align_up};
+pub(crate) use node::{DstRows, ExecNode, TView, align_up};
 
 use crate::error::Result;
 use crate::graph::{Graph, Op, Tensor, TensorId};
@@ -67,6 +67,33 @@ impl NodeCtx<'_> {
     }
     pub(crate) fn dst(&self) -> &TView {
         &self.node.dst
+    }
+    /// Worker `ith`'s share of the destination's rows (ggml's contiguous split).
+    pub(crate) fn dst_rows(&self, ith: usize) -> DstRows<'_> {
+        let d = self.dst();
+        let (r0, r1) = split(d.nrows(), ith, self.nth);
+        // SAFETY: the executor calls a node's driver once per worker index `ith < nth`, and
+        // `split` gives distinct indices disjoint ranges; a driver takes its rows once.
+        unsafe { DstRows::new(d, r0, r1) }
+    }
+    /// Worker `ith`'s scratch: `n` values of `T` at byte `ith * stride` of the work buffer
+    /// (each op's `work_size` reserves `nth` such slots).
+    pub(crate) fn scratch<T: node::Elem>(&self, ith: usize, stride: usize, n: usize) -> &mut [T] {
+        assert!(
+            ith < self.nth && n * size_of::<T>() <= stride && (ith + 1) * stride <= self.work_len
+        );
+        if n == 0 {
+            return &mut [];
+        }
+        // SAFETY: slot `ith` lies inside the work buffer (asserted); the buffer is 64-byte
+        // aligned and op strides are multiples of T's alignment (checked in debug builds below); workers
+        // have distinct `ith`, so slots never overlap, and the executor runs one driver call per
+        // worker, which takes its slot once per node.
+        unsafe {
+            let p = self.work.add(ith * stride) as *mut T;
+            debug_assert!(p.is_aligned());
+            std::slice::from_raw_parts_mut(p, n)
+        }
     }
 }
 
