@@ -3,6 +3,9 @@
 //! from `quantgraph::testdata`.
 #![allow(dead_code)]
 
+pub mod lists;
+
+pub use lists::*;
 use quantgraph::DType;
 use serde_json::Value;
 use std::path::PathBuf;
