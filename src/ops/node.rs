@@ -154,6 +154,34 @@ impl TView {
         unsafe { std::slice::from_raw_parts(self.row(i1, i2, i3), n) }
     }
 
+    /// The whole tensor as `nelements` values of `T`, for small contiguous sources (a vector
+    /// of positions or of per-row values).
+    #[inline(always)]
+    pub(crate) fn as_slice<T: Elem>(&self) -> &[T] {
+        assert!(!self.written, "a written tensor is read through its destination rows");
+        assert!(self.is_dense::<T>(), "{} {:?} is not contiguous", self.dtype, self.ne);
+        let n = self.nelements();
+        if n == 0 {
+            return &[];
+        }
+        let p = self.elem_ptr::<T>(0, 0, 0, 0);
+        // SAFETY: dense (asserted), so the `n` elements from the aligned, in-bounds first one
+        // are the tensor's own; the node does not write it.
+        unsafe { std::slice::from_raw_parts(p, n) }
+    }
+
+    /// True when the elements are dense in ggml's order (`nb` = the contiguous strides).
+    fn is_dense<T: Elem>(&self) -> bool {
+        let mut stride = size_of::<T>();
+        for d in 0..4 {
+            if self.ne[d] > 1 && self.nb[d] != stride {
+                return false;
+            }
+            stride *= self.ne[d];
+        }
+        true
+    }
+
     /// True when `other` is this tensor's memory with this tensor's layout.
     fn same_layout(&self, other: &TView) -> bool {
         self.ptr == other.ptr && self.nb == other.nb && self.ne == other.ne
@@ -268,6 +296,22 @@ impl<'a> DstRows<'a> {
         // `row_bytes` lie inside the tensor; it is this worker's alone and lent once (`&mut
         // self`); bytes need no alignment.
         unsafe { std::slice::from_raw_parts_mut(d.row(i1, i2, i3), d.dtype.row_bytes(d.ne[0])) }
+    }
+
+    /// All of this worker's rows as one slice (the destination must be dense).
+    pub(crate) fn all<T: Elem>(&mut self) -> &mut [T] {
+        let d = self.d;
+        assert!(d.is_dense::<T>(), "{} {:?} is not contiguous", d.dtype, d.ne);
+        let n = (self.end - self.start) * d.ne[0];
+        if n == 0 {
+            return &mut [];
+        }
+        let (i1, i2, i3) = self.own(self.start);
+        let p = d.elem_ptr::<T>(0, i1, i2, i3);
+        // SAFETY: the destination is dense, so rows [start, end) are the `n` elements from the
+        // first one (in bounds and aligned, `elem_ptr`); they are this worker's alone and lent
+        // once (`&mut self`).
+        unsafe { std::slice::from_raw_parts_mut(p, n) }
     }
 
     /// Flat row `r` (one of this worker's) as a strided typed row.
