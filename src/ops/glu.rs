@@ -88,8 +88,8 @@ pub(crate) fn compute(
         } else {
             // F16 or BF16: through f32 as ggml's vec.h (the f16 tables index by x's bits).
             let (x, g) = pair::<u16>(a, b, swapped, nc, i1, i2, i3);
-            let (to, from): (fn(u16) -> f32, fn(f32) -> u16) =
-                if f16 { (fp16_to_fp32, fp32_to_fp16) } else { (bf16_to_fp32, fp32_to_bf16) };
+            let to: fn(u16) -> f32 = if f16 { fp16_to_fp32 } else { bf16_to_fp32 };
+            let from: fn(f32) -> u16 = if f16 { fp32_to_fp16 } else { fp32_to_bf16 };
             let mut out = rows.out::<u16>(r);
             for i in 0..nc {
                 let xh = if f16 { x[i] } else { 0 };

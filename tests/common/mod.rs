@@ -5,6 +5,7 @@
 
 pub mod lists;
 
+#[allow(unused_imports)] // not every test binary uses every list
 pub use lists::*;
 use quantgraph::DType;
 use serde_json::Value;
