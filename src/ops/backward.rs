@@ -113,8 +113,8 @@ pub(crate) fn get_rows_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (g, ids, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let nc = d.ne[0];
     let m = d.ne[1];
-    // SAFETY: ids is a contiguous I32 vector (build check).
-    let ids = unsafe { std::slice::from_raw_parts(ids.ptr as *const i32, ids.ne[0]) };
+    // ids is a contiguous I32 vector (build check).
+    let ids = ids.as_slice::<i32>();
     if let Some(&bad) = ids.iter().find(|&&r| r < 0 || r as usize >= m) {
         return Err(Error::IndexOutOfRange {
             op: "get_rows_back",
@@ -167,8 +167,8 @@ pub(crate) fn im2col_back(ctx: &NodeCtx<'_>, ith: usize, p: &Im2colBackParams) -
     let (s0, s1, p0, p1, d0, d1) =
         (p.s0 as i64, p.s1 as i64, p.p0 as i64, p.p1 as i64, p.d0 as i64, p.d1 as i64);
     let cols = ic * kh * kw;
-    // SAFETY: grad is contiguous F32 of [cols, ow, oh, n] (build check).
-    let grad = unsafe { std::slice::from_raw_parts(g.ptr as *const f32, g.nelements()) };
+    // grad is contiguous F32 of [cols, ow, oh, n] (build check).
+    let grad = g.as_slice::<f32>();
     let (c0, c1) = split(n * ic, ith, ctx.nth);
     if c0 >= c1 {
         return Ok(());
@@ -235,10 +235,8 @@ pub(crate) fn pool_2d_back(ctx: &NodeCtx<'_>, ith: usize, p: &Pool2dParams) -> R
             )
         };
         out.fill(0.0);
-        // SAFETY: grad is contiguous F32 [ow, oh, planes] (build check).
-        let gp = unsafe {
-            std::slice::from_raw_parts((g.ptr as *const f32).add(plane * ow * oh), ow * oh)
-        };
+        // grad is contiguous F32 [ow, oh, planes] (build check).
+        let gp = &g.as_slice::<f32>()[plane * ow * oh..][..ow * oh];
         for oy in 0..oh {
             let iy = oy as i64 * p.s1 as i64 - p.p1 as i64;
             // Window rows and columns clamped to the input (padding contributes nothing).
