@@ -1,8 +1,8 @@
 //! add, sub, mul, div with b broadcast over a (ggml's binary-ops.cpp); F32 here, the F16/BF16
 //! combinations and add with a quantized a in elementwise.rs.
 
+use super::NodeCtx;
 use super::node::Row;
-use super::{NodeCtx, unravel_row};
 use crate::error::Result;
 use crate::kernels::{BinaryF32, KernelTable};
 
@@ -37,7 +37,7 @@ impl BinOp {
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: BinOp) -> Result<()> {
-    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let (a, b) = (ctx.src(0), ctx.src(1));
     if a.dtype.is_quantized() {
         // Only add takes a quantized a (build check).
         return super::elementwise::add_quant(ctx, ith, false);
@@ -52,7 +52,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: BinOp) -> Result<()> {
     let nb0 = b.ne[0];
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
         let brow = (!b.written).then(|| Row::<f32>::new(b, j1, j2, j3));
         let mut io = rows.io::<f32>(a, r);

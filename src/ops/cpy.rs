@@ -74,7 +74,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let mut rows = ctx.dst_rows(ith);
     if a.dtype == d.dtype && a.dtype.block_size() > 1 {
         for r in rows.range() {
-            let (i1, i2, i3) = unravel_row(r, &a.ne);
+            let (i1, i2, i3) = unravel_row(r.r(), &a.ne);
             rows.bytes(r).copy_from_slice(a.row_bytes(i1, i2, i3));
         }
         return Ok(());
@@ -85,7 +85,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let to_f32 = super::get_rows::row_converter(ctx.kt, a.dtype);
         let from_f32 = ctx.kt.activation_converter(d.dtype);
         for r in rows.range() {
-            let (i1, i2, i3) = unravel_row(r, &a.ne);
+            let (i1, i2, i3) = unravel_row(r.r(), &a.ne);
             if let (DType::F32, Some(ff)) = (a.dtype, from_f32)
                 && d.dtype.block_size() > 1
             {
@@ -149,7 +149,7 @@ fn step(j: &mut [usize; 4], ne: &[usize; 4]) {
 /// Same-type copy of plain elements (the bits as they are).
 fn copy_elems<T: Elem>(a: &TView, d: &TView, rows: &mut DstRows<'_>) {
     for r in rows.range() {
-        let mut j = src_index(a, d, r);
+        let mut j = src_index(a, d, r.r());
         let mut out = rows.out::<T>(r);
         for i0 in 0..d.ne[0] {
             out.set(i0, a.get::<T>(j[0], j[1], j[2], j[3]));
@@ -161,7 +161,7 @@ fn copy_elems<T: Elem>(a: &TView, d: &TView, rows: &mut DstRows<'_>) {
 /// Copy between plain types through f32 (ggml's conversions).
 fn convert_elems(a: &TView, d: &TView, rows: &mut DstRows<'_>) {
     for r in rows.range() {
-        let mut j = src_index(a, d, r);
+        let mut j = src_index(a, d, r.r());
         for i0 in 0..d.ne[0] {
             let v = a.load(j[0], j[1], j[2], j[3]);
             rows.store(r, i0, v);

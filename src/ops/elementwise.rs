@@ -39,7 +39,7 @@ pub(crate) fn map_float(ctx: &NodeCtx<'_>, ith: usize, f: impl Fn(f32) -> f32) -
         return Ok(());
     }
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         for i0 in 0..d.ne[0] {
             let v = f(rows.load(a, i0, i1, i2, i3));
             rows.store(r, i0, v);
@@ -86,7 +86,7 @@ pub(crate) fn binary_mixed(ctx: &NodeCtx<'_>, ith: usize, f: fn(f32, f32) -> f32
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
         for i0 in 0..d.ne[0] {
             let x = rows.load(a, i0, i1, i2, i3);
@@ -119,7 +119,7 @@ pub(crate) fn add_quant(ctx: &NodeCtx<'_>, ith: usize, scalar_b: bool) -> Result
     let scalar = scalar_b.then(|| b.load(0, 0, 0, 0));
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &a.ne);
+        let (i1, i2, i3) = unravel_row(r.r(), &a.ne);
         // a and dst have the same shape and contiguous rows (build-time check); in place, a's
         // row is the destination row, converted before it is overwritten.
         if a.written {
@@ -149,10 +149,10 @@ pub(crate) fn add1(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 
 /// dst[:, i1, i2] = a[:, i1, i2] + b[:, ids[i1, i2]] (ggml_compute_forward_add_id_f32).
 pub(crate) fn add_id(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
-    let (a, b, ids, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
+    let (a, b, ids) = (ctx.src(0), ctx.src(1), ctx.src(2));
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, _) = unravel_row(r, &d.ne);
+        let (i1, i2, _) = r.i();
         // ids is [a.ne1, a.ne2] (build-time check), so (i1, i2) index it.
         let id = ids.get::<i32>(i1, i2, 0, 0);
         if id < 0 || id as usize >= b.ne[1] {
@@ -190,7 +190,7 @@ pub(crate) fn acc(
         // a and dst are contiguous F32 of the same shape (build-time check).
         let mut rows = ctx.dst_rows(ith);
         for r in rows.range() {
-            let (i1, i2, i3) = unravel_row(r, &a.ne);
+            let (i1, i2, i3) = unravel_row(r.r(), &a.ne);
             rows.row::<f32>(r).copy_from_slice(a.row_of::<f32>(i1, i2, i3));
         }
         return Ok(());
@@ -232,7 +232,7 @@ fn masked_copy(ctx: &NodeCtx<'_>, ith: usize, keep: impl Fn(usize, usize) -> boo
     let (a, d) = (ctx.src(0), ctx.dst());
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         for i0 in 0..d.ne[0] {
             let v = if keep(i0, i1) { rows.load(a, i0, i1, i2, i3) } else { fill };
             rows.store(r, i0, v);
@@ -256,7 +256,7 @@ pub(crate) fn diag(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         for i0 in 0..d.ne[0] {
             // a is [n, 1, p, q] and dst [n, n, p, q]; i1 < n indexes a's row.
             let v = if i0 == i1 { a.load(i1, 0, i2, i3) } else { 0.0 };

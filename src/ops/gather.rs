@@ -26,7 +26,7 @@ fn gather<T: Elem>(ctx: &NodeCtx<'_>, ith: usize, g: &Gather) {
     let a = ctx.src(0);
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let mut out = rows.out::<T>(r);
         for i0 in 0..d.ne[0] {
             let o = [i0, i1, i2, i3];
@@ -95,7 +95,7 @@ pub(crate) fn repeat_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let reps = [a.ne[0] / d.ne[0], a.ne[1] / d.ne[1], a.ne[2] / d.ne[2], a.ne[3] / d.ne[3]];
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let mut out = rows.out::<f32>(r);
         for i0 in 0..d.ne[0] {
             let mut s = 0f32;
@@ -143,7 +143,7 @@ pub(crate) fn timestep_embedding(
     debug_assert_eq!(d.nrows(), t.ne[0]);
     let mut rows = ctx.dst_rows(ith);
     for i in rows.range() {
-        let ts = t.get::<f32>(i, 0, 0, 0);
+        let ts = t.get::<f32>(i.r(), 0, 0, 0);
         let e = rows.row::<f32>(i);
         for j in 0..half {
             let freq = (-(max_period as f32).ln() * j as f32 / half as f32).exp();
@@ -172,7 +172,7 @@ pub(crate) fn set(
             // a and dst are contiguous with the same shape (build check).
             let mut rows = ctx.dst_rows(ith);
             for r in rows.range() {
-                let (i1, i2, i3) = unravel_row(r, &a.ne);
+                let (i1, i2, i3) = unravel_row(r.r(), &a.ne);
                 rows.bytes(r).copy_from_slice(a.row_bytes(i1, i2, i3));
             }
         }

@@ -31,9 +31,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     debug_assert_eq!(d.nrows(), ids.nelements());
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let i10 = r % ids.ne[0];
-        let i11 = (r / ids.ne[0]) % ids.ne[1];
-        let i12 = r / (ids.ne[0] * ids.ne[1]);
+        let (i10, i11, i12) = {
+            let r = r.r();
+            (r % ids.ne[0], (r / ids.ne[0]) % ids.ne[1], r / (ids.ne[0] * ids.ne[1]))
+        };
         let id = ids.get::<i32>(i10, i11, i12, 0);
         if id < 0 || id as usize >= a.ne[1] {
             return Err(Error::IndexOutOfRange {

@@ -3,7 +3,7 @@
 //! (fused form, swapped or not) or the rows of src0 and src1 (split form). Split by rows.
 
 use super::node::Elem;
-use super::{NodeCtx, TView, unravel_row};
+use super::{NodeCtx, TView};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::GluOp;
@@ -72,7 +72,7 @@ pub(crate) fn compute(
     // columns [0, nc) and [nc, 2 nc) of a row with ne[0] >= 2 nc.
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         if dt == DType::F32 {
             let (x, g) = pair::<f32>(a, b, swapped, nc, i1, i2, i3);
             let mut out = rows.out::<f32>(r);

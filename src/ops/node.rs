@@ -231,15 +231,32 @@ impl<'a> DstRows<'a> {
         DstRows { d, start, end }
     }
 
-    /// The flat row indices this worker owns.
-    pub(crate) fn range(&self) -> std::ops::Range<usize> {
+    /// The rows this worker owns, in order, with their indices (counted up, no divisions).
+    pub(crate) fn range(&self) -> RowIter {
+        let ne = &self.d.ne;
+        let (i1, i2, i3) =
+            if self.start < self.end { super::unravel_row(self.start, ne) } else { (0, 0, 0) };
+        RowIter { r: self.start, end: self.end, i: [i1, i2, i3], ne: [ne[1], ne[2]] }
+    }
+
+    /// The flat indices of the rows this worker owns.
+    pub(crate) fn flat(&self) -> std::ops::Range<usize> {
         self.start..self.end
     }
 
+    /// The indices of one of this worker's rows, given as a flat index or a [`RowIdx`].
     #[inline(always)]
-    fn own(&self, r: usize) -> (usize, usize, usize) {
+    fn own(&self, row: impl AsRow) -> (usize, usize, usize) {
+        let (r, (i1, i2, i3)) = row.locate(&self.d.ne);
         assert!((self.start..self.end).contains(&r), "row {r} is not this worker's");
-        super::unravel_row(r, &self.d.ne)
+        // A `RowIdx` from another tensor's rows would name another row: check that it is `r`.
+        assert!(
+            i1 < self.d.ne[1]
+                && i2 < self.d.ne[2]
+                && r == i1 + self.d.ne[1] * (i2 + self.d.ne[2] * i3),
+            "row indices do not match row {r}"
+        );
+        (i1, i2, i3)
     }
 
     /// Element `(i0, i1, i2, i3)` of source `src` as f32 (see [`TView::load`]). A source the
@@ -269,7 +286,7 @@ impl<'a> DstRows<'a> {
     /// Stores `v` as element `i0` of flat row `r` in the destination's type (F32, F16 or BF16
     /// rounded to nearest even, or I32 by a saturating cast).
     #[inline(always)]
-    pub(crate) fn store(&mut self, r: usize, i0: usize, v: f32) {
+    pub(crate) fn store(&mut self, r: impl AsRow, i0: usize, v: f32) {
         let (i1, i2, i3) = self.own(r);
         let d = self.d;
         // SAFETY: in bounds and aligned (`elem_ptr`); the row is this worker's alone and
@@ -287,7 +304,7 @@ impl<'a> DstRows<'a> {
 
     /// Flat row `r` as the bytes of its blocks (any type; rows must be contiguous).
     #[inline(always)]
-    pub(crate) fn bytes(&mut self, r: usize) -> &mut [u8] {
+    pub(crate) fn bytes(&mut self, r: impl AsRow) -> &mut [u8] {
         let (i1, i2, i3) = self.own(r);
         let d = self.d;
         let blocks = d.ne[0] / d.dtype.block_size();
@@ -316,14 +333,14 @@ impl<'a> DstRows<'a> {
 
     /// Flat row `r` (one of this worker's) as a strided typed row.
     #[inline(always)]
-    pub(crate) fn out<T: Elem>(&mut self, r: usize) -> Out<'_, T> {
+    pub(crate) fn out<T: Elem>(&mut self, r: impl AsRow) -> Out<'_, T> {
         let (i1, i2, i3) = self.own(r);
         Out::new(self.d, i1, i2, i3)
     }
 
     /// Flat row `r` as a contiguous `&mut [T]` (`nb[0]` must be the element size).
     #[inline(always)]
-    pub(crate) fn row<T: Elem>(&mut self, r: usize) -> &mut [T] {
+    pub(crate) fn row<T: Elem>(&mut self, r: impl AsRow) -> &mut [T] {
         let (i1, i2, i3) = self.own(r);
         Out::new(self.d, i1, i2, i3).into_slice()
     }
@@ -331,7 +348,7 @@ impl<'a> DstRows<'a> {
     /// Flat row `r` of the destination together with the same row of `src`, a tensor of the
     /// destination's shape that may be the destination itself (in place).
     #[inline(always)]
-    pub(crate) fn io<'s, T: Elem>(&'s mut self, src: &'s TView, r: usize) -> InOut<'s, T> {
+    pub(crate) fn io<'s, T: Elem>(&'s mut self, src: &'s TView, r: impl AsRow) -> InOut<'s, T> {
         let (i1, i2, i3) = self.own(r);
         let out = Out::new(self.d, i1, i2, i3);
         if src.written {
@@ -356,6 +373,76 @@ fn elem_stride<T>(t: &TView) -> usize {
         1
     } else {
         usize::MAX
+    }
+}
+
+/// One of a worker's destination rows: its flat index and its (i1, i2, i3).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowIdx {
+    r: usize,
+    i: (usize, usize, usize),
+}
+
+impl RowIdx {
+    /// The flat row index.
+    #[inline(always)]
+    pub(crate) fn r(&self) -> usize {
+        self.r
+    }
+    /// The row's indices (i1, i2, i3).
+    #[inline(always)]
+    pub(crate) fn i(&self) -> (usize, usize, usize) {
+        self.i
+    }
+}
+
+/// The rows of a [`DstRows`], counted up without divisions.
+pub(crate) struct RowIter {
+    r: usize,
+    end: usize,
+    i: [usize; 3],
+    ne: [usize; 2],
+}
+
+impl Iterator for RowIter {
+    type Item = RowIdx;
+    #[inline(always)]
+    fn next(&mut self) -> Option<RowIdx> {
+        if self.r >= self.end {
+            return None;
+        }
+        let out = RowIdx { r: self.r, i: (self.i[0], self.i[1], self.i[2]) };
+        self.r += 1;
+        self.i[0] += 1;
+        if self.i[0] == self.ne[0] {
+            self.i[0] = 0;
+            self.i[1] += 1;
+            if self.i[1] == self.ne[1] {
+                self.i[1] = 0;
+                self.i[2] += 1;
+            }
+        }
+        Some(out)
+    }
+}
+
+/// A destination row named by its flat index or by a [`RowIdx`].
+pub(crate) trait AsRow: Copy {
+    /// The flat index and the (i1, i2, i3) of the row in a tensor of shape `ne`.
+    fn locate(self, ne: &[usize; 4]) -> (usize, (usize, usize, usize));
+}
+
+impl AsRow for usize {
+    #[inline(always)]
+    fn locate(self, ne: &[usize; 4]) -> (usize, (usize, usize, usize)) {
+        (self, super::unravel_row(self, ne))
+    }
+}
+
+impl AsRow for RowIdx {
+    #[inline(always)]
+    fn locate(self, _: &[usize; 4]) -> (usize, (usize, usize, usize)) {
+        (self.r, self.i)
     }
 }
 

@@ -2,7 +2,7 @@
 //! rms_norm * weight, norm, group_norm and l2_norm.
 
 use super::node::{DstRows, InOut, Slices};
-use super::{NodeCtx, split, unravel_row};
+use super::{NodeCtx, split};
 use crate::error::Result;
 
 pub(crate) fn rms_norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
@@ -76,7 +76,7 @@ pub(crate) fn rms_norm_mul(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()
     let scale_of = |sum: f64| 1.0 / ((sum / ne0 as f64) as f32 + eps).sqrt();
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         // Rows of a and w are contiguous F32 (build-time check); w's row indices are reduced
         // modulo its shape.
         let w = w.row_of::<f32>(i1 % w.ne[1], i2 % w.ne[2], i3 % w.ne[3]);

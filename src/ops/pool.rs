@@ -3,7 +3,7 @@
 //! these on one thread; here output rows are split over threads (each element has one owner and
 //! one fixed summation order).
 
-use super::{NodeCtx, TView, unravel_row};
+use super::{NodeCtx, TView};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::PoolOp;
@@ -36,7 +36,7 @@ pub(crate) fn pool_1d(
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
         // The row indices are below both shapes (same dims 1..3); dst is a fresh F32 tensor.
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let src = if f32_in { row::<true>(a, i1, i2, i3) } else { row::<false>(a, i1, i2, i3) };
         let dst = rows.row::<f32>(r);
         for ow in 0..d.ne[0] {
@@ -99,7 +99,7 @@ fn pool_2d_impl<const F32: bool, const MAX: bool>(
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
         // dst is a fresh F32 tensor.
-        let (oy, i2, i3) = unravel_row(r, &d.ne);
+        let (oy, i2, i3) = r.i();
         let dst = rows.row::<f32>(r);
         let iy = (oy * s[1]) as i64 - p1;
         for ox in 0..d.ne[0] {

@@ -59,11 +59,11 @@ fn row_sum(a: &crate::ops::node::TView, i1: usize, i2: usize, i3: usize) -> f32 
 
 /// sum_rows and mean: [n, a, b, c] -> [1, a, b, c].
 pub(crate) fn sum_rows(ctx: &NodeCtx<'_>, ith: usize, mean: bool) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
+    let a = ctx.src(0);
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
         // dst's rows map one to one onto a's.
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let mut s = row_sum(a, i1, i2, i3);
         if mean {
             s /= a.ne[0] as f32;
@@ -78,7 +78,7 @@ pub(crate) fn cumsum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let mut out = rows.out::<f32>(r);
         let mut acc = 0f32;
         for i0 in 0..d.ne[0] {
@@ -173,11 +173,11 @@ fn sort_row(
 
 /// argsort of each row into I32 dst rows (contiguous, fresh).
 pub(crate) fn argsort(ctx: &NodeCtx<'_>, ith: usize, order: SortOrder) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
+    let a = ctx.src(0);
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
         // dst is a fresh contiguous I32 tensor of a's shape.
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         sort_row(a, i1, i2, i3, rows.row::<i32>(r), order);
     }
     Ok(())
@@ -186,13 +186,13 @@ pub(crate) fn argsort(ctx: &NodeCtx<'_>, ith: usize, order: SortOrder) -> Result
 /// top_k: the indices of the k largest of each row, largest first, then (as ggml does to stress
 /// that the order is not significant) the first two swapped.
 pub(crate) fn top_k(ctx: &NodeCtx<'_>, ith: usize, k: usize) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
+    let a = ctx.src(0);
     let n = a.ne[0];
     let tmp = ctx.scratch::<i32>(ith, crate::ops::node::align_up(n * 4, 64), n);
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
         // dst is a fresh contiguous I32 [k, ...] tensor.
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         sort_row(a, i1, i2, i3, tmp, SortOrder::Desc);
         let out = rows.row::<i32>(r);
         out.copy_from_slice(&tmp[..k]);

@@ -1,8 +1,8 @@
 //! rope_ext / rope_multi (ggml's ggml_compute_forward_rope_flt): a per-token cache of cos/sin
 //! built with ggml's accumulated theta, YaRN ramp and magnitude scaling, then pair rotation.
 
+use super::NodeCtx;
 use super::node::{Elem, InOut, Slices};
-use super::{NodeCtx, unravel_row};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::{RopeMode, RopeParams};
@@ -182,7 +182,7 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
     let neox_like = matches!(p.mode, RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope);
     let kt = ctx.kt;
     for r in rows.range() {
-        let (_, i2, _) = unravel_row(r, &d.ne);
+        let (_, i2, _) = r.i();
         if i2 != last_i2 {
             let pp = if p.mode.is_multi() {
                 [pos[i2], pos[i2 + n2], pos[i2 + 2 * n2], pos[i2 + 3 * n2]]

@@ -1,8 +1,8 @@
 //! soft_max_ext on F32 rows with an optional F16/F32 mask, ALiBi slopes and sinks
 //! (ggml's ggml_compute_forward_soft_max_f32; the sum is accumulated in f64 as ggml does).
 
+use super::NodeCtx;
 use super::node::Slices;
-use super::{NodeCtx, unravel_row};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::node::{ExecNode, align_up};
@@ -28,7 +28,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, scale: f32, max_bias: f32) 
     };
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let slope = super::alibi_slope(max_bias, d.ne[2], i2);
         // Rows are contiguous (build check); in place, each x is read before it is written.
         let y = match rows.io::<f32>(a, r).slices() {

@@ -92,7 +92,7 @@ pub(crate) fn cross_entropy_loss_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<(
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
         // All three are contiguous with the same shape (build check); dst is a fresh node.
-        let (x, y, out) = (row_f32(a, r), row_f32(b, r), rows.row::<f32>(r));
+        let (x, y, out) = (row_f32(a, r.r()), row_f32(b, r.r()), rows.row::<f32>(r));
         let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         out.copy_from_slice(x);
         // SAFETY: `out` holds nc f32.

@@ -1,7 +1,7 @@
 //! upscale / interpolate on F32 (ggml's ggml_compute_forward_upscale_f32): nearest, bilinear
 //! (optionally antialiased), bicubic; align-corners; dims 2 and 3 by nearest index.
 
-use super::{NodeCtx, unravel_row};
+use super::NodeCtx;
 use crate::error::Result;
 use crate::graph::ScaleMode;
 
@@ -30,7 +30,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, mode: ScaleMode) -> Result<
     let clampi = |v: i64, hi: i64| v.clamp(0, hi - 1);
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let i02 = clampi((i2 as f32 / sf[2]) as i64, a.ne[2] as i64) as usize;
         let i03 = clampi((i3 as f32 / sf[3]) as i64, a.ne[3] as i64) as usize;
         let px = |x: i64, y: i64| {

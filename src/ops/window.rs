@@ -1,8 +1,8 @@
 //! SAM-style window and relative-position ops (ggml's ops.cpp): win_part, win_unpart,
 //! get_rel_pos (F16) and add_rel_pos (F32). Rows are split over threads.
 
+use super::NodeCtx;
 use super::node::Row;
-use super::{NodeCtx, unravel_row};
 use crate::error::Result;
 
 /// win_part: dst [C, w, w, npx*npy] from src [C, W, H]: window `py*npx + px`, zero outside.
@@ -11,7 +11,7 @@ pub(crate) fn win_part(ctx: &NodeCtx<'_>, ith: usize, npx: usize, w: usize) -> R
     let c = d.ne[0];
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+        let (i1, i2, i3) = r.i();
         let (px, py) = (i3 % npx, i3 / npx);
         let (x, y) = (px * w + i1, py * w + i2);
         // dst is a fresh F32 tensor; the source row is read only when (x, y) is inside a's
@@ -36,7 +36,7 @@ pub(crate) fn win_unpart(ctx: &NodeCtx<'_>, ith: usize, w: usize) -> Result<()> 
     let npx = d.ne[1].div_ceil(w);
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (i1, i2, _) = unravel_row(r, &d.ne);
+        let (i1, i2, _) = r.i();
         let win = (i2 / w) * npx + i1 / w;
         // The window index is below a.ne[3] and (i1 % w, i2 % w) below a's dims 1, 2 (build
         // checks: a is [C, w, w, >= npx*npy]).
@@ -54,7 +54,7 @@ pub(crate) fn get_rel_pos(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (c, kh) = (d.ne[0], d.ne[1]);
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (k, q, _) = unravel_row(r, &d.ne);
+        let (k, q, _) = r.i();
         // pos <= 2*kh - 2 < a.ne[1] (build check qh == kh, a.ne[1] == 2*qh - 1); rows are
         // contiguous F16 (build check).
         let pos = kh - 1 - k + q;
@@ -73,7 +73,7 @@ pub(crate) fn add_rel_pos(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (pw, ph) = (pw.as_slice::<f32>(), ph.as_slice::<f32>());
     let mut rows = ctx.dst_rows(ith);
     for r in rows.range() {
-        let (pwr, phr) = (&pw[r * wd..(r + 1) * wd], &ph[r * wd..(r + 1) * wd]);
+        let (pwr, phr) = (&pw[r.r() * wd..][..wd], &ph[r.r() * wd..][..wd]);
         // In place, each element is read before it is written.
         let mut io = rows.io::<f32>(a, r);
         for k1 in 0..wd {
