@@ -50,34 +50,39 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: BinOp) -> Result<()> {
     // its row is the destination row.
     assert!(!b.written || a.written);
     let nb0 = b.ne[0];
+    let ne0 = a.ne[0];
     let mut rows = ctx.dst_rows(ith);
+    let b_rows = b.written || b.ne[0] <= 1 || b.nb[0] == 4;
+    if b_rows && let Some(ptrs) = rows.row_ptrs::<f32>(a) {
+        for (r, pd, pa) in ptrs {
+            let (i1, i2, i3) = r.i();
+            let pb = if b.written {
+                pa
+            } else {
+                b.row_of::<f32>(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]).as_ptr()
+            };
+            for k in 0..ne0 / nb0 {
+                // SAFETY: the rows of dst and a hold ne0 = reps * nb0 contiguous f32
+                // (`row_ptrs`) and b's row nb0 (`row_of`); dst equals a (and b) exactly or is
+                // apart from them, which the kernel contract allows.
+                unsafe { kernel(nb0, pd.add(k * nb0), pa.add(k * nb0), pb) };
+            }
+        }
+        return Ok(());
+    }
     for r in rows.range() {
         let (i1, i2, i3) = r.i();
         let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
         let brow = (!b.written).then(|| Row::<f32>::new(b, j1, j2, j3));
+        // Strided rows: element by element.
         let mut io = rows.io::<f32>(a, r);
-        let ne0 = io.len();
-        let fast = brow.as_ref().map_or(Some(None), |br| br.as_slice().map(Some));
-        match (io.contiguous_ptrs(), fast) {
-            (Some((pd, pa)), Some(bs)) => {
-                let pb = bs.map_or(pa, |bs| bs.as_ptr());
-                for k in 0..ne0 / nb0 {
-                    // SAFETY: the rows of dst and a hold ne0 = reps * nb0 contiguous f32 and
-                    // b's row nb0 (row accessors); dst equals a (and b) exactly or is disjoint
-                    // from them, which the kernel contract allows.
-                    unsafe { kernel(nb0, pd.add(k * nb0), pa.add(k * nb0), pb) };
-                }
-            }
-            _ => {
-                for i0 in 0..ne0 {
-                    let x = io.src(i0);
-                    let y = match &brow {
-                        Some(br) => br.get(i0 % nb0),
-                        None => x,
-                    };
-                    io.set(i0, scalar(x, y));
-                }
-            }
+        for i0 in 0..ne0 {
+            let x = io.src(i0);
+            let y = match &brow {
+                Some(br) => br.get(i0 % nb0),
+                None => x,
+            };
+            io.set(i0, scalar(x, y));
         }
     }
     Ok(())

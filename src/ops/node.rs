@@ -315,6 +315,42 @@ impl<'a> DstRows<'a> {
         unsafe { std::slice::from_raw_parts_mut(d.row(i1, i2, i3), d.dtype.row_bytes(d.ne[0])) }
     }
 
+    /// For kernels that take pointers: this worker's destination rows with the same rows of
+    /// `src` (the destination's shape; the destination itself in place), as (row, destination
+    /// start, source start), or `None` unless both have contiguous rows. The checks run once
+    /// here instead of per row; dereferencing stays with the kernel call's `unsafe`, whose
+    /// bound is `ne[0]` elements from each start (equal, or apart).
+    pub(crate) fn row_ptrs<T: Elem>(
+        &mut self,
+        src: &TView,
+    ) -> Option<impl Iterator<Item = (RowIdx, *mut T, *const T)> + use<'_, T>> {
+        let d = self.d;
+        assert_eq!(src.ne, d.ne, "source and destination shapes differ");
+        let src = if src.written {
+            assert!(src.same_layout(d), "in-place source with a different layout");
+            d
+        } else {
+            src
+        };
+        if d.ne[0] == 0 || elem_stride::<T>(d) != 1 || elem_stride::<T>(src) != 1 {
+            return None;
+        }
+        debug_assert!(T::holds(d.dtype) && T::holds(src.dtype));
+        let (pd, ps, nd, ns) = (d.ptr, src.ptr, d.nb, src.nb);
+        Some(self.range().map(move |r| {
+            let (i1, i2, i3) = r.i();
+            // The indices are below `ne` (the rows of this `DstRows`), so both addresses are
+            // row starts inside their tensors (the `TView` invariant), aligned for T.
+            let od = i1 * nd[1] + i2 * nd[2] + i3 * nd[3];
+            let os = i1 * ns[1] + i2 * ns[2] + i3 * ns[3];
+            let (yd, xs) = (pd.wrapping_add(od) as *mut T, ps.wrapping_add(os) as *const T);
+            debug_assert!(
+                yd == d.elem_ptr::<T>(0, i1, i2, i3) && yd.is_aligned() && xs.is_aligned()
+            );
+            (r, yd, xs)
+        }))
+    }
+
     /// All of this worker's rows as one slice (the destination must be dense).
     pub(crate) fn all<T: Elem>(&mut self) -> &mut [T] {
         let d = self.d;
@@ -615,22 +651,6 @@ impl<'a, T: Elem> InOut<'a, T> {
                 Ok(Slices::Two(s.as_slice().unwrap_or_default(), o.into_slice()))
             }
             io => Err(io),
-        }
-    }
-
-    /// (dst, src) row starts for kernels that allow exact aliasing, when both rows are
-    /// contiguous; in place both are the destination row.
-    #[inline(always)]
-    pub(crate) fn contiguous_ptrs(&mut self) -> Option<(*mut T, *const T)> {
-        match self {
-            InOut::Same(o) if o.is_contiguous() => {
-                let p = o.as_mut_ptr();
-                Some((p, p as *const T))
-            }
-            InOut::Two(s, o) if o.is_contiguous() && s.as_slice().is_some() => {
-                Some((o.as_mut_ptr(), s.p))
-            }
-            _ => None,
         }
     }
 }

@@ -118,19 +118,56 @@ fn fill_cache(
     }
 }
 
-/// Rotates one row of `io` (each pair read before it is written, so in place works), through
-/// f32 with `to` / `from`.
+/// A row read and written through f32 by [`rotate`].
+trait RowRw {
+    fn get(&self, i: usize) -> f32;
+    fn put(&mut self, i: usize, v: f32);
+}
+
+/// An F32 row rotated in place.
+struct InPlace<'a>(&'a mut [f32]);
+/// An F32 source row and its destination row.
+struct Apart<'a>(&'a [f32], &'a mut [f32]);
+/// Any other row (strided, or F16 through `to` / `from`).
+struct Conv<'a, T, F, G>(InOut<'a, T>, F, G);
+
+impl RowRw for InPlace<'_> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        self.0[i]
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) {
+        self.0[i] = v;
+    }
+}
+
+impl RowRw for Apart<'_> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        self.0[i]
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) {
+        self.1[i] = v;
+    }
+}
+
+impl<T: Elem, F: Fn(T) -> f32, G: Fn(f32) -> T> RowRw for Conv<'_, T, F, G> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        (self.1)(self.0.src(i))
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) {
+        let v = (self.2)(v);
+        self.0.set(i, v);
+    }
+}
+
+/// Rotates one row (each pair read before it is written, so in place works).
 #[inline(always)]
-fn rotate<T: Elem>(
-    mode: RopeMode,
-    n_dims: usize,
-    ne0: usize,
-    cache: &[f32],
-    io: &mut InOut<'_, T>,
-    to: impl Fn(T) -> f32,
-    from: impl Fn(f32) -> T,
-) {
-    let get = |io: &InOut<'_, T>, i: usize| to(io.src(i));
+fn rotate(mode: RopeMode, n_dims: usize, ne0: usize, cache: &[f32], io: &mut impl RowRw) {
     let half = ne0.div_ceil(2);
     let (cos, sin) = cache.split_at(half);
     // (pairs, offset of the second element, divisor from pair index to first element)
@@ -142,14 +179,14 @@ fn rotate<T: Elem>(
     for i0 in (0..n).step_by(2) {
         let ic = i0 / scale;
         let (c, s) = (cos[i0 / 2], sin[i0 / 2]);
-        let (x0, x1) = (get(io, ic), get(io, ic + off));
-        io.set(ic, from(x0 * c - x1 * s));
-        io.set(ic + off, from(x0 * s + x1 * c));
+        let (x0, x1) = (io.get(ic), io.get(ic + off));
+        io.put(ic, x0 * c - x1 * s);
+        io.put(ic + off, x0 * s + x1 * c);
     }
     if mode != RopeMode::Vision {
         for i0 in n_dims..ne0 {
-            let v = from(get(io, i0));
-            io.set(i0, v);
+            let v = io.get(i0);
+            io.put(i0, v);
         }
     }
 }
@@ -181,52 +218,60 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
     // Neox, mrope and imrope pair element i with i + n_dims / 2 (see `rotate`).
     let neox_like = matches!(p.mode, RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope);
     let kt = ctx.kt;
+    let fill = |cache: &mut [f32], i2: usize| {
+        let pp = if p.mode.is_multi() {
+            [pos[i2], pos[i2 + n2], pos[i2 + 2 * n2], pos[i2 + 3 * n2]]
+        } else {
+            [pos[i2], 0, 0, 0]
+        };
+        fill_cache(cache, pp, p, ff, corr, sin_sign);
+    };
+    if neox_like
+        && !f16
+        && let Some(ptrs) = rows.row_ptrs::<f32>(a)
+    {
+        // The two halves of the rotated dims are contiguous runs: one vector pass per row.
+        let (h, half) = (n_dims / 2, ne0.div_ceil(2));
+        assert!(2 * h <= ne0 && h <= half && 2 * half <= cache.len());
+        for (r, ys, xs) in ptrs {
+            let (_, i2, _) = r.i();
+            if i2 != last_i2 {
+                fill(cache, i2);
+                last_i2 = i2;
+            }
+            let (cos, sin) = (cache.as_ptr(), cache[half..].as_ptr());
+            // SAFETY: both rows hold ne0 >= 2 h contiguous f32 (`row_ptrs`), equal or apart;
+            // cos and sin hold h values each (asserted). The rest of the row, when the
+            // rotation does not cover it, is copied unless the rows are one (in place).
+            unsafe {
+                (kt.rope_rotate_f32)(h, ys, ys.add(h), xs, xs.add(h), cos, sin);
+                if n_dims < ne0 && !std::ptr::eq(xs, ys) {
+                    std::ptr::copy_nonoverlapping(xs.add(n_dims), ys.add(n_dims), ne0 - n_dims);
+                }
+            }
+        }
+        return Ok(());
+    }
     for r in rows.range() {
         let (_, i2, _) = r.i();
         if i2 != last_i2 {
-            let pp = if p.mode.is_multi() {
-                [pos[i2], pos[i2 + n2], pos[i2 + 2 * n2], pos[i2 + 3 * n2]]
-            } else {
-                [pos[i2], 0, 0, 0]
-            };
-            fill_cache(cache, pp, p, ff, corr, sin_sign);
+            fill(cache, i2);
             last_i2 = i2;
         }
         // Rows hold ne0 contiguous elements (build check); in place, pairs are read before
         // they are written. The rotation reads n_dims / 2 <= ceil(ne0 / 2) cos and sin values
         // of the cache.
         if f16 {
-            let mut io = rows.io::<u16>(a, r);
-            rotate(p.mode, n_dims, ne0, cache, &mut io, fp16_to_fp32, fp32_to_fp16);
+            let mut io = Conv(rows.io::<u16>(a, r), fp16_to_fp32, fp32_to_fp16);
+            rotate(p.mode, n_dims, ne0, cache, &mut io);
             continue;
         }
-        let mut io = rows.io::<f32>(a, r);
-        match io.contiguous_ptrs() {
-            Some((ys, xs)) if neox_like => {
-                // The two halves of the rotated dims are contiguous runs: one vector pass.
-                let h = n_dims / 2;
-                let (cos, sin) = cache.split_at(ne0.div_ceil(2));
-                assert!(2 * h <= ne0 && h <= cos.len() && h <= sin.len());
-                // SAFETY: the rows hold ne0 >= 2 h contiguous f32 (row accessors), equal or
-                // disjoint; cos and sin hold h values each (asserted).
-                unsafe {
-                    (kt.rope_rotate_f32)(
-                        h,
-                        ys,
-                        ys.add(h),
-                        xs,
-                        xs.add(h),
-                        cos.as_ptr(),
-                        sin.as_ptr(),
-                    )
-                };
-                if n_dims < ne0
-                    && let Ok(Slices::Two(x, y)) = io.slices()
-                {
-                    y[n_dims..].copy_from_slice(&x[n_dims..]);
-                }
-            }
-            _ => rotate(p.mode, n_dims, ne0, cache, &mut io, |x| x, |x| x),
+        // Rows of the neox-like modes took the vector pass above (rows are contiguous, build
+        // check); the other modes rotate element by element.
+        match rows.io::<f32>(a, r).slices() {
+            Ok(Slices::Same(y)) => rotate(p.mode, n_dims, ne0, cache, &mut InPlace(y)),
+            Ok(Slices::Two(x, y)) => rotate(p.mode, n_dims, ne0, cache, &mut Apart(x, y)),
+            Err(io) => rotate(p.mode, n_dims, ne0, cache, &mut Conv(io, |x| x, |x| x)),
         }
     }
     Ok(())

@@ -13,15 +13,20 @@ fn map_rows(
     elem: impl Fn(f32) -> f32,
 ) -> Result<()> {
     let a = ctx.src(0);
+    let n = a.ne[0];
     let mut rows = ctx.dst_rows(ith);
-    for r in rows.range() {
-        let mut io = rows.io::<f32>(a, r);
-        match (kernel, io.contiguous_ptrs()) {
-            // SAFETY: both pointers start contiguous rows of `io.len()` f32 (the row accessors'
-            // bounds), equal or disjoint, which is what the kernel contract asks.
-            (Some(k), Some((pd, pa))) => unsafe { k(io.len(), pd, pa) },
-            _ => io.map(&elem),
+    if let Some(k) = kernel
+        && let Some(ptrs) = rows.row_ptrs::<f32>(a)
+    {
+        for (_, pd, pa) in ptrs {
+            // SAFETY: both pointers start contiguous rows of n f32 (`row_ptrs`), equal or
+            // apart, which is what the kernel contract asks.
+            unsafe { k(n, pd, pa) };
         }
+        return Ok(());
+    }
+    for r in rows.range() {
+        rows.io::<f32>(a, r).map(&elem);
     }
     Ok(())
 }
