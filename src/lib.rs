@@ -39,6 +39,7 @@ pub mod graph;
 pub mod kernels;
 pub mod models;
 pub(crate) mod ops;
+pub mod opt;
 pub mod plan;
 pub mod quant;
 #[doc(hidden)]
