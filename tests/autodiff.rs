@@ -476,23 +476,23 @@ fn reused_tensors_accumulate() {
 }
 
 /// Random graphs over [3, 3, 2, 2] tensors (square, so transposes and products keep the shape):
-/// each step applies a random op to random earlier tensors (reuse), with broadcast parameters,
-/// views and permutes among the choices; the output sums several of them.
+/// each step applies one of 28 ops (every differentiable family: binary ops with and without
+/// broadcast parameters, unary functions, norms, softmax, products, reductions, views, permutes,
+/// reshapes, get_rows, set, acc, cpy) to random earlier tensors, so tensors are reused; the
+/// output sums several of them.
 #[test]
 fn random_graphs_match_finite_differences() {
     const NE: [usize; 4] = [3, 3, 2, 2];
-    for seed in 1..=24u64 {
+    for seed in 1..=40u64 {
         check(&format!("random graph {seed}"), 1000 + seed, |c| {
             let mut r = Xorshift64::new(seed * 7919);
             let mut pick = |n: usize| (r.next_u64() % n as u64) as usize;
             let mut pool = vec![c.param(&NE), c.param(&NE)];
             let bcast = [c.param(&[3, 1, 2, 1]), c.param(&[1, 3, 1, 2]), c.param(&[1])];
-            let mut trace = Vec::new();
             for _ in 0..8 {
                 let a = pool[pick(pool.len())];
                 let b = pool[pick(pool.len())];
-                let op = pick(17);
-                trace.push(op);
+                let op = pick(28);
                 let y = match op {
                     0 => c.g.add(a, b)?,
                     1 => c.g.sub(a, b)?,
@@ -504,7 +504,16 @@ fn random_graphs_match_finite_differences() {
                     }
                     4 => {
                         let p = bcast[pick(2)];
-                        if pick(2) == 0 { c.g.add(a, p)? } else { c.g.mul(a, p)? }
+                        match pick(4) {
+                            0 => c.g.add(a, p)?,
+                            1 => c.g.sub(a, p)?,
+                            2 => c.g.mul(a, p)?,
+                            _ => {
+                                let q = c.g.sqr(p)?;
+                                let q = c.g.scale_bias(q, 1.0, 1.0)?;
+                                c.g.div(a, q)?
+                            }
+                        }
                     }
                     5 => c.g.add1(a, bcast[2])?,
                     6 => c.g.sin(a)?,
@@ -530,11 +539,52 @@ fn random_graphs_match_finite_differences() {
                         let s = c.g.scale(s, 0.3)?;
                         c.g.add(b, s)?
                     }
-                    _ => {
+                    16 => {
                         let v = c.g.reshape(a, &[9, 4])?;
                         let v = c.g.sqr(v)?;
                         let v = c.g.scale(v, 0.5)?;
                         c.g.reshape(v, &NE)?
+                    }
+                    17 => c.g.cos(a)?,
+                    18 => {
+                        let s = c.g.scale(a, 0.3)?;
+                        c.g.unary(s, UnaryOp::Exp)?
+                    }
+                    19 => c.g.unary(a, UnaryOp::Softplus)?,
+                    20 | 21 => {
+                        let q = c.g.sqr(a)?;
+                        let q = c.g.scale_bias(q, 1.0, 1.0)?;
+                        if op == 20 { c.g.sqrt(q)? } else { c.g.log(q)? }
+                    }
+                    22 => {
+                        let m = c.g.mean(a)?;
+                        c.g.repeat(m, NE)?
+                    }
+                    23 => c.g.swiglu(a, Some(b))?,
+                    24 => {
+                        // Rows of a picked with repeats (the gradient sums them back).
+                        let flat = c.g.reshape(a, &[3, 12])?;
+                        let ids: Vec<i32> = (0..12).map(|_| pick(12) as i32).collect();
+                        let ids = c.ids(&[12], ids);
+                        let r = c.g.get_rows(flat, ids)?;
+                        c.g.reshape(r, &NE)?
+                    }
+                    25 | 26 => {
+                        // Two rows of b written (set) or added (acc) into rows 2 and 3 of a.
+                        let v = c.g.view_2d(b, [3, 2], 12, 12)?;
+                        let v = c.g.cont(v)?;
+                        if op == 25 {
+                            c.g.set(a, v, [12, 36, 72], 24)?
+                        } else {
+                            c.g.acc(a, v, [12, 36, 72], 24)?
+                        }
+                    }
+                    _ => {
+                        let s = c.g.sin(a)?;
+                        let dst = c.konst_in(&[9, 4], 0.0, 1.0);
+                        let d = c.g.cpy(s, dst)?;
+                        let d = c.g.scale_bias(d, 1.0, 0.5)?;
+                        c.g.reshape(d, &NE)?
                     }
                 };
                 pool.push(y);
