@@ -132,10 +132,6 @@ fn sgd_and_sum_loss_take_the_exact_step() {
     g.set_param(w).unwrap();
     let y = g.mul(x, w).unwrap();
     let opt = Optimizer::Sgd { alpha: 0.25, wd: 0.5 };
-    let opt = match opt {
-        Optimizer::Sgd { .. } => opt,
-        _ => unreachable!(),
-    };
     let mut t = Trainer::new(
         g,
         x,
@@ -153,7 +149,40 @@ fn sgd_and_sum_loss_take_the_exact_step() {
     let r = t.eval_batch(&[1.0, 1.0, 1.0, 1.0], &[]).unwrap();
     assert_eq!(r.loss, 4.0 * want);
     assert!(t.set_optimizer(Optimizer::adamw(0.1)).is_err(), "the kind is fixed");
+    t.set_optimizer(Optimizer::sgd(0.5)).unwrap();
     assert!(t.train_batch(&[1.0; 3], &[]).is_err(), "wrong batch size");
+}
+
+#[test]
+fn mean_loss_and_bad_models_are_checked() {
+    // loss = mean(w * x) over 4 values: gradient mean(x) = 2.5; one SGD step of 0.1.
+    let buf = Buffer::alloc(4).unwrap();
+    buf.write_f32(0, &[1.0]).unwrap();
+    let mut g = Graph::new();
+    let x = g.input(DType::F32, &[1, 4]).unwrap();
+    let w = g.state(DType::F32, &[1], &buf, 0).unwrap();
+    g.set_param(w).unwrap();
+    let y = g.mul(x, w).unwrap();
+    let be = CpuBackend::with_threads(1).unwrap();
+    let mut t =
+        Trainer::new(g.clone(), x, y, TrainParams::new(Loss::Mean, Optimizer::sgd(0.1)), &be)
+            .unwrap();
+    let r = t.train_batch(&[1.0, 2.0, 3.0, 4.0], &[]).unwrap();
+    assert_eq!(r.loss, 2.5);
+    assert_eq!(t.param_values(w).unwrap(), vec![1.0 - 0.1 * 2.5]);
+
+    // A parameter outside a state buffer cannot be updated; bad hyperparameters are refused.
+    let mut g2 = Graph::new();
+    let x2 = g2.input(DType::F32, &[1, 4]).unwrap();
+    let w2 = g2.input(DType::F32, &[1]).unwrap();
+    g2.set_param(w2).unwrap();
+    let y2 = g2.mul(x2, w2).unwrap();
+    let e = Trainer::new(g2, x2, y2, TrainParams::new(Loss::Sum, Optimizer::sgd(0.1)), &be);
+    assert!(e.err().unwrap().to_string().contains("state tensor"));
+    let bad = Optimizer::AdamW { alpha: 0.1, beta1: 1.5, beta2: 0.999, eps: 1e-8, wd: 0.0 };
+    assert!(Trainer::new(g.clone(), x, y, TrainParams::new(Loss::Sum, bad), &be).is_err());
+    let zero = TrainParams::new(Loss::Sum, Optimizer::sgd(0.1)).grad_accumulation(0);
+    assert!(Trainer::new(g, x, y, zero, &be).is_err());
 }
 
 #[test]
