@@ -77,6 +77,16 @@ fn split_by_tensor_count_reads_back_zero_copy_and_runs() {
     let whole = Llama::from_gguf(&file, None, &be).unwrap();
     assert_eq!(logits_bits(split), logits_bits(whole));
 
+    // The same shards read from any Read + Seek.
+    let read: Vec<GgufFile> = paths
+        .iter()
+        .map(|p| GgufFile::from_reader(&mut std::fs::File::open(p).unwrap()).unwrap())
+        .collect();
+    let from_readers = GgufModel::from_files(read).unwrap();
+    let again = Llama::from_gguf_model(&from_readers, None, &be).unwrap();
+    let whole = Llama::from_gguf(&file, None, &be).unwrap();
+    assert_eq!(logits_bits(again), logits_bits(whole));
+
     // Only the first shard opens the model; a missing shard is named.
     let e = GgufModel::open(&paths[1]).unwrap_err().to_string();
     assert!(e.contains("first shard"), "{e}");
@@ -137,12 +147,13 @@ fn keys_removed_and_overwritten() {
     assert_eq!(w.remove("a"), Some(Value::U32(1)));
     assert_eq!(w.remove("a"), None);
     w.set_alignment(16).unwrap();
+    w.set("e", 5u8).unwrap();
     w.set("general.alignment", 64u32).unwrap();
     assert!(w.set("general.alignment", 48u32).is_err(), "not a power of two");
     w.add_tensor_owned("t", DType::F32, &[3], vec![0; 12]).unwrap();
     let f = GgufFile::from_bytes(&w.to_vec().unwrap()).unwrap();
     let keys: Vec<&str> = f.metadata().iter().map(|(k, _)| k).collect();
-    assert_eq!(keys, ["b", "c", "d", "general.alignment"], "order kept, overwritten in place");
+    assert_eq!(keys, ["b", "c", "d", "general.alignment", "e"], "overwritten in place");
     assert_eq!(f.metadata().get_i64("b").unwrap(), 22);
     assert_eq!(f.alignment(), 64);
     assert_eq!(f.tensor("t").unwrap().offset() % 64, 0);

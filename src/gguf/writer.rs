@@ -111,22 +111,22 @@ impl<'a> GgufWriter<'a> {
     /// `gguf_set_*`). The same checks as [`add`](Self::add) apply to `general.alignment`.
     pub fn set(&mut self, key: &str, value: impl Into<Value>) -> Result<&mut Self> {
         let value = value.into();
-        if self.metadata.contains_key(key) {
-            if key == KEY_GENERAL_ALIGNMENT {
-                let old = self.metadata.remove(key);
-                if let Err(e) = self.add(key, value) {
-                    if let Some(old) = old {
-                        self.add(key, old)?;
-                    }
-                    return Err(e);
-                }
-                return Ok(self);
-            }
-            self.metadata.set(key, value)?;
-            Ok(self)
-        } else {
-            self.add(key, value)
+        if !self.metadata.contains_key(key) {
+            return self.add(key, value);
         }
+        if key == KEY_GENERAL_ALIGNMENT {
+            match value {
+                Value::U32(a) if a.is_power_of_two() => self.alignment = a as usize,
+                ref v => {
+                    return Err(err(format!(
+                        "{KEY_GENERAL_ALIGNMENT} must be a power-of-two u32, got {} {v}",
+                        v.type_name()
+                    )));
+                }
+            }
+        }
+        self.metadata.set(key, value)?;
+        Ok(self)
     }
 
     /// Removes a metadata pair (ggml's `gguf_remove_key`); returns its value, `None` when absent.
