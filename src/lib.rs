@@ -39,6 +39,7 @@ pub mod graph;
 pub mod kernels;
 pub mod models;
 pub(crate) mod ops;
+pub mod opt;
 pub mod plan;
 pub mod quant;
 #[doc(hidden)]
@@ -50,7 +51,7 @@ pub use backend::{
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
-pub use gguf::{GgufFile, GgufWriter};
+pub use gguf::{GgufFile, GgufModel, GgufWriter};
 pub use graph::{
     Conv2dParams, Conv3dParams, CustomArgs, CustomFn, DSV4_HC_MAX_ITER, FlashAttnBackLayout,
     FlashAttnParams, Gather, GluOp, Graph, Im2colBackParams, Op, Pool2dParams, PoolOp, RopeMode,

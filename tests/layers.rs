@@ -18,6 +18,7 @@ const LAYERS: &[&[&str]] = &[
     &["plan"],
     &["gguf"],
     &["models"],
+    &["opt"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

@@ -4,6 +4,7 @@
 //! sees valid layouts.
 
 mod attention;
+mod autodiff;
 mod custom;
 mod elementwise;
 mod moe;
@@ -345,6 +346,8 @@ pub(crate) fn divides(d: usize, n: usize) -> bool {
 #[derive(Clone)]
 pub struct Graph {
     pub(crate) tensors: Vec<Tensor>,
+    /// Parameters, losses and gradients for automatic differentiation.
+    autodiff: autodiff::AutoDiff,
     /// Stamped into every `TensorId` this graph hands out.
     id: u32,
 }
@@ -363,7 +366,11 @@ impl Graph {
 
     /// An empty graph with room for `n` tensors.
     pub fn with_capacity(n: usize) -> Graph {
-        Graph { tensors: Vec::with_capacity(n), id: next_graph_id() }
+        Graph {
+            tensors: Vec::with_capacity(n),
+            autodiff: autodiff::AutoDiff::default(),
+            id: next_graph_id(),
+        }
     }
 
     /// The id of this graph's tensor number `i` (callers guarantee `i < len`).

@@ -412,14 +412,28 @@ impl LlamaConfig {
     /// Reads the hyperparameters of a llama GGUF (`general.architecture` = "llama"). `n_ctx`
     /// overrides `llama.context_length` (the KV cache size).
     pub fn from_gguf(file: &crate::gguf::GgufFile, n_ctx: Option<usize>) -> Result<LlamaConfig> {
-        let md = file.metadata();
+        LlamaConfig::from_parts(file.metadata(), file.tensor("token_embd.weight"), n_ctx)
+    }
+
+    /// Like [`LlamaConfig::from_gguf`], for a model that may be split over several files.
+    pub fn from_gguf_model(
+        model: &crate::gguf::GgufModel,
+        n_ctx: Option<usize>,
+    ) -> Result<LlamaConfig> {
+        LlamaConfig::from_parts(model.metadata(), model.tensor("token_embd.weight"), n_ctx)
+    }
+
+    fn from_parts(
+        md: &crate::gguf::Metadata,
+        emb: Option<&crate::gguf::TensorInfo>,
+        n_ctx: Option<usize>,
+    ) -> Result<LlamaConfig> {
         let arch = md.get_str("general.architecture")?;
         if arch != "llama" {
             return Err(Error::Gguf(format!("llama: architecture is '{arch}', not 'llama'")));
         }
-        let emb = file
-            .tensor("token_embd.weight")
-            .ok_or_else(|| Error::Gguf("llama: missing tensor 'token_embd.weight'".into()))?;
+        let emb =
+            emb.ok_or_else(|| Error::Gguf("llama: missing tensor 'token_embd.weight'".into()))?;
         let n_head = meta_usize(md, "llama.attention.head_count")?;
         let cfg = LlamaConfig {
             n_embd: meta_usize(md, "llama.embedding_length")?,
@@ -460,6 +474,31 @@ impl Llama {
                     offset: t.offset(),
                 },
             );
+        }
+        Llama::new(cfg, &weights, backend)
+    }
+
+    /// Loads a llama model from a [`GgufModel`](crate::gguf::GgufModel): one file or every shard
+    /// of a split model; each weight stays in its shard's (memory-mapped) buffer.
+    pub fn from_gguf_model(
+        model: &crate::gguf::GgufModel,
+        n_ctx: Option<usize>,
+        backend: &CpuBackend,
+    ) -> Result<Llama> {
+        let cfg = LlamaConfig::from_gguf_model(model, n_ctx)?;
+        let mut weights = HashMap::new();
+        for shard in model.shards() {
+            for t in shard.tensors() {
+                weights.insert(
+                    t.name().to_string(),
+                    WeightRef {
+                        dtype: t.dtype(),
+                        ne: t.ne(),
+                        buffer: shard.buffer().clone(),
+                        offset: t.offset(),
+                    },
+                );
+            }
         }
         Llama::new(cfg, &weights, backend)
     }
