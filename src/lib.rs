@@ -53,8 +53,8 @@ pub use error::{Error, Result};
 pub use gguf::{GgufFile, GgufWriter};
 pub use graph::{
     Conv2dParams, Conv3dParams, CustomArgs, CustomFn, DSV4_HC_MAX_ITER, FlashAttnBackLayout,
-    FlashAttnParams, Gather, GluOp, Graph, Im2colBackParams, Op, Pool2dParams, PoolOp, RopeMode,
-    RopeParams, ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
+    FlashAttnParams, Gather, GluOp, Graph, Im2colBackParams, MatMulHint, Op, Pool2dParams, PoolOp,
+    RopeMode, RopeParams, ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
 };
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

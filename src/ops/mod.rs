@@ -17,6 +17,7 @@ mod gather;
 mod gemm;
 mod get_rows;
 mod glu;
+mod hadamard;
 mod mul_mat;
 mod mul_mat_f;
 mod mul_mat_id;
@@ -235,6 +236,11 @@ registry! {
         work: |n, nth, _| cpy::work_size(n, nth),
         supports: ANY_TIER,
         run: |ctx, phase, ith| cpy::compute(ctx, ith)
+    },
+    Op::MulMatHadamard => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| hadamard::fwht(ctx, ith)
     },
     Op::MulMat => {
         inplace: false,
@@ -508,10 +514,10 @@ registry! {
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
         run: |ctx, phase, ith| dsv4::hc_comb(ctx, ith, *eps, *n_iter)
     },
-    Op::Dsv4HcPre => {
+    Op::Dsv4HcPre { scale, gated } => {
         inplace: false,
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
-        run: |ctx, phase, ith| dsv4::hc_pre(ctx, ith)
+        run: |ctx, phase, ith| dsv4::hc_pre(ctx, ith, *scale, *gated)
     },
     Op::Dsv4HcPost => {
         inplace: false,
