@@ -344,3 +344,40 @@ fn hadamard_hint_rejects_what_it_cannot_transform() {
     let e = g.mul_mat_set_hint(s, MatMulHint::Src0IsHadamard).unwrap_err();
     assert!(e.to_string().contains("not mul_mat"), "{e}");
 }
+
+#[test]
+fn bf16_activations_of_f32_weights_are_widened() {
+    // Both paths: dot products (fewer than six columns) and the packed GEMM.
+    for (m, n, k) in [(5usize, 1usize, 33usize), (17, 3, 64), (19, 9, 130)] {
+        let a = rand_f32(m * k, 7);
+        let b: Vec<half::bf16> =
+            rand_f32(n * k, 8).iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let bf: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
+        let want = matmul_f64(&a, [k, m, 1, 1], &bf, [k, n, 1, 1]);
+        let mut g = Graph::new();
+        let ta = g.input(DType::F32, &[k, m]).unwrap();
+        let tb = g.input(DType::BF16, &[k, n]).unwrap();
+        let y = g.mul_mat(ta, tb).unwrap();
+        g.set_output(y).unwrap();
+        let mut first: Option<Vec<f32>> = None;
+        for nth in [1, 2, 3] {
+            let backend = CpuBackend::with_threads(nth).unwrap();
+            let mut plan = Plan::new(g.clone(), &backend).unwrap();
+            plan.set_input(ta, &a).unwrap();
+            plan.set_input(tb, &b).unwrap();
+            plan.compute().unwrap();
+            let got = plan.output::<f32>(y).unwrap().to_vec();
+            let e = nmse(&got, &want);
+            assert!(e < 5e-4, "{m}x{n}x{k}: nmse {e:e}");
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert_eq!(f, &got, "{m}x{n}x{k}: {nth} threads differ"),
+            }
+        }
+    }
+    // Other weight types keep their activation rule.
+    let mut g = Graph::new();
+    let a16 = g.input(DType::F16, &[32, 4]).unwrap();
+    let b16 = g.input(DType::BF16, &[32, 2]).unwrap();
+    assert!(g.mul_mat(a16, b16).is_err());
+}

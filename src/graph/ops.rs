@@ -802,7 +802,10 @@ impl Graph {
         }
         let vd = ta.dtype.vec_dot_type();
         let kt = crate::kernels::table();
-        let ok_b = tb.dtype == DType::F32 || tb.dtype == vd;
+        // BF16 activations of F32 weights are widened to f32 (ggml's CPU does the same).
+        let ok_b = tb.dtype == DType::F32
+            || tb.dtype == vd
+            || (tb.dtype == DType::BF16 && vd == DType::F32);
         if kt.vec_dot(ta.dtype).is_none()
             || (tb.dtype != vd && kt.activation_converter(vd).is_none())
             || !ok_b
@@ -810,7 +813,7 @@ impl Graph {
             return Err(Error::ty(
                 OP,
                 format!(
-                    "{} x {}: a needs a dot product with {vd}, b must be F32 or {vd}",
+                    "{} x {}: a needs a dot product with {vd}, b must be F32 or {vd} (or BF16 with F32 a)",
                     ta.describe(a),
                     tb.describe(b)
                 ),
