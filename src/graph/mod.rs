@@ -15,7 +15,10 @@ mod train;
 mod vision;
 
 pub use attention::FlashAttnParams;
-pub use custom::{CustomArgs, CustomFn, CustomOp};
+pub use custom::{
+    CustomAnyArgs, CustomAnyFn, CustomAnyOp, CustomAnyParams, CustomArgs, CustomFn, CustomOp,
+    CustomSplitFn, CustomSrc,
+};
 pub use elementwise::{GluOp, SortOrder, TriType};
 pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;

@@ -192,6 +192,8 @@ pub enum Op {
     },
     /// A Rust closure (map_custom1/2/3, custom).
     Custom(super::CustomOp),
+    /// A typed custom op ([`Graph::custom_any`](crate::Graph::custom_any)).
+    CustomAny(super::CustomAnyOp),
     /// Resize (upscale / interpolate).
     Upscale(super::ScaleMode),
     /// A copy of src0 with src1 written into a strided view at a byte offset.
@@ -514,7 +516,7 @@ impl Op {
             Op::RepeatBack => "repeat_back",
             Op::Arange { .. } => "arange",
             Op::TimestepEmbedding { .. } => "timestep_embedding",
-            Op::Custom(_) => "custom",
+            Op::Custom(_) | Op::CustomAny(_) => "custom",
             Op::Upscale(_) => "upscale",
             Op::Set { .. } => "set",
             Op::Add1 => "add1",

@@ -285,6 +285,11 @@ registry! {
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
         run: |ctx, phase, ith| custom::compute(ctx, ith, op)
     },
+    Op::CustomAny(op) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| custom::compute_any(ctx, ith, op)
+    },
     Op::Upscale(m) => {
         inplace: false,
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
