@@ -16,11 +16,14 @@ mod train;
 mod vision;
 
 pub use attention::FlashAttnParams;
-pub use custom::{CustomArgs, CustomFn, CustomOp};
+pub use custom::{
+    CustomAnyArgs, CustomAnyFn, CustomAnyOp, CustomAnyParams, CustomArgs, CustomFn, CustomOp,
+    CustomSplitFn, CustomSrc,
+};
 pub use elementwise::{GluOp, SortOrder, TriType};
 pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
-pub use ops::{Op, UnaryOp};
+pub use ops::{MatMulHint, Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
 pub use train::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams};
 pub use vision::{Conv2dParams, Conv3dParams, PoolOp};
