@@ -1,7 +1,10 @@
 //! Model graphs built from quantgraph ops. `llama` runs llama-architecture models (llama.cpp's
-//! GGUF tensor names and hyperparameters) with a KV cache kept in state buffers.
+//! GGUF tensor names and hyperparameters) with a KV cache kept in state buffers; `sampling`
+//! picks tokens from logits; `generate` turns a model and a tokenizer into a text generator.
 
+pub mod generate;
 pub mod llama;
+pub mod sampling;
 
 use crate::buffer::Buffer;
 use crate::dtype::DType;
