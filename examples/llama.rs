@@ -174,10 +174,11 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
     let ids = tok.encode(&text, true, true);
     let n_ctx = n_ctx.unwrap_or(ids.len() + n_gen);
     let backend = CpuBackend::with_threads(threads)?;
+    // Whatever architecture the file holds (an error names one that is not supported).
     let mut model = if repack {
-        Llama::from_gguf_repacked(&file, Some(n_ctx), &backend)?.0
+        quantgraph::models::load_repacked(&file, Some(n_ctx), &backend)?.0
     } else {
-        Llama::from_gguf(&file, Some(n_ctx), &backend)?
+        quantgraph::models::load(&file, Some(n_ctx), &backend)?
     };
     let mut params = GenerateParams::default();
     params.max_tokens = n_gen;
