@@ -9,7 +9,8 @@
 //! ```
 //! Greedy unless `--temp` is given. `--chat` wraps the prompt in the ChatML chat format (with the
 //! default system prompt of the file's chat template, or `--system`) and stops at the end of the
-//! assistant's turn.
+//! assistant's turn. `--top1` prints the prompt's ids and the argmax of the logits at every
+//! prompt position instead of generating.
 //!
 //! Token-id mode, for benchmarking: prefill a prompt of generated token ids, then greedy decode,
 //! and print the generated ids with prefill and decode speed.
@@ -117,7 +118,7 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
     let mut prompt = String::from("Once upon a time");
     let mut system = None;
     let (mut n_gen, mut threads, mut n_ctx) = (64usize, 2usize, None);
-    let (mut chat, mut repack) = (false, false);
+    let (mut chat, mut repack, mut top1) = (false, false, false);
     let (mut temp, mut top_k, mut top_p, mut min_p, mut repeat, mut seed) =
         (None, None, None, None, None, None);
     let mut stop = Vec::new();
@@ -136,6 +137,7 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
             "--chat" => chat = true,
             "--system" => system = Some(val()?),
             "--repack" => repack = true,
+            "--top1" => top1 = true,
             "--temp" => temp = Some(num(val()?)? as f32),
             "--top-k" => top_k = Some(num(val()?)? as usize),
             "--top-p" => top_p = Some(num(val()?)? as f32),
@@ -180,6 +182,16 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
     } else {
         quantgraph::models::load(&file, Some(n_ctx), &backend)?
     };
+    if top1 {
+        // The prompt's ids and the most likely next token at every prompt position, for
+        // comparing with another implementation's logits.
+        let nv = model.config().n_vocab;
+        let logits = model.forward(&ids)?;
+        let best: Vec<u32> = logits.chunks(nv).map(argmax).collect();
+        println!("{ids:?}");
+        println!("{best:?}");
+        return Ok(());
+    }
     let mut params = GenerateParams::default();
     params.max_tokens = n_gen;
     params.sampler = sp;
