@@ -108,7 +108,23 @@ fn llama_spm_matches_llama_cpp() {
     check_roundtrip(&tok);
 }
 
-/// The vocabularies too large to keep in the repository (Llama 3, Qwen 2) are read from
+/// Llama 3 and Qwen 2 from trimmed copies of llama.cpp's vocabularies (the same ids and special
+/// tokens, only the tokens and merges the corpus uses; `llama-tokenize` gives the reference ids
+/// on them too). Written by the ignored unit test `tokenizer::tests::write_trimmed_vocabularies`.
+#[test]
+fn llama3_and_qwen2_bpe_match_llama_cpp_on_trimmed_vocabularies() {
+    for (name, pre) in [("llama-bpe", PreTokenizer::Llama3), ("qwen2", PreTokenizer::Qwen2)] {
+        let tok = load(&data().join(format!("{name}-trimmed.gguf")));
+        assert_eq!(tok.kind(), TokenizerKind::Bpe(pre));
+        check_against_llama_cpp(&tok, name);
+        check_roundtrip(&tok);
+    }
+    let tok = load(&data().join("llama-bpe-trimmed.gguf"));
+    assert!(tok.add_bos());
+    assert!(tok.is_eog(tok.token_id("<|eot_id|>").unwrap()));
+}
+
+/// The full Llama 3 and Qwen 2 vocabularies (6-8 MB, not kept here) are read from
 /// llama.cpp's `models/` folder, named by `QUANTGRAPH_LLAMA_CPP_VOCABS`, when it is set.
 fn big_vocab(name: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("QUANTGRAPH_LLAMA_CPP_VOCABS")?;

@@ -3,7 +3,7 @@
 //! (leftmost on ties), until no adjacent pair has a rank.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 /// One symbol of the word being merged: a byte range of the word, linked to its neighbours.
 #[derive(Clone, Copy)]
@@ -14,8 +14,9 @@ struct Sym {
     next: Option<usize>,
 }
 
-/// Merges `word` and returns its final symbols as strings, in order.
-pub(crate) fn merge<'w>(word: &'w str, ranks: &HashMap<(String, String), u32>) -> Vec<&'w str> {
+/// Merges `word` and returns its final symbols as strings, in order. `rank` gives the merge
+/// rank of a pair of adjacent symbols, if they merge.
+pub(crate) fn merge<'w>(word: &'w str, rank: &dyn Fn(&str, &str) -> Option<u32>) -> Vec<&'w str> {
     let mut syms: Vec<Sym> = Vec::new();
     for (start, c) in word.char_indices() {
         let n = syms.len();
@@ -32,8 +33,7 @@ pub(crate) fn merge<'w>(word: &'w str, ranks: &HashMap<(String, String), u32>) -
     let mut queue: BinaryHeap<Reverse<(u32, usize, usize, usize)>> = BinaryHeap::new();
     let push = |q: &mut BinaryHeap<_>, syms: &[Sym], l: Option<usize>, r: Option<usize>| {
         let (Some(l), Some(r)) = (l, r) else { return };
-        let key = (text(&syms[l]).to_string(), text(&syms[r]).to_string());
-        if let Some(&rank) = ranks.get(&key) {
+        if let Some(rank) = rank(text(&syms[l]), text(&syms[r])) {
             q.push(Reverse((rank, l, r, syms[l].len + syms[r].len)));
         }
     };
@@ -61,6 +61,7 @@ pub(crate) fn merge<'w>(word: &'w str, ranks: &HashMap<(String, String), u32>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     #[test]
     fn merges_lowest_rank_first() {
@@ -68,8 +69,9 @@ mod tests {
         for (i, (a, b)) in [("l", "o"), ("lo", "w"), ("e", "r"), ("low", "er")].iter().enumerate() {
             r.insert((a.to_string(), b.to_string()), i as u32);
         }
-        assert_eq!(merge("lower", &r), ["lower"]);
-        assert_eq!(merge("lowes", &r), ["low", "e", "s"]);
-        assert_eq!(merge("x", &r), ["x"]);
+        let rank = |a: &str, b: &str| r.get(&(a.to_string(), b.to_string())).copied();
+        assert_eq!(merge("lower", &rank), ["lower"]);
+        assert_eq!(merge("lowes", &rank), ["low", "e", "s"]);
+        assert_eq!(merge("x", &rank), ["x"]);
     }
 }

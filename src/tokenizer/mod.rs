@@ -472,7 +472,9 @@ impl Tokenizer {
             TokenizerKind::Bpe(pre) => {
                 for f in frags {
                     match f {
-                        Fragment::Text(s) => self.bpe_text(pre, s, &mut out),
+                        Fragment::Text(s) => {
+                            self.bpe_text(pre, s, &mut out, &|a, b| self.rank(a, b))
+                        }
                         Fragment::Token(id) => out.push(id),
                     }
                 }
@@ -524,7 +526,18 @@ impl Tokenizer {
         frags
     }
 
-    fn bpe_text(&self, pre: PreTokenizer, text: &str, out: &mut Vec<u32>) {
+    fn rank(&self, a: &str, b: &str) -> Option<u32> {
+        // The map is keyed by owned pairs; a lookup allocates the pair once.
+        self.ranks.get(&(a.to_string(), b.to_string())).copied()
+    }
+
+    fn bpe_text(
+        &self,
+        pre: PreTokenizer,
+        text: &str,
+        out: &mut Vec<u32>,
+        rank: &dyn Fn(&str, &str) -> Option<u32>,
+    ) {
         let chars: Vec<char> = text.chars().collect();
         let map = unicode::byte_to_char();
         let mut buf = [0u8; 4];
@@ -541,7 +554,7 @@ impl Tokenizer {
                 out.push(id);
                 continue;
             }
-            for sym in bpe::merge(&word, &self.ranks) {
+            for sym in bpe::merge(&word, rank) {
                 match self.ids.get(sym) {
                     Some(&id) => out.push(id),
                     // llama.cpp looks each byte of the symbol up as a one-byte token.
@@ -735,5 +748,111 @@ impl StreamDecoder {
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    /// Writes `tests/data/tokenizer/NAME-trimmed.gguf` for the large BPE vocabularies: the
+    /// same ids, keys and special tokens, but only the tokens the test corpus produces and the
+    /// merges its words queue (in their original order, so every comparison of ranks is the
+    /// same), so the corpus tokenizes exactly as with the full vocabulary. Run by hand with
+    /// `QUANTGRAPH_LLAMA_CPP_VOCABS=.../llama.cpp/models cargo test --lib write_trimmed -- --ignored`.
+    #[test]
+    #[ignore]
+    fn write_trimmed_vocabularies() {
+        let dir =
+            std::env::var("QUANTGRAPH_LLAMA_CPP_VOCABS").expect("QUANTGRAPH_LLAMA_CPP_VOCABS");
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenizer");
+        let corpus: Vec<String> = {
+            let s = std::fs::read_to_string(data.join("corpus.json")).unwrap();
+            // A JSON array of strings: parse with the GGUF-free minimal route of a test.
+            parse_json_strings(&s)
+        };
+        for name in ["llama-bpe", "qwen2"] {
+            let file = GgufFile::open(format!("{dir}/ggml-vocab-{name}.gguf")).unwrap();
+            let tok = Tokenizer::from_gguf(&file).unwrap();
+            let TokenizerKind::Bpe(pre) = tok.kind else { panic!("{name} is not BPE") };
+            let used: RefCell<BTreeSet<u32>> = RefCell::new(BTreeSet::new());
+            let rec = |a: &str, b: &str| {
+                let r = tok.rank(a, b);
+                if let Some(r) = r {
+                    used.borrow_mut().insert(r);
+                }
+                r
+            };
+            let mut keep: BTreeSet<u32> = tok.special.iter().copied().collect();
+            keep.extend(tok.bos);
+            keep.extend(tok.eos);
+            for text in &corpus {
+                for parse in [true, false] {
+                    let mut out = Vec::new();
+                    for f in tok.partition(text, parse) {
+                        match f {
+                            Fragment::Text(s) => tok.bpe_text(pre, s, &mut out, &rec),
+                            Fragment::Token(id) => out.push(id),
+                        }
+                    }
+                    keep.extend(out);
+                }
+            }
+            let md = file.metadata();
+            let merges = md.get_arr::<String>("tokenizer.ggml.merges").unwrap();
+            let merges: Vec<String> =
+                used.borrow().iter().map(|&r| merges[r as usize].clone()).collect();
+            let tokens: Vec<String> =
+                (0..tok.n_tokens() as u32)
+                    .map(|i| {
+                        if keep.contains(&i) {
+                            tok.tokens[i as usize].clone()
+                        } else {
+                            String::new()
+                        }
+                    })
+                    .collect();
+            let mut w = crate::gguf::GgufWriter::new();
+            for (k, v) in md.iter() {
+                match k {
+                    "tokenizer.ggml.tokens" => w.add(k, tokens.clone()).unwrap(),
+                    "tokenizer.ggml.merges" => w.add(k, merges.clone()).unwrap(),
+                    "tokenizer.chat_template" => continue,
+                    _ => w.add(k, v.clone()).unwrap(),
+                };
+            }
+            w.write_file(data.join(format!("{name}-trimmed.gguf"))).unwrap();
+        }
+    }
+
+    fn parse_json_strings(s: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut chars = s.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c != '"' {
+                continue;
+            }
+            let mut cur = String::new();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => match chars.next().unwrap() {
+                        'n' => cur.push('\n'),
+                        't' => cur.push('\t'),
+                        'r' => cur.push('\r'),
+                        'u' => {
+                            let h: String = (0..4).map(|_| chars.next().unwrap()).collect();
+                            cur.push(char::from_u32(u32::from_str_radix(&h, 16).unwrap()).unwrap());
+                        }
+                        o => cur.push(o),
+                    },
+                    o => cur.push(o),
+                }
+            }
+            out.push(cur);
+        }
+        out
     }
 }
