@@ -44,6 +44,7 @@ pub mod plan;
 pub mod quant;
 #[doc(hidden)]
 pub mod testdata;
+pub mod tokenizer;
 
 pub use backend::{
     AbortHook, Backend, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice, CpuRegistry,

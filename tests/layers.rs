@@ -17,6 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["backend"],
     &["plan"],
     &["gguf"],
+    &["tokenizer"],
     &["models"],
     &["opt"],
 ];
