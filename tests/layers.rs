@@ -17,7 +17,9 @@ const LAYERS: &[&[&str]] = &[
     &["backend"],
     &["plan"],
     &["gguf"],
+    &["tokenizer"],
     &["models"],
+    &["opt"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

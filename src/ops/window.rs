@@ -56,7 +56,7 @@ pub(crate) fn get_rel_pos(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     for r in rows.range() {
         let (k, q, _) = r.i();
         // pos <= 2*kh - 2 < a.ne[1] (build check qh == kh, a.ne[1] == 2*qh - 1); rows are
-        // contiguous F16 (build check).
+        // contiguous F16 or BF16 and dst has a's type (build check).
         let pos = kh - 1 - k + q;
         rows.row::<u16>(r)[..c].copy_from_slice(&a.row_of::<u16>(pos, 0, 0)[..c]);
     }
