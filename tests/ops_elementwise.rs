@@ -615,15 +615,7 @@ fn glu_ref(op: GluOp, x: f64, g: f64, dt: DType, alpha: f64, limit: f64) -> f64 
 
 #[test]
 fn glu_every_op_fused_swapped_and_split_f32_f16() {
-    let ops = [
-        GluOp::Reglu,
-        GluOp::Geglu,
-        GluOp::Swiglu,
-        GluOp::SwigluOai,
-        GluOp::GegluErf,
-        GluOp::GegluQuick,
-        GluOp::SwigluClamp,
-    ];
+    let ops = common::GLU_OPS;
     let (alpha, limit) = (1.702f32, 0.6f32);
     for op in ops {
         for dt in [DType::F32, DType::F16] {

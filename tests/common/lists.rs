@@ -3,7 +3,7 @@
 //! which the fuzz target shares, includes this file too).
 #![allow(dead_code)]
 
-use quantgraph::{DType, UnaryOp};
+use quantgraph::{DType, GluOp, UnaryOp};
 
 /// The float types.
 pub const FLOAT_TYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -96,6 +96,17 @@ pub const UNARY_PLAIN: [UnaryOp; 21] = [
     UnaryOp::Ceil,
     UnaryOp::Round,
     UnaryOp::Trunc,
+];
+
+/// Every gated linear unit.
+pub const GLU_OPS: [GluOp; 7] = [
+    GluOp::Reglu,
+    GluOp::Geglu,
+    GluOp::Swiglu,
+    GluOp::SwigluOai,
+    GluOp::GegluErf,
+    GluOp::GegluQuick,
+    GluOp::SwigluClamp,
 ];
 
 /// The xIELU parameters the tests give `Graph::xielu`: (alpha_n, alpha_p, beta, eps).

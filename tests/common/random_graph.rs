@@ -11,14 +11,14 @@
 
 use quantgraph::kernels::Isa;
 use quantgraph::{
-    Buffer, BufferType, CpuBackend, CpuRepackBufferType, DType, Error, FlashAttnParams, GluOp,
-    Graph, Plan, RopeMode, RopeParams, SortOrder, TensorId, TriType, UnaryOp,
+    Buffer, BufferType, CpuBackend, CpuRepackBufferType, DType, Error, FlashAttnParams, Graph,
+    Plan, RopeMode, RopeParams, SortOrder, TensorId, TriType, UnaryOp,
 };
 use std::sync::{Arc, Mutex, OnceLock};
 
 #[path = "lists.rs"]
 mod lists;
-use lists::{KV_TYPES, UNARY_PLAIN, XIELU};
+use lists::{GLU_OPS, KV_TYPES, UNARY_PLAIN, XIELU};
 
 /// The builder calls of a case and their results, in order, then the plan and compute stages
 /// (shared with the caller so that it survives a panic or a hang).
@@ -196,15 +196,6 @@ const REPACKABLE: [DType; 7] =
 
 /// The common unary ops drawn twice as often as the rest.
 const UNARY_COMMON: [UnaryOp; 3] = [UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::Relu];
-
-const GLU: [GluOp; 6] = [
-    GluOp::Reglu,
-    GluOp::Geglu,
-    GluOp::Swiglu,
-    GluOp::SwigluOai,
-    GluOp::GegluErf,
-    GluOp::GegluQuick,
-];
 
 const ROPE_MODES: [RopeMode; 6] = [
     RopeMode::Normal,
@@ -1119,7 +1110,7 @@ impl<'a> Builder<'a> {
             }
             27 => {
                 let a = self.src()?;
-                let op = self.r.pick(&GLU);
+                let op = self.r.pick(&GLU_OPS);
                 let k = self.r.byte() % 4;
                 let (call, r) = match k {
                     0 | 1 => {
