@@ -45,8 +45,9 @@ pub mod quant;
 pub mod testdata;
 
 pub use backend::{
-    AbortHook, Backend, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice, CpuRegistry,
-    CpuRepackBufferType, Device, DeviceCaps, DeviceProps, DeviceType, MAX_THREADS, Registry,
+    AbortHook, Backend, BackendPlan, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice,
+    CpuRegistry, CpuRepackBufferType, Device, DeviceCaps, DeviceMemory, DeviceProps, DeviceType,
+    MAX_THREADS, Registry,
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
@@ -54,7 +55,7 @@ pub use gguf::{GgufFile, GgufWriter};
 pub use graph::{
     Conv2dParams, Conv3dParams, CustomArgs, CustomFn, DSV4_HC_MAX_ITER, FlashAttnBackLayout,
     FlashAttnParams, Gather, GluOp, Graph, Im2colBackParams, Op, Pool2dParams, PoolOp, RopeMode,
-    RopeParams, ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
+    RopeParams, ScaleMode, SortOrder, Storage, TensorId, TriType, UnaryOp,
 };
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

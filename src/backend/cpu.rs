@@ -2,8 +2,8 @@
 //! pool; a [`crate::Plan`] built on it runs its nodes there.
 
 use super::{
-    AbortHook, BUFFER_ALIGNMENT, Backend, Buffer, BufferType, Device, DeviceCaps, DeviceType,
-    Registry,
+    AbortHook, Backend, BufferType, CpuBufferType, CpuRepackBufferType, Device, DeviceCaps,
+    DeviceType, Registry,
 };
 use crate::error::{Error, Result};
 use crate::graph::{Graph, TensorId};
@@ -84,7 +84,7 @@ impl Device for CpuDevice {
         crate::ops::supports(graph, node, crate::kernels::table()).is_ok()
     }
     fn supports_buft(&self, buft: &dyn BufferType) -> bool {
-        buft.is_host() || buft.name() == super::repack::REPACK_NAME
+        buft.is_host() || buft.is::<CpuRepackBufferType>()
     }
     fn default_buffer_type(&self) -> Arc<dyn BufferType> {
         Arc::new(CpuBufferType)
@@ -92,74 +92,8 @@ impl Device for CpuDevice {
     fn extra_buffer_types(&self) -> Vec<Arc<dyn BufferType>> {
         vec![Arc::new(CpuRepackBufferType)]
     }
-    fn init_backend(&self) -> Result<CpuBackend> {
-        CpuBackend::new()
-    }
-}
-
-/// Plain host memory, 64-byte aligned.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBufferType;
-
-impl BufferType for CpuBufferType {
-    fn name(&self) -> &str {
-        "CPU"
-    }
-    fn alignment(&self) -> usize {
-        BUFFER_ALIGNMENT
-    }
-    fn max_size(&self) -> usize {
-        isize::MAX as usize
-    }
-    fn is_host(&self) -> bool {
-        true
-    }
-    fn alloc(&self, size: usize) -> Result<Buffer> {
-        Buffer::alloc_named(size, "CPU")
-    }
-}
-
-/// Repacked weights (ggml's CPU_REPACK): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K, Q2_K and TQ2_0 matrices with a
-/// multiple of 8 rows, stored 8 rows interleaved for the repacked matmul kernels. Store tensors
-/// with [`Buffer::set_tensor`] (it repacks on the way in, keeping no plain copy), then bind them
-/// with `Graph::weight`; such weights can only feed `mul_mat` as its first source, with F32
-/// activations. Same size as the plain layout.
-///
-/// ```
-/// use quantgraph::{Buffer, BufferType, CpuRepackBufferType, DType, Graph};
-/// let buft = CpuRepackBufferType;
-/// assert!(buft.supports_tensor(DType::Q4_0, &[64, 8]));
-/// let w = vec![0u8; DType::Q4_0.row_size(64)? * 8];
-/// let buf = buft.alloc(w.len())?;
-/// buf.set_tensor(0, DType::Q4_0, &[64, 8], &w)?;
-/// let mut g = Graph::new();
-/// let wt = g.weight(DType::Q4_0, &[64, 8], &buf, 0)?;
-/// let x = g.input(DType::F32, &[64, 3])?;
-/// let y = g.mul_mat(wt, x)?;
-/// # let _ = y;
-/// # Ok::<(), quantgraph::Error>(())
-/// ```
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuRepackBufferType;
-
-impl BufferType for CpuRepackBufferType {
-    fn name(&self) -> &str {
-        super::repack::REPACK_NAME
-    }
-    fn alignment(&self) -> usize {
-        BUFFER_ALIGNMENT
-    }
-    fn max_size(&self) -> usize {
-        isize::MAX as usize
-    }
-    fn is_host(&self) -> bool {
-        false
-    }
-    fn alloc(&self, size: usize) -> Result<Buffer> {
-        Buffer::alloc_repack(size)
-    }
-    fn supports_tensor(&self, dtype: crate::dtype::DType, ne: &[usize]) -> bool {
-        super::repack::supports(dtype, ne)
+    fn init_backend(&self) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(CpuBackend::new()?))
     }
 }
 
@@ -277,34 +211,10 @@ impl CpuBackend {
         self.shared.isa.unwrap_or_else(crate::kernels::selected_isa)
     }
 
-    /// The kernel table a plan built now on this backend uses.
-    pub(crate) fn kernel_table(&self) -> &'static KernelTable {
-        match self.shared.isa {
-            // `with_isa` checked that the CPU supports the tier, so the table exists.
-            Some(isa) => crate::kernels::table_for(isa).unwrap_or_else(crate::kernels::table),
-            None => crate::kernels::table(),
-        }
-    }
-}
-
-impl Backend for CpuBackend {
-    fn name(&self) -> &str {
-        "CPU"
-    }
-    fn device(&self) -> Arc<dyn Device> {
-        Arc::new(CpuDevice::new())
-    }
-    fn features(&self) -> Vec<(&'static str, String)> {
-        let mut f = CpuFeatures::detect().list();
-        f.push(("ISA", self.isa().name().to_string()));
-        f
-    }
-    fn n_threads(&self) -> usize {
-        self.shared.n_threads.load(Ordering::Relaxed)
-    }
-    fn set_n_threads(&self, n: usize) -> Result<()> {
+    /// Sets the number of worker threads (the [`Backend::set_n_threads`] of this backend).
+    pub(crate) fn set_threads(&self, n: usize) -> Result<()> {
         check_thread_count("set_n_threads", n)?;
-        if n == self.n_threads() {
+        if n == self.shared.n_threads.load(Ordering::Relaxed) {
             return Ok(());
         }
         let pool = Arc::new(build_pool(n)?);
@@ -315,10 +225,21 @@ impl Backend for CpuBackend {
         self.shared.n_threads.store(n, Ordering::Relaxed);
         Ok(())
     }
-    fn set_abort_hook(&self, hook: Option<AbortHook>) {
+
+    /// Installs (or removes) the backend-wide abort hook.
+    pub(crate) fn set_abort(&self, hook: Option<AbortHook>) {
         match self.shared.abort.lock() {
             Ok(mut h) => *h = hook,
             Err(e) => *e.into_inner() = hook,
+        }
+    }
+
+    /// The kernel table a plan built now on this backend uses.
+    pub(crate) fn kernel_table(&self) -> &'static KernelTable {
+        match self.shared.isa {
+            // `with_isa` checked that the CPU supports the tier, so the table exists.
+            Some(isa) => crate::kernels::table_for(isa).unwrap_or_else(crate::kernels::table),
+            None => crate::kernels::table(),
         }
     }
 }

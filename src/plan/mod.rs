@@ -5,6 +5,7 @@
 //! times with new inputs and allocates nothing.
 
 mod alloc;
+mod cpu_backend;
 pub(crate) mod exec;
 
 use crate::backend::{AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared};
@@ -157,26 +158,7 @@ impl Plan {
         // every compute agree on the tier.
         let kt = backend.kernel_table();
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
-        let mut needed = vec![false; n];
-        for (i, t) in graph.tensors.iter().enumerate() {
-            let writes_state = !matches!(t.op, Op::None | Op::View)
-                && t.view_src
-                    .is_some_and(|r| matches!(graph.tensors[r.index()].leaf, Leaf::State { .. }));
-            if t.output || writes_state {
-                needed[i] = true;
-            }
-        }
-        for i in (0..n).rev() {
-            if needed[i] {
-                let t = &graph.tensors[i];
-                for s in t.srcs() {
-                    needed[s.index()] = true;
-                }
-                if let Some(r) = t.view_src {
-                    needed[r.index()] = true;
-                }
-            }
-        }
+        let needed = graph.needed();
         if !needed.iter().any(|&x| x) {
             return Err(Error::arg("plan: the graph has no output (call Graph::set_output)"));
         }
@@ -192,6 +174,20 @@ impl Plan {
             let id = graph.id_at(i);
             if !matches!(t.op, Op::None | Op::View) {
                 crate::ops::supports(&graph, id, kt)?;
+            }
+            if let Leaf::Weight { buffer, .. } | Leaf::State { buffer, .. } = &t.leaf
+                && buffer.is_device()
+            {
+                return Err(Error::Unsupported {
+                    op: "plan",
+                    backend: "CPU".into(),
+                    msg: format!(
+                        "{} is stored in buffer '{}', which is not host memory (plan the graph \
+                         with a Scheduler that has that buffer's backend)",
+                        t.describe(id),
+                        buffer.name()
+                    ),
+                });
             }
             for s in t.srcs() {
                 let r = root(s);
@@ -412,28 +408,25 @@ impl Plan {
         self.abort = hook;
     }
 
-    fn input_slot(&mut self, id: TensorId) -> Result<&mut InputSlot> {
-        let label = self.graph.get("set_input", id)?.describe(id);
-        self.inputs.iter_mut().find(|s| s.id == id).ok_or_else(|| {
-            Error::arg(format!(
-                "set_input: {label} is not an input of this plan (or no output uses it)"
-            ))
-        })
-    }
-
-    /// Copies raw bytes into an input tensor (its type's bytes, contiguous).
+    /// Copies raw bytes into an input tensor (its type's bytes, contiguous). Allocates nothing.
     pub fn set_input_bytes(&mut self, id: TensorId, data: &[u8]) -> Result<()> {
-        let arena = self.arena.clone();
-        let label = self.graph.get("set_input", id)?.describe(id);
-        let slot = self.input_slot(id)?;
+        self.graph.get("set_input", id)?;
+        let Some(k) = self.inputs.iter().position(|s| s.id == id) else {
+            return Err(Error::arg(format!(
+                "set_input: {} is not an input of this plan (or no output uses it)",
+                self.graph.describe(id)
+            )));
+        };
+        let slot = &mut self.inputs[k];
         if data.len() != slot.nbytes {
             return Err(Error::arg(format!(
-                "set_input: {label} takes {} bytes, got {}",
+                "set_input: {} takes {} bytes, got {}",
+                self.graph.describe(id),
                 slot.nbytes,
                 data.len()
             )));
         }
-        arena.write(slot.offset, data)?;
+        self.arena.write(slot.offset, data)?;
         slot.set = true;
         Ok(())
     }
