@@ -41,6 +41,7 @@ pub mod models;
 pub(crate) mod ops;
 pub mod plan;
 pub mod quant;
+pub mod sched;
 #[doc(hidden)]
 pub mod testdata;
 
