@@ -48,7 +48,7 @@ pub mod testdata;
 pub use backend::{
     AbortHook, Backend, BackendPlan, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice,
     CpuRegistry, CpuRepackBufferType, Device, DeviceCaps, DeviceMemory, DeviceProps, DeviceType,
-    MAX_THREADS, Registry,
+    EvalCallback, MAX_THREADS, NodeEval, Registry,
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};

@@ -116,6 +116,34 @@ pub trait Device: Send + Sync {
 /// `Error::Aborted`.
 pub type AbortHook = Arc<dyn Fn() -> bool + Send + Sync>;
 
+/// What an eval callback sees of a node that was just computed (ggml's `cb_eval` with
+/// `ask == false`): its name, op and result, read-only.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct NodeEval<'a> {
+    /// The node's id in the plan's graph.
+    pub id: TensorId,
+    /// The node's name ([`Graph::set_name`]), if it has one.
+    pub name: Option<&'a str>,
+    /// The op that computed it.
+    pub op: &'a crate::graph::Op,
+    /// Result type.
+    pub dtype: crate::dtype::DType,
+    /// Result shape (ggml order).
+    pub ne: [usize; 4],
+    /// Result byte strides.
+    pub nb: [usize; 4],
+    /// The bytes the result spans (ggml's `ggml_nbytes` from its first element): for a
+    /// contiguous F32 result, `bytemuck::cast_slice::<u8, f32>(data)` are its values.
+    pub data: &'a [u8],
+}
+
+/// A per-node eval callback (ggml's `ggml_backend_sched_eval_callback`): called after every node
+/// of a compute, in order, on the thread that called `compute`. Returning `false` stops the
+/// compute with [`Error::Stopped`]; the plan stays usable. Used for debugging and for collecting
+/// activation statistics (importance matrices). A plan without one pays nothing for it.
+pub type EvalCallback = Box<dyn FnMut(&NodeEval<'_>) -> bool + Send>;
+
 /// A backend computing graphs on a device (ggml's `ggml_backend`): it plans graphs into
 /// [`BackendPlan`]s, says which nodes and buffer types it can take, and owns its buffer types.
 /// [`crate::sched::Scheduler`] splits one graph across several backends through this trait.
@@ -180,6 +208,15 @@ pub trait BackendPlan: Send {
     fn host_bytes(&self, id: TensorId) -> Option<&[u8]> {
         let _ = id;
         None
+    }
+    /// Installs (or removes) a per-node eval callback. `Err` from backends that have none.
+    fn set_eval_callback(&mut self, cb: Option<EvalCallback>) -> Result<()> {
+        let _ = cb;
+        Err(Error::Unsupported {
+            op: "set_eval_callback",
+            backend: String::new(),
+            msg: "this backend's plans have no eval callback".into(),
+        })
     }
 }
 

@@ -3,7 +3,9 @@
 //! returns.
 
 use super::Plan;
-use crate::backend::{AbortHook, Backend, BackendPlan, BufferType, CpuBackend, CpuDevice, Device};
+use crate::backend::{
+    AbortHook, Backend, BackendPlan, BufferType, CpuBackend, CpuDevice, Device, EvalCallback,
+};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, TensorId};
 use crate::kernels::CpuFeatures;
@@ -72,5 +74,9 @@ impl BackendPlan for Plan {
     }
     fn host_bytes(&self, id: TensorId) -> Option<&[u8]> {
         self.output_bytes(id).ok()
+    }
+    fn set_eval_callback(&mut self, cb: Option<EvalCallback>) -> Result<()> {
+        Plan::set_eval_callback(self, cb);
+        Ok(())
     }
 }

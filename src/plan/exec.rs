@@ -24,6 +24,8 @@ struct Shared<'a> {
     hook: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
     /// The plan's kernel table, the same for every node, phase and worker of the compute.
     kt: &'static crate::kernels::KernelTable,
+    /// The eval callback, run by worker 0 after each node while the others wait.
+    eval: Option<&'a (dyn Fn(&ExecNode) -> bool + Sync)>,
 }
 
 impl Shared<'_> {
@@ -98,6 +100,29 @@ fn worker(
             if sh.stopped(step) {
                 return;
             }
+            if let Some(ev) = sh.eval
+                && phase + 1 == node.phases
+            {
+                // Every worker is past the node, none has started the next one: worker 0 shows
+                // the result while the others wait, so it is neither being written nor reused.
+                if ith == 0 {
+                    match catch_unwind(AssertUnwindSafe(|| ev(node))) {
+                        Ok(true) => {}
+                        Ok(false) => sh.fail(step, Error::Stopped { node: node.label() }),
+                        Err(p) => sh.fail(
+                            step,
+                            Error::Panicked {
+                                name: "eval callback".into(),
+                                msg: panic_message(p.as_ref()),
+                            },
+                        ),
+                    }
+                }
+                sh.barrier.wait();
+                if sh.stopped(step) {
+                    return;
+                }
+            }
             step += 1;
         }
     }
@@ -111,6 +136,7 @@ pub(crate) fn run(
     work: *mut u8,
     work_len: usize,
     hook: Option<&(dyn Fn() -> bool + Send + Sync)>,
+    eval: Option<&(dyn Fn(&ExecNode) -> bool + Sync)>,
 ) -> Result<()> {
     let sh = Shared {
         barrier: SpinBarrier::new(nth),
@@ -119,6 +145,7 @@ pub(crate) fn run(
         counters: [AtomicUsize::new(0), AtomicUsize::new(0)],
         hook,
         kt,
+        eval,
     };
     let work = WorkPtr(work);
     if nth == 1 {

@@ -8,7 +8,9 @@ mod alloc;
 mod cpu_backend;
 pub(crate) mod exec;
 
-use crate::backend::{AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared};
+use crate::backend::{
+    AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared, EvalCallback, NodeEval,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, MAX_SRC, Op, TensorId};
@@ -71,6 +73,7 @@ pub struct Plan {
     /// The kernel table of the backend's tier, chosen when the plan was built.
     kt: &'static KernelTable,
     abort: Option<AbortHook>,
+    eval: Option<EvalCallback>,
     stats: PlanStats,
     /// Guard regions (offset, length) in the arena, for `with_guards` plans.
     guards_at: Vec<(usize, usize)>,
@@ -372,6 +375,7 @@ impl Plan {
             shared: backend.shared.clone(),
             kt,
             abort: None,
+            eval: None,
             stats,
             guards_at,
         };
@@ -406,6 +410,35 @@ impl Plan {
     /// Installs an abort hook for this plan only (overrides the backend's).
     pub fn set_abort_hook(&mut self, hook: Option<AbortHook>) {
         self.abort = hook;
+    }
+
+    /// Installs (or removes with `None`) the eval callback: called after every node of each
+    /// compute with the node's name, op and result; returning `false` stops the compute with
+    /// [`Error::Stopped`] (the plan stays usable).
+    ///
+    /// ```
+    /// use quantgraph::{CpuBackend, DType, Graph, Plan};
+    /// use std::sync::{Arc, Mutex};
+    /// let mut g = Graph::new();
+    /// let x = g.input(DType::F32, &[2])?;
+    /// let y = g.scale(x, 2.0)?;
+    /// g.set_name(y, "y")?;
+    /// g.set_output(y)?;
+    /// let mut plan = Plan::new(g, &CpuBackend::with_threads(2)?)?;
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let s = seen.clone();
+    /// plan.set_eval_callback(Some(Box::new(move |n| {
+    ///     let v: &[f32] = bytemuck::cast_slice(n.data);
+    ///     s.lock().unwrap().push((n.name.unwrap_or("").to_string(), v.to_vec()));
+    ///     true
+    /// })));
+    /// plan.set_input(x, &[1.0f32, 2.0])?;
+    /// plan.compute()?;
+    /// assert_eq!(*seen.lock().unwrap(), vec![("y".to_string(), vec![2.0f32, 4.0])]);
+    /// # Ok::<(), quantgraph::Error>(())
+    /// ```
+    pub fn set_eval_callback(&mut self, cb: Option<EvalCallback>) {
+        self.eval = cb;
     }
 
     /// Copies raw bytes into an input tensor (its type's bytes, contiguous). Allocates nothing.
@@ -540,15 +573,54 @@ impl Plan {
             }
         }
         let hook = self.abort.clone().or_else(|| self.shared.abort_hook());
-        let res = exec::run(
-            &self.nodes,
-            &pool,
-            nth,
-            self.kt,
-            self.work.ptr(),
-            self.work.len(),
-            hook.as_deref(),
-        );
+        let res = match self.eval.as_mut() {
+            None => exec::run(
+                &self.nodes,
+                &pool,
+                nth,
+                self.kt,
+                self.work.ptr(),
+                self.work.len(),
+                hook.as_deref(),
+                None,
+            ),
+            Some(cb) => {
+                let cb = std::sync::Mutex::new(cb);
+                let graph = &self.graph;
+                let show = |node: &ExecNode| {
+                    let t = graph.t(node.id);
+                    let d = &node.dst;
+                    // SAFETY: the executor calls this after every worker finished the node and
+                    // before any starts the next one, so the result's `nbytes` bytes (inside the
+                    // arena or a buffer the plan holds, checked at plan time) are not written
+                    // while the slice lives; it does not escape the call.
+                    let data = unsafe { std::slice::from_raw_parts(d.ptr, t.nbytes()) };
+                    let ev = NodeEval {
+                        id: node.id,
+                        name: t.name.as_deref(),
+                        op: &node.op,
+                        dtype: d.dtype,
+                        ne: d.ne,
+                        nb: d.nb,
+                        data,
+                    };
+                    match cb.lock() {
+                        Ok(mut f) => (**f)(&ev),
+                        Err(_) => false,
+                    }
+                };
+                exec::run(
+                    &self.nodes,
+                    &pool,
+                    nth,
+                    self.kt,
+                    self.work.ptr(),
+                    self.work.len(),
+                    hook.as_deref(),
+                    Some(&show),
+                )
+            }
+        };
         self.guards.clear();
         res.map_err(|e| self.relabel(e))?;
         // A guarded plan (overrun tests) checks its guard bytes after every compute.
@@ -573,6 +645,7 @@ impl Plan {
                 Error::IndexOutOfRange { op, tensor: describe(tensor), index, limit }
             }
             Error::Panicked { name, msg } => Error::Panicked { name: describe(name), msg },
+            Error::Stopped { node } => Error::Stopped { node: describe(node) },
             e => e,
         }
     }

@@ -10,7 +10,7 @@
 //! an input of the split, copied in before the split runs. Copies are always of whole tensors
 //! that own their memory; views are rebuilt on top of the copy.
 
-use crate::backend::{Backend, BackendPlan, Buffer};
+use crate::backend::{Backend, BackendPlan, Buffer, EvalCallback, NodeEval};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, MAX_SRC, Op, Tensor, TensorId};
@@ -476,6 +476,24 @@ impl SchedPlan {
         let mut v = vec![T::zeroed(); t.nelements()];
         self.read_output_bytes(id, bytemuck::cast_slice_mut(&mut v))?;
         Ok(v)
+    }
+
+    /// Installs (or removes) one eval callback for every split (ggml's
+    /// `ggml_backend_sched_set_eval_callback`): it sees each computed node of every split in
+    /// order, with the node's id and name in its split's graph. `Err` when a split's backend has
+    /// no eval callback.
+    pub fn set_eval_callback(&mut self, cb: Option<EvalCallback>) -> Result<()> {
+        let shared = cb.map(|cb| Arc::new(std::sync::Mutex::new(cb)));
+        for s in &mut self.splits {
+            let each: Option<EvalCallback> = shared.clone().map(|f| {
+                Box::new(move |n: &NodeEval<'_>| match f.lock() {
+                    Ok(mut f) => (*f)(n),
+                    Err(_) => false,
+                }) as EvalCallback
+            });
+            s.plan.set_eval_callback(each)?;
+        }
+        Ok(())
     }
 
     /// The scheduled graph.
