@@ -63,6 +63,8 @@ pub struct Plan {
     addrs: Vec<*mut u8>,
     arena: Buffer,
     work: Buffer,
+    /// The work buffer is a reserve ([`Plan::replan`]): never reallocated.
+    fixed_work: bool,
     /// Thread count the work buffer was sized for.
     work_nth: usize,
     inputs: Vec<InputSlot>,
@@ -147,6 +149,67 @@ impl Plan {
     }
 
     fn build(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
+        // One kernel table for the plan's life: support checks, phase counts, work sizes and
+        // every compute agree on the tier.
+        let kt = backend.kernel_table();
+        Plan::build_with(graph, backend.shared.clone(), kt, backend.n_threads(), guard, None)
+    }
+
+    /// Plans `worst`, the largest graph of a family (the longest prompt of a model): the same
+    /// as [`Plan::new`], named for what comes next. Its arena and work buffer are the reserve
+    /// that [`Plan::replan`] fits every smaller graph of the family into, as ggml-alloc's
+    /// `ggml_gallocr_reserve` does.
+    pub fn reserve(worst: Graph, backend: &CpuBackend) -> Result<Plan> {
+        Plan::new(worst, backend)
+    }
+
+    /// Replaces the plan's graph with `graph`, laid out in the arena and work buffer this plan
+    /// already has: no tensor memory is allocated, and `compute` then allocates nothing either.
+    /// Meant for graphs of the same shape family as the one reserved (a prompt of another
+    /// length, a decode step). Inputs must be set again. `Err` when `graph` does not fit,
+    /// naming the first tensor past the arena or the node whose work buffer is too small; the
+    /// plan then keeps its previous graph. The abort hook and eval callback stay installed.
+    ///
+    /// ```
+    /// use quantgraph::{CpuBackend, DType, Graph, Plan, TensorId};
+    /// fn graph(n: usize) -> quantgraph::Result<(Graph, TensorId, TensorId)> {
+    ///     let mut g = Graph::new();
+    ///     let x = g.input(DType::F32, &[n])?;
+    ///     let y = g.scale(x, 2.0)?;
+    ///     g.set_output(y)?;
+    ///     Ok((g, x, y))
+    /// }
+    /// let (g, _, _) = graph(64)?;
+    /// let mut plan = Plan::reserve(g, &CpuBackend::with_threads(1)?)?;
+    /// let (g, x, y) = graph(3)?;
+    /// plan.replan(g)?;
+    /// plan.set_input(x, &[1.0f32, 2.0, 3.0])?;
+    /// plan.compute()?;
+    /// assert_eq!(plan.output::<f32>(y)?, &[2.0, 4.0, 6.0]);
+    /// assert!(plan.replan(graph(1000)?.0).is_err()); // does not fit
+    /// # Ok::<(), quantgraph::Error>(())
+    /// ```
+    pub fn replan(&mut self, graph: Graph) -> Result<()> {
+        if !self.guards_at.is_empty() {
+            return Err(Error::arg("replan: a plan with guards cannot take another graph"));
+        }
+        let nth = self.shared.pool().n_threads();
+        let reserve = (self.arena.clone(), self.work.clone());
+        let mut p = Plan::build_with(graph, self.shared.clone(), self.kt, nth, 0, Some(reserve))?;
+        p.abort = self.abort.take();
+        p.eval = self.eval.take();
+        *self = p;
+        Ok(())
+    }
+
+    fn build_with(
+        graph: Graph,
+        shared: Arc<CpuShared>,
+        kt: &'static KernelTable,
+        nth: usize,
+        guard: usize,
+        reserve: Option<(Buffer, Buffer)>,
+    ) -> Result<Plan> {
         let n = graph.tensors.len();
         // A region with its two guards; `Err` rather than a wrapped size for huge tensors.
         let framed = |nbytes: usize| {
@@ -156,10 +219,6 @@ impl Plan {
                 .ok_or(Error::Overflow { what: "plan arena size" })
         };
         let mut guards_at: Vec<(usize, usize)> = Vec::new();
-        let nth = backend.n_threads();
-        // One kernel table for the plan's life: support checks, phase counts, work sizes and
-        // every compute agree on the tier.
-        let kt = backend.kernel_table();
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
         let needed = graph.needed();
         if !needed.iter().any(|&x| x) {
@@ -291,7 +350,30 @@ impl Plan {
         }
         stats.arena_bytes = arena.peak;
 
-        let arena_buf = Buffer::alloc_named(arena.peak, "CPU_Arena")?;
+        let (arena_buf, work) = match reserve {
+            Some((a, w)) if arena.peak <= a.len() => (a, Some(w)),
+            Some((a, _)) => {
+                let past = (0..n)
+                    .filter(|&i| offset[i] != usize::MAX)
+                    .map(|i| (i, offset[i], offset[i].saturating_add(graph.tensors[i].nbytes())))
+                    .filter(|&(_, _, end)| end > a.len())
+                    .min_by_key(|&(_, start, _)| start);
+                let what = past.map_or(String::new(), |(i, start, end)| {
+                    format!(
+                        ": {} (arena bytes {start}..{end}) is past it",
+                        graph.describe(graph.id_at(i))
+                    )
+                });
+                return Err(Error::Buffer(format!(
+                    "replan: the graph needs {} arena bytes, {} more than the {} reserved{what}; \
+                     reserve with a larger graph",
+                    arena.peak,
+                    arena.peak - a.len(),
+                    a.len()
+                )));
+            }
+            None => (Buffer::alloc_named(arena.peak, "CPU_Arena")?, None),
+        };
         for &(start, len) in &guards_at {
             let pattern = vec![GUARD_BYTE; len];
             arena_buf.write(start, &pattern)?;
@@ -367,12 +449,16 @@ impl Plan {
             nodes,
             addrs,
             arena: arena_buf,
-            work: Buffer::alloc_named(0, "CPU_Work")?,
+            fixed_work: work.is_some(),
+            work: match work {
+                Some(w) => w,
+                None => Buffer::alloc_named(0, "CPU_Work")?,
+            },
             work_nth: 0,
             inputs,
             buffers,
             guards: Vec::new(),
-            shared: backend.shared.clone(),
+            shared,
             kt,
             abort: None,
             eval: None,
@@ -386,8 +472,20 @@ impl Plan {
 
     fn size_work(&mut self, nth: usize) -> Result<()> {
         let mut need = 0usize;
+        let mut largest = None;
         for node in &self.nodes {
-            need = need.max(crate::ops::work_size(node, nth, self.kt));
+            let w = crate::ops::work_size(node, nth, self.kt);
+            if w > need {
+                (need, largest) = (w, Some(node.id));
+            }
+        }
+        if self.fixed_work && need > self.work.len() {
+            return Err(Error::Buffer(format!(
+                "replan: {} needs {need} work bytes on {nth} threads, the reserve has {}; \
+                 reserve with a larger graph (or the same thread count)",
+                largest.map_or(String::new(), |id| self.graph.describe(id)),
+                self.work.len()
+            )));
         }
         if need > self.work.len() || self.work.is_empty() {
             self.work = Buffer::alloc_named(need.max(64), "CPU_Work")?;
