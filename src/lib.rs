@@ -48,7 +48,7 @@ pub mod testdata;
 pub use backend::{
     AbortHook, Backend, BackendPlan, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice,
     CpuRegistry, CpuRepackBufferType, Device, DeviceCaps, DeviceMemory, DeviceProps, DeviceType,
-    EvalCallback, MAX_THREADS, NodeEval, Registry,
+    EvalCallback, MAX_THREADS, NodeEval, Registry, Threadpool, ThreadpoolParams,
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};

@@ -88,10 +88,18 @@ fn mask(n_ctx: usize, n_past: usize, t: usize) -> Vec<f32> {
 #[test]
 fn prefill_1_to_n_and_decode_run_in_one_reserved_arena_without_allocating() {
     let _l = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // Two threads: between steps the second worker goes to sleep (building a graph takes
+    // longer than it polls), and waking it must not allocate either.
+    for threads in [1, 2] {
+        reserved_steps(threads);
+    }
+}
+
+fn reserved_steps(threads: usize) {
     let c = cfg();
     let file =
         GgufFile::from_bytes(&synthetic_gguf(&c, WeightTypes::default(), 7).unwrap()).unwrap();
-    let be = CpuBackend::with_threads(1).unwrap();
+    let be = CpuBackend::with_threads(threads).unwrap();
     let (a, mut reference) = (model(&file, &be), model(&file, &be));
     let tokens: Vec<u32> = (0..c.n_ctx as u32).map(|i| (i * 7 + 3) % c.n_vocab as u32).collect();
 
@@ -118,7 +126,10 @@ fn prefill_1_to_n_and_decode_run_in_one_reserved_arena_without_allocating() {
             plan.set_input(s.mask, &mask(c.n_ctx, n_past, n)).unwrap();
             let (r, allocs) = allocations(|| plan.compute());
             r.unwrap();
-            assert_eq!(allocs, 0, "compute of {n} tokens after {n_past} allocated");
+            assert_eq!(
+                allocs, 0,
+                "{threads} threads: compute of {n} tokens after {n_past} allocated"
+            );
             computes += 1;
             let got = plan.output::<f32>(s.logits).unwrap();
             assert_eq!(got, want.as_slice(), "{n} tokens after {n_past}");

@@ -16,7 +16,7 @@ pub use crate::buffer::{
     BUFFER_ALIGNMENT, Buffer, BufferType, CpuBufferType, CpuRepackBufferType, DeviceMemory,
 };
 pub(crate) use cpu::CpuShared;
-pub use cpu::{CpuBackend, CpuDevice, CpuRegistry, MAX_THREADS};
+pub use cpu::{CpuBackend, CpuDevice, CpuRegistry, MAX_THREADS, Threadpool, ThreadpoolParams};
 pub use registry::{device_by_name, devices, init_by_name, register, registries};
 
 use crate::error::{Error, Result};
