@@ -128,6 +128,14 @@ fn worker(
     }
 }
 
+/// The caller's hooks into a compute.
+pub(crate) struct Hooks<'a> {
+    /// Polled after each node; `true` stops the compute.
+    pub abort: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
+    /// The eval callback (see `Shared::eval`).
+    pub eval: Option<&'a (dyn Fn(&ExecNode) -> bool + Sync)>,
+}
+
 pub(crate) fn run(
     nodes: &[ExecNode],
     workers: &Workers,
@@ -135,9 +143,9 @@ pub(crate) fn run(
     kt: &'static crate::kernels::KernelTable,
     work: *mut u8,
     work_len: usize,
-    hook: Option<&(dyn Fn() -> bool + Send + Sync)>,
-    eval: Option<&(dyn Fn(&ExecNode) -> bool + Sync)>,
+    hooks: Hooks<'_>,
 ) -> Result<()> {
+    let Hooks { abort: hook, eval } = hooks;
     let sh = Shared {
         barrier: SpinBarrier::new(nth),
         stop_at: AtomicUsize::new(usize::MAX),

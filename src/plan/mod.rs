@@ -679,8 +679,7 @@ impl Plan {
                 self.kt,
                 self.work.ptr(),
                 self.work.len(),
-                hook.as_deref(),
-                None,
+                exec::Hooks { abort: hook.as_deref(), eval: None },
             ),
             Some(cb) => {
                 let cb = std::sync::Mutex::new(cb);
@@ -714,8 +713,7 @@ impl Plan {
                     self.kt,
                     self.work.ptr(),
                     self.work.len(),
-                    hook.as_deref(),
-                    Some(&show),
+                    exec::Hooks { abort: hook.as_deref(), eval: Some(&show) },
                 )
             }
         };
