@@ -91,6 +91,12 @@ fn stopping_from_the_callback_ends_the_compute_and_the_plan_still_works() {
     }
     assert_eq!(*calls.lock().unwrap(), ["wx", "scaled"], "no node ran after the stop");
 
+    // Stopping many times: every worker must leave at the same node, or the compute hangs.
+    for _ in 0..300 {
+        p.set_eval_callback(Some(Box::new(|n| n.name != Some("wx"))));
+        assert!(matches!(p.compute(), Err(Error::Stopped { .. })));
+    }
+
     // The plan computes again, with and without the callback.
     p.set_input(x, &[1.0f32; 8]).unwrap();
     p.set_eval_callback(None);

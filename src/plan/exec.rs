@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::ops::NodeCtx;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 struct Shared<'a> {
     barrier: SpinBarrier,
@@ -26,16 +26,24 @@ struct Shared<'a> {
     kt: &'static crate::kernels::KernelTable,
     /// The eval callback, run by worker 0 after each node while the others wait.
     eval: Option<&'a (dyn Fn(&ExecNode) -> bool + Sync)>,
+    /// Set by worker 0 when the eval callback stops the compute; read after the barrier that
+    /// follows the callback.
+    halted: AtomicBool,
 }
 
 impl Shared<'_> {
     fn fail(&self, step: usize, e: Error) {
+        self.record(e);
+        self.stop_at.fetch_min(step, Ordering::AcqRel);
+    }
+
+    /// Keeps the first error of the compute.
+    fn record(&self, e: Error) {
         if let Ok(mut slot) = self.error.lock()
             && slot.is_none()
         {
             *slot = Some(e);
         }
-        self.stop_at.fetch_min(step, Ordering::AcqRel);
     }
 
     fn stopped(&self, step: usize) -> bool {
@@ -106,20 +114,24 @@ fn worker(
                 // Every worker is past the node, none has started the next one: worker 0 shows
                 // the result while the others wait, so it is neither being written nor reused.
                 if ith == 0 {
-                    match catch_unwind(AssertUnwindSafe(|| ev(node))) {
-                        Ok(true) => {}
-                        Ok(false) => sh.fail(step, Error::Stopped { node: node.label() }),
-                        Err(p) => sh.fail(
-                            step,
-                            Error::Panicked {
-                                name: "eval callback".into(),
-                                msg: panic_message(p.as_ref()),
-                            },
-                        ),
+                    let stop = match catch_unwind(AssertUnwindSafe(|| ev(node))) {
+                        Ok(true) => None,
+                        Ok(false) => Some(Error::Stopped { node: node.label() }),
+                        Err(p) => Some(Error::Panicked {
+                            name: "eval callback".into(),
+                            msg: panic_message(p.as_ref()),
+                        }),
+                    };
+                    // Not `fail`: a worker still between the barrier above and its check of
+                    // `stop_at` would leave now and strand worker 0 at the barrier below. The
+                    // halt flag is read only after it.
+                    if let Some(e) = stop {
+                        sh.record(e);
+                        sh.halted.store(true, Ordering::Release);
                     }
                 }
                 sh.barrier.wait();
-                if sh.stopped(step) {
+                if sh.halted.load(Ordering::Acquire) {
                     return;
                 }
             }
@@ -154,6 +166,7 @@ pub(crate) fn run(
         hook,
         kt,
         eval,
+        halted: AtomicBool::new(false),
     };
     let work = WorkPtr(work);
     if nth == 1 {
