@@ -1,6 +1,19 @@
-//! Runs a llama-architecture GGUF model: prefill a prompt of token ids, then greedy decode, and
-//! print the generated ids with prefill and decode speed.
+//! Runs a GGUF language model.
 //!
+//! Text mode: tokenize a prompt with the file's own tokenizer, generate, and stream the text with
+//! tokens/s at the end:
+//! ```text
+//! cargo run --release --example llama -- -m FILE.gguf -p "The capital of France is" [-n 64]
+//!     [--chat] [--system TEXT] [--temp 0.8] [--top-k 40] [--top-p 0.95] [--min-p 0.05]
+//!     [--repeat-penalty 1.1] [--seed N] [--stop STR]... [-t THREADS] [-c N_CTX] [--repack]
+//! ```
+//! Greedy unless `--temp` is given. `--chat` wraps the prompt in the ChatML chat format (with the
+//! default system prompt of the file's chat template, or `--system`) and stops at the end of the
+//! assistant's turn. `--top1` prints the prompt's ids and the argmax of the logits at every
+//! prompt position instead of generating.
+//!
+//! Token-id mode, for benchmarking: prefill a prompt of generated token ids, then greedy decode,
+//! and print the generated ids with prefill and decode speed.
 //! ```text
 //! cargo run --release --example llama -- FILE.gguf [N_PROMPT] [N_GEN] [THREADS] [N_CTX] [--repack]
 //! cargo run --release --example llama -- --synthetic [N_PROMPT] [N_GEN] [THREADS] [N_CTX]
@@ -24,6 +37,9 @@ fn main() {
 
 fn run() -> quantgraph::Result<()> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-m" || a == "--model") {
+        return run_text(&args);
+    }
     let repack = args.iter().any(|a| a == "--repack");
     args.retain(|a| a != "--repack");
     let num = |i: usize, d: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
@@ -84,6 +100,119 @@ fn run() -> quantgraph::Result<()> {
         n_gen as f64 / t_decode,
         backend.n_threads(),
         if repack { " repack" } else { "" }
+    );
+    Ok(())
+}
+
+/// Text mode: `-m FILE -p TEXT ...` (see the file's header).
+fn run_text(args: &[String]) -> quantgraph::Result<()> {
+    use quantgraph::models::generate::{
+        ChatMessage, GenerateParams, chatml, chatml_default_system, generate,
+    };
+    use quantgraph::models::sampling::SamplerParams;
+    use quantgraph::tokenizer::Tokenizer;
+    use std::io::Write;
+
+    let bad = |m: String| quantgraph::Error::InvalidArgument(m);
+    let mut model_path = None;
+    let mut prompt = String::from("Once upon a time");
+    let mut system = None;
+    let (mut n_gen, mut threads, mut n_ctx) = (64usize, 2usize, None);
+    let (mut chat, mut repack, mut top1) = (false, false, false);
+    let (mut temp, mut top_k, mut top_p, mut min_p, mut repeat, mut seed) =
+        (None, None, None, None, None, None);
+    let mut stop = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or_else(|| bad(format!("{a} needs a value")));
+        let num = |v: String| -> quantgraph::Result<f64> {
+            v.parse::<f64>().map_err(|_| bad(format!("{a}: '{v}' is not a number")))
+        };
+        match a.as_str() {
+            "-m" | "--model" => model_path = Some(val()?),
+            "-p" | "--prompt" => prompt = val()?,
+            "-n" | "--n-predict" => n_gen = num(val()?)? as usize,
+            "-t" | "--threads" => threads = num(val()?)? as usize,
+            "-c" | "--ctx-size" => n_ctx = Some(num(val()?)? as usize),
+            "--chat" => chat = true,
+            "--system" => system = Some(val()?),
+            "--repack" => repack = true,
+            "--top1" => top1 = true,
+            "--temp" => temp = Some(num(val()?)? as f32),
+            "--top-k" => top_k = Some(num(val()?)? as usize),
+            "--top-p" => top_p = Some(num(val()?)? as f32),
+            "--min-p" => min_p = Some(num(val()?)? as f32),
+            "--repeat-penalty" => repeat = Some(num(val()?)? as f32),
+            "--seed" => seed = Some(num(val()?)? as u64),
+            "--stop" => stop.push(val()?),
+            other => return Err(bad(format!("unknown argument '{other}'"))),
+        }
+    }
+    // Greedy unless a temperature is given; then llama.cpp's defaults for what is not given.
+    let mut sp = match temp {
+        Some(t) if t > 0.0 => SamplerParams::default(),
+        _ => SamplerParams::greedy(),
+    };
+    sp.temperature = temp.unwrap_or(sp.temperature);
+    sp.top_k = top_k.unwrap_or(sp.top_k);
+    sp.top_p = top_p.unwrap_or(sp.top_p);
+    sp.min_p = min_p.unwrap_or(sp.min_p);
+    sp.repeat_penalty = repeat.unwrap_or(sp.repeat_penalty);
+    sp.seed = seed.unwrap_or(sp.seed);
+    let path = model_path.ok_or_else(|| bad("-m FILE.gguf is required".into()))?;
+    let file = GgufFile::open(&path)?;
+    let tok = Tokenizer::from_gguf(&file)?;
+    let text = if chat {
+        let mut msgs = Vec::new();
+        let template = file.metadata().get_str("tokenizer.chat_template").ok();
+        if let Some(s) = system.or_else(|| template.and_then(chatml_default_system)) {
+            msgs.push(ChatMessage::new("system", &s));
+        }
+        msgs.push(ChatMessage::new("user", &prompt));
+        chatml(&msgs, true)
+    } else {
+        prompt.clone()
+    };
+    let ids = tok.encode(&text, true, true);
+    let n_ctx = n_ctx.unwrap_or(ids.len() + n_gen);
+    let backend = CpuBackend::with_threads(threads)?;
+    // Whatever architecture the file holds (an error names one that is not supported).
+    let mut model = if repack {
+        quantgraph::models::load_repacked(&file, Some(n_ctx), &backend)?.0
+    } else {
+        quantgraph::models::load(&file, Some(n_ctx), &backend)?
+    };
+    if top1 {
+        // The prompt's ids and the most likely next token at every prompt position, for
+        // comparing with another implementation's logits.
+        let nv = model.config().n_vocab;
+        let logits = model.forward(&ids)?;
+        let best: Vec<u32> = logits.chunks(nv).map(argmax).collect();
+        println!("{ids:?}");
+        println!("{best:?}");
+        return Ok(());
+    }
+    let mut params = GenerateParams::default();
+    params.max_tokens = n_gen;
+    params.sampler = sp;
+    params.stop = stop;
+    if !chat {
+        print!("{prompt}");
+    }
+    let mut out = std::io::stdout();
+    let g = generate(&mut model, &tok, &ids, &params, &mut |t| {
+        print!("{t}");
+        let _ = out.flush();
+    })?;
+    println!();
+    let n = g.tokens.len();
+    eprintln!(
+        "prompt {} tokens, {:.1} tokens/s; generated {n} tokens, {:.1} tokens/s; stop: {:?}; threads={}",
+        g.n_prompt,
+        g.n_prompt as f64 / g.prefill_secs,
+        n.saturating_sub(1) as f64 / g.decode_secs.max(1e-9),
+        g.stop,
+        backend.n_threads()
     );
     Ok(())
 }

@@ -39,11 +39,13 @@ pub mod graph;
 pub mod kernels;
 pub mod models;
 pub(crate) mod ops;
+pub mod opt;
 pub mod plan;
 pub mod quant;
 pub mod sched;
 #[doc(hidden)]
 pub mod testdata;
+pub mod tokenizer;
 
 pub use backend::{
     AbortHook, Backend, BackendPlan, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice,
@@ -52,11 +54,12 @@ pub use backend::{
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
-pub use gguf::{GgufFile, GgufWriter};
+pub use gguf::{GgufFile, GgufModel, GgufWriter};
 pub use graph::{
-    Conv2dParams, Conv3dParams, CustomArgs, CustomFn, DSV4_HC_MAX_ITER, FlashAttnBackLayout,
-    FlashAttnParams, Gather, GluOp, Graph, Im2colBackParams, Op, Pool2dParams, PoolOp, RopeMode,
-    RopeParams, ScaleMode, SortOrder, Storage, TensorId, TriType, UnaryOp,
+    Conv2dParams, Conv3dParams, CustomAnyArgs, CustomAnyFn, CustomAnyParams, CustomArgs, CustomFn,
+    CustomSplitFn, CustomSrc, DSV4_HC_MAX_ITER, FlashAttnBackLayout, FlashAttnParams, Gather,
+    GluOp, Graph, Im2colBackParams, MatMulHint, Op, Pool2dParams, PoolOp, RopeMode, RopeParams,
+    ScaleMode, SortOrder, Storage, TensorId, TriType, UnaryOp,
 };
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

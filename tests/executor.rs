@@ -137,3 +137,120 @@ fn a_panicking_abort_hook_stops_the_compute_and_leaves_the_plan_usable() {
     p.compute().unwrap();
     assert_eq!(p.output::<f32>(y).unwrap(), &reference(&xs, 6)[..]);
 }
+
+#[test]
+fn typed_custom_ops_read_any_type_and_split_their_own_rows() {
+    use quantgraph::{CustomAnyArgs, CustomAnyParams, CustomSplitFn};
+    // F16 source read through a transposed view (strided elements), I32 source; I32 output:
+    // out[i, j] = round(a[i, j]) + ids[j].
+    let (r, c) = (5usize, 7usize);
+    let mut g = Graph::new();
+    let a = g.input(DType::F16, &[r, c]).unwrap();
+    let at = g.transpose(a).unwrap();
+    let ids = g.input(DType::I32, &[c]).unwrap();
+    let body = Arc::new(|args: CustomAnyArgs<'_>| -> Result<(), String> {
+        let (a, ids) = (&args.srcs[0], &args.srcs[1]);
+        if a.dtype != DType::F16 || ids.dtype != DType::I32 || args.dst_dtype != DType::I32 {
+            return Err("types".into());
+        }
+        let ncols = args.dst_shape[0];
+        let out: &mut [i32] = bytemuck::cast_slice_mut(args.dst);
+        for (k, row) in args.rows.clone().enumerate() {
+            for i in 0..ncols {
+                // Element (row, i) of the transposed view: a's element (i, row).
+                let off = row * a.nb[0] + i * a.nb[1];
+                let h = u16::from_le_bytes([a.data[off], a.data[off + 1]]);
+                let v = half::f16::from_bits(h).to_f32().round() as i32;
+                let id = i32::from_le_bytes(ids.data[row * 4..row * 4 + 4].try_into().unwrap());
+                out[k * ncols + i] = v + id;
+            }
+        }
+        Ok(())
+    });
+    // Rows handed out back to front: worker ith owns the ith block counted from the end.
+    let back_to_front: CustomSplitFn = Arc::new(|ith, nth, n| {
+        let per = n.div_ceil(nth);
+        let end = n.saturating_sub(ith * per);
+        end.saturating_sub(per)..end
+    });
+    let even = g
+        .custom_any(
+            "round_add",
+            &[at, ids],
+            DType::I32,
+            [r, c, 1, 1],
+            CustomAnyParams::new(),
+            body.clone(),
+        )
+        .unwrap();
+    let own = g
+        .custom_any(
+            "round_add_own_split",
+            &[at, ids],
+            DType::I32,
+            [r, c, 1, 1],
+            CustomAnyParams::new().split(back_to_front),
+            body.clone(),
+        )
+        .unwrap();
+    g.set_output(even).unwrap();
+    g.set_output(own).unwrap();
+    let av: Vec<half::f16> =
+        uniform(r * c, 3, -20.0, 20.0).iter().map(|&x| half::f16::from_f32(x)).collect();
+    let idv: Vec<i32> = (0..c as i32).map(|x| x * 100 - 300).collect();
+    let mut want = vec![0i32; r * c];
+    for j in 0..c {
+        for i in 0..r {
+            want[j * r + i] = av[j * r + i].to_f32().round() as i32 + idv[j];
+        }
+    }
+    for nth in [1, 2, 3] {
+        let mut plan = Plan::new(g.clone(), &CpuBackend::with_threads(nth).unwrap()).unwrap();
+        plan.set_input(a, &av).unwrap();
+        plan.set_input(ids, &idv).unwrap();
+        plan.compute().unwrap();
+        assert_eq!(plan.output::<i32>(even).unwrap(), &want[..], "{nth} threads");
+        assert_eq!(plan.output::<i32>(own).unwrap(), &want[..], "{nth} threads, own split");
+    }
+    // A split that hands a row to two workers is an error naming the op; the plan stays usable.
+    let mut g2 = Graph::new();
+    let x = g2.input(DType::F32, &[4, 6]).unwrap();
+    let overlapping: CustomSplitFn = Arc::new(|_, _, n| 0..n);
+    let copy = Arc::new(|args: CustomAnyArgs<'_>| -> Result<(), String> {
+        let n = args.dst.len();
+        let start = args.rows.start * 16;
+        args.dst.copy_from_slice(&args.srcs[0].data[start..start + n]);
+        Ok(())
+    });
+    let y = g2
+        .custom_any(
+            "dup_rows",
+            &[x],
+            DType::F32,
+            [4, 6, 1, 1],
+            CustomAnyParams::new().split(overlapping),
+            copy,
+        )
+        .unwrap();
+    g2.set_output(y).unwrap();
+    let mut plan = Plan::new(g2, &CpuBackend::with_threads(2).unwrap()).unwrap();
+    plan.set_input(x, &[1f32; 24]).unwrap();
+    let e = plan.compute().unwrap_err();
+    assert!(e.to_string().contains("dup_rows"), "{e}");
+    // Bad outputs are refused at build time.
+    let q = g.input(DType::Q4_0, &[32, 2]).unwrap();
+    let qv = g.view_2d(q, [32, 1], 18 * 2, 0).unwrap();
+    let f = Arc::new(|_: CustomAnyArgs<'_>| -> Result<(), String> { Ok(()) });
+    assert!(
+        g.custom_any("x", &[a], DType::Q4_0, [16, 1, 1, 1], CustomAnyParams::new(), f.clone())
+            .is_err()
+    );
+    assert!(
+        g.custom_any("x", &[qv], DType::F32, [1, 1, 1, 1], CustomAnyParams::new(), f.clone())
+            .is_ok()
+    );
+    assert!(
+        g.custom_any("x", &[a], DType::F32, [1, 1, 1, 1], CustomAnyParams::new().n_tasks(0), f)
+            .is_err()
+    );
+}

@@ -18,7 +18,9 @@ const LAYERS: &[&[&str]] = &[
     &["plan"],
     &["sched"],
     &["gguf"],
+    &["tokenizer"],
     &["models"],
+    &["opt"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

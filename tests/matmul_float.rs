@@ -244,3 +244,140 @@ fn quantized_gemm_matches_reference_for_every_type() {
         }
     }
 }
+
+/// The normalised Sylvester Hadamard matrix H_n / sqrt(n): entry (i, j) is
+/// (-1)^popcount(i & j) / sqrt(n).
+fn hadamard(n: usize) -> Vec<f32> {
+    let s = 1.0 / (n as f64).sqrt();
+    (0..n * n)
+        .map(|e| {
+            let (i, j) = (e / n, e % n);
+            (if (i & j).count_ones() % 2 == 0 { s } else { -s }) as f32
+        })
+        .collect()
+}
+
+#[test]
+fn hadamard_hint_matches_the_dense_product() {
+    use quantgraph::MatMulHint;
+    for (n, cols, b_type) in [
+        (1usize, 3usize, DType::F32),
+        (2, 1, DType::F32),
+        (64, 7, DType::F16),
+        (256, 5, DType::F32),
+    ] {
+        let h = hadamard(n);
+        let bne = [n, cols, 2, 1];
+        let b = rand_f32(bne.iter().product(), n as u64);
+        let mut outs = Vec::new();
+        let hints: &[MatMulHint] = if b_type == DType::F32 {
+            &[MatMulHint::None, MatMulHint::Src0IsHadamard]
+        } else {
+            &[MatMulHint::Src0IsHadamard]
+        };
+        for &hint in hints {
+            let mut g = Graph::new();
+            let ta = g.input(DType::F32, &[n, n]).unwrap();
+            let tb = g.input(b_type, &bne).unwrap();
+            let y = if b_type == DType::F32 {
+                // The dense node, then the hint (ggml's order of calls).
+                let y = g.mul_mat(ta, tb).unwrap();
+                g.mul_mat_set_hint(y, hint).unwrap();
+                y
+            } else {
+                // F16 activations have no dense F32 product: the hint comes with the node.
+                g.mul_mat_with_hint(ta, tb, hint).unwrap()
+            };
+            g.set_output(y).unwrap();
+            let mut per_threads = Vec::new();
+            for nth in [1, 2, 3] {
+                let backend = CpuBackend::with_threads(nth).unwrap();
+                let mut plan = Plan::new(g.clone(), &backend).unwrap();
+                // With the hint the weights are not read: give them garbage to prove it.
+                let a_data =
+                    if hint == MatMulHint::None { h.clone() } else { vec![f32::NAN; n * n] };
+                plan.set_input(ta, &a_data).unwrap();
+                if b_type == DType::F16 {
+                    let bh: Vec<half::f16> = b.iter().map(|&x| half::f16::from_f32(x)).collect();
+                    plan.set_input(tb, &bh).unwrap();
+                } else {
+                    plan.set_input(tb, &b).unwrap();
+                }
+                plan.compute().unwrap();
+                per_threads.push(plan.output::<f32>(y).unwrap().to_vec());
+            }
+            assert!(per_threads.windows(2).all(|w| w[0] == w[1]), "n {n}: thread counts differ");
+            outs.push(per_threads.swap_remove(0));
+        }
+        let bq: Vec<f32> = if b_type == DType::F16 {
+            b.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+        } else {
+            b.clone()
+        };
+        let want = matmul_f64(&h, [n, n, 1, 1], &bq, bne);
+        for (what, got) in ["first", "second"].iter().zip(&outs) {
+            let e = nmse(got, &want);
+            assert!(e < 5e-4, "n {n} {what}: nmse {e:e}");
+        }
+    }
+}
+
+#[test]
+fn hadamard_hint_rejects_what_it_cannot_transform() {
+    use quantgraph::MatMulHint;
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[12, 12]).unwrap();
+    let b = g.input(DType::F32, &[12, 3]).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    let e = g.mul_mat_set_hint(y, MatMulHint::Src0IsHadamard).unwrap_err();
+    assert!(e.to_string().contains("power of two"), "{e}");
+    let a16 = g.input(DType::F16, &[16, 16]).unwrap();
+    let b16 = g.input(DType::F32, &[16, 3]).unwrap();
+    let y16 = g.mul_mat(a16, b16).unwrap();
+    assert!(g.mul_mat_set_hint(y16, MatMulHint::Src0IsHadamard).is_err());
+    let bf16 = g.input(DType::F16, &[16, 3]).unwrap();
+    let a32 = g.input(DType::F32, &[16, 16]).unwrap();
+    let yh = g.mul_mat_with_hint(a32, bf16, MatMulHint::Src0IsHadamard).unwrap();
+    // Back to the dense form is refused: F32 weights have no product with F16 activations.
+    assert!(g.mul_mat_set_hint(yh, MatMulHint::None).is_err());
+    let s = g.scale(b, 2.0).unwrap();
+    let e = g.mul_mat_set_hint(s, MatMulHint::Src0IsHadamard).unwrap_err();
+    assert!(e.to_string().contains("not mul_mat"), "{e}");
+}
+
+#[test]
+fn bf16_activations_of_f32_weights_are_widened() {
+    // Both paths: dot products (fewer than six columns) and the packed GEMM.
+    for (m, n, k) in [(5usize, 1usize, 33usize), (17, 3, 64), (19, 9, 130)] {
+        let a = rand_f32(m * k, 7);
+        let b: Vec<half::bf16> =
+            rand_f32(n * k, 8).iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let bf: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
+        let want = matmul_f64(&a, [k, m, 1, 1], &bf, [k, n, 1, 1]);
+        let mut g = Graph::new();
+        let ta = g.input(DType::F32, &[k, m]).unwrap();
+        let tb = g.input(DType::BF16, &[k, n]).unwrap();
+        let y = g.mul_mat(ta, tb).unwrap();
+        g.set_output(y).unwrap();
+        let mut first: Option<Vec<f32>> = None;
+        for nth in [1, 2, 3] {
+            let backend = CpuBackend::with_threads(nth).unwrap();
+            let mut plan = Plan::new(g.clone(), &backend).unwrap();
+            plan.set_input(ta, &a).unwrap();
+            plan.set_input(tb, &b).unwrap();
+            plan.compute().unwrap();
+            let got = plan.output::<f32>(y).unwrap().to_vec();
+            let e = nmse(&got, &want);
+            assert!(e < 5e-4, "{m}x{n}x{k}: nmse {e:e}");
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert_eq!(f, &got, "{m}x{n}x{k}: {nth} threads differ"),
+            }
+        }
+    }
+    // Other weight types keep their activation rule.
+    let mut g = Graph::new();
+    let a16 = g.input(DType::F16, &[32, 4]).unwrap();
+    let b16 = g.input(DType::BF16, &[32, 2]).unwrap();
+    assert!(g.mul_mat(a16, b16).is_err());
+}

@@ -641,12 +641,16 @@ fn glu_ref(op: GluOp, x: f64, g: f64, dt: DType, alpha: f64, limit: f64) -> f64 
         }
         GluOp::GegluErf => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)) * g,
         GluOp::GegluQuick => r16(gelu_quick(r16(x))) * g,
+        GluOp::SwigluClamp => {
+            let x = x.min(limit);
+            x / (1.0 + (-x).exp()) * g.clamp(-limit, limit)
+        }
         _ => unreachable!(),
     }
 }
 
 #[test]
-fn glu_all_six_fused_swapped_and_split_f32_f16() {
+fn glu_every_op_fused_swapped_and_split_f32_f16() {
     let ops = [
         GluOp::Reglu,
         GluOp::Geglu,
@@ -654,6 +658,7 @@ fn glu_all_six_fused_swapped_and_split_f32_f16() {
         GluOp::SwigluOai,
         GluOp::GegluErf,
         GluOp::GegluQuick,
+        GluOp::SwigluClamp,
     ];
     let (alpha, limit) = (1.702f32, 0.6f32);
     for op in ops {
@@ -668,6 +673,9 @@ fn glu_all_six_fused_swapped_and_split_f32_f16() {
                     (GluOp::SwigluOai, "split") => g.swiglu_oai(a, Some(b), alpha, limit),
                     (GluOp::SwigluOai, "fused") => g.swiglu_oai(a, None, alpha, limit),
                     (GluOp::SwigluOai, _) => continue, // ggml_swiglu_oai has no swapped form
+                    (GluOp::SwigluClamp, "split") => g.swiglu_clamp(a, Some(b), limit),
+                    (GluOp::SwigluClamp, "fused") => g.swiglu_clamp(a, None, limit),
+                    (GluOp::SwigluClamp, _) => continue, // nor has ggml_swiglu_clamp
                     (_, "split") => g.glu_split(a, b, op),
                     (_, s) => g.glu(a, op, s == "swapped"),
                 }
@@ -710,6 +718,7 @@ fn glu_all_six_fused_swapped_and_split_f32_f16() {
     let b = g.input(DType::F32, &[8, 3]).unwrap();
     assert!(g.glu_split(a, b, GluOp::Swiglu).is_err(), "split halves must match");
     assert!(g.swiglu_oai(a, None, 1.0, -1.0).is_err(), "negative limit");
+    assert!(g.swiglu_clamp(a, None, f32::INFINITY).is_err(), "infinite limit");
     let h = g.cast(a, DType::F16).unwrap();
     assert!(g.glu_split(a, h, GluOp::Reglu).is_err(), "types must match");
 }

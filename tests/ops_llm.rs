@@ -373,6 +373,50 @@ fn flash_attn_ext_every_kv_type() {
 }
 
 #[test]
+fn flash_attn_ext_k_quant_iq_and_fp4_kv() {
+    // K through its dot product with Q8_K / Q8_0 queries, V through its row dequantizer.
+    for kv_type in [
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_0,
+        DType::IQ4_XS,
+        DType::IQ3_S,
+        DType::MXFP4,
+    ] {
+        let c = Attn {
+            dk: 256,
+            dv: 256,
+            n_q: 3,
+            n_kv: 19,
+            n_head: 2,
+            n_head_kv: 1,
+            kv_type,
+            mask: true,
+            sinks: false,
+            p: quantgraph::FlashAttnParams::new(0.0625),
+        };
+        let (got, want) = run_attn(&c, 1);
+        let e = nmse(&got, &want);
+        assert!(e < 5e-4, "{kv_type}: nmse {e}");
+        let (got3, _) = run_attn(&c, 3);
+        assert_eq!(got, got3, "{kv_type}: 1 and 3 threads differ");
+    }
+    // Mixed K / V types and head sizes.
+    let mut g = Graph::new();
+    let q = g.input(DType::F32, &[64, 2, 2]).unwrap();
+    let k = g.input(DType::F16, &[64, 4, 1]).unwrap();
+    let v = g.input(DType::Q4_K, &[256, 4, 1]).unwrap();
+    assert!(g.flash_attn_ext(q, k, v, None, None, quantgraph::FlashAttnParams::new(1.0)).is_ok());
+    let k = g.input(DType::Q4_K, &[256, 4, 1]).unwrap();
+    let q = g.input(DType::F32, &[256, 2, 2]).unwrap();
+    let v = g.input(DType::F32, &[48, 4, 1]).unwrap();
+    assert!(g.flash_attn_ext(q, k, v, None, None, quantgraph::FlashAttnParams::new(1.0)).is_ok());
+}
+
+#[test]
 fn flash_attn_ext_decode_split_kv_with_sinks_alibi_softcap_is_thread_invariant() {
     let c = Attn {
         dk: 128,

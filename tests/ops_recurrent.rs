@@ -1034,7 +1034,7 @@ fn dsv4_hc_pre_and_post_match_reference() {
         let x2 = g.input(DType::F32, &[n_embd, nt]).unwrap();
         let post = g.input(DType::F32, &[HC, nt]).unwrap();
         let comb = g.input(DType::F32, &[HC, HC, nt]).unwrap();
-        let postmix = g.dsv4_hc_post(x2, x3, post, comb).unwrap();
+        let postmix = g.dsv4_hc_post(x2, x3, post, Some(comb)).unwrap();
         let xd = rand_f32(n_embd * HC * nt, 1);
         let wd = uniform(HC * nt, 2, 0.0, 1.0);
         let x2d = rand_f32(n_embd * nt, 3);
@@ -1075,6 +1075,65 @@ fn dsv4_hc_pre_and_post_match_reference() {
 }
 
 #[test]
+fn dsv4_hc_pre_gated_and_identity_post_match_reference() {
+    const HC: usize = 4;
+    for (n_embd, nt) in [(1usize, 1usize), (33, 7), (256, 19)] {
+        let mut g = Graph::new();
+        let x3 = g.input(DType::F32, &[n_embd, HC, nt]).unwrap();
+        // The gate is read through a permuted view: [n_embd, nt, HC] stored, [n_embd, HC, nt]
+        // seen, so its strides are not the contiguous ones.
+        let gate_st = g.input(DType::F32, &[n_embd, nt, HC]).unwrap();
+        let gate = g.permute(gate_st, [0, 2, 1, 3]).unwrap();
+        let scale = 0.75f32;
+        let pre = g.dsv4_hc_pre_gated(x3, gate, scale).unwrap();
+        let x2 = g.input(DType::F32, &[n_embd, nt]).unwrap();
+        let post = g.input(DType::F32, &[HC, nt]).unwrap();
+        let postmix = g.dsv4_hc_post(x2, x3, post, None).unwrap();
+        let xd = rand_f32(n_embd * HC * nt, 11);
+        let gd = rand_f32(n_embd * HC * nt, 12);
+        let x2d = rand_f32(n_embd * nt, 13);
+        let pd = uniform(HC * nt, 14, 0.0, 2.0);
+        let mut want_pre = vec![0f64; n_embd * nt];
+        let mut want_post = vec![0f64; n_embd * HC * nt];
+        for t in 0..nt {
+            for i in 0..n_embd {
+                let mut sum = 0f64;
+                for h in 0..HC {
+                    let gv = gd[(h * nt + t) * n_embd + i] as f64;
+                    sum += xd[(t * HC + h) * n_embd + i] as f64 / (1.0 + (-gv).exp());
+                }
+                want_pre[t * n_embd + i] = scale as f64 * sum;
+                for d in 0..HC {
+                    want_post[(t * HC + d) * n_embd + i] = x2d[t * n_embd + i] as f64
+                        * pd[t * HC + d] as f64
+                        + xd[(t * HC + d) * n_embd + i] as f64;
+                }
+            }
+        }
+        let datas = [
+            (x3, Data::F32(xd)),
+            (gate_st, Data::F32(gd)),
+            (x2, Data::F32(x2d)),
+            (post, Data::F32(pd)),
+        ];
+        let inputs: Vec<(TensorId, &Data)> = datas.iter().map(|(id, d)| (*id, d)).collect();
+        let got = run_threads(&g, &inputs[..2], pre);
+        check(&format!("dsv4_hc_pre_gated {n_embd} {nt}"), &got, &want_pre, 1e-7);
+        let post_inputs: Vec<(TensorId, &Data)> =
+            inputs.iter().copied().filter(|(id, _)| *id != gate_st).collect();
+        let got = run_threads(&g, &post_inputs, postmix);
+        check(&format!("dsv4_hc_post identity {n_embd} {nt}"), &got, &want_post, 1e-7);
+    }
+    let mut g = Graph::new();
+    let x3 = g.input(DType::F32, &[8, 4, 5]).unwrap();
+    let gate_bad = g.input(DType::F32, &[8, 4, 6]).unwrap();
+    let gate16 = g.input(DType::F16, &[8, 4, 5]).unwrap();
+    assert!(matches!(g.dsv4_hc_pre_gated(x3, gate_bad, 1.0), Err(Error::Shape { .. })));
+    assert!(matches!(g.dsv4_hc_pre_gated(x3, gate16, 1.0), Err(Error::Type { .. })));
+    assert!(matches!(g.dsv4_hc_pre_gated(x3, x3, f32::NAN), Err(Error::Param { .. })));
+}
+
+#[test]
 fn dsv4_ops_reject_bad_inputs() {
     let mut g = Graph::new();
     let mixes = g.input(DType::F32, &[24, 5]).unwrap();
@@ -1096,9 +1155,9 @@ fn dsv4_ops_reject_bad_inputs() {
     let x2 = g.input(DType::F32, &[8, 5]).unwrap();
     let comb = g.input(DType::F32, &[4, 4, 5]).unwrap();
     let comb_bad = g.input(DType::F32, &[4, 3, 5]).unwrap();
-    assert!(g.dsv4_hc_post(x2, x3, w, comb).is_ok());
-    assert!(matches!(g.dsv4_hc_post(x2, x3, w, comb_bad), Err(Error::Shape { .. })));
-    assert!(matches!(g.dsv4_hc_post(x2, x3, w_bad, comb), Err(Error::Shape { .. })));
+    assert!(g.dsv4_hc_post(x2, x3, w, Some(comb)).is_ok());
+    assert!(matches!(g.dsv4_hc_post(x2, x3, w, Some(comb_bad)), Err(Error::Shape { .. })));
+    assert!(matches!(g.dsv4_hc_post(x2, x3, w_bad, Some(comb)), Err(Error::Shape { .. })));
 }
 
 // ---------------------------------------------------------------------------------------------

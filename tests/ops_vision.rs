@@ -814,10 +814,13 @@ fn win_part_and_unpart_roundtrip() {
 
 #[test]
 fn get_rel_pos_picks_rows() {
-    for (c, q) in [(16, 7), (5, 1), (3, 14)] {
+    for (c, q, dt) in
+        [(16, 7, DType::F16), (5, 1, DType::F16), (3, 14, DType::BF16), (8, 3, DType::BF16)]
+    {
         let mut g = Graph::new();
-        let a = input(&mut g, DType::F16, [c, 2 * q - 1, 1, 1], 17);
+        let a = input(&mut g, dt, [c, 2 * q - 1, 1, 1], 17);
         let out = g.get_rel_pos(a.id, q, q).unwrap();
+        assert_eq!(g.dtype(out).unwrap(), dt);
         let ne = g.shape(out).unwrap();
         assert_eq!(ne, [c, q, q, 1]);
         let want: Vec<f64> =

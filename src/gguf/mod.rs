@@ -3,7 +3,9 @@
 //! [`GgufFile::open`] memory-maps a file, validates its header and exposes its tensors zero-copy in
 //! a read-only host [`Buffer`] that keeps the map alive; [`GgufFile::bind`] turns a tensor into a
 //! graph weight. [`Gguf::parse`] validates a header from any byte slice; [`GgufWriter`] writes v3
-//! files laid out as ggml writes them. Versions 2 and 3 are read; version 1, unknown versions and
+//! files laid out as ggml writes them, or metadata only, or split into shards ([`GgufModel`] reads
+//! a split model back, zero-copy across the shards' maps); [`GgufFile::from_reader`] reads from any
+//! `Read + Seek`. Versions 2 and 3 are read; version 1, unknown versions and
 //! big-endian files are refused.
 //!
 //! ```no_run
@@ -19,10 +21,15 @@
 //! ```
 
 mod reader;
+mod split;
 mod value;
 mod writer;
 
 pub use reader::Gguf;
+pub use split::{
+    GgufModel, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT, SplitBy, split_path,
+    split_prefix,
+};
 pub use value::{Array, ArrayElement, Metadata, Scalar, Value, ValueType};
 pub use writer::{GGUF_VERSION, GgufWriter};
 
@@ -169,6 +176,22 @@ impl GgufFile {
     /// then only as aligned as the `Vec`'s allocation.
     pub fn from_vec(bytes: Vec<u8>) -> Result<GgufFile> {
         let gguf = Gguf::parse(&bytes)?;
+        Ok(GgufFile { gguf, buffer: Buffer::from_host(bytes) })
+    }
+
+    /// Reads a whole GGUF from any seekable reader (a file, a `Cursor`, a decompressing
+    /// stream with seek support) from its current position to its end, validates it and keeps
+    /// the bytes in a 64-byte-aligned buffer, as [`from_bytes`](Self::from_bytes) does.
+    pub fn from_reader<R: std::io::Read + std::io::Seek>(reader: &mut R) -> Result<GgufFile> {
+        let start = reader.stream_position()?;
+        let end = reader.seek(std::io::SeekFrom::End(0))?;
+        reader.seek(std::io::SeekFrom::Start(start))?;
+        let len = usize::try_from(end.saturating_sub(start))
+            .map_err(|_| Error::Overflow { what: "GGUF stream length" })?;
+        let mut lines = vec![Line([0; 64]); len.div_ceil(64)];
+        reader.read_exact(&mut bytemuck::cast_slice_mut::<Line, u8>(&mut lines)[..len])?;
+        let bytes = AlignedBytes { lines, len };
+        let gguf = Gguf::parse(bytes.as_ref())?;
         Ok(GgufFile { gguf, buffer: Buffer::from_host(bytes) })
     }
 

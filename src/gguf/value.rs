@@ -464,6 +464,32 @@ impl Metadata {
         Ok(())
     }
 
+    /// Sets `key` to `value`: overwrites the value in place (keeping the key's position) when
+    /// the key exists, else appends the pair. Returns the old value. `Err` for an empty key.
+    pub fn set(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<Value>,
+    ) -> Result<Option<Value>> {
+        let key = key.into();
+        match self.index.get(&key) {
+            Some(&i) => Ok(Some(std::mem::replace(&mut self.entries[i].1, value.into()))),
+            None => self.insert(key, value).map(|_| None),
+        }
+    }
+
+    /// Removes `key`, returning its value (`None` when absent). Later pairs keep their order.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        let i = self.index.remove(key)?;
+        let (_, v) = self.entries.remove(i);
+        for (k, _) in &self.entries[i..] {
+            if let Some(j) = self.index.get_mut(k) {
+                *j -= 1;
+            }
+        }
+        Some(v)
+    }
+
     /// Pairs with capacity reserved for `n` more.
     pub(crate) fn with_capacity(n: usize) -> Metadata {
         Metadata { entries: Vec::with_capacity(n), index: HashMap::with_capacity(n) }

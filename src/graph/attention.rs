@@ -23,26 +23,22 @@ impl FlashAttnParams {
     }
 }
 
-/// K/V types ggml's CPU flash attention accepts.
-pub(crate) fn kv_type_ok(d: DType) -> bool {
-    matches!(
-        d,
-        DType::F32
-            | DType::F16
-            | DType::BF16
-            | DType::Q8_0
-            | DType::Q5_1
-            | DType::Q5_0
-            | DType::Q4_1
-            | DType::Q4_0
-            | DType::IQ4_NL
-    )
+/// K types: a dot product with the query converted to the type's vec-dot type.
+fn k_type_ok(d: DType) -> bool {
+    let kt = crate::kernels::table();
+    kt.vec_dot(d).is_some() && kt.activation_converter(d.vec_dot_type()).is_some()
+}
+
+/// V types: rows that convert to f32.
+fn v_type_ok(d: DType) -> bool {
+    d == DType::F16 || crate::kernels::table().to_f32(d).is_some()
 }
 
 impl Graph {
     /// Fused attention (ggml_flash_attn_ext). `q` F32 [dk, n_q, n_head, b]; `k` [dk, n_kv,
-    /// n_head_kv, b'] and `v` [dv, n_kv, n_head_kv, b'] in F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1,
-    /// Q4_0 or IQ4_NL, broadcast over heads (GQA) and batch; `mask` F16 or F32 [>= n_kv, >= n_q,
+    /// n_head_kv, b'] of any type with a dot product (F32, F16, BF16 and every quantized type;
+    /// `dk` a whole number of blocks of k's type and of its vec-dot type) and `v` [dv, n_kv,
+    /// n_head_kv, b'] of any type that converts to f32, broadcast over heads (GQA) and batch; `mask` F16 or F32 [>= n_kv, >= n_q,
     /// dividing n_head, dividing b\]; `sinks` F32 \[n_head\]. The result is F32 \[dv, n_head, n_q, b\]
     /// (heads before queries, as ggml).
     pub fn flash_attn_ext(
@@ -59,16 +55,25 @@ impl Graph {
         if tq.dtype != DType::F32 {
             return Err(Error::ty(OP, format!("q {} must be F32", tq.describe(q))));
         }
-        for (t, id, what) in [(tk, k, "k"), (tv, v, "v")] {
-            if !kv_type_ok(t.dtype) {
-                return Err(Error::ty(
-                    OP,
-                    format!(
-                        "{what} {}: K/V must be F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1, Q4_0 or IQ4_NL",
-                        t.describe(id)
-                    ),
-                ));
-            }
+        if !k_type_ok(tk.dtype) || !v_type_ok(tv.dtype) {
+            return Err(Error::ty(
+                OP,
+                format!(
+                    "k {} needs a dot product with its vec-dot type and v {} a conversion to f32",
+                    tk.describe(k),
+                    tv.describe(v)
+                ),
+            ));
+        }
+        if tk.ne[0] % tk.dtype.block_size() != 0 || tv.ne[0] % tv.dtype.block_size() != 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "head sizes must be whole blocks: k {}, v {}",
+                    tk.describe(k),
+                    tv.describe(v)
+                ),
+            ));
         }
         for (t, id) in [(tq, q), (tk, k), (tv, v)] {
             if !t.rows_contiguous() {

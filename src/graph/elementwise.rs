@@ -24,6 +24,9 @@ pub enum GluOp {
     GegluErf,
     /// gelu_quick(x) * g (ggml's f16 quick-GELU table)
     GegluQuick,
+    /// Clamped SwiGLU: x' = min(x, limit), g' = clamp(g, -limit, limit), silu(x') * g'
+    /// (ggml's `GGML_GLU_OP_SWIGLU_CLAMP`).
+    SwigluClamp,
 }
 
 impl GluOp {
@@ -36,6 +39,7 @@ impl GluOp {
             GluOp::SwigluOai => "swiglu_oai",
             GluOp::GegluErf => "geglu_erf",
             GluOp::GegluQuick => "geglu_quick",
+            GluOp::SwigluClamp => "swiglu_clamp",
         }
     }
 }
@@ -737,6 +741,17 @@ impl Graph {
         self.glu_impl(a, b, GluOp::SwigluOai, false, alpha, limit)
     }
 
+    /// ggml_swiglu_clamp: `silu(min(x, limit)) * clamp(g, -limit, limit)`; `b` None is the fused
+    /// form; `limit` finite and >= 0.
+    pub fn swiglu_clamp(
+        &mut self,
+        a: TensorId,
+        b: Option<TensorId>,
+        limit: f32,
+    ) -> Result<TensorId> {
+        self.glu_impl(a, b, GluOp::SwigluClamp, false, 0.0, limit)
+    }
+
     /// ggml_swiglu (fused) / ggml_swiglu_split when `b` is given.
     pub fn swiglu(&mut self, a: TensorId, b: Option<TensorId>) -> Result<TensorId> {
         self.glu_impl(a, b, GluOp::Swiglu, false, 0.0, 0.0)
@@ -762,8 +777,13 @@ impl Graph {
         let name = op.name();
         let (dt, ne) = self.float_src(name, a)?;
         self.rows_contiguous_src(name, a)?;
-        // Only swiglu_oai has parameters (ggml's op_params 2 and 3); the others store zeros.
-        let (alpha, limit) = if op == GluOp::SwigluOai { (alpha, limit) } else { (0.0, 0.0) };
+        // Only swiglu_oai (alpha, limit) and swiglu_clamp (limit) have parameters (ggml's
+        // op_params 2 and 3); the others store zeros.
+        let (alpha, limit) = match op {
+            GluOp::SwigluOai => (alpha, limit),
+            GluOp::SwigluClamp => (0.0, limit),
+            _ => (0.0, 0.0),
+        };
         if !alpha.is_finite() || !limit.is_finite() || limit < 0.0 {
             return Err(Error::param(name, format!("alpha = {alpha}, limit = {limit}")));
         }

@@ -4,6 +4,7 @@
 //! sees valid layouts.
 
 mod attention;
+mod autodiff;
 mod custom;
 mod elementwise;
 mod moe;
@@ -15,11 +16,14 @@ mod train;
 mod vision;
 
 pub use attention::FlashAttnParams;
-pub use custom::{CustomArgs, CustomFn, CustomOp};
+pub use custom::{
+    CustomAnyArgs, CustomAnyFn, CustomAnyOp, CustomAnyParams, CustomArgs, CustomFn, CustomOp,
+    CustomSplitFn, CustomSrc,
+};
 pub use elementwise::{GluOp, SortOrder, TriType};
 pub use movement::{Gather, ScaleMode};
 pub(crate) use ops::plain;
-pub use ops::{Op, UnaryOp};
+pub use ops::{MatMulHint, Op, UnaryOp};
 pub use rope::{RopeMode, RopeParams};
 pub use train::{FlashAttnBackLayout, Im2colBackParams, Pool2dParams};
 pub use vision::{Conv2dParams, Conv3dParams, PoolOp};
@@ -376,6 +380,8 @@ pub(crate) fn divides(d: usize, n: usize) -> bool {
 #[derive(Clone)]
 pub struct Graph {
     pub(crate) tensors: Vec<Tensor>,
+    /// Parameters, losses and gradients for automatic differentiation.
+    autodiff: autodiff::AutoDiff,
     /// Stamped into every `TensorId` this graph hands out.
     id: u32,
 }
@@ -394,7 +400,11 @@ impl Graph {
 
     /// An empty graph with room for `n` tensors.
     pub fn with_capacity(n: usize) -> Graph {
-        Graph { tensors: Vec::with_capacity(n), id: next_graph_id() }
+        Graph {
+            tensors: Vec::with_capacity(n),
+            autodiff: autodiff::AutoDiff::default(),
+            id: next_graph_id(),
+        }
     }
 
     /// The id of this graph's tensor number `i` (callers guarantee `i < len`).

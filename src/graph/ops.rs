@@ -5,6 +5,19 @@ use super::{Graph, TensorId, shape_str};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+/// What a backend may assume about a `mul_mat` node's weights (ggml's `ggml_op_hint`), set with
+/// [`Graph::mul_mat_set_hint`](crate::Graph::mul_mat_set_hint).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MatMulHint {
+    /// Nothing: the dense product.
+    #[default]
+    None,
+    /// The weights are the normalised Sylvester Hadamard matrix `H_n / sqrt(n)`
+    /// (`GGML_HINT_SRC0_IS_HADAMARD`).
+    Src0IsHadamard,
+}
+
 /// Elementwise functions (ggml's `GGML_UNARY_OP_*`), on F32 or F16 (the result has the input's type).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
@@ -147,6 +160,10 @@ pub enum Op {
     GetRows,
     /// src0 [k, m] x src1 [k, n] -> [m, n], broadcasting dims 2 and 3.
     MulMat,
+    /// `mul_mat` whose weights are the normalised Hadamard matrix
+    /// ([`Graph::mul_mat_set_hint`](crate::Graph::mul_mat_set_hint)): a fast Walsh-Hadamard
+    /// transform of b's rows.
+    MulMatHadamard,
     /// Rotary position embedding of src0 by the positions in src1 (src2: frequency factors).
     Rope(Box<super::RopeParams>),
     /// Fused attention: src q, k, v, optional mask (src 3) and sinks (src 4).
@@ -175,6 +192,8 @@ pub enum Op {
     },
     /// A Rust closure (map_custom1/2/3, custom).
     Custom(super::CustomOp),
+    /// A typed custom op ([`Graph::custom_any`](crate::Graph::custom_any)).
+    CustomAny(super::CustomAnyOp),
     /// Resize (upscale / interpolate).
     Upscale(super::ScaleMode),
     /// A copy of src0 with src1 written into a strided view at a byte offset.
@@ -341,8 +360,14 @@ pub enum Op {
         /// uses 20).
         n_iter: u32,
     },
-    /// DeepSeek-V4 hyper-connection pre-mix (weighted sum of streams).
-    Dsv4HcPre,
+    /// DeepSeek-V4 hyper-connection pre-mix: weighted sum of streams, or with `gated` a sum
+    /// gated per element by `sigmoid(gate)`, times `scale`.
+    Dsv4HcPre {
+        /// Factor applied to the sum (1 for the plain pre-mix).
+        scale: f32,
+        /// True when the second source is a per-element gate \[n_embd, hc, n_tokens\].
+        gated: bool,
+    },
     /// DeepSeek-V4 hyper-connection post-mix (streams recombined with the layer output).
     Dsv4HcPost,
     // Training: losses, optimizer steps and backward ops (graph/train.rs).
@@ -477,7 +502,7 @@ impl Op {
             Op::SoftMax { .. } => "soft_max",
             Op::RmsNorm { .. } => "rms_norm",
             Op::GetRows => "get_rows",
-            Op::MulMat => "mul_mat",
+            Op::MulMat | Op::MulMatHadamard => "mul_mat",
             Op::Rope(_) => "rope",
             Op::FlashAttnExt(_) => "flash_attn_ext",
             Op::SetRows => "set_rows",
@@ -491,7 +516,7 @@ impl Op {
             Op::RepeatBack => "repeat_back",
             Op::Arange { .. } => "arange",
             Op::TimestepEmbedding { .. } => "timestep_embedding",
-            Op::Custom(_) => "custom",
+            Op::Custom(_) | Op::CustomAny(_) => "custom",
             Op::Upscale(_) => "upscale",
             Op::Set { .. } => "set",
             Op::Add1 => "add1",
@@ -533,7 +558,7 @@ impl Op {
             Op::GatedDeltaNet { .. } => "gated_delta_net",
             Op::LightningIndexer => "lightning_indexer",
             Op::Dsv4HcComb { .. } => "dsv4_hc_comb",
-            Op::Dsv4HcPre => "dsv4_hc_pre",
+            Op::Dsv4HcPre { .. } => "dsv4_hc_pre",
             Op::Dsv4HcPost => "dsv4_hc_post",
             Op::CrossEntropyLoss => "cross_entropy_loss",
             Op::CrossEntropyLossBack => "cross_entropy_loss_back",
@@ -743,6 +768,12 @@ impl Graph {
     /// Matrix product (ggml_mul_mat): `a` [k, m, p, q] (weights, any type with a dot product),
     /// `b` [k, n, p*r, q*s] F32; result F32 [m, n, p*r, q*s]. `a` is broadcast over dims 2 and 3.
     pub fn mul_mat(&mut self, a: TensorId, b: TensorId) -> Result<TensorId> {
+        let ne = self.mul_mat_checks(a, b)?;
+        self.node(Op::MulMat, DType::F32, ne, &[a, b])
+    }
+
+    /// The dense product's checks; its result shape.
+    fn mul_mat_checks(&self, a: TensorId, b: TensorId) -> Result<[usize; 4]> {
         const OP: &str = "mul_mat";
         let ta = self.get(OP, a)?;
         let tb = self.get(OP, b)?;
@@ -773,7 +804,10 @@ impl Graph {
         }
         let vd = ta.dtype.vec_dot_type();
         let kt = crate::kernels::table();
-        let ok_b = tb.dtype == DType::F32 || tb.dtype == vd;
+        // BF16 activations of F32 weights are widened to f32 (ggml's CPU does the same).
+        let ok_b = tb.dtype == DType::F32
+            || tb.dtype == vd
+            || (tb.dtype == DType::BF16 && vd == DType::F32);
         if kt.vec_dot(ta.dtype).is_none()
             || (tb.dtype != vd && kt.activation_converter(vd).is_none())
             || !ok_b
@@ -781,7 +815,7 @@ impl Graph {
             return Err(Error::ty(
                 OP,
                 format!(
-                    "{} x {}: a needs a dot product with {vd}, b must be F32 or {vd}",
+                    "{} x {}: a needs a dot product with {vd}, b must be F32 or {vd} (or BF16 with F32 a)",
                     ta.describe(a),
                     tb.describe(b)
                 ),
@@ -803,8 +837,85 @@ impl Graph {
                 ),
             ));
         }
-        let ne = [ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]];
-        self.node(Op::MulMat, DType::F32, ne, &[a, b])
+        Ok([ta.ne[1], tb.ne[1], tb.ne[2], tb.ne[3]])
+    }
+
+    /// ggml_mul_mat_set_hint: tells the backend what it may assume about a `mul_mat` node's
+    /// weights. With [`MatMulHint::Src0IsHadamard`] the node computes `b`'s rows times the
+    /// normalised Sylvester Hadamard matrix `H_n / sqrt(n)` with a fast Walsh-Hadamard transform
+    /// (`O(n log n)` per row) and does not read `a` at all: the caller promises that `a` holds
+    /// that matrix. It needs `a` F32 \[n, n\] with `n` a power of two, and `b` F32 or F16 with
+    /// contiguous rows. [`MatMulHint::None`] restores the dense product.
+    pub fn mul_mat_set_hint(&mut self, node: TensorId, hint: MatMulHint) -> Result<()> {
+        const OP: &str = "mul_mat_set_hint";
+        let t = self.get(OP, node)?;
+        if !matches!(t.op, Op::MulMat | Op::MulMatHadamard) {
+            return Err(Error::arg(format!(
+                "{OP}: {} is a {} node, not mul_mat",
+                t.describe(node),
+                t.op.name()
+            )));
+        }
+        let (a, b) = (t.src[0].expect("mul_mat a"), t.src[1].expect("mul_mat b"));
+        let op = match hint {
+            MatMulHint::None => {
+                // The dense product's own checks (an F16 b, say, has no dense form).
+                self.mul_mat_checks(a, b)?;
+                Op::MulMat
+            }
+            MatMulHint::Src0IsHadamard => {
+                self.hadamard_checks(OP, a, b)?;
+                Op::MulMatHadamard
+            }
+        };
+        let idx = self.index_of(node).expect("checked by get");
+        self.tensors[idx].op = op;
+        Ok(())
+    }
+
+    /// [`Graph::mul_mat`] with a hint from the start (see [`Graph::mul_mat_set_hint`]); with
+    /// [`MatMulHint::Src0IsHadamard`], `b` may also be F16.
+    pub fn mul_mat_with_hint(
+        &mut self,
+        a: TensorId,
+        b: TensorId,
+        hint: MatMulHint,
+    ) -> Result<TensorId> {
+        match hint {
+            MatMulHint::None => self.mul_mat(a, b),
+            MatMulHint::Src0IsHadamard => {
+                self.hadamard_checks("mul_mat", a, b)?;
+                let tb = self.get("mul_mat", b)?;
+                let (n, ne) = (tb.ne[0], tb.ne);
+                self.node(Op::MulMatHadamard, DType::F32, [n, ne[1], ne[2], ne[3]], &[a, b])
+            }
+        }
+    }
+
+    fn hadamard_checks(&self, op: &'static str, a: TensorId, b: TensorId) -> Result<()> {
+        let (ta, tb) = (self.get(op, a)?, self.get(op, b)?);
+        let n = ta.ne[0];
+        if ta.dtype != DType::F32 || !matches!(tb.dtype, DType::F32 | DType::F16) {
+            return Err(Error::ty(
+                op,
+                format!(
+                    "the Hadamard form needs a F32 and b F32 or F16, got {} x {}",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        if !n.is_power_of_two() || ta.ne != [n, n, 1, 1] || tb.ne[0] != n || !tb.rows_contiguous() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "the Hadamard form needs a [n, n] with n a power of two and b [n, ...] with contiguous rows, got {} x {}",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Copies `a` into the memory of `dst` (ggml_cpy), converting between F32 and F16; same number

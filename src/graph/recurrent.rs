@@ -574,24 +574,55 @@ impl Graph {
                 ),
             ));
         }
-        self.node(Op::Dsv4HcPre, DType::F32, [n_embd, nt, 1, 1], &[x, weights])
+        let op = Op::Dsv4HcPre { scale: 1.0, gated: false };
+        self.node(op, DType::F32, [n_embd, nt, 1, 1], &[x, weights])
+    }
+
+    /// ggml_dsv4_hc_pre_gated: the pre-mix with a gate per element. `x` and `gate` [n_embd, hc,
+    /// n_tokens], both F32 -> [n_embd, n_tokens] with
+    /// `res[i, t] = scale * sum_h x[i, h, t] * sigmoid(gate[i, h, t])`.
+    pub fn dsv4_hc_pre_gated(
+        &mut self,
+        x: TensorId,
+        gate: TensorId,
+        scale: f32,
+    ) -> Result<TensorId> {
+        const OP: &str = "dsv4_hc_pre_gated";
+        if !scale.is_finite() {
+            return Err(Error::param(OP, format!("scale = {scale} must be finite")));
+        }
+        let tx = self.rec_f32(OP, "x", x)?;
+        let tg = self.rec_f32(OP, "gate", gate)?;
+        let [n_embd, hc, nt, n3] = tx.ne;
+        if hc == 0 || n3 != 1 || tg.ne != tx.ne {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "x {} must be [n_embd, hc, n_tokens] and gate {} the same shape",
+                    tx.describe(x),
+                    tg.describe(gate)
+                ),
+            ));
+        }
+        self.node(Op::Dsv4HcPre { scale, gated: true }, DType::F32, [n_embd, nt, 1, 1], &[x, gate])
     }
 
     /// ggml_dsv4_hc_post: `x` [n_embd, n_tokens], `residual` [n_embd, hc, n_tokens], `post`
     /// [hc, n_tokens], `comb` [hc, hc, n_tokens], all F32 -> [n_embd, hc, n_tokens] with
-    /// `res[i, d, t] = x[i, t] * post[d, t] + sum_s residual[i, s, t] * comb[d, s, t]`.
+    /// `res[i, d, t] = x[i, t] * post[d, t] + sum_s residual[i, s, t] * comb[d, s, t]`. Without
+    /// `comb` the mix is the identity: `res[i, d, t] = x[i, t] * post[d, t] + residual[i, d, t]`.
     pub fn dsv4_hc_post(
         &mut self,
         x: TensorId,
         residual: TensorId,
         post: TensorId,
-        comb: TensorId,
+        comb: Option<TensorId>,
     ) -> Result<TensorId> {
         const OP: &str = "dsv4_hc_post";
         let tx = self.rec_f32(OP, "x", x)?;
         let tr = self.rec_f32(OP, "residual", residual)?;
         let tp = self.rec_f32(OP, "post", post)?;
-        let tc = self.rec_f32(OP, "comb", comb)?;
+        let tc = comb.map(|c| self.rec_f32(OP, "comb", c)).transpose()?;
         let [n_embd, nt, x2, x3] = tx.ne;
         let hc = tr.ne[1];
         if hc == 0
@@ -599,19 +630,24 @@ impl Graph {
             || x3 != 1
             || tr.ne != [n_embd, hc, nt, 1]
             || tp.ne != [hc, nt, 1, 1]
-            || tc.ne != [hc, hc, nt, 1]
+            || tc.as_ref().is_some_and(|tc| tc.ne != [hc, hc, nt, 1])
         {
+            let comb_desc = match (&tc, comb) {
+                (Some(tc), Some(c)) => tc.describe(c),
+                _ => "(none)".to_string(),
+            };
             return Err(Error::shape(
                 OP,
                 format!(
-                    "x {} must be [n_embd, n_tokens], residual {} [n_embd, hc, n_tokens], post {} [hc, n_tokens], comb {} [hc, hc, n_tokens]",
+                    "x {} must be [n_embd, n_tokens], residual {} [n_embd, hc, n_tokens], post {} [hc, n_tokens], comb {comb_desc} [hc, hc, n_tokens]",
                     tx.describe(x),
                     tr.describe(residual),
                     tp.describe(post),
-                    tc.describe(comb)
                 ),
             ));
         }
-        self.node(Op::Dsv4HcPost, DType::F32, [n_embd, hc, nt, 1], &[x, residual, post, comb])
+        let mut src = [None; super::MAX_SRC];
+        src[..4].copy_from_slice(&[Some(x), Some(residual), Some(post), comb]);
+        self.node_opt(Op::Dsv4HcPost, DType::F32, [n_embd, hc, nt, 1], &src)
     }
 }

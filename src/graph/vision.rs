@@ -629,19 +629,21 @@ impl Graph {
         self.node(Op::WinUnpart { w }, DType::F32, ne, &[a])
     }
 
-    /// ggml_get_rel_pos: relative position embeddings `a` [C, 2*qh - 1] (F16) picked for every
-    /// (query, key) pair -> [C, kh, qh] F16, `out[:, k, q] = a[:, (kh - 1 - k) + q]`;
-    /// ggml requires `qh == kh`.
+    /// ggml_get_rel_pos: relative position embeddings `a` [C, 2*qh - 1] (F16 or BF16) picked for
+    /// every (query, key) pair -> [C, kh, qh] in `a`'s type, `out[:, k, q] = a[:, (kh - 1 - k) +
+    /// q]`; ggml requires `qh == kh`. (ggml labels a BF16 input's result F16 while copying the
+    /// BF16 values; here it keeps the BF16 type, so the values read back are the same.)
     pub fn get_rel_pos(&mut self, a: TensorId, qh: usize, kh: usize) -> Result<TensorId> {
         const OP: &str = "get_rel_pos";
         self.non_empty(OP, &[a])?;
         let ta = self.get(OP, a)?;
-        if ta.dtype != DType::F16 || !ta.rows_contiguous() {
+        if !matches!(ta.dtype, DType::F16 | DType::BF16) || !ta.rows_contiguous() {
             return Err(Error::ty(
                 OP,
-                format!("{} must be F16 with contiguous rows", ta.describe(a)),
+                format!("{} must be F16 or BF16 with contiguous rows", ta.describe(a)),
             ));
         }
+        let dtype = ta.dtype;
         check_positive(OP, &[("qh", qh), ("kh", kh)])?;
         if qh != kh || ta.ne[1] != 2 * qh - 1 || ta.ne[2] != 1 || ta.ne[3] != 1 {
             return Err(Error::shape(
@@ -653,7 +655,7 @@ impl Graph {
             ));
         }
         let ne = [ta.ne[0], kh, qh, 1];
-        self.node(Op::GetRelPos, DType::F16, ne, &[a])
+        self.node(Op::GetRelPos, dtype, ne, &[a])
     }
 
     /// ggml_add_rel_pos: adds decomposed relative positions to attention scores `a`

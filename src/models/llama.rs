@@ -57,6 +57,44 @@ impl LlamaConfig {
     }
 }
 
+/// What a model of another llama.cpp architecture does differently from llama (its graph
+/// differences, read from the GGUF by [`crate::models::load`]). `ArchParams::default()` is llama.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ArchParams {
+    /// Head size, when it is not `n_embd / n_head` (`*.attention.key_length`).
+    pub head_dim: Option<usize>,
+    /// Rotary embedding layout: `Normal` for llama, `Neox` for qwen2, qwen3 and gemma3.
+    pub rope_mode: RopeMode,
+    /// Factor applied to the token embeddings (gemma3: `sqrt(n_embd)`).
+    pub embd_scale: f32,
+    /// Attention scale, when it is not `1 / sqrt(head_dim)`.
+    pub attn_scale: Option<f32>,
+    /// Feed-forward gate: GELU (gemma3) instead of SiLU.
+    pub ffn_gelu: bool,
+    /// Sliding-window attention: the window, and per block whether it uses it (gemma3).
+    pub swa_window: usize,
+    /// Per block: true for a sliding-window block (length `n_layer`, or empty for none).
+    pub swa_layers: Vec<bool>,
+    /// Rope base of the sliding-window blocks.
+    pub rope_base_swa: f32,
+}
+
+impl Default for ArchParams {
+    fn default() -> ArchParams {
+        ArchParams {
+            head_dim: None,
+            rope_mode: RopeMode::Normal,
+            embd_scale: 1.0,
+            attn_scale: None,
+            ffn_gelu: false,
+            swa_window: 0,
+            swa_layers: Vec::new(),
+            rope_base_swa: 10000.0,
+        }
+    }
+}
+
 /// The weights of one block.
 struct Layer {
     attn_norm: WeightRef,
@@ -68,11 +106,21 @@ struct Layer {
     gate: WeightRef,
     up: WeightRef,
     down: WeightRef,
+    /// Optional per architecture: Q/K/V biases (qwen2), per-head Q/K norms (qwen3, gemma3),
+    /// norms after attention and after the feed-forward (gemma3).
+    bq: Option<WeightRef>,
+    bk: Option<WeightRef>,
+    bv: Option<WeightRef>,
+    q_norm: Option<WeightRef>,
+    k_norm: Option<WeightRef>,
+    post_attn_norm: Option<WeightRef>,
+    post_ffw_norm: Option<WeightRef>,
 }
 
 /// A loaded model with its KV cache.
 pub struct Llama {
     cfg: LlamaConfig,
+    arch: ArchParams,
     tok_embd: WeightRef,
     output_norm: WeightRef,
     output: WeightRef,
@@ -99,6 +147,9 @@ pub struct LlamaStep {
     /// Input: F32 attention mask, `[n_ctx, n_tokens rounded up to 4]`: 0 where token i may
     /// attend to cache row j, -inf elsewhere.
     pub mask: TensorId,
+    /// Input, when some block attends over a sliding window: the same mask with -inf also
+    /// `swa_window` or more positions back.
+    pub mask_swa: Option<TensorId>,
     /// Output: F32 logits, `[n_vocab, n_tokens]` (or `[n_vocab, 1]` for `last_only`).
     pub logits: TensorId,
 }
@@ -110,6 +161,8 @@ struct Step {
     tokens: TensorId,
     pos: TensorId,
     mask: TensorId,
+    /// The sliding-window mask, when some block uses one.
+    mask_swa: Option<TensorId>,
     logits: TensorId,
 }
 
@@ -138,7 +191,36 @@ impl Llama {
         weights: &HashMap<String, WeightRef>,
         backend: &CpuBackend,
     ) -> Result<Llama> {
+        Llama::new_arch(cfg, ArchParams::default(), weights, backend)
+    }
+
+    /// A model of a llama-like architecture ([`ArchParams`]): the optional tensors its
+    /// architecture has (`attn_q.bias`, `attn_q_norm`, `post_attention_norm`, ...) are used
+    /// where present.
+    pub fn new_arch(
+        cfg: LlamaConfig,
+        arch: ArchParams,
+        weights: &HashMap<String, WeightRef>,
+        backend: &CpuBackend,
+    ) -> Result<Llama> {
         cfg.validate()?;
+        if !arch.swa_layers.is_empty() && arch.swa_layers.len() != cfg.n_layer {
+            return Err(Error::param(
+                "llama",
+                format!(
+                    "{} sliding-window flags for {} blocks",
+                    arch.swa_layers.len(),
+                    cfg.n_layer
+                ),
+            ));
+        }
+        let hd = arch.head_dim.unwrap_or(cfg.head_dim());
+        if hd == 0 || !hd.is_multiple_of(2) {
+            return Err(Error::param(
+                "llama",
+                format!("head size {hd} is not a positive even number"),
+            ));
+        }
         let c = &cfg;
         // Every tensor is found and its shape checked against the hyperparameters before
         // anything is allocated: a block count or size the weights do not back is an `Err`, not
@@ -154,7 +236,7 @@ impl Llama {
         }
         let tok_embd = take(weights, "token_embd.weight")?;
         let output = weights.get("output.weight").cloned().unwrap_or_else(|| tok_embd.clone());
-        let (e, q, kv) = (c.n_embd, c.head_dim() * c.n_head, c.head_dim() * c.n_head_kv);
+        let (e, q, kv) = (c.n_embd, hd * c.n_head, hd * c.n_head_kv);
         expect_shape("token_embd.weight", &tok_embd, [e, c.n_vocab])?;
         expect_shape("output.weight", &output, [e, c.n_vocab])?;
         let mut layers = Vec::new();
@@ -165,7 +247,21 @@ impl Llama {
                 expect_shape(&name, &w, ne)?;
                 Ok::<_, Error>(w)
             };
+            let opt = |n: &str, kind: &str, ne: [usize; 2]| {
+                let name = format!("blk.{i}.{n}.{kind}");
+                match weights.get(&name) {
+                    None => Ok(None),
+                    Some(w) => expect_shape(&name, w, ne).map(|_| Some(w.clone())),
+                }
+            };
             layers.push(Layer {
+                bq: opt("attn_q", "bias", [q, 1])?,
+                bk: opt("attn_k", "bias", [kv, 1])?,
+                bv: opt("attn_v", "bias", [kv, 1])?,
+                q_norm: opt("attn_q_norm", "weight", [hd, 1])?,
+                k_norm: opt("attn_k_norm", "weight", [hd, 1])?,
+                post_attn_norm: opt("post_attention_norm", "weight", [e, 1])?,
+                post_ffw_norm: opt("post_ffw_norm", "weight", [e, 1])?,
                 attn_norm: t("attn_norm", [e, 1])?,
                 wq: t("attn_q", [e, q])?,
                 wk: t("attn_k", [e, kv])?,
@@ -189,6 +285,7 @@ impl Llama {
         }
         let m = Llama {
             cfg,
+            arch,
             tok_embd,
             output_norm: take(weights, "output_norm.weight")?,
             output,
@@ -207,6 +304,39 @@ impl Llama {
     /// The hyperparameters.
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
+    }
+
+    /// The architecture's differences from llama.
+    pub fn arch(&self) -> &ArchParams {
+        &self.arch
+    }
+
+    fn hd(&self) -> usize {
+        self.arch.head_dim.unwrap_or(self.cfg.head_dim())
+    }
+
+    fn is_swa(&self, layer: usize) -> bool {
+        self.arch.swa_window > 0 && self.arch.swa_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    fn add_bias(g: &mut Graph, x: TensorId, b: &Option<WeightRef>) -> Result<TensorId> {
+        match b {
+            Some(b) => {
+                let bt = Self::weight(g, b)?;
+                g.add(x, bt)
+            }
+            None => Ok(x),
+        }
+    }
+
+    fn norm_opt(g: &mut Graph, x: TensorId, w: &Option<WeightRef>, eps: f32) -> Result<TensorId> {
+        match w {
+            Some(w) => {
+                let wt = Self::weight(g, w)?;
+                g.rms_norm_mul(x, wt, eps)
+            }
+            None => Ok(x),
+        }
     }
 
     /// Tokens in the KV cache.
@@ -252,43 +382,60 @@ impl Llama {
     /// of every new token or (`last_only`) of the last one. `forward` builds and plans these;
     /// this is for callers who plan and compute steps themselves.
     pub fn step_graph(&self, n_tokens: usize, last_only: bool) -> Result<LlamaStep> {
-        let (graph, tokens, pos, mask, logits) = self.build_graph(n_tokens, last_only)?;
-        Ok(LlamaStep { graph, tokens, pos, mask, logits })
+        self.build_graph(n_tokens, last_only)
     }
 
     /// The graph for `t` new tokens attending over the whole cache (masked past `n_past + t`),
     /// with the logits of every new token or (`last_only`) of the last one.
     fn build(&self, t: usize, last_only: bool) -> Result<Step> {
-        let (g, tokens, pos, mask, logits) = self.build_graph(t, last_only)?;
-        let plan = Plan::new(g, &self.backend)?;
-        Ok(Step { n_tokens: t, plan, tokens, pos, mask, logits })
+        let s = self.build_graph(t, last_only)?;
+        let plan = Plan::new(s.graph, &self.backend)?;
+        let (tokens, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
+        Ok(Step { n_tokens: t, plan, tokens, pos, mask, mask_swa, logits })
     }
 
-    #[allow(clippy::type_complexity)]
-    fn build_graph(
-        &self,
-        t: usize,
-        last_only: bool,
-    ) -> Result<(Graph, TensorId, TensorId, TensorId, TensorId)> {
+    fn build_graph(&self, t: usize, last_only: bool) -> Result<LlamaStep> {
         let c = &self.cfg;
-        let (hd, nh, nkv, ctx) = (c.head_dim(), c.n_head, c.n_head_kv, c.n_ctx);
+        let (hd, nh, nkv, ctx) = (self.hd(), c.n_head, c.n_head_kv, c.n_ctx);
         let mut g = Graph::with_capacity(32 * c.n_layer + 16);
         let tokens = g.input(DType::I32, &[t])?;
         let pos = g.input(DType::I32, &[t])?;
         let mask32 = g.input(DType::F32, &[ctx, t.next_multiple_of(4)])?;
         let mask = g.cast(mask32, DType::F16)?;
+        let any_swa = (0..c.n_layer).any(|i| self.is_swa(i));
+        let (mask_swa32, mask_swa) = if any_swa {
+            let m32 = g.input(DType::F32, &[ctx, t.next_multiple_of(4)])?;
+            (Some(m32), Some(g.cast(m32, DType::F16)?))
+        } else {
+            (None, None)
+        };
         let emb = Self::weight(&mut g, &self.tok_embd)?;
         let mut x = g.get_rows(emb, tokens)?;
-        let rope = RopeParams::new(hd, RopeMode::Normal, c.rope_base);
-        let fa = FlashAttnParams::new(1.0 / (hd as f32).sqrt());
-        for (l, (kb, vb)) in self.layers.iter().zip(&self.cache) {
+        if self.arch.embd_scale != 1.0 {
+            x = g.scale(x, self.arch.embd_scale)?;
+        }
+        let a = &self.arch;
+        let fa = FlashAttnParams::new(a.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()));
+        for (il, (l, (kb, vb))) in self.layers.iter().zip(&self.cache).enumerate() {
+            let swa = self.is_swa(il);
+            let rope =
+                RopeParams::new(hd, a.rope_mode, if swa { a.rope_base_swa } else { c.rope_base });
+            let mask = match (swa, mask_swa) {
+                (true, Some(m)) => m,
+                _ => mask,
+            };
             let an = Self::weight(&mut g, &l.attn_norm)?;
             let h = g.rms_norm_mul(x, an, c.eps)?;
             let q = Self::mm(&mut g, &l.wq, h)?;
             let k = Self::mm(&mut g, &l.wk, h)?;
             let v = Self::mm(&mut g, &l.wv, h)?;
+            let q = Self::add_bias(&mut g, q, &l.bq)?;
+            let k = Self::add_bias(&mut g, k, &l.bk)?;
+            let v = Self::add_bias(&mut g, v, &l.bv)?;
             let q = g.reshape(q, &[hd, nh, t])?;
             let k = g.reshape(k, &[hd, nkv, t])?;
+            let q = Self::norm_opt(&mut g, q, &l.q_norm, c.eps)?;
+            let k = Self::norm_opt(&mut g, k, &l.k_norm, c.eps)?;
             let q = g.rope_ext(q, pos, None, rope)?;
             let k = g.rope_ext(k, pos, None, rope)?;
             // Write this step's K and V rows into the caches at their positions.
@@ -308,13 +455,15 @@ impl Llama {
             let att = g.flash_attn_ext(qp, kview, vview, Some(mask), None, fa)?;
             let att = g.reshape(att, &[hd * nh, t])?;
             let o = Self::mm(&mut g, &l.wo, att)?;
+            let o = Self::norm_opt(&mut g, o, &l.post_attn_norm, c.eps)?;
             let x1 = g.add(o, x)?;
             let fnw = Self::weight(&mut g, &l.ffn_norm)?;
             let h2 = g.rms_norm_mul(x1, fnw, c.eps)?;
             let gt = Self::mm(&mut g, &l.gate, h2)?;
             let up = Self::mm(&mut g, &l.up, h2)?;
-            let ff = g.swiglu(gt, Some(up))?;
+            let ff = if a.ffn_gelu { g.geglu(gt, Some(up))? } else { g.swiglu(gt, Some(up))? };
             let dn = Self::mm(&mut g, &l.down, ff)?;
+            let dn = Self::norm_opt(&mut g, dn, &l.post_ffw_norm, c.eps)?;
             x = g.add(dn, x1)?;
         }
         if last_only && t > 1 {
@@ -326,7 +475,7 @@ impl Llama {
         let h = g.rms_norm_mul(x, on, c.eps)?;
         let logits = Self::mm(&mut g, &self.output, h)?;
         g.set_output(logits)?;
-        Ok((g, tokens, pos, mask32, logits))
+        Ok(LlamaStep { graph: g, tokens, pos, mask: mask32, mask_swa: mask_swa32, logits })
     }
 
     fn run(&mut self, step: &mut Step, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -355,6 +504,17 @@ impl Llama {
         step.plan.set_input(step.tokens, &ids)?;
         step.plan.set_input(step.pos, &pos)?;
         step.plan.set_input(step.mask, &mask)?;
+        if let Some(ms) = step.mask_swa {
+            // The causal mask, and nothing `swa_window` or more positions back.
+            let w = self.arch.swa_window;
+            for i in 0..t {
+                let p = self.n_past + i;
+                for j in 0..(p + 1).saturating_sub(w) {
+                    mask[i * ctx + j] = f32::NEG_INFINITY;
+                }
+            }
+            step.plan.set_input(ms, &mask)?;
+        }
         step.plan.compute()?;
         self.n_past += t;
         Ok(step.plan.output::<f32>(step.logits)?.to_vec())
@@ -390,8 +550,9 @@ impl Llama {
                 self.reserved = Some(plan);
                 return Err(e);
             }
-            let (tk, pos, mask, logits) = (s.tokens, s.pos, s.mask, s.logits);
-            let mut step = Step { n_tokens: tokens.len(), plan, tokens: tk, pos, mask, logits };
+            let (tk, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
+            let mut step =
+                Step { n_tokens: tokens.len(), plan, tokens: tk, pos, mask, mask_swa, logits };
             let r = self.run(&mut step, tokens);
             self.reserved = Some(step.plan);
             return r;
@@ -440,7 +601,7 @@ pub fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-fn meta_usize(md: &crate::gguf::Metadata, key: &str) -> Result<usize> {
+pub(crate) fn meta_usize(md: &crate::gguf::Metadata, key: &str) -> Result<usize> {
     use crate::gguf::Value;
     let v =
         md.get(key).ok_or_else(|| Error::Gguf(format!("llama: metadata key '{key}' not found")))?;
@@ -463,7 +624,7 @@ fn meta_usize(md: &crate::gguf::Metadata, key: &str) -> Result<usize> {
     usize::try_from(n).map_err(|_| Error::Gguf(format!("llama: '{key}' = {n} is out of range")))
 }
 
-fn meta_f32(md: &crate::gguf::Metadata, key: &str, default: f32) -> Result<f32> {
+pub(crate) fn meta_f32(md: &crate::gguf::Metadata, key: &str, default: f32) -> Result<f32> {
     use crate::gguf::Value;
     match md.get(key) {
         None => Ok(default),
@@ -479,28 +640,59 @@ impl LlamaConfig {
     /// Reads the hyperparameters of a llama GGUF (`general.architecture` = "llama"). `n_ctx`
     /// overrides `llama.context_length` (the KV cache size).
     pub fn from_gguf(file: &crate::gguf::GgufFile, n_ctx: Option<usize>) -> Result<LlamaConfig> {
-        let md = file.metadata();
+        let arch = file.metadata().get_str("general.architecture")?;
+        if arch != "llama" {
+            return Err(Error::Gguf(format!("llama: architecture is '{arch}', not 'llama'")));
+        }
+        LlamaConfig::from_gguf_keys(file, n_ctx, "llama")
+    }
+
+    /// Like [`LlamaConfig::from_gguf`], for a model that may be split over several files.
+    pub fn from_gguf_model(
+        model: &crate::gguf::GgufModel,
+        n_ctx: Option<usize>,
+    ) -> Result<LlamaConfig> {
+        let md = model.metadata();
         let arch = md.get_str("general.architecture")?;
         if arch != "llama" {
             return Err(Error::Gguf(format!("llama: architecture is '{arch}', not 'llama'")));
         }
-        let emb = file
-            .tensor("token_embd.weight")
-            .ok_or_else(|| Error::Gguf("llama: missing tensor 'token_embd.weight'".into()))?;
-        let n_head = meta_usize(md, "llama.attention.head_count")?;
+        LlamaConfig::from_parts(md, model.tensor("token_embd.weight"), n_ctx, "llama")
+    }
+
+    /// Reads the hyperparameters under the key prefix of another llama-like architecture
+    /// (`qwen2.embedding_length`, ...), whatever `general.architecture` says.
+    pub fn from_gguf_keys(
+        file: &crate::gguf::GgufFile,
+        n_ctx: Option<usize>,
+        prefix: &str,
+    ) -> Result<LlamaConfig> {
+        LlamaConfig::from_parts(file.metadata(), file.tensor("token_embd.weight"), n_ctx, prefix)
+    }
+
+    fn from_parts(
+        md: &crate::gguf::Metadata,
+        emb: Option<&crate::gguf::TensorInfo>,
+        n_ctx: Option<usize>,
+        prefix: &str,
+    ) -> Result<LlamaConfig> {
+        let k = |name: &str| format!("{prefix}.{name}");
+        let emb =
+            emb.ok_or_else(|| Error::Gguf("llama: missing tensor 'token_embd.weight'".into()))?;
+        let n_head = meta_usize(md, &k("attention.head_count"))?;
         let cfg = LlamaConfig {
-            n_embd: meta_usize(md, "llama.embedding_length")?,
-            n_layer: meta_usize(md, "llama.block_count")?,
+            n_embd: meta_usize(md, &k("embedding_length"))?,
+            n_layer: meta_usize(md, &k("block_count"))?,
             n_head,
-            n_head_kv: meta_usize(md, "llama.attention.head_count_kv").unwrap_or(n_head),
-            n_ff: meta_usize(md, "llama.feed_forward_length")?,
+            n_head_kv: meta_usize(md, &k("attention.head_count_kv")).unwrap_or(n_head),
+            n_ff: meta_usize(md, &k("feed_forward_length"))?,
             n_vocab: emb.ne()[1],
             n_ctx: match n_ctx {
                 Some(c) => c,
-                None => meta_usize(md, "llama.context_length")?,
+                None => meta_usize(md, &k("context_length"))?,
             },
-            rope_base: meta_f32(md, "llama.rope.freq_base", 10000.0)?,
-            eps: meta_f32(md, "llama.attention.layer_norm_rms_epsilon", 1e-5)?,
+            rope_base: meta_f32(md, &k("rope.freq_base"), 10000.0)?,
+            eps: meta_f32(md, &k("attention.layer_norm_rms_epsilon"), 1e-5)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -516,17 +708,30 @@ impl Llama {
         backend: &CpuBackend,
     ) -> Result<Llama> {
         let cfg = LlamaConfig::from_gguf(file, n_ctx)?;
+        Llama::new(cfg, &weights_of(file), backend)
+    }
+
+    /// Loads a llama model from a [`GgufModel`](crate::gguf::GgufModel): one file or every shard
+    /// of a split model; each weight stays in its shard's (memory-mapped) buffer.
+    pub fn from_gguf_model(
+        model: &crate::gguf::GgufModel,
+        n_ctx: Option<usize>,
+        backend: &CpuBackend,
+    ) -> Result<Llama> {
+        let cfg = LlamaConfig::from_gguf_model(model, n_ctx)?;
         let mut weights = HashMap::new();
-        for t in file.tensors() {
-            weights.insert(
-                t.name().to_string(),
-                WeightRef {
-                    dtype: t.dtype(),
-                    ne: t.ne(),
-                    buffer: file.buffer().clone(),
-                    offset: t.offset(),
-                },
-            );
+        for shard in model.shards() {
+            for t in shard.tensors() {
+                weights.insert(
+                    t.name().to_string(),
+                    WeightRef {
+                        dtype: t.dtype(),
+                        ne: t.ne(),
+                        buffer: shard.buffer().clone(),
+                        offset: t.offset(),
+                    },
+                );
+            }
         }
         Llama::new(cfg, &weights, backend)
     }
@@ -542,52 +747,70 @@ impl Llama {
         n_ctx: Option<usize>,
         backend: &CpuBackend,
     ) -> Result<(Llama, usize)> {
-        use crate::backend::{BufferType, CpuRepackBufferType};
         let cfg = LlamaConfig::from_gguf(file, n_ctx)?;
-        let buft = CpuRepackBufferType;
-        let matmul_only = |name: &str| {
-            name == "output.weight"
-                || ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
-                    .iter()
-                    .any(|m| name.starts_with("blk.") && name.ends_with(&format!(".{m}.weight")))
-        };
-        let mut picked = Vec::new();
-        let mut total = 0usize;
-        for t in file.tensors() {
-            let nd = t.ne().iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-            if matmul_only(t.name()) && buft.supports_tensor(t.dtype(), &t.ne()[..nd]) {
-                let bytes = t.dtype().row_size(t.ne()[0])? * t.ne()[1..].iter().product::<usize>();
-                picked.push((t, total, bytes));
-                total = crate::plan::align_up(total + bytes, buft.alignment());
-            }
-        }
-        let rbuf = buft.alloc(total)?;
-        let mut weights = HashMap::new();
-        for t in file.tensors() {
-            weights.insert(
-                t.name().to_string(),
-                WeightRef {
-                    dtype: t.dtype(),
-                    ne: t.ne(),
-                    buffer: file.buffer().clone(),
-                    offset: t.offset(),
-                },
-            );
-        }
-        for &(t, off, bytes) in &picked {
-            file.buffer().with_bytes(|all| {
-                let src = all.get(t.offset()..t.offset() + bytes).ok_or_else(|| {
-                    Error::arg(format!("llama: tensor '{}' lies outside the file", t.name()))
-                })?;
-                rbuf.set_tensor(off, t.dtype(), &t.ne(), src)
-            })??;
-            weights.insert(
-                t.name().to_string(),
-                WeightRef { dtype: t.dtype(), ne: t.ne(), buffer: rbuf.clone(), offset: off },
-            );
-        }
+        let (weights, total) = repacked_weights(file)?;
         Ok((Llama::new(cfg, &weights, backend)?, total))
     }
+}
+
+/// The tensors of a GGUF file as weights, in the file's (memory-mapped) buffer.
+pub(crate) fn weights_of(file: &crate::gguf::GgufFile) -> HashMap<String, WeightRef> {
+    let mut weights = HashMap::new();
+    for t in file.tensors() {
+        weights.insert(
+            t.name().to_string(),
+            WeightRef {
+                dtype: t.dtype(),
+                ne: t.ne(),
+                buffer: file.buffer().clone(),
+                offset: t.offset(),
+            },
+        );
+    }
+    weights
+}
+
+/// The tensors of a GGUF file as weights, the repackable matrices copied into one CPU_REPACK
+/// buffer (see [`Llama::from_gguf_repacked`]); also returns the bytes repacked.
+pub(crate) fn repacked_weights(
+    file: &crate::gguf::GgufFile,
+) -> Result<(HashMap<String, WeightRef>, usize)> {
+    use crate::backend::{BufferType, CpuRepackBufferType};
+    let buft = CpuRepackBufferType;
+    let matmul_only = |name: &str| {
+        name == "output.weight"
+            || ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+                .iter()
+                .any(|m| name.starts_with("blk.") && name.ends_with(&format!(".{m}.weight")))
+    };
+    let mut picked = Vec::new();
+    let mut total = 0usize;
+    for t in file.tensors() {
+        let nd = t.ne().iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
+        if matmul_only(t.name()) && buft.supports_tensor(t.dtype(), &t.ne()[..nd]) {
+            let bytes = t.dtype().row_size(t.ne()[0])? * t.ne()[1..].iter().product::<usize>();
+            picked.push((t, total, bytes));
+            total = crate::plan::align_up(total + bytes, buft.alignment());
+        }
+    }
+    if picked.is_empty() {
+        return Ok((weights_of(file), 0));
+    }
+    let rbuf = buft.alloc(total)?;
+    let mut weights = weights_of(file);
+    for &(t, off, bytes) in &picked {
+        file.buffer().with_bytes(|all| {
+            let src = all.get(t.offset()..t.offset() + bytes).ok_or_else(|| {
+                Error::arg(format!("llama: tensor '{}' lies outside the file", t.name()))
+            })?;
+            rbuf.set_tensor(off, t.dtype(), &t.ne(), src)
+        })??;
+        weights.insert(
+            t.name().to_string(),
+            WeightRef { dtype: t.dtype(), ne: t.ne(), buffer: rbuf.clone(), offset: off },
+        );
+    }
+    Ok((weights, total))
 }
 
 /// Tensor types of a synthetic model.

@@ -1,7 +1,15 @@
 //! Model graphs built from quantgraph ops. `llama` runs llama-architecture models (llama.cpp's
-//! GGUF tensor names and hyperparameters) with a KV cache kept in state buffers.
+//! GGUF tensor names and hyperparameters) with a KV cache kept in state buffers, and with
+//! [`llama::ArchParams`] the llama-like architectures of [`Architecture`] (qwen2, qwen3,
+//! gemma3), loaded by [`load`]; `sampling` picks tokens from logits; `generate` turns a model
+//! and a tokenizer into a text generator.
 
+pub mod arch;
+pub mod generate;
 pub mod llama;
+pub mod sampling;
+
+pub use arch::{Architecture, load, load_repacked};
 
 use crate::buffer::Buffer;
 use crate::dtype::DType;

@@ -95,7 +95,7 @@ pub(crate) fn hc_comb(ctx: &NodeCtx<'_>, ith: usize, eps: f32, n_iter: u32) -> R
     Ok(())
 }
 
-pub(crate) fn hc_pre(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+pub(crate) fn hc_pre(ctx: &NodeCtx<'_>, ith: usize, scale: f32, gated: bool) -> Result<()> {
     let (x, w, dst) = (ctx.src(0), ctx.src(1), ctx.dst());
     let (n_embd, hc, nt) = (x.ne[0], x.ne[1], x.ne[2]);
     let (r0, r1) = split(n_embd * nt, ith, ctx.nth);
@@ -103,28 +103,43 @@ pub(crate) fn hc_pre(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let (i0, it) = (ir % n_embd, ir / n_embd);
         let mut sum = 0f32;
         for ih in 0..hc {
-            // SAFETY: i0 < n_embd, ih < hc, it < n_tokens: inside x and weights.
-            sum += unsafe { at(x, i0, ih, it) * at(w, ih, it, 0) };
+            // SAFETY: i0 < n_embd, ih < hc, it < n_tokens: inside x, and inside the weights
+            // ([hc, n_tokens]) or the gate ([n_embd, hc, n_tokens]) the builder checked.
+            let (xv, wv) = unsafe {
+                if gated {
+                    (at(x, i0, ih, it), 1.0 / (1.0 + (-at(w, i0, ih, it)).exp()))
+                } else {
+                    (at(x, i0, ih, it), at(w, ih, it, 0))
+                }
+            };
+            sum += xv * wv;
         }
         // SAFETY: dst element (i0, it) is this worker's.
-        unsafe { *(dst.ptr.add(i0 * dst.nb[0] + it * dst.nb[1]) as *mut f32) = sum };
+        unsafe { *(dst.ptr.add(i0 * dst.nb[0] + it * dst.nb[1]) as *mut f32) = scale * sum };
     }
     Ok(())
 }
 
 pub(crate) fn hc_post(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
-    let (x, res, post, comb, dst) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.src(3), ctx.dst());
+    let (x, res, post, dst) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
+    let comb = ctx.node.src[3].as_ref();
     let (n_embd, nt, hc) = (x.ne[0], x.ne[1], res.ne[1]);
     let (r0, r1) = split(n_embd * hc * nt, ith, ctx.nth);
     for ir in r0..r1 {
         let i0 = ir % n_embd;
         let d = (ir / n_embd) % hc;
         let it = ir / (n_embd * hc);
-        // SAFETY: all indices are below the shapes the builder checked.
+        // SAFETY: all indices are below the shapes the builder checked (comb, when present, is
+        // [hc, hc, n_tokens]).
         unsafe {
             let mut sum = at(x, i0, it, 0) * at(post, d, it, 0);
-            for s in 0..hc {
-                sum += at(res, i0, s, it) * at(comb, d, s, it);
+            match comb {
+                Some(comb) => {
+                    for s in 0..hc {
+                        sum += at(res, i0, s, it) * at(comb, d, s, it);
+                    }
+                }
+                None => sum += at(res, i0, d, it),
             }
             *(dst.ptr.add(i0 * dst.nb[0] + d * dst.nb[1] + it * dst.nb[2]) as *mut f32) = sum;
         }

@@ -56,6 +56,11 @@ pub(crate) fn compute(
                 let g = g.clamp(-limit, limit);
                 x / (1.0 + (alpha * -x).exp()) * (g + 1.0)
             }
+            GluOp::SwigluClamp => {
+                let x = x.min(limit);
+                let g = g.clamp(-limit, limit);
+                x / (1.0 + (-x).exp()) * g
+            }
             GluOp::GegluErf => {
                 0.5 * x * (1.0 + super::unary::erf_f32(x * std::f32::consts::FRAC_1_SQRT_2)) * g
             }

@@ -17,6 +17,7 @@ mod gather;
 mod gemm;
 mod get_rows;
 mod glu;
+mod hadamard;
 mod mul_mat;
 mod mul_mat_f;
 mod mul_mat_id;
@@ -236,6 +237,11 @@ registry! {
         supports: ANY_TIER,
         run: |ctx, phase, ith| cpy::compute(ctx, ith)
     },
+    Op::MulMatHadamard => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| hadamard::fwht(ctx, ith)
+    },
     Op::MulMat => {
         inplace: false,
         phases: |n, _| mul_mat::phases(n),
@@ -278,6 +284,11 @@ registry! {
         inplace: false,
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
         run: |ctx, phase, ith| custom::compute(ctx, ith, op)
+    },
+    Op::CustomAny(op) => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| custom::compute_any(ctx, ith, op)
     },
     Op::Upscale(m) => {
         inplace: false,
@@ -508,10 +519,10 @@ registry! {
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
         run: |ctx, phase, ith| dsv4::hc_comb(ctx, ith, *eps, *n_iter)
     },
-    Op::Dsv4HcPre => {
+    Op::Dsv4HcPre { scale, gated } => {
         inplace: false,
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
-        run: |ctx, phase, ith| dsv4::hc_pre(ctx, ith)
+        run: |ctx, phase, ith| dsv4::hc_pre(ctx, ith, *scale, *gated)
     },
     Op::Dsv4HcPost => {
         inplace: false,

@@ -106,6 +106,15 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                     *s = (pb.add(i * b.nb[0]) as *const f32).read_unaligned();
                 }
                 from(scratch, out);
+            } else if b.dtype != vd {
+                // BF16 activations of F32 weights (the builder allows no other pair): widened
+                // into the f32 rows the dot product reads, as ggml does.
+                debug_assert!(b.dtype == DType::BF16 && vd == DType::F32);
+                let dst = out.as_mut_ptr() as *mut f32;
+                for i in 0..k {
+                    let h = (pb.add(i * b.nb[0]) as *const u16).read_unaligned();
+                    dst.add(i).write_unaligned(crate::quant::util::bf16_to_fp32(h));
+                }
             } else {
                 // Same type as vd but strided elements: gather element by element.
                 let ts = b.dtype.type_size();

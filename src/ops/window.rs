@@ -61,7 +61,8 @@ pub(crate) fn get_rel_pos(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let (k, q, _) = unravel_row(r, &d.ne);
         let pos = kh - 1 - k + q;
         // SAFETY: pos <= 2*kh - 2 < a.ne[1] (build check qh == kh, a.ne[1] == 2*qh - 1); rows
-        // are contiguous F16 (build check); own dst row.
+        // are contiguous F16 or BF16, 2 * c bytes, and dst has a's type (build check); own dst
+        // row.
         unsafe { std::ptr::copy_nonoverlapping(a.row(pos, 0, 0), d.row(k, q, 0), 2 * c) };
     }
     Ok(())
