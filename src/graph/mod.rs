@@ -523,6 +523,16 @@ impl Graph {
     /// Per tensor (by index): true when a plan must compute or hold it: outputs, writes into
     /// state buffers, and everything they depend on.
     pub(crate) fn needed(&self) -> Vec<bool> {
+        self.reached(false)
+    }
+
+    /// Like [`Graph::needed`], but a `forward_select` node depends only on its selected branch:
+    /// what a compute runs.
+    pub(crate) fn active(&self) -> Vec<bool> {
+        self.reached(true)
+    }
+
+    fn reached(&self, follow_selection: bool) -> Vec<bool> {
         let n = self.tensors.len();
         let mut needed = vec![false; n];
         for (i, t) in self.tensors.iter().enumerate() {
@@ -536,6 +546,12 @@ impl Graph {
         for i in (0..n).rev() {
             if needed[i] {
                 let t = &self.tensors[i];
+                if let (true, Op::ForwardSelect { idx }) = (follow_selection, &t.op) {
+                    if let Some(s) = t.src[*idx] {
+                        needed[s.index()] = true;
+                    }
+                    continue;
+                }
                 for s in t.srcs() {
                     needed[s.index()] = true;
                 }

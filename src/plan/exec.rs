@@ -29,6 +29,8 @@ struct Shared<'a> {
     /// Set by worker 0 when the eval callback stops the compute; read after the barrier that
     /// follows the callback.
     halted: AtomicBool,
+    /// Per node: computed this time (`None`: all).
+    active: Option<&'a [bool]>,
 }
 
 impl Shared<'_> {
@@ -70,7 +72,11 @@ fn worker(
     work_len: usize,
 ) {
     let mut step = 0usize;
-    for node in nodes {
+    for (i, node) in nodes.iter().enumerate() {
+        // Every worker reads the same flags, so all skip the same nodes (and their barriers).
+        if sh.active.is_some_and(|a| !a[i]) {
+            continue;
+        }
         for phase in 0..node.phases {
             if !sh.stopped(step) {
                 let ctx = NodeCtx {
@@ -146,6 +152,9 @@ pub(crate) struct Hooks<'a> {
     pub abort: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
     /// The eval callback (see `Shared::eval`).
     pub eval: Option<&'a (dyn Fn(&ExecNode) -> bool + Sync)>,
+    /// Per node: whether this compute runs it (`None`: all); nodes only an unselected
+    /// `forward_select` branch needs are skipped.
+    pub active: Option<&'a [bool]>,
 }
 
 pub(crate) fn run(
@@ -157,7 +166,10 @@ pub(crate) fn run(
     work_len: usize,
     hooks: Hooks<'_>,
 ) -> Result<()> {
-    let Hooks { abort: hook, eval } = hooks;
+    let Hooks { abort: hook, eval, active } = hooks;
+    if active.is_some_and(|a| a.len() != nodes.len()) {
+        return Err(Error::arg("compute: node flags do not match the plan"));
+    }
     let sh = Shared {
         barrier: SpinBarrier::new(nth),
         stop_at: AtomicUsize::new(usize::MAX),
@@ -167,6 +179,7 @@ pub(crate) fn run(
         kt,
         eval,
         halted: AtomicBool::new(false),
+        active,
     };
     let work = WorkPtr(work);
     if nth == 1 {

@@ -79,6 +79,9 @@ pub struct Plan {
     stats: PlanStats,
     /// Guard regions (offset, length) in the arena, for `with_guards` plans.
     guards_at: Vec<(usize, usize)>,
+    /// Per node: whether a compute runs it under the current `forward_select` choices (`None`
+    /// when the graph has no such node: every node runs).
+    active: Option<Vec<bool>>,
 }
 
 const GUARD_BYTE: u8 = 0xA5;
@@ -464,10 +467,44 @@ impl Plan {
             eval: None,
             stats,
             guards_at,
+            active: None,
         };
+        plan.update_active();
         plan.guards.reserve(plan.buffers.len());
         plan.size_work(nth)?;
         Ok(plan)
+    }
+
+    /// Recomputes which nodes a compute runs from the `forward_select` choices.
+    fn update_active(&mut self) {
+        if !self.nodes.iter().any(|n| matches!(n.op, Op::ForwardSelect { .. })) {
+            self.active = None;
+            return;
+        }
+        let reached = self.graph.active();
+        self.active = Some(self.nodes.iter().map(|n| reached[n.id.index()]).collect());
+    }
+
+    /// Chooses the branch a `forward_select` node (see
+    /// [`Graph::forward_select`](crate::Graph::forward_select)) copies from the next compute on;
+    /// the nodes only the other branches need are not run. No planning again: every branch was
+    /// planned.
+    pub fn set_select(&mut self, node: TensorId, idx: usize) -> Result<()> {
+        self.graph.set_selected(node, idx)?;
+        for n in self.nodes.iter_mut().filter(|n| n.id == node) {
+            n.op = Op::ForwardSelect { idx };
+        }
+        self.update_active();
+        Ok(())
+    }
+
+    /// How many nodes the next compute runs (all of them unless `forward_select` branches are
+    /// left out).
+    pub fn n_active_nodes(&self) -> usize {
+        match &self.active {
+            Some(a) => a.iter().filter(|&&x| x).count(),
+            None => self.nodes.len(),
+        }
     }
 
     fn size_work(&mut self, nth: usize) -> Result<()> {
@@ -679,7 +716,7 @@ impl Plan {
                 self.kt,
                 self.work.ptr(),
                 self.work.len(),
-                exec::Hooks { abort: hook.as_deref(), eval: None },
+                exec::Hooks { abort: hook.as_deref(), eval: None, active: self.active.as_deref() },
             ),
             Some(cb) => {
                 let cb = std::sync::Mutex::new(cb);
@@ -713,7 +750,11 @@ impl Plan {
                     self.kt,
                     self.work.ptr(),
                     self.work.len(),
-                    exec::Hooks { abort: hook.as_deref(), eval: Some(&show) },
+                    exec::Hooks {
+                        abort: hook.as_deref(),
+                        eval: Some(&show),
+                        active: self.active.as_deref(),
+                    },
                 )
             }
         };
