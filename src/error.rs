@@ -81,6 +81,12 @@ pub enum Error {
     /// The abort hook asked compute to stop.
     #[error("computation aborted by the abort hook")]
     Aborted,
+    /// The eval callback returned `false` after a node; the plan stays usable.
+    #[error("compute stopped by the eval callback after node {node}")]
+    Stopped {
+        /// The last node computed, described.
+        node: String,
+    },
     /// A buffer operation failed (out of bounds, read-only, in use by another compute).
     #[error("buffer: {0}")]
     Buffer(String),

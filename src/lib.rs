@@ -42,13 +42,15 @@ pub(crate) mod ops;
 pub mod opt;
 pub mod plan;
 pub mod quant;
+pub mod sched;
 #[doc(hidden)]
 pub mod testdata;
 pub mod tokenizer;
 
 pub use backend::{
-    AbortHook, Backend, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice, CpuRegistry,
-    CpuRepackBufferType, Device, DeviceCaps, DeviceProps, DeviceType, MAX_THREADS, Registry,
+    AbortHook, Backend, BackendPlan, Buffer, BufferType, CpuBackend, CpuBufferType, CpuDevice,
+    CpuRegistry, CpuRepackBufferType, Device, DeviceCaps, DeviceMemory, DeviceProps, DeviceType,
+    EvalCallback, MAX_THREADS, NodeEval, Registry, Threadpool, ThreadpoolParams,
 };
 pub use dtype::{DType, QK_K};
 pub use error::{Error, Result};
@@ -57,7 +59,7 @@ pub use graph::{
     Conv2dParams, Conv3dParams, CustomAnyArgs, CustomAnyFn, CustomAnyParams, CustomArgs, CustomFn,
     CustomSplitFn, CustomSrc, DSV4_HC_MAX_ITER, FlashAttnBackLayout, FlashAttnParams, Gather,
     GluOp, Graph, Im2colBackParams, MatMulHint, Op, Pool2dParams, PoolOp, RopeMode, RopeParams,
-    ScaleMode, SortOrder, TensorId, TriType, UnaryOp,
+    ScaleMode, SortOrder, Storage, TensorId, TriType, UnaryOp,
 };
 pub use kernels::{CpuFeatures, Isa};
 pub use plan::{Element, Plan, PlanStats};

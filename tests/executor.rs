@@ -254,3 +254,59 @@ fn typed_custom_ops_read_any_type_and_split_their_own_rows() {
             .is_err()
     );
 }
+
+#[test]
+fn forward_select_runs_only_the_chosen_branch() {
+    use quantgraph::CustomArgs;
+    use std::sync::atomic::AtomicUsize;
+    for nth in [1, 2, 3] {
+        let calls: [Arc<AtomicUsize>; 3] = Default::default();
+        let mut g = Graph::new();
+        let x = g.input(DType::F32, &[8, 3]).unwrap();
+        let mut branches = Vec::new();
+        for (b, c) in calls.iter().enumerate() {
+            let c = c.clone();
+            let f = Arc::new(move |a: CustomArgs<'_>| -> Result<(), String> {
+                if a.ith == 0 {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+                let n = a.dst_shape[0];
+                for (k, r) in a.rows.clone().enumerate() {
+                    for i in 0..n {
+                        a.dst[k * n + i] = a.srcs[0][r * n + i] * (b as f32 + 2.0);
+                    }
+                }
+                Ok(())
+            });
+            let y = g.map_custom1(x, &format!("branch{b}"), None, f).unwrap();
+            // A second node per branch, so a branch is a chain.
+            branches.push(g.scale(y, 0.5).unwrap());
+        }
+        let out = g.forward_select(&branches, 1).unwrap();
+        g.set_output(out).unwrap();
+        let mut plan = Plan::new(g.clone(), &CpuBackend::with_threads(nth).unwrap()).unwrap();
+        let xv: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        plan.set_input(x, &xv).unwrap();
+        for (round, idx) in [1usize, 1, 0, 2, 1].into_iter().enumerate() {
+            plan.set_select(out, idx).unwrap();
+            assert_eq!(plan.n_active_nodes(), 3, "two nodes of one branch and the select");
+            plan.compute().unwrap();
+            let want: Vec<f32> = xv.iter().map(|v| v * (idx as f32 + 2.0) * 0.5).collect();
+            assert_eq!(plan.output::<f32>(out).unwrap(), &want[..], "round {round}, idx {idx}");
+        }
+        let counts: Vec<usize> = calls.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        assert_eq!(counts, vec![1, 3, 1], "{nth} threads: each branch ran only when chosen");
+        // Bad choices are errors and leave the plan as it was.
+        assert!(plan.set_select(out, 3).is_err());
+        assert!(plan.set_select(branches[0], 0).is_err());
+        plan.compute().unwrap();
+        let want: Vec<f32> = xv.iter().map(|v| v * 3.0 * 0.5).collect();
+        assert_eq!(plan.output::<f32>(out).unwrap(), &want[..]);
+    }
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[4]).unwrap();
+    let b = g.input(DType::F32, &[5]).unwrap();
+    assert!(g.forward_select(&[a, b], 0).is_err(), "shapes differ");
+    assert!(g.forward_select(&[a], 1).is_err(), "idx out of range");
+    assert!(g.forward_select(&[], 0).is_err(), "no branches");
+}

@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["ops"],
     &["backend"],
     &["plan"],
+    &["sched"],
     &["gguf"],
     &["tokenizer"],
     &["models"],

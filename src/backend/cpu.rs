@@ -2,14 +2,15 @@
 //! pool; a [`crate::Plan`] built on it runs its nodes there.
 
 use super::{
-    AbortHook, BUFFER_ALIGNMENT, Backend, Buffer, BufferType, Device, DeviceCaps, DeviceType,
-    Registry,
+    AbortHook, Backend, BufferType, CpuBufferType, CpuRepackBufferType, Device, DeviceCaps,
+    DeviceType, Registry,
 };
 use crate::error::{Error, Result};
 use crate::graph::{Graph, TensorId};
 use crate::kernels::{CpuFeatures, Isa, KernelTable};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 /// The CPU registry: one device.
 #[derive(Clone, Copy, Debug, Default)]
@@ -84,7 +85,7 @@ impl Device for CpuDevice {
         crate::ops::supports(graph, node, crate::kernels::table()).is_ok()
     }
     fn supports_buft(&self, buft: &dyn BufferType) -> bool {
-        buft.is_host() || buft.name() == super::repack::REPACK_NAME
+        buft.is_host() || buft.is::<CpuRepackBufferType>()
     }
     fn default_buffer_type(&self) -> Arc<dyn BufferType> {
         Arc::new(CpuBufferType)
@@ -92,74 +93,8 @@ impl Device for CpuDevice {
     fn extra_buffer_types(&self) -> Vec<Arc<dyn BufferType>> {
         vec![Arc::new(CpuRepackBufferType)]
     }
-    fn init_backend(&self) -> Result<CpuBackend> {
-        CpuBackend::new()
-    }
-}
-
-/// Plain host memory, 64-byte aligned.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBufferType;
-
-impl BufferType for CpuBufferType {
-    fn name(&self) -> &str {
-        "CPU"
-    }
-    fn alignment(&self) -> usize {
-        BUFFER_ALIGNMENT
-    }
-    fn max_size(&self) -> usize {
-        isize::MAX as usize
-    }
-    fn is_host(&self) -> bool {
-        true
-    }
-    fn alloc(&self, size: usize) -> Result<Buffer> {
-        Buffer::alloc_named(size, "CPU")
-    }
-}
-
-/// Repacked weights (ggml's CPU_REPACK): Q4_0, IQ4_NL, MXFP4, Q4_K, Q6_K, Q2_K and TQ2_0 matrices with a
-/// multiple of 8 rows, stored 8 rows interleaved for the repacked matmul kernels. Store tensors
-/// with [`Buffer::set_tensor`] (it repacks on the way in, keeping no plain copy), then bind them
-/// with `Graph::weight`; such weights can only feed `mul_mat` as its first source, with F32
-/// activations. Same size as the plain layout.
-///
-/// ```
-/// use quantgraph::{Buffer, BufferType, CpuRepackBufferType, DType, Graph};
-/// let buft = CpuRepackBufferType;
-/// assert!(buft.supports_tensor(DType::Q4_0, &[64, 8]));
-/// let w = vec![0u8; DType::Q4_0.row_size(64)? * 8];
-/// let buf = buft.alloc(w.len())?;
-/// buf.set_tensor(0, DType::Q4_0, &[64, 8], &w)?;
-/// let mut g = Graph::new();
-/// let wt = g.weight(DType::Q4_0, &[64, 8], &buf, 0)?;
-/// let x = g.input(DType::F32, &[64, 3])?;
-/// let y = g.mul_mat(wt, x)?;
-/// # let _ = y;
-/// # Ok::<(), quantgraph::Error>(())
-/// ```
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuRepackBufferType;
-
-impl BufferType for CpuRepackBufferType {
-    fn name(&self) -> &str {
-        super::repack::REPACK_NAME
-    }
-    fn alignment(&self) -> usize {
-        BUFFER_ALIGNMENT
-    }
-    fn max_size(&self) -> usize {
-        isize::MAX as usize
-    }
-    fn is_host(&self) -> bool {
-        false
-    }
-    fn alloc(&self, size: usize) -> Result<Buffer> {
-        Buffer::alloc_repack(size)
-    }
-    fn supports_tensor(&self, dtype: crate::dtype::DType, ne: &[usize]) -> bool {
-        super::repack::supports(dtype, ne)
+    fn init_backend(&self) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(CpuBackend::new()?))
     }
 }
 
@@ -205,12 +140,136 @@ fn check_thread_count(op: &str, n: usize) -> Result<()> {
 }
 
 fn build_pool(n: usize) -> Result<crate::backend::pool::Workers> {
+    build_pool_with(&ThreadpoolParams::new(n))
+}
+
+fn build_pool_with(p: &ThreadpoolParams) -> Result<crate::backend::pool::Workers> {
+    let n = p.n_threads;
+    check_thread_count("Threadpool", n)?;
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .thread_name(|i| format!("quantgraph-{i}"))
         .build()
-        .map(crate::backend::pool::Workers::new)
+        .map(|pool| crate::backend::pool::Workers::new(pool, p.poll, p.affinity.clone()))
         .map_err(|e| Error::arg(format!("cannot start {n} worker threads: {e}")))
+}
+
+/// Parameters of a CPU thread pool (ggml's `ggml_threadpool_params`).
+///
+/// ```
+/// use quantgraph::backend::{Threadpool, ThreadpoolParams};
+/// use std::time::Duration;
+/// let params = ThreadpoolParams::new(2).poll(Duration::from_micros(50));
+/// let pool = Threadpool::new(&params)?;
+/// assert_eq!(pool.n_threads(), 2);
+/// # Ok::<(), quantgraph::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ThreadpoolParams {
+    /// Worker threads, 1 to [`MAX_THREADS`] (the thread calling `compute` is worker 0).
+    pub n_threads: usize,
+    /// How long an idle worker keeps polling for the next compute before it sleeps (ggml's
+    /// `poll` level). Polling makes back-to-back computes (a decode loop) start without a
+    /// wake-up; zero sleeps at once. Default 300 µs.
+    pub poll: Duration,
+    /// CPUs to pin the pool's threads to: worker i runs on `affinity[i % len]` (ggml's
+    /// `cpumask`); the calling thread, which runs worker 0, is left alone. Empty (the default)
+    /// pins nothing. Linux only; a CPU the process may not use leaves that thread unpinned.
+    pub affinity: Vec<usize>,
+}
+
+impl ThreadpoolParams {
+    /// `n` threads, the default poll time, no pinning.
+    pub fn new(n: usize) -> ThreadpoolParams {
+        ThreadpoolParams {
+            n_threads: n,
+            poll: crate::backend::pool::DEFAULT_POLL,
+            affinity: Vec::new(),
+        }
+    }
+
+    /// Sets how long idle workers poll before sleeping.
+    pub fn poll(mut self, poll: Duration) -> ThreadpoolParams {
+        self.poll = poll;
+        self
+    }
+
+    /// Sets the CPUs to pin the pool's threads to.
+    pub fn affinity(mut self, cpus: Vec<usize>) -> ThreadpoolParams {
+        self.affinity = cpus;
+        self
+    }
+}
+
+/// A CPU thread pool (ggml's `ggml_threadpool`): threads, poll time, pause and resume. Cloning
+/// shares it; give one to several backends with [`CpuBackend::with_threadpool`] and their
+/// computes take its threads in turn.
+///
+/// ```
+/// use quantgraph::backend::{Threadpool, ThreadpoolParams};
+/// use quantgraph::{Backend, CpuBackend};
+/// let pool = Threadpool::new(&ThreadpoolParams::new(2))?;
+/// let a = CpuBackend::with_threadpool(&pool)?;
+/// let b = CpuBackend::with_threadpool(&pool)?;
+/// assert_eq!((a.n_threads(), b.n_threads()), (2, 2));
+/// pool.pause(); // idle workers sleep at once; computes still run
+/// assert!(pool.is_paused());
+/// pool.resume();
+/// # Ok::<(), quantgraph::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Threadpool {
+    workers: Arc<crate::backend::pool::Workers>,
+}
+
+impl std::fmt::Debug for Threadpool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Threadpool")
+            .field("n_threads", &self.n_threads())
+            .field("poll", &self.workers.poll())
+            .field("paused", &self.is_paused())
+            .field("affinity", &self.workers.affinity())
+            .finish()
+    }
+}
+
+impl Threadpool {
+    /// Starts a pool (its threads start on the first compute that uses them).
+    pub fn new(params: &ThreadpoolParams) -> Result<Threadpool> {
+        Ok(Threadpool { workers: Arc::new(build_pool_with(params)?) })
+    }
+
+    /// Number of threads.
+    pub fn n_threads(&self) -> usize {
+        self.workers.n_threads()
+    }
+
+    /// Idle workers stop polling and sleep (ggml's `ggml_threadpool_pause`). A compute still
+    /// runs on a paused pool, waking the workers it needs; they sleep again right after.
+    pub fn pause(&self) {
+        self.workers.set_paused(true);
+    }
+
+    /// Idle workers poll again after the next compute (ggml's `ggml_threadpool_resume`).
+    pub fn resume(&self) {
+        self.workers.set_paused(false);
+    }
+
+    /// True between [`Threadpool::pause`] and [`Threadpool::resume`].
+    pub fn is_paused(&self) -> bool {
+        self.workers.is_paused()
+    }
+
+    /// Changes how long idle workers poll before sleeping.
+    pub fn set_poll(&self, poll: Duration) {
+        self.workers.set_poll(poll);
+    }
+
+    /// Workers asleep right now (they sleep after polling for the poll time with no work).
+    pub fn n_sleeping(&self) -> usize {
+        self.workers.n_sleeping()
+    }
 }
 
 /// The CPU backend: a dedicated thread pool, a thread count and an abort hook.
@@ -261,14 +320,35 @@ impl CpuBackend {
     fn build(n: usize, isa: Option<Isa>) -> Result<CpuBackend> {
         check_thread_count("CpuBackend", n)?;
         let pool = build_pool(n)?;
-        Ok(CpuBackend {
+        Ok(CpuBackend::on(Arc::new(pool), isa))
+    }
+
+    fn on(pool: Arc<crate::backend::pool::Workers>, isa: Option<Isa>) -> CpuBackend {
+        CpuBackend {
             shared: Arc::new(CpuShared {
-                pool: RwLock::new(Arc::new(pool)),
-                n_threads: AtomicUsize::new(n),
+                n_threads: AtomicUsize::new(pool.n_threads()),
+                pool: RwLock::new(pool),
                 abort: Mutex::new(None),
                 isa,
             }),
-        })
+        }
+    }
+
+    /// A backend with its own pool made from `params` (thread count, poll time, affinity).
+    pub fn with_params(params: &ThreadpoolParams) -> Result<CpuBackend> {
+        Ok(CpuBackend::on(Arc::new(build_pool_with(params)?), None))
+    }
+
+    /// A backend computing on `pool`, shared with whoever else holds it (other backends
+    /// included): their computes take the pool's threads in turn. `set_n_threads` later gives
+    /// this backend a pool of its own.
+    pub fn with_threadpool(pool: &Threadpool) -> Result<CpuBackend> {
+        Ok(CpuBackend::on(pool.workers.clone(), None))
+    }
+
+    /// The pool this backend computes on (pause, resume, poll time).
+    pub fn threadpool(&self) -> Threadpool {
+        Threadpool { workers: self.shared.pool() }
     }
 
     /// The SIMD tier the next plan built on this backend runs: the one chosen with
@@ -277,37 +357,16 @@ impl CpuBackend {
         self.shared.isa.unwrap_or_else(crate::kernels::selected_isa)
     }
 
-    /// The kernel table a plan built now on this backend uses.
-    pub(crate) fn kernel_table(&self) -> &'static KernelTable {
-        match self.shared.isa {
-            // `with_isa` checked that the CPU supports the tier, so the table exists.
-            Some(isa) => crate::kernels::table_for(isa).unwrap_or_else(crate::kernels::table),
-            None => crate::kernels::table(),
-        }
-    }
-}
-
-impl Backend for CpuBackend {
-    fn name(&self) -> &str {
-        "CPU"
-    }
-    fn device(&self) -> Arc<dyn Device> {
-        Arc::new(CpuDevice::new())
-    }
-    fn features(&self) -> Vec<(&'static str, String)> {
-        let mut f = CpuFeatures::detect().list();
-        f.push(("ISA", self.isa().name().to_string()));
-        f
-    }
-    fn n_threads(&self) -> usize {
-        self.shared.n_threads.load(Ordering::Relaxed)
-    }
-    fn set_n_threads(&self, n: usize) -> Result<()> {
+    /// Sets the number of worker threads (the [`Backend::set_n_threads`] of this backend).
+    pub(crate) fn set_threads(&self, n: usize) -> Result<()> {
         check_thread_count("set_n_threads", n)?;
-        if n == self.n_threads() {
+        if n == self.shared.n_threads.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let pool = Arc::new(build_pool(n)?);
+        // The new pool keeps the old one's poll time and pinning.
+        let cur = self.shared.pool();
+        let params = ThreadpoolParams::new(n).poll(cur.poll()).affinity(cur.affinity().to_vec());
+        let pool = Arc::new(build_pool_with(&params)?);
         match self.shared.pool.write() {
             Ok(mut p) => *p = pool,
             Err(e) => *e.into_inner() = pool,
@@ -315,10 +374,21 @@ impl Backend for CpuBackend {
         self.shared.n_threads.store(n, Ordering::Relaxed);
         Ok(())
     }
-    fn set_abort_hook(&self, hook: Option<AbortHook>) {
+
+    /// Installs (or removes) the backend-wide abort hook.
+    pub(crate) fn set_abort(&self, hook: Option<AbortHook>) {
         match self.shared.abort.lock() {
             Ok(mut h) => *h = hook,
             Err(e) => *e.into_inner() = hook,
+        }
+    }
+
+    /// The kernel table a plan built now on this backend uses.
+    pub(crate) fn kernel_table(&self) -> &'static KernelTable {
+        match self.shared.isa {
+            // `with_isa` checked that the CPU supports the tier, so the table exists.
+            Some(isa) => crate::kernels::table_for(isa).unwrap_or_else(crate::kernels::table),
+            None => crate::kernels::table(),
         }
     }
 }

@@ -4,7 +4,8 @@
 use crate::error::{Error, Result};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// A sense-reversing spin barrier with yield back-off (for more threads than cores).
@@ -48,9 +49,11 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    pub(crate) fn new(pool: rayon::ThreadPool) -> Workers {
+    pub(crate) fn new(pool: rayon::ThreadPool, poll: Duration, affinity: Vec<usize>) -> Workers {
         let n = pool.current_num_threads();
-        let slots = (0..n.max(1)).map(|_| Slot { state: AtomicU8::new(ASLEEP) }).collect();
+        let slots = (0..n.max(1))
+            .map(|_| Slot { state: AtomicU8::new(NOT_STARTED), thread: OnceLock::new() })
+            .collect();
         Workers {
             pool,
             team: Arc::new(Team {
@@ -59,6 +62,9 @@ impl Workers {
                 job: AtomicPtr::new(std::ptr::null_mut()),
                 done: AtomicUsize::new(0),
                 slots,
+                poll_ns: AtomicU64::new(duration_ns(poll)),
+                paused: AtomicBool::new(false),
+                affinity,
             }),
         }
     }
@@ -71,26 +77,77 @@ impl Workers {
     pub(crate) fn run(&self, nth: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
         self.team.run(&self.pool, nth, f)
     }
+
+    /// How long idle workers poll for the next compute before they sleep.
+    pub(crate) fn poll(&self) -> Duration {
+        Duration::from_nanos(self.team.poll_ns.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_poll(&self, poll: Duration) {
+        self.team.poll_ns.store(duration_ns(poll), Ordering::Relaxed);
+    }
+
+    /// Paused: idle workers sleep at once instead of polling (computes still run).
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.team.paused.store(paused, Ordering::Release);
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        self.team.paused.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn affinity(&self) -> &[usize] {
+        &self.team.affinity
+    }
+
+    /// Workers asleep now (tests and diagnostics).
+    pub(crate) fn n_sleeping(&self) -> usize {
+        self.team.slots.iter().filter(|s| s.state.load(Ordering::Acquire) == PARKED).count()
+    }
 }
 
-/// How long a team worker spins for the next compute before it returns its thread to the pool.
-const HOT_WINDOW: Duration = Duration::from_micros(300);
+impl Drop for Workers {
+    fn drop(&mut self) {
+        // No compute runs (each holds an `Arc<Workers>`): tell every started worker to leave,
+        // so its pool thread ends with the pool.
+        for slot in self.team.slots.iter() {
+            if slot.state.swap(EXIT, Ordering::AcqRel) == PARKED
+                && let Some(t) = slot.thread.get()
+            {
+                t.unpark();
+            }
+        }
+    }
+}
 
-const ASLEEP: u8 = 0;
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The default time idle workers poll for the next compute before sleeping.
+pub(crate) const DEFAULT_POLL: Duration = Duration::from_micros(300);
+
+const NOT_STARTED: u8 = 0;
 const SPINNING: u8 = 1;
 const ASSIGNED: u8 = 2;
+const PARKED: u8 = 3;
+const EXIT: u8 = 4;
 
-/// One worker's state: `ASLEEP` (no job of the pool runs it), `SPINNING` (it waits for work in
-/// a pool thread) or `ASSIGNED` (the caller gave it the current job).
+/// One worker's state: `NOT_STARTED` (no pool thread runs it yet), `SPINNING` (it polls for
+/// work), `ASSIGNED` (the caller gave it the current job), `PARKED` (asleep in its pool thread
+/// until the caller unparks it) or `EXIT` (the pool is going away).
 #[repr(align(64))]
 struct Slot {
     state: AtomicU8,
+    /// The pool thread running this worker, set when it starts (before it can park).
+    thread: OnceLock<std::thread::Thread>,
 }
 
 /// The caller of a compute runs worker 0 itself and hands workers 1.. the job: a worker still
-/// spinning from the last compute takes it at once (a compare-exchange), one that went to sleep
-/// is started again as a pool job. Workers spin for `HOT_WINDOW` after a job, so a stream of
-/// computes (a decode loop, a benchmark) does not pay the pool's wake-up each time.
+/// polling from the last compute takes it at once (a compare-exchange), one that went to sleep
+/// is unparked, one never started is started as a pool job (once in the pool's life: later
+/// computes allocate nothing). Workers poll for `poll_ns` after a job, so a stream of computes
+/// (a decode loop, a benchmark) does not pay a wake-up each time.
 struct Team {
     /// A ticket lock: computes sharing the backend take the team in turn (first come, first
     /// served, so a thread computing in a loop cannot starve another).
@@ -102,6 +159,12 @@ struct Team {
     /// Workers that finished the current job.
     done: AtomicUsize,
     slots: Box<[Slot]>,
+    /// How long (ns) a worker polls for the next job before it parks.
+    poll_ns: AtomicU64,
+    /// Paused pools do not poll.
+    paused: AtomicBool,
+    /// CPUs to pin worker i (i >= 1) to: `affinity[i % len]`; empty = not pinned.
+    affinity: Vec<usize>,
 }
 
 /// Deepest nesting of computes (a custom op computing a plan whose custom op computes another
@@ -186,13 +249,33 @@ impl Team {
         self.done.store(0, Ordering::Relaxed);
         self.job.store(&job as *const JobRef<'_> as *mut (), Ordering::Release);
         for i in 1..nth {
-            let st = &self.slots[i].state;
-            if st.compare_exchange(SPINNING, ASSIGNED, Ordering::AcqRel, Ordering::Acquire).is_err()
-            {
-                // Asleep: start it again (the spawn publishes the job to it).
-                st.store(ASSIGNED, Ordering::Release);
-                let team = Arc::clone(self);
-                pool.spawn(move || team.work(i));
+            let slot = &self.slots[i];
+            let st = &slot.state;
+            loop {
+                match st.compare_exchange(SPINNING, ASSIGNED, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => break,
+                    Err(PARKED) => {
+                        if st
+                            .compare_exchange(PARKED, ASSIGNED, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok()
+                        {
+                            // A worker publishes its thread before it first parks.
+                            if let Some(t) = slot.thread.get() {
+                                t.unpark();
+                            }
+                            break;
+                        }
+                    }
+                    Err(NOT_STARTED) => {
+                        // Start it (the spawn publishes the job to it).
+                        st.store(ASSIGNED, Ordering::Release);
+                        let team = Arc::clone(self);
+                        pool.spawn(move || team.work(i));
+                        break;
+                    }
+                    // Between states (polling -> parking): look again.
+                    Err(_) => std::hint::spin_loop(),
+                }
             }
         }
         // Worker 0's panics are caught inside (`worker` catches the ops' and the hook's); catch
@@ -217,10 +300,16 @@ impl Team {
         Ok(())
     }
 
-    /// A team worker's life in a pool thread: run the assigned job, then spin for the next one
-    /// until `HOT_WINDOW` passes without work.
+    /// A team worker's life in a pool thread: run the assigned job, poll for the next one for
+    /// `poll_ns` (not at all while paused), then park until the caller unparks it.
     fn work(&self, i: usize) {
-        let st = &self.slots[i].state;
+        let slot = &self.slots[i];
+        let st = &slot.state;
+        let _ = slot.thread.set(std::thread::current());
+        if !self.affinity.is_empty() {
+            // Best effort: a CPU the process may not use leaves the thread where it was.
+            let _ = pin_current_thread(self.affinity[i % self.affinity.len()]);
+        }
         loop {
             let p = self.job.load(Ordering::Acquire) as *const JobRef<'_>;
             // SAFETY: this slot was ASSIGNED after `job` was stored (release / acquire through
@@ -230,24 +319,81 @@ impl Team {
             let outer = IN_TEAMS.with(|t| t.replace(chain));
             let _ = catch_unwind(AssertUnwindSafe(|| f(i)));
             IN_TEAMS.with(|t| t.set(outer));
-            st.store(SPINNING, Ordering::Release);
+            if st.compare_exchange(ASSIGNED, SPINNING, Ordering::AcqRel, Ordering::Acquire).is_err()
+            {
+                // EXIT cannot come while a compute holds the pool; leave if it did anyway.
+                self.done.fetch_add(1, Ordering::AcqRel);
+                return;
+            }
             self.done.fetch_add(1, Ordering::AcqRel);
-            let start = Instant::now();
-            let mut spins = 0u32;
-            loop {
-                if st.load(Ordering::Acquire) == ASSIGNED {
-                    break;
-                }
-                std::hint::spin_loop();
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(256) && start.elapsed() > HOT_WINDOW {
-                    match st.compare_exchange(SPINNING, ASLEEP, Ordering::AcqRel, Ordering::Acquire)
-                    {
-                        Ok(_) => return,
-                        Err(_) => break,
-                    }
-                }
+            if !self.wait_for_job(st) {
+                return;
             }
         }
     }
+
+    /// Polls, then parks, until this worker is ASSIGNED (true) or told to exit (false).
+    fn wait_for_job(&self, st: &AtomicU8) -> bool {
+        let start = Instant::now();
+        let poll = Duration::from_nanos(self.poll_ns.load(Ordering::Relaxed));
+        let mut spins = 0u32;
+        loop {
+            match st.load(Ordering::Acquire) {
+                ASSIGNED => return true,
+                EXIT => return false,
+                _ => {}
+            }
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256)
+                && (self.paused.load(Ordering::Relaxed) || start.elapsed() >= poll)
+            {
+                break;
+            }
+        }
+        match st.compare_exchange(SPINNING, PARKED, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {}
+            Err(ASSIGNED) => return true,
+            Err(_) => return false,
+        }
+        loop {
+            std::thread::park();
+            match st.load(Ordering::Acquire) {
+                ASSIGNED => return true,
+                EXIT => return false,
+                _ => {} // spurious wake-up
+            }
+        }
+    }
+}
+
+/// Pins the calling thread to CPU `cpu` (Linux: `sched_setaffinity`).
+#[cfg(target_os = "linux")]
+pub(crate) fn pin_current_thread(cpu: usize) -> Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(Error::arg(format!(
+            "affinity: CPU {cpu} is past the {} a set can hold",
+            libc::CPU_SETSIZE
+        )));
+    }
+    // SAFETY: cpu_set_t is plain data for which all-zero bits are the empty set; CPU_SET gets an
+    // index below CPU_SETSIZE (checked above); sched_setaffinity(0, ..) reads the set we own.
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        return Err(Error::arg(format!(
+            "affinity: cannot pin a thread to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// Pinning threads is implemented on Linux only.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn pin_current_thread(cpu: usize) -> Result<()> {
+    Err(Error::arg(format!("affinity: pinning to CPU {cpu} is implemented on Linux only")))
 }

@@ -78,6 +78,37 @@ pub(crate) enum Leaf {
     State { buffer: Buffer, offset: usize },
 }
 
+/// Where a tensor's data lives ([`Graph::storage`]).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Storage<'a> {
+    /// An input: the caller copies its data in before each compute.
+    Input,
+    /// Read-only data in a caller-owned buffer at a byte offset.
+    Weight {
+        /// The buffer.
+        buffer: &'a Buffer,
+        /// Byte offset of the tensor in it.
+        offset: usize,
+    },
+    /// Mutable data in a caller-owned buffer that persists across computes.
+    State {
+        /// The buffer.
+        buffer: &'a Buffer,
+        /// Byte offset of the tensor in it.
+        offset: usize,
+    },
+    /// Memory of another tensor: a view, or an op that writes in place into its source.
+    View {
+        /// The tensor that owns the memory (never a view itself).
+        root: TensorId,
+        /// Byte offset into the root.
+        offset: usize,
+    },
+    /// The fresh result of an op.
+    Node,
+}
+
 /// One tensor of a graph.
 #[derive(Clone)]
 pub(crate) struct Tensor {
@@ -470,6 +501,72 @@ impl Graph {
     /// True when `id` was marked with [`Graph::set_output`].
     pub fn is_output(&self, id: TensorId) -> bool {
         self.index_of(id).is_some_and(|i| self.tensors[i].output)
+    }
+
+    /// Where a tensor's data lives: what a backend needs to place and read it.
+    pub fn storage(&self, id: TensorId) -> Result<Storage<'_>> {
+        let t = self.get("storage", id)?;
+        Ok(match (&t.leaf, t.view_src) {
+            (Leaf::Input, _) => Storage::Input,
+            (Leaf::Weight { buffer, offset }, _) => Storage::Weight { buffer, offset: *offset },
+            (Leaf::State { buffer, offset }, _) => Storage::State { buffer, offset: *offset },
+            (Leaf::None, Some(root)) => Storage::View { root, offset: t.view_offs },
+            (Leaf::None, None) => Storage::Node,
+        })
+    }
+
+    /// Ids of every tensor in creation order (a valid evaluation order).
+    pub fn ids(&self) -> impl Iterator<Item = TensorId> + '_ {
+        (0..self.tensors.len()).map(|i| self.id_at(i))
+    }
+
+    /// Per tensor (by index): true when a plan must compute or hold it: outputs, writes into
+    /// state buffers, and everything they depend on.
+    pub(crate) fn needed(&self) -> Vec<bool> {
+        self.reached(false)
+    }
+
+    /// Like [`Graph::needed`], but a `forward_select` node depends only on its selected branch:
+    /// what a compute runs.
+    pub(crate) fn active(&self) -> Vec<bool> {
+        self.reached(true)
+    }
+
+    fn reached(&self, follow_selection: bool) -> Vec<bool> {
+        let n = self.tensors.len();
+        let mut needed = vec![false; n];
+        for (i, t) in self.tensors.iter().enumerate() {
+            let writes_state = !matches!(t.op, Op::None | Op::View)
+                && t.view_src
+                    .is_some_and(|r| matches!(self.tensors[r.index()].leaf, Leaf::State { .. }));
+            if t.output || writes_state {
+                needed[i] = true;
+            }
+        }
+        for i in (0..n).rev() {
+            if needed[i] {
+                let t = &self.tensors[i];
+                if let (true, Op::ForwardSelect { idx }) = (follow_selection, &t.op) {
+                    if let Some(s) = t.src[*idx] {
+                        needed[s.index()] = true;
+                    }
+                    continue;
+                }
+                for s in t.srcs() {
+                    needed[s.index()] = true;
+                }
+                if let Some(r) = t.view_src {
+                    needed[r.index()] = true;
+                }
+            }
+        }
+        needed
+    }
+
+    /// Appends a tensor as it is (a scheduler copying nodes into per-backend graphs); the
+    /// caller gives sources and view roots that are this graph's ids.
+    pub(crate) fn push_raw(&mut self, t: Tensor) -> Result<TensorId> {
+        self.push(t)
     }
 
     fn push(&mut self, t: Tensor) -> Result<TensorId> {

@@ -194,6 +194,13 @@ pub enum Op {
     Custom(super::CustomOp),
     /// A typed custom op ([`Graph::custom_any`](crate::Graph::custom_any)).
     CustomAny(super::CustomAnyOp),
+    /// The branch `idx` of its sources, copied
+    /// ([`Graph::forward_select`](crate::Graph::forward_select)); the other branches are not
+    /// computed.
+    ForwardSelect {
+        /// The selected source.
+        idx: usize,
+    },
     /// Resize (upscale / interpolate).
     Upscale(super::ScaleMode),
     /// A copy of src0 with src1 written into a strided view at a byte offset.
@@ -517,6 +524,7 @@ impl Op {
             Op::Arange { .. } => "arange",
             Op::TimestepEmbedding { .. } => "timestep_embedding",
             Op::Custom(_) | Op::CustomAny(_) => "custom",
+            Op::ForwardSelect { .. } => "forward_select",
             Op::Upscale(_) => "upscale",
             Op::Set { .. } => "set",
             Op::Add1 => "add1",
@@ -1040,4 +1048,64 @@ pub(crate) fn check_copy(op: &'static str, a: &super::Tensor, d: &super::Tensor)
         ));
     }
     Ok(())
+}
+
+impl Graph {
+    /// ggml_build_forward_select: a graph of fixed topology whose result comes from one of
+    /// several branches. Every branch is built into the graph and planned, but a compute runs
+    /// only the selected one (and what it depends on); the result is a copy of it. `branches`
+    /// (1 to [`MAX_SRC`](crate::graph::MAX_SRC)) share type and shape and have contiguous rows;
+    /// `idx` is the initial choice, changed per compute with
+    /// [`Plan::set_select`](crate::Plan::set_select) without planning again.
+    pub fn forward_select(&mut self, branches: &[TensorId], idx: usize) -> Result<TensorId> {
+        const OP: &str = "forward_select";
+        if branches.is_empty() || branches.len() > super::MAX_SRC {
+            return Err(Error::param(
+                OP,
+                format!("{} branches: need 1 to {}", branches.len(), super::MAX_SRC),
+            ));
+        }
+        if idx >= branches.len() {
+            return Err(Error::param(OP, format!("idx = {idx} with {} branches", branches.len())));
+        }
+        let first = self.get(OP, branches[0])?;
+        let (dtype, ne) = (first.dtype, first.ne);
+        for &b in branches {
+            let t = self.get(OP, b)?;
+            if t.dtype != dtype || t.ne != ne || !t.rows_contiguous() {
+                return Err(Error::shape(
+                    OP,
+                    format!(
+                        "branch {} must have the type and shape of {} and contiguous rows",
+                        t.describe(b),
+                        self.t(branches[0]).describe(branches[0])
+                    ),
+                ));
+            }
+        }
+        self.node(Op::ForwardSelect { idx }, dtype, ne, branches)
+    }
+
+    /// The selected branch of a `forward_select` node.
+    pub(crate) fn set_selected(&mut self, node: TensorId, idx: usize) -> Result<()> {
+        const OP: &str = "set_select";
+        let t = self.get(OP, node)?;
+        let Op::ForwardSelect { .. } = t.op else {
+            return Err(Error::arg(format!(
+                "{OP}: {} is a {} node, not forward_select",
+                t.describe(node),
+                t.op.name()
+            )));
+        };
+        let n = t.srcs().count();
+        if idx >= n {
+            return Err(Error::param(
+                OP,
+                format!("idx = {idx} for {} with {n} branches", t.describe(node)),
+            ));
+        }
+        let i = self.index_of(node).expect("checked by get");
+        self.tensors[i].op = Op::ForwardSelect { idx };
+        Ok(())
+    }
 }

@@ -131,6 +131,27 @@ pub struct Llama {
     /// Tokens already in the cache.
     n_past: usize,
     decode: Option<Step>,
+    /// Set by [`Llama::reserve`]: one plan whose arena every step is laid out in.
+    reserved: Option<Plan>,
+}
+
+/// The graph of one model step ([`Llama::step_graph`]) and its tensors.
+#[non_exhaustive]
+pub struct LlamaStep {
+    /// The graph: embedding, every block (writing K and V into the cache at `pos`), output.
+    pub graph: Graph,
+    /// Input: I32 token ids, `[n_tokens]`.
+    pub tokens: TensorId,
+    /// Input: I32 positions, `[n_tokens]` (the cache rows the step's K and V go to).
+    pub pos: TensorId,
+    /// Input: F32 attention mask, `[n_ctx, n_tokens rounded up to 4]`: 0 where token i may
+    /// attend to cache row j, -inf elsewhere.
+    pub mask: TensorId,
+    /// Input, when some block attends over a sliding window: the same mask with -inf also
+    /// `swa_window` or more positions back.
+    pub mask_swa: Option<TensorId>,
+    /// Output: F32 logits, `[n_vocab, n_tokens]` (or `[n_vocab, 1]` for `last_only`).
+    pub logits: TensorId,
 }
 
 /// A planned step for `n_tokens` tokens.
@@ -273,6 +294,7 @@ impl Llama {
             backend: backend.clone(),
             n_past: 0,
             decode: None,
+            reserved: None,
         };
         // Build once to validate every shape now rather than at the first token.
         m.build(1, false)?;
@@ -345,9 +367,34 @@ impl Llama {
         g.mul_mat(wt, x)
     }
 
+    /// Lays every later step out in one arena, planned once for a prompt of `max_tokens`
+    /// tokens (the worst case; [`Plan::reserve`]): prompts of 1 to `max_tokens` tokens and
+    /// decode steps then reuse it ([`Plan::replan`]) instead of each planning and allocating
+    /// their own. A longer prompt is an `Err` naming what does not fit.
+    pub fn reserve(&mut self, max_tokens: usize) -> Result<()> {
+        let worst = self.step_graph(max_tokens, false)?;
+        self.reserved = Some(Plan::reserve(worst.graph, &self.backend)?);
+        self.decode = None;
+        Ok(())
+    }
+
+    /// The graph of one step: `n_tokens` new tokens attending over the cache, with the logits
+    /// of every new token or (`last_only`) of the last one. `forward` builds and plans these;
+    /// this is for callers who plan and compute steps themselves.
+    pub fn step_graph(&self, n_tokens: usize, last_only: bool) -> Result<LlamaStep> {
+        self.build_graph(n_tokens, last_only)
+    }
+
     /// The graph for `t` new tokens attending over the whole cache (masked past `n_past + t`),
     /// with the logits of every new token or (`last_only`) of the last one.
     fn build(&self, t: usize, last_only: bool) -> Result<Step> {
+        let s = self.build_graph(t, last_only)?;
+        let plan = Plan::new(s.graph, &self.backend)?;
+        let (tokens, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
+        Ok(Step { n_tokens: t, plan, tokens, pos, mask, mask_swa, logits })
+    }
+
+    fn build_graph(&self, t: usize, last_only: bool) -> Result<LlamaStep> {
         let c = &self.cfg;
         let (hd, nh, nkv, ctx) = (self.hd(), c.n_head, c.n_head_kv, c.n_ctx);
         let mut g = Graph::with_capacity(32 * c.n_layer + 16);
@@ -428,8 +475,7 @@ impl Llama {
         let h = g.rms_norm_mul(x, on, c.eps)?;
         let logits = Self::mm(&mut g, &self.output, h)?;
         g.set_output(logits)?;
-        let plan = Plan::new(g, &self.backend)?;
-        Ok(Step { n_tokens: t, plan, tokens, pos, mask: mask32, mask_swa: mask_swa32, logits })
+        Ok(LlamaStep { graph: g, tokens, pos, mask: mask32, mask_swa: mask_swa32, logits })
     }
 
     fn run(&mut self, step: &mut Step, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -490,6 +536,26 @@ impl Llama {
     fn forward_with(&mut self, tokens: &[u32], last_only: bool) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::arg("llama: no tokens"));
+        }
+        if let Some(mut plan) = self.reserved.take() {
+            let s = match self.step_graph(tokens.len(), last_only) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.reserved = Some(plan);
+                    return Err(e);
+                }
+            };
+            // On failure `replan` keeps the plan as it was: it stays the reserve.
+            if let Err(e) = plan.replan(s.graph) {
+                self.reserved = Some(plan);
+                return Err(e);
+            }
+            let (tk, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
+            let mut step =
+                Step { n_tokens: tokens.len(), plan, tokens: tk, pos, mask, mask_swa, logits };
+            let r = self.run(&mut step, tokens);
+            self.reserved = Some(step.plan);
+            return r;
         }
         if tokens.len() == 1 {
             let mut step = match self.decode.take() {

@@ -24,8 +24,11 @@ pub(crate) fn compute(
     let nc = d.ne[0];
     let dt = d.dtype;
     let f16 = dt == DType::F16;
-    let gelu_t = tables::gelu_table();
-    let quick_t = tables::gelu_quick_table();
+    // The f16 tables are built on first use, so only the ops that read them fetch them (a
+    // SwiGLU compute then never builds, and allocates, a GELU table).
+    let gelu_t: &[u16] = if matches!(op, GluOp::Geglu) { tables::gelu_table() } else { &[] };
+    let quick_t: &[u16] =
+        if matches!(op, GluOp::GegluQuick) { tables::gelu_quick_table() } else { &[] };
     // (x bits for the f16 table paths, x, g) -> result, as ggml's vec.h does per type.
     let f = |xh: u16, x: f32, g: f32| -> f32 {
         match op {

@@ -30,6 +30,7 @@ mod pool;
 mod reduce;
 mod rope;
 mod rwkv;
+mod select;
 mod set_rows;
 mod softmax;
 mod ssm;
@@ -324,6 +325,11 @@ registry! {
         inplace: false,
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
         run: |ctx, phase, ith| custom::compute(ctx, ith, op)
+    },
+    Op::ForwardSelect { idx } => {
+        inplace: false,
+        phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
+        run: |ctx, phase, ith| select::compute(ctx, ith, *idx)
     },
     Op::CustomAny(op) => {
         inplace: false,

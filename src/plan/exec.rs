@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::ops::NodeCtx;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 struct Shared<'a> {
     barrier: SpinBarrier,
@@ -24,16 +24,28 @@ struct Shared<'a> {
     hook: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
     /// The plan's kernel table, the same for every node, phase and worker of the compute.
     kt: &'static crate::kernels::KernelTable,
+    /// The eval callback, run by worker 0 after each node while the others wait.
+    eval: Option<&'a (dyn Fn(&ExecNode) -> bool + Sync)>,
+    /// Set by worker 0 when the eval callback stops the compute; read after the barrier that
+    /// follows the callback.
+    halted: AtomicBool,
+    /// Per node: computed this time (`None`: all).
+    active: Option<&'a [bool]>,
 }
 
 impl Shared<'_> {
     fn fail(&self, step: usize, e: Error) {
+        self.record(e);
+        self.stop_at.fetch_min(step, Ordering::AcqRel);
+    }
+
+    /// Keeps the first error of the compute.
+    fn record(&self, e: Error) {
         if let Ok(mut slot) = self.error.lock()
             && slot.is_none()
         {
             *slot = Some(e);
         }
-        self.stop_at.fetch_min(step, Ordering::AcqRel);
     }
 
     fn stopped(&self, step: usize) -> bool {
@@ -60,7 +72,11 @@ fn worker(
     work_len: usize,
 ) {
     let mut step = 0usize;
-    for node in nodes {
+    for (i, node) in nodes.iter().enumerate() {
+        // Every worker reads the same flags, so all skip the same nodes (and their barriers).
+        if sh.active.is_some_and(|a| !a[i]) {
+            continue;
+        }
         for phase in 0..node.phases {
             if !sh.stopped(step) {
                 let ctx = NodeCtx {
@@ -100,9 +116,47 @@ fn worker(
             if sh.stopped(step) {
                 return;
             }
+            if let Some(ev) = sh.eval
+                && phase + 1 == node.phases
+            {
+                // Every worker is past the node, none has started the next one: worker 0 shows
+                // the result while the others wait, so it is neither being written nor reused.
+                if ith == 0 {
+                    let stop = match catch_unwind(AssertUnwindSafe(|| ev(node))) {
+                        Ok(true) => None,
+                        Ok(false) => Some(Error::Stopped { node: node.label() }),
+                        Err(p) => Some(Error::Panicked {
+                            name: "eval callback".into(),
+                            msg: panic_message(p.as_ref()),
+                        }),
+                    };
+                    // Not `fail`: a worker still between the barrier above and its check of
+                    // `stop_at` would leave now and strand worker 0 at the barrier below. The
+                    // halt flag is read only after it.
+                    if let Some(e) = stop {
+                        sh.record(e);
+                        sh.halted.store(true, Ordering::Release);
+                    }
+                }
+                sh.barrier.wait();
+                if sh.halted.load(Ordering::Acquire) {
+                    return;
+                }
+            }
             step += 1;
         }
     }
+}
+
+/// The caller's hooks into a compute.
+pub(crate) struct Hooks<'a> {
+    /// Polled after each node; `true` stops the compute.
+    pub abort: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
+    /// The eval callback (see `Shared::eval`).
+    pub eval: Option<&'a (dyn Fn(&ExecNode) -> bool + Sync)>,
+    /// Per node: whether this compute runs it (`None`: all); nodes only an unselected
+    /// `forward_select` branch needs are skipped.
+    pub active: Option<&'a [bool]>,
 }
 
 pub(crate) fn run(
@@ -112,8 +166,12 @@ pub(crate) fn run(
     kt: &'static crate::kernels::KernelTable,
     work: *mut u8,
     work_len: usize,
-    hook: Option<&(dyn Fn() -> bool + Send + Sync)>,
+    hooks: Hooks<'_>,
 ) -> Result<()> {
+    let Hooks { abort: hook, eval, active } = hooks;
+    if active.is_some_and(|a| a.len() != nodes.len()) {
+        return Err(Error::arg("compute: node flags do not match the plan"));
+    }
     let sh = Shared {
         barrier: SpinBarrier::new(nth),
         stop_at: AtomicUsize::new(usize::MAX),
@@ -121,6 +179,9 @@ pub(crate) fn run(
         counters: [AtomicUsize::new(0), AtomicUsize::new(0)],
         hook,
         kt,
+        eval,
+        halted: AtomicBool::new(false),
+        active,
     };
     let work = WorkPtr(work);
     if nth == 1 {

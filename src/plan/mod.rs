@@ -5,9 +5,12 @@
 //! times with new inputs and allocates nothing.
 
 mod alloc;
+mod cpu_backend;
 pub(crate) mod exec;
 
-use crate::backend::{AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared};
+use crate::backend::{
+    AbortHook, Backend, Buffer, BufferGuard, CpuBackend, CpuShared, EvalCallback, NodeEval,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Leaf, MAX_SRC, Op, TensorId};
@@ -60,6 +63,8 @@ pub struct Plan {
     addrs: Vec<*mut u8>,
     arena: Buffer,
     work: Buffer,
+    /// The work buffer is a reserve ([`Plan::replan`]): never reallocated.
+    fixed_work: bool,
     /// Thread count the work buffer was sized for.
     work_nth: usize,
     inputs: Vec<InputSlot>,
@@ -70,9 +75,13 @@ pub struct Plan {
     /// The kernel table of the backend's tier, chosen when the plan was built.
     kt: &'static KernelTable,
     abort: Option<AbortHook>,
+    eval: Option<EvalCallback>,
     stats: PlanStats,
     /// Guard regions (offset, length) in the arena, for `with_guards` plans.
     guards_at: Vec<(usize, usize)>,
+    /// Per node: whether a compute runs it under the current `forward_select` choices (`None`
+    /// when the graph has no such node: every node runs).
+    active: Option<Vec<bool>>,
 }
 
 const GUARD_BYTE: u8 = 0xA5;
@@ -143,6 +152,67 @@ impl Plan {
     }
 
     fn build(graph: Graph, backend: &CpuBackend, guard: usize) -> Result<Plan> {
+        // One kernel table for the plan's life: support checks, phase counts, work sizes and
+        // every compute agree on the tier.
+        let kt = backend.kernel_table();
+        Plan::build_with(graph, backend.shared.clone(), kt, backend.n_threads(), guard, None)
+    }
+
+    /// Plans `worst`, the largest graph of a family (the longest prompt of a model): the same
+    /// as [`Plan::new`], named for what comes next. Its arena and work buffer are the reserve
+    /// that [`Plan::replan`] fits every smaller graph of the family into, as ggml-alloc's
+    /// `ggml_gallocr_reserve` does.
+    pub fn reserve(worst: Graph, backend: &CpuBackend) -> Result<Plan> {
+        Plan::new(worst, backend)
+    }
+
+    /// Replaces the plan's graph with `graph`, laid out in the arena and work buffer this plan
+    /// already has: no tensor memory is allocated, and `compute` then allocates nothing either.
+    /// Meant for graphs of the same shape family as the one reserved (a prompt of another
+    /// length, a decode step). Inputs must be set again. `Err` when `graph` does not fit,
+    /// naming the first tensor past the arena or the node whose work buffer is too small; the
+    /// plan then keeps its previous graph. The abort hook and eval callback stay installed.
+    ///
+    /// ```
+    /// use quantgraph::{CpuBackend, DType, Graph, Plan, TensorId};
+    /// fn graph(n: usize) -> quantgraph::Result<(Graph, TensorId, TensorId)> {
+    ///     let mut g = Graph::new();
+    ///     let x = g.input(DType::F32, &[n])?;
+    ///     let y = g.scale(x, 2.0)?;
+    ///     g.set_output(y)?;
+    ///     Ok((g, x, y))
+    /// }
+    /// let (g, _, _) = graph(64)?;
+    /// let mut plan = Plan::reserve(g, &CpuBackend::with_threads(1)?)?;
+    /// let (g, x, y) = graph(3)?;
+    /// plan.replan(g)?;
+    /// plan.set_input(x, &[1.0f32, 2.0, 3.0])?;
+    /// plan.compute()?;
+    /// assert_eq!(plan.output::<f32>(y)?, &[2.0, 4.0, 6.0]);
+    /// assert!(plan.replan(graph(1000)?.0).is_err()); // does not fit
+    /// # Ok::<(), quantgraph::Error>(())
+    /// ```
+    pub fn replan(&mut self, graph: Graph) -> Result<()> {
+        if !self.guards_at.is_empty() {
+            return Err(Error::arg("replan: a plan with guards cannot take another graph"));
+        }
+        let nth = self.shared.pool().n_threads();
+        let reserve = (self.arena.clone(), self.work.clone());
+        let mut p = Plan::build_with(graph, self.shared.clone(), self.kt, nth, 0, Some(reserve))?;
+        p.abort = self.abort.take();
+        p.eval = self.eval.take();
+        *self = p;
+        Ok(())
+    }
+
+    fn build_with(
+        graph: Graph,
+        shared: Arc<CpuShared>,
+        kt: &'static KernelTable,
+        nth: usize,
+        guard: usize,
+        reserve: Option<(Buffer, Buffer)>,
+    ) -> Result<Plan> {
         let n = graph.tensors.len();
         // A region with its two guards; `Err` rather than a wrapped size for huge tensors.
         let framed = |nbytes: usize| {
@@ -152,31 +222,8 @@ impl Plan {
                 .ok_or(Error::Overflow { what: "plan arena size" })
         };
         let mut guards_at: Vec<(usize, usize)> = Vec::new();
-        let nth = backend.n_threads();
-        // One kernel table for the plan's life: support checks, phase counts, work sizes and
-        // every compute agree on the tier.
-        let kt = backend.kernel_table();
         // 1. What runs: outputs, writes into state buffers, and everything they depend on.
-        let mut needed = vec![false; n];
-        for (i, t) in graph.tensors.iter().enumerate() {
-            let writes_state = !matches!(t.op, Op::None | Op::View)
-                && t.view_src
-                    .is_some_and(|r| matches!(graph.tensors[r.index()].leaf, Leaf::State { .. }));
-            if t.output || writes_state {
-                needed[i] = true;
-            }
-        }
-        for i in (0..n).rev() {
-            if needed[i] {
-                let t = &graph.tensors[i];
-                for s in t.srcs() {
-                    needed[s.index()] = true;
-                }
-                if let Some(r) = t.view_src {
-                    needed[r.index()] = true;
-                }
-            }
-        }
+        let needed = graph.needed();
         if !needed.iter().any(|&x| x) {
             return Err(Error::arg("plan: the graph has no output (call Graph::set_output)"));
         }
@@ -192,6 +239,20 @@ impl Plan {
             let id = graph.id_at(i);
             if !matches!(t.op, Op::None | Op::View) {
                 crate::ops::supports(&graph, id, kt)?;
+            }
+            if let Leaf::Weight { buffer, .. } | Leaf::State { buffer, .. } = &t.leaf
+                && buffer.is_device()
+            {
+                return Err(Error::Unsupported {
+                    op: "plan",
+                    backend: "CPU".into(),
+                    msg: format!(
+                        "{} is stored in buffer '{}', which is not host memory (plan the graph \
+                         with a Scheduler that has that buffer's backend)",
+                        t.describe(id),
+                        buffer.name()
+                    ),
+                });
             }
             for s in t.srcs() {
                 let r = root(s);
@@ -292,7 +353,30 @@ impl Plan {
         }
         stats.arena_bytes = arena.peak;
 
-        let arena_buf = Buffer::alloc_named(arena.peak, "CPU_Arena")?;
+        let (arena_buf, work) = match reserve {
+            Some((a, w)) if arena.peak <= a.len() => (a, Some(w)),
+            Some((a, _)) => {
+                let past = (0..n)
+                    .filter(|&i| offset[i] != usize::MAX)
+                    .map(|i| (i, offset[i], offset[i].saturating_add(graph.tensors[i].nbytes())))
+                    .filter(|&(_, _, end)| end > a.len())
+                    .min_by_key(|&(_, start, _)| start);
+                let what = past.map_or(String::new(), |(i, start, end)| {
+                    format!(
+                        ": {} (arena bytes {start}..{end}) is past it",
+                        graph.describe(graph.id_at(i))
+                    )
+                });
+                return Err(Error::Buffer(format!(
+                    "replan: the graph needs {} arena bytes, {} more than the {} reserved{what}; \
+                     reserve with a larger graph",
+                    arena.peak,
+                    arena.peak - a.len(),
+                    a.len()
+                )));
+            }
+            None => (Buffer::alloc_named(arena.peak, "CPU_Arena")?, None),
+        };
         for &(start, len) in &guards_at {
             let pattern = vec![GUARD_BYTE; len];
             arena_buf.write(start, &pattern)?;
@@ -375,26 +459,77 @@ impl Plan {
             nodes,
             addrs,
             arena: arena_buf,
-            work: Buffer::alloc_named(0, "CPU_Work")?,
+            fixed_work: work.is_some(),
+            work: match work {
+                Some(w) => w,
+                None => Buffer::alloc_named(0, "CPU_Work")?,
+            },
             work_nth: 0,
             inputs,
             buffers,
             guards: Vec::new(),
-            shared: backend.shared.clone(),
+            shared,
             kt,
             abort: None,
+            eval: None,
             stats,
             guards_at,
+            active: None,
         };
+        plan.update_active();
         plan.guards.reserve(plan.buffers.len());
         plan.size_work(nth)?;
         Ok(plan)
     }
 
+    /// Recomputes which nodes a compute runs from the `forward_select` choices.
+    fn update_active(&mut self) {
+        if !self.nodes.iter().any(|n| matches!(n.op, Op::ForwardSelect { .. })) {
+            self.active = None;
+            return;
+        }
+        let reached = self.graph.active();
+        self.active = Some(self.nodes.iter().map(|n| reached[n.id.index()]).collect());
+    }
+
+    /// Chooses the branch a `forward_select` node (see
+    /// [`Graph::forward_select`](crate::Graph::forward_select)) copies from the next compute on;
+    /// the nodes only the other branches need are not run. No planning again: every branch was
+    /// planned.
+    pub fn set_select(&mut self, node: TensorId, idx: usize) -> Result<()> {
+        self.graph.set_selected(node, idx)?;
+        for n in self.nodes.iter_mut().filter(|n| n.id == node) {
+            n.op = Op::ForwardSelect { idx };
+        }
+        self.update_active();
+        Ok(())
+    }
+
+    /// How many nodes the next compute runs (all of them unless `forward_select` branches are
+    /// left out).
+    pub fn n_active_nodes(&self) -> usize {
+        match &self.active {
+            Some(a) => a.iter().filter(|&&x| x).count(),
+            None => self.nodes.len(),
+        }
+    }
+
     fn size_work(&mut self, nth: usize) -> Result<()> {
         let mut need = 0usize;
+        let mut largest = None;
         for node in &self.nodes {
-            need = need.max(crate::ops::work_size(node, nth, self.kt));
+            let w = crate::ops::work_size(node, nth, self.kt);
+            if w > need {
+                (need, largest) = (w, Some(node.id));
+            }
+        }
+        if self.fixed_work && need > self.work.len() {
+            return Err(Error::Buffer(format!(
+                "replan: {} needs {need} work bytes on {nth} threads, the reserve has {}; \
+                 reserve with a larger graph (or the same thread count)",
+                largest.map_or(String::new(), |id| self.graph.describe(id)),
+                self.work.len()
+            )));
         }
         if need > self.work.len() || self.work.is_empty() {
             self.work = Buffer::alloc_named(need.max(64), "CPU_Work")?;
@@ -419,28 +554,54 @@ impl Plan {
         self.abort = hook;
     }
 
-    fn input_slot(&mut self, id: TensorId) -> Result<&mut InputSlot> {
-        let label = self.graph.get("set_input", id)?.describe(id);
-        self.inputs.iter_mut().find(|s| s.id == id).ok_or_else(|| {
-            Error::arg(format!(
-                "set_input: {label} is not an input of this plan (or no output uses it)"
-            ))
-        })
+    /// Installs (or removes with `None`) the eval callback: called after every node of each
+    /// compute with the node's name, op and result; returning `false` stops the compute with
+    /// [`Error::Stopped`] (the plan stays usable).
+    ///
+    /// ```
+    /// use quantgraph::{CpuBackend, DType, Graph, Plan};
+    /// use std::sync::{Arc, Mutex};
+    /// let mut g = Graph::new();
+    /// let x = g.input(DType::F32, &[2])?;
+    /// let y = g.scale(x, 2.0)?;
+    /// g.set_name(y, "y")?;
+    /// g.set_output(y)?;
+    /// let mut plan = Plan::new(g, &CpuBackend::with_threads(2)?)?;
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let s = seen.clone();
+    /// plan.set_eval_callback(Some(Box::new(move |n| {
+    ///     let v: &[f32] = bytemuck::cast_slice(n.data);
+    ///     s.lock().unwrap().push((n.name.unwrap_or("").to_string(), v.to_vec()));
+    ///     true
+    /// })));
+    /// plan.set_input(x, &[1.0f32, 2.0])?;
+    /// plan.compute()?;
+    /// assert_eq!(*seen.lock().unwrap(), vec![("y".to_string(), vec![2.0f32, 4.0])]);
+    /// # Ok::<(), quantgraph::Error>(())
+    /// ```
+    pub fn set_eval_callback(&mut self, cb: Option<EvalCallback>) {
+        self.eval = cb;
     }
 
-    /// Copies raw bytes into an input tensor (its type's bytes, contiguous).
+    /// Copies raw bytes into an input tensor (its type's bytes, contiguous). Allocates nothing.
     pub fn set_input_bytes(&mut self, id: TensorId, data: &[u8]) -> Result<()> {
-        let arena = self.arena.clone();
-        let label = self.graph.get("set_input", id)?.describe(id);
-        let slot = self.input_slot(id)?;
+        self.graph.get("set_input", id)?;
+        let Some(k) = self.inputs.iter().position(|s| s.id == id) else {
+            return Err(Error::arg(format!(
+                "set_input: {} is not an input of this plan (or no output uses it)",
+                self.graph.describe(id)
+            )));
+        };
+        let slot = &mut self.inputs[k];
         if data.len() != slot.nbytes {
             return Err(Error::arg(format!(
-                "set_input: {label} takes {} bytes, got {}",
+                "set_input: {} takes {} bytes, got {}",
+                self.graph.describe(id),
                 slot.nbytes,
                 data.len()
             )));
         }
-        arena.write(slot.offset, data)?;
+        self.arena.write(slot.offset, data)?;
         slot.set = true;
         Ok(())
     }
@@ -554,15 +715,56 @@ impl Plan {
             }
         }
         let hook = self.abort.clone().or_else(|| self.shared.abort_hook());
-        let res = exec::run(
-            &self.nodes,
-            &pool,
-            nth,
-            self.kt,
-            self.work.ptr(),
-            self.work.len(),
-            hook.as_deref(),
-        );
+        let res = match self.eval.as_mut() {
+            None => exec::run(
+                &self.nodes,
+                &pool,
+                nth,
+                self.kt,
+                self.work.ptr(),
+                self.work.len(),
+                exec::Hooks { abort: hook.as_deref(), eval: None, active: self.active.as_deref() },
+            ),
+            Some(cb) => {
+                let cb = std::sync::Mutex::new(cb);
+                let graph = &self.graph;
+                let show = |node: &ExecNode| {
+                    let t = graph.t(node.id);
+                    let d = &node.dst;
+                    // SAFETY: the executor calls this after every worker finished the node and
+                    // before any starts the next one, so the result's `nbytes` bytes (inside the
+                    // arena or a buffer the plan holds, checked at plan time) are not written
+                    // while the slice lives; it does not escape the call.
+                    let data = unsafe { std::slice::from_raw_parts(d.ptr, t.nbytes()) };
+                    let ev = NodeEval {
+                        id: node.id,
+                        name: t.name.as_deref(),
+                        op: &node.op,
+                        dtype: d.dtype,
+                        ne: d.ne,
+                        nb: d.nb,
+                        data,
+                    };
+                    match cb.lock() {
+                        Ok(mut f) => (**f)(&ev),
+                        Err(_) => false,
+                    }
+                };
+                exec::run(
+                    &self.nodes,
+                    &pool,
+                    nth,
+                    self.kt,
+                    self.work.ptr(),
+                    self.work.len(),
+                    exec::Hooks {
+                        abort: hook.as_deref(),
+                        eval: Some(&show),
+                        active: self.active.as_deref(),
+                    },
+                )
+            }
+        };
         self.guards.clear();
         res.map_err(|e| self.relabel(e))?;
         // A guarded plan (overrun tests) checks its guard bytes after every compute.
@@ -587,6 +789,7 @@ impl Plan {
                 Error::IndexOutOfRange { op, tensor: describe(tensor), index, limit }
             }
             Error::Panicked { name, msg } => Error::Panicked { name: describe(name), msg },
+            Error::Stopped { node } => Error::Stopped { node: describe(node) },
             e => e,
         }
     }

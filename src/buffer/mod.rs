@@ -1,5 +1,7 @@
-//! `Buffer`: host memory that tensors live in. Either a 64-byte-aligned allocation owned by the
-//! buffer, or memory the caller owns (a `Vec`, a memory map) kept alive by the buffer.
+//! `Buffer`: memory that tensors live in. A 64-byte-aligned host allocation owned by the buffer,
+//! memory the caller owns (a `Vec`, a memory map) kept alive by the buffer, or the memory of
+//! another device behind a [`DeviceMemory`] (ggml's `ggml_backend_buffer`). Every buffer knows
+//! its [`BufferType`].
 //!
 //! A buffer is a cheap handle (`Clone` shares it). Its bytes are guarded by a small reader/writer
 //! state so that a compute reading weights and a caller writing them, or two computes writing the
@@ -14,6 +16,9 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 
 use crate::dtype::DType;
 
+mod types;
+pub use types::{BufferType, CpuBufferType, CpuRepackBufferType, DeviceMemory};
+
 /// A tensor stored in a CPU_REPACK buffer by [`Buffer::set_tensor`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RepackEntry {
@@ -26,8 +31,14 @@ pub(crate) struct RepackEntry {
 pub const BUFFER_ALIGNMENT: usize = 64;
 
 enum Storage {
-    Owned { layout: Layout },
-    Borrowed { _owner: Box<dyn Any + Send + Sync> },
+    Owned {
+        layout: Layout,
+    },
+    Borrowed {
+        _owner: Box<dyn Any + Send + Sync>,
+    },
+    /// Not host memory: every access goes through the device's implementation.
+    Device(Box<dyn DeviceMemory>),
 }
 
 struct Inner {
@@ -40,6 +51,7 @@ struct Inner {
     state: AtomicIsize,
     /// `Some` for CPU_REPACK buffers: the tensors stored (repacked) so far.
     repack: Option<Mutex<Vec<RepackEntry>>>,
+    buft: Arc<dyn BufferType>,
 }
 
 // SAFETY: the memory behind `ptr` is owned by `Inner` (or by `_owner`, which is Send + Sync) and
@@ -59,7 +71,8 @@ impl Drop for Inner {
     }
 }
 
-/// Host memory holding tensor data; cloning shares it.
+/// Memory holding tensor data (host memory, or a device's through [`DeviceMemory`]); cloning
+/// shares it.
 #[derive(Clone)]
 pub struct Buffer {
     inner: Arc<Inner>,
@@ -90,6 +103,8 @@ impl Buffer {
         name: &str,
         repack: Option<Mutex<Vec<RepackEntry>>>,
     ) -> Result<Buffer> {
+        let buft: Arc<dyn BufferType> =
+            if repack.is_some() { Arc::new(CpuRepackBufferType) } else { Arc::new(CpuBufferType) };
         let layout = Layout::from_size_align(len.max(1), BUFFER_ALIGNMENT)
             .map_err(|_| Error::Buffer(format!("cannot allocate {len} bytes")))?;
         // SAFETY: the layout has a non-zero size.
@@ -106,6 +121,7 @@ impl Buffer {
                 name: name.into(),
                 state: AtomicIsize::new(0),
                 repack,
+                buft,
             }),
         })
     }
@@ -217,6 +233,7 @@ impl Buffer {
                 name: "CPU_Host".into(),
                 state: AtomicIsize::new(0),
                 repack: None,
+                buft: Arc::new(CpuBufferType),
             }),
         }
     }
@@ -233,7 +250,49 @@ impl Buffer {
                 name: "CPU_Host".into(),
                 state: AtomicIsize::new(0),
                 repack: None,
+                buft: Arc::new(CpuBufferType),
             }),
+        }
+    }
+
+    /// A buffer over another device's memory (ggml's `ggml_backend_buffer_init`): what a
+    /// device's [`BufferType::alloc`] returns. `buft` is the type the buffer reports
+    /// ([`Buffer::buffer_type`]); reads and writes go through `memory` after range checks and
+    /// under the buffer's reader/writer lock. Such a buffer can hold weights and state of a
+    /// graph; the backend whose device accepts `buft` computes the nodes that use them.
+    pub fn from_device(buft: Arc<dyn BufferType>, memory: impl DeviceMemory) -> Buffer {
+        let len = memory.size();
+        Buffer {
+            inner: Arc::new(Inner {
+                ptr: std::ptr::null_mut(),
+                len,
+                writable: true,
+                name: buft.name().into(),
+                storage: Storage::Device(Box::new(memory)),
+                state: AtomicIsize::new(0),
+                repack: None,
+                buft,
+            }),
+        }
+    }
+
+    /// The buffer's type: [`CpuBufferType`] for host memory, [`CpuRepackBufferType`] for
+    /// repacked weights, the device's type for [`Buffer::from_device`] buffers.
+    pub fn buffer_type(&self) -> Arc<dyn BufferType> {
+        self.inner.buft.clone()
+    }
+
+    /// True for buffers over another device's memory ([`Buffer::from_device`]): the CPU cannot
+    /// address them.
+    pub fn is_device(&self) -> bool {
+        matches!(self.inner.storage, Storage::Device(_))
+    }
+
+    /// The device memory behind a [`Buffer::from_device`] buffer (`None` for host memory).
+    pub fn device_memory(&self) -> Option<&dyn DeviceMemory> {
+        match &self.inner.storage {
+            Storage::Device(m) => Some(m.as_ref()),
+            _ => None,
         }
     }
 
@@ -282,6 +341,9 @@ impl Buffer {
         }
         self.check_range(offset, data.len())?;
         let _g = self.lock_write()?;
+        if let Some(m) = self.device_memory() {
+            return m.write(offset, data);
+        }
         // SAFETY: the range is inside the allocation (checked above) and the write lock excludes
         // every other reader and writer.
         unsafe {
@@ -299,6 +361,9 @@ impl Buffer {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         let _g = self.lock_read()?;
+        if let Some(m) = self.device_memory() {
+            return m.read(offset, out);
+        }
         // SAFETY: in range (checked above); the read lock excludes writers.
         unsafe {
             std::ptr::copy_nonoverlapping(self.inner.ptr.add(offset), out.as_mut_ptr(), out.len())
@@ -306,8 +371,11 @@ impl Buffer {
         Ok(())
     }
 
-    /// Runs `f` on the whole contents (read lock held).
+    /// Runs `f` on the whole contents (read lock held). `Err` for device memory: use `read`.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        if self.is_device() {
+            return Err(types::not_host(&self.inner.name, "with_bytes"));
+        }
         let _g = self.lock_read()?;
         // SAFETY: ptr/len describe the live allocation; the read lock excludes writers while the
         // slice exists (it does not escape `f`).
@@ -322,9 +390,83 @@ impl Buffer {
             return Err(Error::Buffer(format!("buffer '{}' is read-only", self.inner.name)));
         }
         let _g = self.lock_write()?;
+        if let Some(m) = self.device_memory() {
+            return m.fill(byte);
+        }
         // SAFETY: whole allocation, write lock held.
         unsafe { std::ptr::write_bytes(self.inner.ptr, byte, self.inner.len) };
         Ok(())
+    }
+
+    /// Copies `len` bytes at `src_offset` of this buffer to `dst_offset` of `dst`, whatever
+    /// memory either lives in (ggml's `ggml_backend_tensor_copy`): host to host directly, to or
+    /// from a device through its [`DeviceMemory`], device to device through the destination's
+    /// [`DeviceMemory::copy_from`] or else through a host staging copy. Repacked buffers hold
+    /// no plain bytes and are refused.
+    pub fn copy_to(
+        &self,
+        src_offset: usize,
+        dst: &Buffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        if self.is_repacked() {
+            return Err(Error::Buffer(format!(
+                "copy_to: buffer '{}' holds repacked weights: read tensors with get_tensor",
+                self.inner.name
+            )));
+        }
+        dst.no_raw_writes()?;
+        if !dst.inner.writable {
+            return Err(Error::Buffer(format!("buffer '{}' is read-only", dst.inner.name)));
+        }
+        self.check_range(src_offset, len)?;
+        dst.check_range(dst_offset, len)?;
+        if self.same(dst) {
+            let _g = self.lock_write()?;
+            if let Some(m) = self.device_memory() {
+                let mut tmp = vec![0u8; len];
+                m.read(src_offset, &mut tmp)?;
+                return m.write(dst_offset, &tmp);
+            }
+            // SAFETY: both ranges are inside the allocation (checked above), the write lock
+            // excludes everyone else, and `copy` allows overlapping ranges.
+            unsafe {
+                std::ptr::copy(self.inner.ptr.add(src_offset), self.inner.ptr.add(dst_offset), len)
+            };
+            return Ok(());
+        }
+        match (self.device_memory(), dst.device_memory()) {
+            (None, _) => {
+                let _g = self.lock_read()?;
+                // SAFETY: in range (checked above); the read lock excludes writers while the
+                // slice lives.
+                let src =
+                    unsafe { std::slice::from_raw_parts(self.inner.ptr.add(src_offset), len) };
+                dst.write(dst_offset, src)
+            }
+            (Some(m), None) => {
+                let _s = self.lock_read()?;
+                let _d = dst.lock_write()?;
+                // SAFETY: in range (checked above); the write lock excludes every other access
+                // to `dst` while the slice lives.
+                let out =
+                    unsafe { std::slice::from_raw_parts_mut(dst.inner.ptr.add(dst_offset), len) };
+                m.read(src_offset, out)
+            }
+            (Some(_), Some(dm)) => {
+                {
+                    let _s = self.lock_read()?;
+                    let _d = dst.lock_write()?;
+                    if dm.copy_from(dst_offset, self, src_offset, len)? {
+                        return Ok(());
+                    }
+                }
+                let mut tmp = vec![0u8; len];
+                self.read(src_offset, &mut tmp)?;
+                dst.write(dst_offset, &tmp)
+            }
+        }
     }
 
     fn no_raw_writes(&self) -> Result<()> {
