@@ -16,27 +16,9 @@ use quantgraph::quant::{quantize, quantize_for_dot};
 use quantgraph::testdata::rand_f32;
 
 /// Every type with an AVX2 kernel in avx2_quants.rs.
-const TYPES: [DType; 19] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::MXFP4,
-    DType::NVFP4,
-    DType::Q1_0,
-    DType::Q2_0,
-    DType::TQ1_0,
-    DType::TQ2_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
+fn types() -> impl Iterator<Item = DType> {
+    common::QUANTIZABLE.into_iter().chain(common::K_TYPES)
+}
 
 fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F16 | DType::BF16)
@@ -95,7 +77,7 @@ fn avx2_matches_scalar_on_1_2_and_17_blocks() {
     if !have_avx2("avx2_matches_scalar_on_1_2_and_17_blocks") {
         return;
     }
-    for dtype in TYPES {
+    for dtype in types() {
         let bs = if is_float(dtype) { 32 } else { dtype.block_size() };
         for (i, blocks) in [1usize, 2, 17].into_iter().enumerate() {
             let n = bs * blocks;
@@ -127,7 +109,7 @@ fn avx2_matches_scalar_on_scaled_and_sparse_rows() {
     if !have_avx2("avx2_matches_scalar_on_scaled_and_sparse_rows") {
         return;
     }
-    for dtype in TYPES {
+    for dtype in types() {
         let n = 4 * if is_float(dtype) { 32 } else { dtype.block_size() };
         // Magnitudes from 1e-3 to 1e3 across blocks, outliers, and a zero stretch.
         let x: Vec<f32> = rand_f32(n, 5)
@@ -157,7 +139,7 @@ fn avx2_gives_the_same_bits_on_misaligned_slices() {
     if !have_avx2("avx2_gives_the_same_bits_on_misaligned_slices") {
         return;
     }
-    for dtype in TYPES {
+    for dtype in types() {
         let n = 3 * if is_float(dtype) { 32 } else { dtype.block_size() }
             + if is_float(dtype) { 5 } else { 0 };
         let (xq, yq) = operands(dtype, &rand_f32(n, 11), &rand_f32(n, 12));
@@ -192,7 +174,7 @@ fn avx2_golden_vec_dot_matches_ggml() {
         return;
     }
     let (rows, n) = common::quant_rows();
-    for dtype in TYPES {
+    for dtype in types() {
         let case = common::quant_case(dtype.name());
         let xr = dtype.row_size(n).unwrap();
         let yr = case.vec_dot_type.row_size(n).unwrap();

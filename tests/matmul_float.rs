@@ -5,13 +5,11 @@
 
 mod common;
 
-use common::{assert_close_to_scale, matmul_f64, nmse, tiers};
+use common::{FLOAT_TYPES as TYPES, assert_close_to_scale, matmul_f64, nmse, tiers};
 use quantgraph::kernels::Isa;
 use quantgraph::quant::{dequantize, quantize_for_dot};
 use quantgraph::testdata::rand_f32;
 use quantgraph::{CpuBackend, DType, Graph, Plan};
-
-const TYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 struct Case {
     ty: DType,

@@ -402,40 +402,15 @@ fn mul_mat_id_rejects_bad_shapes_and_types_at_build() {
 // ---------------------------------------------------------------------------------------------
 // out_prod
 
-/// Types ggml's CPU out_prod runs for `a` (the cases of ggml_compute_forward_out_prod).
-const OUT_PROD_TYPES: [DType; 27] = [
-    DType::F32,
-    DType::F16,
-    DType::Q1_0,
-    DType::Q2_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::MXFP4,
-    DType::NVFP4,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::TQ1_0,
-    DType::TQ2_0,
-    DType::IQ2_XXS,
-    DType::IQ2_XS,
-    DType::IQ3_XXS,
-    DType::IQ1_S,
-    DType::IQ1_M,
-    DType::IQ4_NL,
-    DType::IQ4_XS,
-    DType::IQ3_S,
-    DType::IQ2_S,
-];
+/// Types ggml's CPU out_prod runs for `a` (the cases of ggml_compute_forward_out_prod): F32,
+/// F16 and every quantized weight type.
+fn out_prod_accepted() -> Vec<DType> {
+    [DType::F32, DType::F16].into_iter().chain(common::QUANT_WEIGHT_TYPES).collect()
+}
 
 /// Those we can make data for without an importance matrix.
 fn out_prod_types() -> Vec<DType> {
-    OUT_PROD_TYPES.into_iter().filter(|&t| encode(t, &rand_f32(256, 2)).is_some()).collect()
+    out_prod_accepted().into_iter().filter(|&t| encode(t, &rand_f32(256, 2)).is_some()).collect()
 }
 
 #[test]
@@ -446,7 +421,7 @@ fn out_prod_accepts_exactly_ggml_cpu_types() {
         let a = g.input(t, &[m, 4, 2]).unwrap();
         let b = g.input(DType::F32, &[3, 4, 2]).unwrap();
         let r = g.out_prod(a, b);
-        assert_eq!(r.is_ok(), OUT_PROD_TYPES.contains(&t), "{t}: {r:?}");
+        assert_eq!(r.is_ok(), out_prod_accepted().contains(&t), "{t}: {r:?}");
         if let Err(e) = r {
             assert!(matches!(e, Error::Type { op: "out_prod", .. }), "{t}: {e}");
         }
@@ -585,7 +560,7 @@ fn out_prod_f32_broadcast_sweep() {
 #[test]
 fn out_prod_every_type_matches_f64() {
     let types = out_prod_types();
-    assert_eq!(types, OUT_PROD_TYPES, "every type ggml's CPU out_prod runs gets data");
+    assert_eq!(types, out_prod_accepted(), "every type ggml's CPU out_prod runs gets data");
     for ty in types {
         for (i, (n, k, bs)) in
             [(16, 16, (1, 1)), (1, 16, (3, 1)), (16, 1, (1, 3))].into_iter().enumerate()

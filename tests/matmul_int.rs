@@ -7,39 +7,11 @@
 
 mod common;
 
-use common::{matmul_f64, nmse};
+use common::{QUANT_WEIGHT_TYPES as TYPES, matmul_f64, nmse};
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix};
 use quantgraph::testdata::rand_f32;
 use quantgraph::{CpuBackend, DType, Graph, Plan};
-
-const TYPES: [DType; 25] = [
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::IQ4_NL,
-    DType::MXFP4,
-    DType::NVFP4,
-    DType::Q1_0,
-    DType::Q2_0,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-    DType::IQ4_XS,
-    DType::IQ3_S,
-    DType::IQ3_XXS,
-    DType::IQ2_S,
-    DType::IQ2_XS,
-    DType::IQ2_XXS,
-    DType::IQ1_S,
-    DType::IQ1_M,
-    DType::TQ1_0,
-    DType::TQ2_0,
-];
 
 struct Case {
     ty: DType,

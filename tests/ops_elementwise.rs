@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{each, nmse};
+use common::{XIELU, all_unary, each, nmse};
 use half::{bf16, f16};
 use quantgraph::testdata::rand_f32;
 use quantgraph::{
@@ -192,42 +192,6 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::Trunc => x.trunc(),
         _ => unreachable!("unary op without a reference"),
     }
-}
-
-const XIELU: (f32, f32, f32, f32) = (0.8, 0.8, 0.5, -1e-6);
-
-fn all_unary() -> Vec<UnaryOp> {
-    let (an, ap, b, e) = XIELU;
-    vec![
-        UnaryOp::Abs,
-        UnaryOp::Sgn,
-        UnaryOp::Neg,
-        UnaryOp::Step,
-        UnaryOp::Tanh,
-        UnaryOp::Elu,
-        UnaryOp::Relu,
-        UnaryOp::Sigmoid,
-        UnaryOp::Gelu,
-        UnaryOp::GeluQuick,
-        UnaryOp::Silu,
-        UnaryOp::Hardswish,
-        UnaryOp::Hardsigmoid,
-        UnaryOp::Exp,
-        UnaryOp::Expm1,
-        UnaryOp::Softplus,
-        UnaryOp::GeluErf,
-        // What ggml_xielu stores for these user parameters.
-        UnaryOp::Xielu {
-            alpha_n: b + softplus(an as f64) as f32,
-            alpha_p: softplus(ap as f64) as f32,
-            beta: b,
-            eps: e,
-        },
-        UnaryOp::Floor,
-        UnaryOp::Ceil,
-        UnaryOp::Round,
-        UnaryOp::Trunc,
-    ]
 }
 
 const SHAPES: [[usize; 4]; 3] = [[5, 7, 11, 13], [128, 2, 2, 2], [1, 1, 1, 1]];
@@ -651,15 +615,7 @@ fn glu_ref(op: GluOp, x: f64, g: f64, dt: DType, alpha: f64, limit: f64) -> f64 
 
 #[test]
 fn glu_every_op_fused_swapped_and_split_f32_f16() {
-    let ops = [
-        GluOp::Reglu,
-        GluOp::Geglu,
-        GluOp::Swiglu,
-        GluOp::SwigluOai,
-        GluOp::GegluErf,
-        GluOp::GegluQuick,
-        GluOp::SwigluClamp,
-    ];
+    let ops = common::GLU_OPS;
     let (alpha, limit) = (1.702f32, 0.6f32);
     for op in ops {
         for dt in [DType::F32, DType::F16] {

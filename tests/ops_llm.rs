@@ -343,17 +343,7 @@ fn flash_attn_ext_prefill_f16_gqa_causal_mask() {
 
 #[test]
 fn flash_attn_ext_every_kv_type() {
-    for kv_type in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q5_1,
-        DType::Q5_0,
-        DType::Q4_1,
-        DType::Q4_0,
-        DType::IQ4_NL,
-    ] {
+    for kv_type in common::KV_TYPES {
         let c = Attn {
             dk: 64,
             dv: 32,

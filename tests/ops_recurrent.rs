@@ -905,17 +905,7 @@ fn lightning_case(
 
 #[test]
 fn lightning_indexer_matches_reference_for_every_k_type() {
-    let types = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q5_1,
-        DType::Q5_0,
-        DType::Q4_1,
-        DType::Q4_0,
-        DType::IQ4_NL,
-    ];
+    let types = common::KV_TYPES;
     for (i, &tk) in types.iter().enumerate() {
         for (nh, ns, nm) in [(32usize, 1usize, 1usize), (64, 4, 4), (32, 4, 1)] {
             lightning_case(128, nh, 256, 1, ns, nm, tk, i == 1 && ns == 4);

@@ -3,14 +3,11 @@
 
 mod common;
 
-use common::{quant_case, quant_rows, quant_x, quant_y};
+use common::{K_TYPES, quant_case, quant_rows, quant_x, quant_y};
 use proptest::prelude::*;
 use quantgraph::DType;
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix, vec_dot};
 use quantgraph::testdata::{generate_data, rand_f32};
-
-/// Every K-quant weight type, listed explicitly so none can be skipped silently.
-const K_TYPES: [DType; 5] = [DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K];
 
 fn q(dtype: DType, x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; dtype.row_size(x.len()).unwrap()];

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::QUANTIZABLE;
 use quantgraph::DType;
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix, vec_dot};
 use quantgraph::testdata::{generate_data, rand_f32};
@@ -17,24 +18,6 @@ const GOLDEN_TYPES: [&str; 14] = [
 /// The vec-dot types whose `from_float` lives here.
 const OWN_VEC_DOT_TYPES: [DType; 5] =
     [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q8_1];
-
-/// Types with a reference quantizer here (everything but the activation-only Q8_1).
-const QUANTIZABLE: [DType; 14] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q8_0,
-    DType::MXFP4,
-    DType::NVFP4,
-    DType::Q1_0,
-    DType::Q2_0,
-    DType::TQ1_0,
-    DType::TQ2_0,
-];
 
 fn quantized(dtype: DType, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; dtype.row_size(x.len()).unwrap()];

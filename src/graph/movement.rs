@@ -358,6 +358,8 @@ impl Graph {
                 ),
             ));
         }
+        // The view's elements must be aligned like any view's.
+        super::check_view_align(OP, tb.dtype, &tb.ne, &view_nb, offset)?;
         // Workers write disjoint rows of b; rows that land on the same bytes would race.
         super::check_disjoint_layout(OP, tb.dtype, &tb.ne, &view_nb, || {
             format!("view of {} for {}", ta.describe(a), tb.describe(b))

@@ -3,7 +3,7 @@
 //! sharing the forward's cos/sin cache). Every output element is produced by one worker in a
 //! fixed order, so results do not depend on the thread count.
 
-use super::{NodeCtx, split, unravel_row};
+use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Im2colBackParams, Pool2dParams, PoolOp};
@@ -20,33 +20,28 @@ pub(crate) fn silu_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (g, x, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let kt = ctx.kt;
     let nc = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: same shapes, contiguous rows (build check); each worker writes its own dst rows
-        // (a fresh node, not aliasing the sources).
-        unsafe {
-            let (pg, px, pd) = (g.row(i1, i2, i3), x.row(i1, i2, i3), d.row(i1, i2, i3));
-            if d.dtype == DType::F16 {
-                let (gs, xs) = (pg as *const u16, px as *const u16);
-                let ds = pd as *mut u16;
-                for i in 0..nc {
-                    let v = silu_grad(fp16_to_fp32(*xs.add(i)), fp16_to_fp32(*gs.add(i)));
-                    *ds.add(i) = fp32_to_fp16(v);
-                }
-            } else {
-                let gs = std::slice::from_raw_parts(pg as *const f32, nc);
-                let xs = std::slice::from_raw_parts(px as *const f32, nc);
-                let ds = std::slice::from_raw_parts_mut(pd as *mut f32, nc);
-                // exp(-x) through the selected exp kernel, then the rest elementwise.
-                for (o, &v) in ds.iter_mut().zip(xs) {
-                    *o = -v;
-                }
-                (kt.exp_sub_sum_f32)(nc, ds.as_mut_ptr(), 0.0);
-                for i in 0..nc {
-                    let s = 1.0 / (1.0 + ds[i]);
-                    ds[i] = gs[i] * s * (1.0 + xs[i] * (1.0 - s));
-                }
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // Same shapes, contiguous rows (build check); dst is a fresh node.
+        let (i1, i2, i3) = r.i();
+        if d.dtype == DType::F16 {
+            let (gs, xs) = (g.row_of::<u16>(i1, i2, i3), x.row_of::<u16>(i1, i2, i3));
+            let ds = rows.row::<u16>(r);
+            for i in 0..nc {
+                ds[i] = fp32_to_fp16(silu_grad(fp16_to_fp32(xs[i]), fp16_to_fp32(gs[i])));
+            }
+        } else {
+            let (gs, xs) = (g.row_of::<f32>(i1, i2, i3), x.row_of::<f32>(i1, i2, i3));
+            let ds = rows.row::<f32>(r);
+            // exp(-x) through the selected exp kernel, then the rest elementwise.
+            for (o, &v) in ds.iter_mut().zip(xs) {
+                *o = -v;
+            }
+            // SAFETY: `ds` holds nc f32.
+            unsafe { (kt.exp_sub_sum_f32)(nc, ds.as_mut_ptr(), 0.0) };
+            for i in 0..nc {
+                let s = 1.0 / (1.0 + ds[i]);
+                ds[i] = gs[i] * s * (1.0 + xs[i] * (1.0 - s));
             }
         }
     }
@@ -56,17 +51,12 @@ pub(crate) fn silu_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 pub(crate) fn rms_norm_back(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
     let (g, x, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let nc = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: same shapes, contiguous F32 rows (build check); own dst rows, fresh node.
-        let (dz, xs, dx) = unsafe {
-            (
-                std::slice::from_raw_parts(g.row(i1, i2, i3) as *const f32, nc),
-                std::slice::from_raw_parts(x.row(i1, i2, i3) as *const f32, nc),
-                std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut f32, nc),
-            )
-        };
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // Same shapes, contiguous F32 rows (build check); dst is a fresh node.
+        let (i1, i2, i3) = r.i();
+        let (dz, xs) = (g.row_of::<f32>(i1, i2, i3), x.row_of::<f32>(i1, i2, i3));
+        let dx = rows.row::<f32>(r);
         let (mut sum_xx, mut sum_xdz) = (0f64, 0f64);
         for i in 0..nc {
             sum_xx += (xs[i] * xs[i]) as f64;
@@ -87,17 +77,12 @@ pub(crate) fn soft_max_back(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result
     let (g, y, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let kt = ctx.kt;
     let nc = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: same shapes, contiguous F32 (build check); own dst rows, fresh node.
-        let (dy, ys, dx) = unsafe {
-            (
-                std::slice::from_raw_parts(g.row(i1, i2, i3) as *const f32, nc),
-                std::slice::from_raw_parts(y.row(i1, i2, i3) as *const f32, nc),
-                std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut f32, nc),
-            )
-        };
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // Same shapes, contiguous F32 rows (build check); dst is a fresh node.
+        let (i1, i2, i3) = r.i();
+        let (dy, ys) = (g.row_of::<f32>(i1, i2, i3), y.row_of::<f32>(i1, i2, i3));
+        let dx = rows.row::<f32>(r);
         // ggml's ggml_vec_dot_f32, through the selected kernel.
         let dot = (kt.dot_f32)(ys, dy);
         for i in 0..nc {
@@ -111,10 +96,9 @@ pub(crate) fn soft_max_back(ctx: &NodeCtx<'_>, ith: usize, scale: f32) -> Result
 /// in id order (ggml runs this op on one thread).
 pub(crate) fn get_rows_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (g, ids, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let nc = d.ne[0];
     let m = d.ne[1];
-    // SAFETY: ids is a contiguous I32 vector (build check).
-    let ids = unsafe { std::slice::from_raw_parts(ids.ptr as *const i32, ids.ne[0]) };
+    // ids is a contiguous I32 vector (build check).
+    let ids = ids.as_slice::<i32>();
     if let Some(&bad) = ids.iter().find(|&&r| r < 0 || r as usize >= m) {
         return Err(Error::IndexOutOfRange {
             op: "get_rows_back",
@@ -123,31 +107,27 @@ pub(crate) fn get_rows_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             limit: m,
         });
     }
-    let (r0, r1) = split(m, ith, ctx.nth);
-    for r in r0..r1 {
-        // SAFETY: r < m; dst is a fresh contiguous F32 [nc, m]; own rows.
-        unsafe { std::slice::from_raw_parts_mut(d.row(r, 0, 0) as *mut f32, nc) }.fill(0.0);
+    // dst is a fresh contiguous F32 [nc, m]: its flat rows are the m rows.
+    debug_assert_eq!(d.nrows(), m);
+    let mut rows = ctx.dst_rows(ith);
+    let mine = rows.flat();
+    for r in mine.clone() {
+        rows.row::<f32>(r).fill(0.0);
     }
     for (i, &r) in ids.iter().enumerate() {
         let r = r as usize;
-        if r < r0 || r >= r1 {
+        if !mine.contains(&r) {
             continue;
         }
-        // SAFETY: r is in this worker's rows (checked above); i < g.ne[1] (one id per grad row,
-        // build check); grad rows are contiguous.
-        unsafe {
-            let out = std::slice::from_raw_parts_mut(d.row(r, 0, 0) as *mut f32, nc);
-            let src = g.row(i, 0, 0);
-            if g.dtype == DType::F16 {
-                let s = src as *const u16;
-                for j in 0..nc {
-                    out[j] += fp16_to_fp32(*s.add(j));
-                }
-            } else {
-                let s = std::slice::from_raw_parts(src as *const f32, nc);
-                for j in 0..nc {
-                    out[j] += s[j];
-                }
+        // i < g.ne[1] (one id per grad row, build check); grad rows are contiguous.
+        let out = rows.row::<f32>(r);
+        if g.dtype == DType::F16 {
+            for (o, &h) in out.iter_mut().zip(g.row_of::<u16>(i, 0, 0)) {
+                *o += fp16_to_fp32(h);
+            }
+        } else {
+            for (o, &v) in out.iter_mut().zip(g.row_of::<f32>(i, 0, 0)) {
+                *o += v;
             }
         }
     }
@@ -167,8 +147,8 @@ pub(crate) fn im2col_back(ctx: &NodeCtx<'_>, ith: usize, p: &Im2colBackParams) -
     let (s0, s1, p0, p1, d0, d1) =
         (p.s0 as i64, p.s1 as i64, p.p0 as i64, p.p1 as i64, p.d0 as i64, p.d1 as i64);
     let cols = ic * kh * kw;
-    // SAFETY: grad is contiguous F32 of [cols, ow, oh, n] (build check).
-    let grad = unsafe { std::slice::from_raw_parts(g.ptr as *const f32, g.nelements()) };
+    // grad is contiguous F32 of [cols, ow, oh, n] (build check).
+    let grad = g.as_slice::<f32>();
     let (c0, c1) = split(n * ic, ith, ctx.nth);
     if c0 >= c1 {
         return Ok(());
@@ -235,10 +215,8 @@ pub(crate) fn pool_2d_back(ctx: &NodeCtx<'_>, ith: usize, p: &Pool2dParams) -> R
             )
         };
         out.fill(0.0);
-        // SAFETY: grad is contiguous F32 [ow, oh, planes] (build check).
-        let gp = unsafe {
-            std::slice::from_raw_parts((g.ptr as *const f32).add(plane * ow * oh), ow * oh)
-        };
+        // grad is contiguous F32 [ow, oh, planes] (build check).
+        let gp = &g.as_slice::<f32>()[plane * ow * oh..][..ow * oh];
         for oy in 0..oh {
             let iy = oy as i64 * p.s1 as i64 - p.p1 as i64;
             // Window rows and columns clamped to the input (padding contributes nothing).
@@ -253,19 +231,16 @@ pub(crate) fn pool_2d_back(ctx: &NodeCtx<'_>, ith: usize, p: &Pool2dParams) -> R
                         let mut maxval = -f32::MAX;
                         for ky in ky0..ky1 {
                             let y = (iy + ky) as usize;
-                            // SAFETY: 0 <= y < ih (clamped); af has contiguous rows and the plan
-                            // validated its extent.
-                            let row = unsafe { f.row(y, i2, i3) };
+                            // 0 <= y < ih (clamped); af has contiguous rows.
+                            let (r16, r32): (&[u16], &[f32]) = if f16 {
+                                (f.row_of::<u16>(y, i2, i3), &[])
+                            } else {
+                                (&[], f.row_of::<f32>(y, i2, i3))
+                            };
                             for kx in kx0..kx1 {
+                                // 0 <= x < iw (clamped).
                                 let x = (ix + kx) as usize;
-                                // SAFETY: 0 <= x < iw (clamped), inside the row.
-                                let v = unsafe {
-                                    if f16 {
-                                        fp16_to_fp32(*(row as *const u16).add(x))
-                                    } else {
-                                        *(row as *const f32).add(x)
-                                    }
-                                };
+                                let v = if f16 { fp16_to_fp32(r16[x]) } else { r32[x] };
                                 // The first largest element wins, as in ggml.
                                 if v > maxval {
                                     maxval = v;
@@ -365,21 +340,11 @@ pub(crate) fn flash_attn_back(ctx: &NodeCtx<'_>, ith: usize, masked: bool) -> Re
         for irep in 0..nrep {
             let iq2 = ik2 + irep * hkv;
             for iq1 in 0..n {
-                // SAFETY: see above.
-                let qrow =
-                    unsafe { std::slice::from_raw_parts(q.row(iq1, iq2, ik3) as *const f32, dh) };
-                let krow = |j: usize| -> &[f32] {
-                    // SAFETY: j < m, see above.
-                    unsafe { std::slice::from_raw_parts(k.row(j, ik2, ik3) as *const f32, dh) }
-                };
-                let vrow = |c: usize| -> &[f32] {
-                    // SAFETY: c < dh, see above.
-                    unsafe { std::slice::from_raw_parts(v.row(c, ik2, ik3) as *const f32, m) }
-                };
-                let dval = |c: usize| -> f32 {
-                    // SAFETY: c < dh, see above (d may have any element stride).
-                    unsafe { *(dd.row(iq1, iq2, ik3).add(c * dd.nb[0]) as *const f32) }
-                };
+                let qrow = &q.row_of::<f32>(iq1, iq2, ik3)[..dh];
+                let krow = |j: usize| &k.row_of::<f32>(j, ik2, ik3)[..dh];
+                let vrow = |c: usize| &v.row_of::<f32>(c, ik2, ik3)[..m];
+                // d may have any element stride.
+                let dval = |c: usize| dd.get::<f32>(c, iq1, iq2, ik3);
                 let mb = if masked { p + iq1 + 1 } else { m };
                 // S = k . q * scale, softmax over the visible keys.
                 let mut max = f32::NEG_INFINITY;

@@ -1,7 +1,8 @@
 //! add, sub, mul, div with b broadcast over a (ggml's binary-ops.cpp); F32 here, the F16/BF16
 //! combinations and add with a quantized a in elementwise.rs.
 
-use super::{NodeCtx, split, unravel_row};
+use super::NodeCtx;
+use super::node::Row;
 use crate::error::Result;
 use crate::kernels::{BinaryF32, KernelTable};
 
@@ -36,7 +37,7 @@ impl BinOp {
 }
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: BinOp) -> Result<()> {
-    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
+    let (a, b) = (ctx.src(0), ctx.src(1));
     if a.dtype.is_quantized() {
         // Only add takes a quantized a (build check).
         return super::elementwise::add_quant(ctx, ith, false);
@@ -45,32 +46,43 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: BinOp) -> Result<()> {
         return super::elementwise::binary_mixed(ctx, ith, op.scalar());
     }
     let (kernel, scalar) = (op.kernel(ctx.kt), op.scalar());
-    let ne0 = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    let fast = a.nb[0] == 4 && b.nb[0] == 4 && d.nb[0] == 4;
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: (i1, i2, i3) < dst's ne, a has dst's shape, and the b indices are reduced modulo
-        // b's ne; the plan validated all rows lie in their tensors' memory. Each worker writes only
-        // its own rows of dst; dst may equal a exactly (in place), which the kernels allow.
-        unsafe {
-            let pd = d.row(i1, i2, i3) as *mut f32;
-            let pa = a.row(i1, i2, i3) as *const f32;
-            let pb = b.row(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]) as *const f32;
-            if fast {
-                let nb0 = b.ne[0];
-                let reps = ne0 / nb0;
-                for k in 0..reps {
-                    kernel(nb0, pd.add(k * nb0), pa.add(k * nb0), pb);
-                }
+    // b shares the destination's memory only in place, as a's exact twin (graph build), so
+    // its row is the destination row.
+    assert!(!b.written || a.written);
+    let nb0 = b.ne[0];
+    let ne0 = a.ne[0];
+    let mut rows = ctx.dst_rows(ith);
+    let b_rows = b.written || b.ne[0] <= 1 || b.nb[0] == 4;
+    if b_rows && let Some(ptrs) = rows.row_ptrs::<f32>(a) {
+        for (r, pd, pa) in ptrs {
+            let (i1, i2, i3) = r.i();
+            let pb = if b.written {
+                pa
             } else {
-                let (sa, sb, sd) = (a.nb[0], b.nb[0], d.nb[0]);
-                for i0 in 0..ne0 {
-                    let x = *((pa as *const u8).add(i0 * sa) as *const f32);
-                    let y = *((pb as *const u8).add((i0 % b.ne[0]) * sb) as *const f32);
-                    *((pd as *mut u8).add(i0 * sd) as *mut f32) = scalar(x, y);
-                }
+                b.row_of::<f32>(i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]).as_ptr()
+            };
+            for k in 0..ne0 / nb0 {
+                // SAFETY: the rows of dst and a hold ne0 = reps * nb0 contiguous f32
+                // (`row_ptrs`) and b's row nb0 (`row_of`); dst equals a (and b) exactly or is
+                // apart from them, which the kernel contract allows.
+                unsafe { kernel(nb0, pd.add(k * nb0), pa.add(k * nb0), pb) };
             }
+        }
+        return Ok(());
+    }
+    for r in rows.range() {
+        let (i1, i2, i3) = r.i();
+        let (j1, j2, j3) = (i1 % b.ne[1], i2 % b.ne[2], i3 % b.ne[3]);
+        let brow = (!b.written).then(|| Row::<f32>::new(b, j1, j2, j3));
+        // Strided rows: element by element.
+        let mut io = rows.io::<f32>(a, r);
+        for i0 in 0..ne0 {
+            let x = io.src(i0);
+            let y = match &brow {
+                Some(br) => br.get(i0 % nb0),
+                None => x,
+            };
+            io.set(i0, scalar(x, y));
         }
     }
     Ok(())

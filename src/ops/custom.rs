@@ -1,6 +1,6 @@
 //! Runs a custom op closure on this worker's rows.
 
-use super::{NodeCtx, split};
+use super::{DstRows, NodeCtx, split};
 use crate::error::{Error, Result};
 use crate::graph::{
     CustomAnyArgs, CustomAnyOp, CustomArgs, CustomOp, CustomSplitFn, CustomSrc, MAX_SRC,
@@ -16,18 +16,16 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: &CustomOp) -> Result<()
     let mut shapes = [[0usize; 4]; MAX_SRC];
     let mut n = 0;
     for s in ctx.node.src.iter().flatten() {
-        // SAFETY: custom sources are contiguous F32 (build check) of nelements values, read-only
-        // for the duration of the node.
-        srcs[n] = unsafe { std::slice::from_raw_parts(s.ptr as *const f32, s.nelements()) };
+        // Custom sources are contiguous F32 (build check).
+        srcs[n] = s.as_slice::<f32>();
         shapes[n] = s.ne;
         n += 1;
     }
     let (r0, r1) = split(d.nrows(), ith, nth);
-    let ne0 = d.ne[0];
-    // SAFETY: dst is a fresh contiguous F32 tensor; rows [r0, r1) belong to this worker only.
-    let dst = unsafe {
-        std::slice::from_raw_parts_mut((d.ptr as *mut f32).add(r0 * ne0), (r1 - r0) * ne0)
-    };
+    // dst is a fresh contiguous F32 tensor.
+    // SAFETY: workers `ith < nth` (the op's task count) get disjoint `split` ranges, once each.
+    let mut rows = unsafe { DstRows::new(d, r0, r1) };
+    let dst = rows.all::<f32>();
     let args = CustomArgs {
         ith,
         nth,

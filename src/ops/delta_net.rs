@@ -49,10 +49,8 @@ pub(crate) fn gated_delta_net(ctx: &NodeCtx<'_>, ith: usize, k_slots: usize) -> 
         // SAFETY: slot 0 of the state part of the output, pair (iv1, iv3): taken by exactly one
         // worker through the counter.
         let s = unsafe { std::slice::from_raw_parts_mut(out.add(attn_elems + pair), head_state) };
-        // SAFETY: the input state is contiguous [S, S, H, n_seqs].
-        s.copy_from_slice(unsafe {
-            std::slice::from_raw_parts((st.ptr as *const f32).add(pair), head_state)
-        });
+        // The input state is contiguous [S, S, H, n_seqs].
+        s.copy_from_slice(&st.as_slice::<f32>()[pair..][..head_state]);
         for t in 0..nt {
             // SAFETY: indices below each tensor's dims (build-time checks incl. the head and
             // sequence broadcasts); rows of q, k, v are packed; g and beta contiguous.

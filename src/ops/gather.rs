@@ -2,19 +2,36 @@
 //! output element is copied from one source element (or set to zero), any element type of block
 //! size 1; and repeat_back, arange, timestep_embedding.
 
+use super::node::Elem;
 use super::{NodeCtx, split, unravel_row};
 use crate::error::Result;
 use crate::graph::Gather;
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, g: &Gather) -> Result<()> {
+    use crate::dtype::DType;
+    // Elements are moved as they are, so only their size matters.
+    match ctx.dst().dtype.type_size() {
+        1 => gather::<i8>(ctx, ith, g),
+        2 => gather::<u16>(ctx, ith, g),
+        4 if ctx.dst().dtype == DType::I32 => gather::<i32>(ctx, ith, g),
+        4 => gather::<f32>(ctx, ith, g),
+        8 if ctx.dst().dtype == DType::I64 => gather::<i64>(ctx, ith, g),
+        _ => gather::<f64>(ctx, ith, g),
+    }
+    Ok(())
+}
+
+fn gather<T: Elem>(ctx: &NodeCtx<'_>, ith: usize, g: &Gather) {
     let d = ctx.dst();
     let a = ctx.src(0);
-    let ts = d.dtype.type_size();
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let (i1, i2, i3) = r.i();
+        let mut out = rows.out::<T>(r);
         for i0 in 0..d.ne[0] {
             let o = [i0, i1, i2, i3];
+            // Every source index below is inside that source's shape (reduced modulo, offset
+            // within bounds, or reflected inside by the build-time limits).
             let src = match *g {
                 Gather::Concat { dim } => {
                     if o[dim] < a.ne[dim] {
@@ -63,33 +80,23 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, g: &Gather) -> Result<()> {
                     Some((a, j))
                 }
             };
-            // SAFETY: o is below dst's shape; every source index computed above is below that
-            // source's shape (reduced modulo, offset within bounds, or reflected inside by the
-            // build-time limits); extents validated at plan time; each worker writes its own rows.
-            unsafe {
-                let dp = d.ptr.add(i0 * d.nb[0] + i1 * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
-                match src {
-                    Some((s, j)) => {
-                        let sp = s
-                            .ptr
-                            .add(j[0] * s.nb[0] + j[1] * s.nb[1] + j[2] * s.nb[2] + j[3] * s.nb[3]);
-                        std::ptr::copy_nonoverlapping(sp, dp, ts);
-                    }
-                    None => std::ptr::write_bytes(dp, 0, ts),
-                }
-            }
+            let v = match src {
+                Some((s, j)) => s.get::<T>(j[0], j[1], j[2], j[3]),
+                None => T::zeroed(),
+            };
+            out.set(i0, v);
         }
     }
-    Ok(())
 }
 
 /// Sum of every tile of src0 that lands on each output element, tiles in order.
 pub(crate) fn repeat_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let reps = [a.ne[0] / d.ne[0], a.ne[1] / d.ne[1], a.ne[2] / d.ne[2], a.ne[3] / d.ne[3]];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let (i1, i2, i3) = r.i();
+        let mut out = rows.out::<f32>(r);
         for i0 in 0..d.ne[0] {
             let mut s = 0f32;
             for k3 in 0..reps[3] {
@@ -102,21 +109,13 @@ pub(crate) fn repeat_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                                 i2 + k2 * d.ne[2],
                                 i3 + k3 * d.ne[3],
                             ];
-                            // SAFETY: j is below a's shape (a = tiles of dst's shape).
-                            s += unsafe {
-                                *(a.ptr.add(
-                                    j[0] * a.nb[0]
-                                        + j[1] * a.nb[1]
-                                        + j[2] * a.nb[2]
-                                        + j[3] * a.nb[3],
-                                ) as *const f32)
-                            };
+                            // j is below a's shape (a = tiles of dst's shape).
+                            s += a.get::<f32>(j[0], j[1], j[2], j[3]);
                         }
                     }
                 }
             }
-            // SAFETY: (i0..i3) below dst's shape; own rows.
-            unsafe { *(d.row(i1, i2, i3).add(i0 * 4) as *mut f32) = s };
+            out.set(i0, s);
         }
     }
     Ok(())
@@ -140,21 +139,20 @@ pub(crate) fn timestep_embedding(
 ) -> Result<()> {
     let (t, d) = (ctx.src(0), ctx.dst());
     let half = dim / 2;
-    let (r0, r1) = split(t.ne[0], ith, ctx.nth);
-    for i in r0..r1 {
-        // SAFETY: i < n timesteps (contiguous F32, build check); dst row i holds dim floats; own rows.
-        unsafe {
-            let ts = *(t.ptr as *const f32).add(i);
-            let e = d.row(i, 0, 0) as *mut f32;
-            for j in 0..half {
-                let freq = (-(max_period as f32).ln() * j as f32 / half as f32).exp();
-                let arg = ts * freq;
-                *e.add(j) = arg.cos();
-                *e.add(j + half) = arg.sin();
-            }
-            if !dim.is_multiple_of(2) {
-                *e.add(2 * half) = 0.0;
-            }
+    // One dst row per timestep (contiguous F32 vector, build check).
+    debug_assert_eq!(d.nrows(), t.ne[0]);
+    let mut rows = ctx.dst_rows(ith);
+    for i in rows.range() {
+        let ts = t.get::<f32>(i.r(), 0, 0, 0);
+        let e = rows.row::<f32>(i);
+        for j in 0..half {
+            let freq = (-(max_period as f32).ln() * j as f32 / half as f32).exp();
+            let arg = ts * freq;
+            e[j] = arg.cos();
+            e[j + half] = arg.sin();
+        }
+        if !dim.is_multiple_of(2) {
+            e[2 * half] = 0.0;
         }
     }
     Ok(())
@@ -168,31 +166,41 @@ pub(crate) fn set(
     nb: [usize; 3],
     offset: usize,
 ) -> Result<()> {
-    let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let ts = d.dtype.type_size();
+    let (a, b) = (ctx.src(0), ctx.src(1));
     if phase == 0 {
-        if a.ptr != d.ptr {
-            let bytes = d.nelements() * ts;
-            let (s0, s1) = split(bytes, ith, ctx.nth);
-            // SAFETY: a and dst are contiguous with the same shape (build check), so both span
-            // `bytes`; workers copy disjoint byte ranges.
-            unsafe { std::ptr::copy_nonoverlapping(a.ptr.add(s0), d.ptr.add(s0), s1 - s0) };
+        if !a.written {
+            // a and dst are contiguous with the same shape (build check).
+            let mut rows = ctx.dst_rows(ith);
+            for r in rows.range() {
+                let (i1, i2, i3) = unravel_row(r.r(), &a.ne);
+                rows.bytes(r).copy_from_slice(a.row_bytes(i1, i2, i3));
+            }
         }
         return Ok(());
     }
+    // F32 or I32 (build check); the bits are moved as they are.
+    if b.dtype == crate::dtype::DType::I32 {
+        set_view::<i32>(ctx, ith, nb, offset);
+    } else {
+        set_view::<f32>(ctx, ith, nb, offset);
+    }
+    Ok(())
+}
+
+/// set, phase 1: worker `ith`'s rows of b into dst's view (byte strides `nb`, byte `offset`).
+fn set_view<T: Elem>(ctx: &NodeCtx<'_>, ith: usize, nb: [usize; 3], offset: usize) {
+    let (b, d) = (ctx.src(1), ctx.dst());
     let (r0, r1) = split(b.nrows(), ith, ctx.nth);
     for r in r0..r1 {
         let (i1, i2, i3) = unravel_row(r, &b.ne);
+        let off = offset + i1 * nb[0] + i2 * nb[1] + i3 * nb[2];
         for i0 in 0..b.ne[0] {
+            let v = b.get::<T>(i0, i1, i2, i3);
             // SAFETY: the build-time check put the whole view (offset + extent with these
-            // strides) inside dst; b's indices are below its shape; rows of b are disjoint per
-            // worker and map to distinct view elements.
-            unsafe {
-                let dp = d.ptr.add(offset + i0 * ts + i1 * nb[0] + i2 * nb[1] + i3 * nb[2]);
-                let sp = b.ptr.add(i0 * b.nb[0] + i1 * b.nb[1] + i2 * b.nb[2] + i3 * b.nb[3]);
-                std::ptr::copy_nonoverlapping(sp, dp, ts);
-            }
+            // strides) inside dst, with the offset and strides multiples of the element size
+            // (aligned); rows of b are disjoint per worker and map to distinct view elements
+            // (checked at build time), so no other worker writes this element.
+            unsafe { (d.ptr.add(off + i0 * size_of::<T>()) as *mut T).write(v) };
         }
     }
-    Ok(())
 }

@@ -1,7 +1,7 @@
 //! get_rows: rows of src0 (any type convertible to f32) picked by I32 ids, into F32
 //! (ggml's ggml_compute_forward_get_rows). Ids are data, so they are checked here.
 
-use super::{NodeCtx, split};
+use super::NodeCtx;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
@@ -26,16 +26,16 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         backend: "CPU".into(),
         msg: format!("no f32 conversion for {}", a.dtype),
     })?;
-    let ne0 = a.ne[0];
-    let row_bytes = a.dtype.row_bytes(ne0);
-    let n = ids.nelements();
-    let (r0, r1) = split(n, ith, ctx.nth);
-    for r in r0..r1 {
-        let i10 = r % ids.ne[0];
-        let i11 = (r / ids.ne[0]) % ids.ne[1];
-        let i12 = r / (ids.ne[0] * ids.ne[1]);
-        // SAFETY: (i10, i11, i12) are below ids' shape, whose extent the plan validated.
-        let id = unsafe { *(ids.row(i11, i12, 0).add(i10 * ids.nb[0]) as *const i32) };
+    // dst is a fresh contiguous F32 [ne0, ids.ne[0], ids.ne[1], ids.ne[2]]: flat row r of dst
+    // is id r.
+    debug_assert_eq!(d.nrows(), ids.nelements());
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let (i10, i11, i12) = {
+            let r = r.r();
+            (r % ids.ne[0], (r / ids.ne[0]) % ids.ne[1], r / (ids.ne[0] * ids.ne[1]))
+        };
+        let id = ids.get::<i32>(i10, i11, i12, 0);
         if id < 0 || id as usize >= a.ne[1] {
             return Err(Error::IndexOutOfRange {
                 op: "get_rows",
@@ -44,14 +44,8 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 limit: a.ne[1],
             });
         }
-        // SAFETY: id < a.ne[1] (checked), i11 < a.ne[2] and i12 < a.ne[3] (build-time shape
-        // check); a's rows are contiguous (build-time check); dst row (i10, i11, i12) is this
-        // worker's own and holds ne0 contiguous f32 (dst is a fresh contiguous tensor).
-        unsafe {
-            let src = std::slice::from_raw_parts(a.row(id as usize, i11, i12), row_bytes);
-            let dst = std::slice::from_raw_parts_mut(d.row(i10, i11, i12) as *mut f32, ne0);
-            conv(src, dst);
-        }
+        // i11 < a.ne[2] and i12 < a.ne[3] (build-time shape check); a's rows are contiguous.
+        conv(a.row_bytes(id as usize, i11, i12), rows.row::<f32>(r));
     }
     Ok(())
 }

@@ -2,13 +2,13 @@
 //! geglu_erf,geglu_quick}): dst = act(x) * g, where x and g are the two halves of each src0 row
 //! (fused form, swapped or not) or the rows of src0 and src1 (split form). Split by rows.
 
-use super::elementwise::{ld, st};
-use super::{NodeCtx, split, unravel_row};
+use super::node::Elem;
+use super::{NodeCtx, TView};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::GluOp;
 use crate::kernels::{scalar, tables};
-use crate::quant::util::fp16_to_fp32;
+use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
 pub(crate) fn compute(
     ctx: &NodeCtx<'_>,
@@ -73,36 +73,58 @@ pub(crate) fn compute(
             }
         }
     };
-    let ts = dt.type_size();
     let kt = ctx.kt;
     // F32 SwiGLU is one fused vector pass per row (silu, then the multiply, in registers).
     let fast_swiglu = op == GluOp::Swiglu && !f16 && d.nb[0] == 4;
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: rows of src0 (and src1) are contiguous (build-time check); the fused form's
-        // halves are columns [0, nc) and [nc, 2 nc) of a row with ne[0] >= 2 nc; dst has the
-        // same rows; each worker writes its own rows of dst, a fresh tensor.
-        unsafe {
-            let pa = a.row(i1, i2, i3);
-            let (px, pg) = match b {
-                Some(b) => (pa, b.row(i1, i2, i3)),
-                None if swapped => (pa.add(nc * ts), pa),
-                None => (pa, pa.add(nc * ts)),
-            };
-            let pd = d.row(i1, i2, i3);
+    // Rows of src0 (and src1) are contiguous (build-time check); the fused form's halves are
+    // columns [0, nc) and [nc, 2 nc) of a row with ne[0] >= 2 nc.
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let (i1, i2, i3) = r.i();
+        if dt == DType::F32 {
+            let (x, g) = pair::<f32>(a, b, swapped, nc, i1, i2, i3);
+            let mut out = rows.out::<f32>(r);
             if fast_swiglu {
-                let (pd, px, pg) = (pd as *mut f32, px as *const f32, pg as *const f32);
-                (kt.swiglu_f32)(nc, pd, px, pg);
+                // SAFETY: x, g and the contiguous destination row hold nc f32 each (row
+                // accessors); the destination is a fresh tensor, apart from both sources.
+                unsafe { (kt.swiglu_f32)(nc, out.as_mut_ptr(), x.as_ptr(), g.as_ptr()) };
                 continue;
             }
             for i in 0..nc {
-                let xp = px.add(i * ts);
-                let xh = if f16 { (xp as *const u16).read_unaligned() } else { 0 };
-                let v = f(xh, ld(xp, dt), ld(pg.add(i * ts), dt));
-                st(pd.add(i * d.nb[0]), dt, v);
+                out.set(i, f(0, x[i], g[i]));
+            }
+        } else {
+            // F16 or BF16: through f32 as ggml's vec.h (the f16 tables index by x's bits).
+            let (x, g) = pair::<u16>(a, b, swapped, nc, i1, i2, i3);
+            let to: fn(u16) -> f32 = if f16 { fp16_to_fp32 } else { bf16_to_fp32 };
+            let from: fn(f32) -> u16 = if f16 { fp32_to_fp16 } else { fp32_to_bf16 };
+            let mut out = rows.out::<u16>(r);
+            for i in 0..nc {
+                let xh = if f16 { x[i] } else { 0 };
+                out.set(i, from(f(xh, to(x[i]), to(g[i]))));
             }
         }
     }
     Ok(())
+}
+
+/// The (x, g) rows of nc elements for dst row (i1, i2, i3): the split form's two sources, or the
+/// two halves of src0's row (swapped or not).
+fn pair<'a, T: Elem>(
+    a: &'a TView,
+    b: Option<&'a TView>,
+    swapped: bool,
+    nc: usize,
+    i1: usize,
+    i2: usize,
+    i3: usize,
+) -> (&'a [T], &'a [T]) {
+    let ra = a.row_of::<T>(i1, i2, i3);
+    match b {
+        Some(b) => (&ra[..nc], &b.row_of::<T>(i1, i2, i3)[..nc]),
+        None => {
+            let (lo, hi) = (&ra[..nc], &ra[nc..2 * nc]);
+            if swapped { (hi, lo) } else { (lo, hi) }
+        }
+    }
 }

@@ -39,11 +39,12 @@ mod unary;
 mod upscale;
 mod window;
 
-pub(crate) use node::{ExecNode, TView, align_up};
+pub(crate) use node::{DstRows, ExecNode, TView, align_up};
 
 use crate::error::Result;
 use crate::graph::{Graph, Op, Tensor, TensorId};
 use crate::kernels::KernelTable;
+use std::cell::Cell;
 use std::sync::atomic::AtomicUsize;
 
 /// What a worker gets for one node.
@@ -59,6 +60,11 @@ pub(crate) struct NodeCtx<'a> {
     /// every kernel here, never through the process-wide default, so all phases, workers and
     /// computes of a plan agree on the tier and on the data layouts it implies.
     pub kt: &'static KernelTable,
+    /// This worker's index (`< nth`).
+    pub ith: usize,
+    /// Whether this worker has taken its destination rows / its scratch in this phase: each is
+    /// lent once, so a worker never holds two `&mut` to the same memory.
+    pub taken: [Cell<bool>; 2],
 }
 
 impl NodeCtx<'_> {
@@ -69,6 +75,40 @@ impl NodeCtx<'_> {
     }
     pub(crate) fn dst(&self) -> &TView {
         &self.node.dst
+    }
+    /// Marks lending `k` (0: rows, 1: scratch) as taken; panics on a second take.
+    fn take(&self, k: usize, ith: usize) {
+        assert!(ith == self.ith && ith < self.nth, "worker {} asked for {ith}'s share", self.ith);
+        assert!(!self.taken[k].replace(true), "a worker's share is lent once per phase");
+    }
+    /// Worker `ith`'s share of the destination's rows (ggml's contiguous split), once per phase.
+    pub(crate) fn dst_rows(&self, ith: usize) -> DstRows<'_> {
+        self.take(0, ith);
+        let d = self.dst();
+        let (r0, r1) = split(d.nrows(), ith, self.nth);
+        // SAFETY: each worker has its own `NodeCtx` with a distinct `ith < nth` (checked by
+        // `take`, which also lends the rows once per phase), and `split` gives distinct indices
+        // disjoint ranges.
+        unsafe { DstRows::new(d, r0, r1) }
+    }
+    /// Worker `ith`'s scratch: `n` values of `T` at byte `ith * stride` of the work buffer
+    /// (each op's `work_size` reserves `nth` such slots), once per phase.
+    #[allow(clippy::mut_from_ref)] // lent once per worker and phase (`take`)
+    pub(crate) fn scratch<T: node::Elem>(&self, ith: usize, stride: usize, n: usize) -> &mut [T] {
+        self.take(1, ith);
+        assert!(n * size_of::<T>() <= stride && (ith + 1) * stride <= self.work_len);
+        if n == 0 {
+            return &mut [];
+        }
+        // SAFETY: slot `ith` lies inside the work buffer (asserted); the buffer is 64-byte
+        // aligned and op strides are multiples of T's alignment (checked in debug builds
+        // below); workers have distinct `ith` (their own `NodeCtx`), so slots never overlap,
+        // and `take` lends a worker's slot once per phase.
+        unsafe {
+            let p = self.work.add(ith * stride) as *mut T;
+            debug_assert!(p.is_aligned());
+            std::slice::from_raw_parts_mut(p, n)
+        }
     }
 }
 

@@ -1,40 +1,38 @@
 //! Row normalisations on F32 (ggml's ops.cpp): rms_norm (f64 sum of squares), the fused
 //! rms_norm * weight, norm, group_norm and l2_norm.
 
-use super::{NodeCtx, split, unravel_row};
+use super::node::{DstRows, InOut, Slices};
+use super::{NodeCtx, split};
 use crate::error::Result;
 
 pub(crate) fn rms_norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
+    let a = ctx.src(0);
     let kt = ctx.kt;
-    let ne0 = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: indices below the shared shape; rows validated at plan time; own rows only;
-        // every element is read before the same element is written (in place is exact aliasing).
-        unsafe {
-            let pa = a.row(i1, i2, i3);
-            let pd = d.row(i1, i2, i3);
-            if a.nb[0] == 4 && d.nb[0] == 4 {
-                let sum = (kt.sum_sq_f64)(std::slice::from_raw_parts(pa as *const f32, ne0));
-                let scale = 1.0 / ((sum / ne0 as f64) as f32 + eps).sqrt();
-                let (xs, ys) = (pa as *const f32, pd as *mut f32);
+    let ne0 = ctx.dst().ne[0];
+    let scale_of = |sum: f64| 1.0 / ((sum / ne0 as f64) as f32 + eps).sqrt();
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        match rows.io::<f32>(a, r).slices() {
+            Ok(Slices::Same(y)) => {
+                let scale = scale_of((kt.sum_sq_f64)(y));
+                y.iter_mut().for_each(|v| *v *= scale);
+            }
+            Ok(Slices::Two(x, y)) => {
+                let scale = scale_of((kt.sum_sq_f64)(x));
+                y.iter_mut().zip(x).for_each(|(v, &x)| *v = x * scale);
+            }
+            Err(mut io) => {
+                let mut sum = 0f64;
                 for i in 0..ne0 {
-                    *ys.add(i) = *xs.add(i) * scale;
+                    let v = io.src(i);
+                    sum += (v * v) as f64;
                 }
-                continue;
-            }
-            let x = |i: usize| *(pa.add(i * a.nb[0]) as *const f32);
-            let mut sum = 0f64;
-            for i in 0..ne0 {
-                let v = x(i);
-                sum += (v * v) as f64;
-            }
-            let mean = (sum / ne0 as f64) as f32;
-            let scale = 1.0 / (mean + eps).sqrt();
-            for i in 0..ne0 {
-                *(pd.add(i * d.nb[0]) as *mut f32) = x(i) * scale;
+                let mean = (sum / ne0 as f64) as f32;
+                let scale = 1.0 / (mean + eps).sqrt();
+                for i in 0..ne0 {
+                    let v = io.src(i) * scale;
+                    io.set(i, v);
+                }
             }
         }
     }
@@ -44,33 +42,27 @@ pub(crate) fn rms_norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
 /// norm on F32 rows (ggml's ggml_compute_forward_norm_f32): f64 sums for the mean and the
 /// centred variance, f32 scale.
 pub(crate) fn norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
-    let ne0 = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: indices below the shared shape; own rows; each element of the row is read
-        // before the same element is written (in place is exact aliasing).
-        unsafe {
-            let (pa, pd) = (a.row(i1, i2, i3), d.row(i1, i2, i3));
-            let x = |i: usize| (pa.add(i * a.nb[0]) as *const f32).read_unaligned();
-            let y = |i: usize| pd.add(i * d.nb[0]) as *mut f32;
-            let mut sum = 0f64;
-            for i in 0..ne0 {
-                sum += x(i) as f64;
-            }
-            let mean = (sum as f32) / ne0 as f32;
-            let mut var = 0f64;
-            for i in 0..ne0 {
-                let v = x(i) - mean;
-                y(i).write_unaligned(v);
-                var += (v * v) as f64;
-            }
-            let variance = (var / ne0 as f64) as f32;
-            let scale = 1.0 / (variance + eps).sqrt();
-            for i in 0..ne0 {
-                y(i).write_unaligned(y(i).read_unaligned() * scale);
-            }
+    let a = ctx.src(0);
+    let ne0 = ctx.dst().ne[0];
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let mut io = rows.io::<f32>(a, r);
+        let mut sum = 0f64;
+        for i in 0..ne0 {
+            sum += io.src(i) as f64;
+        }
+        let mean = (sum as f32) / ne0 as f32;
+        let mut var = 0f64;
+        for i in 0..ne0 {
+            let v = io.src(i) - mean;
+            io.set(i, v);
+            var += (v * v) as f64;
+        }
+        let variance = (var / ne0 as f64) as f32;
+        let scale = 1.0 / (variance + eps).sqrt();
+        for i in 0..ne0 {
+            let v = io.dst(i) * scale;
+            io.set(i, v);
         }
     }
     Ok(())
@@ -81,27 +73,35 @@ pub(crate) fn rms_norm_mul(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()
     let (a, w, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let kt = ctx.kt;
     let ne0 = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: rows of a and w are contiguous F32 (build-time check); w's row indices are
-        // reduced modulo its shape; own dst rows; x[i] is read before y[i] is written.
-        unsafe {
-            let pa = a.row(i1, i2, i3) as *const f32;
-            let pw = w.row(i1 % w.ne[1], i2 % w.ne[2], i3 % w.ne[3]) as *const f32;
-            let pd = d.row(i1, i2, i3);
-            let sum = (kt.sum_sq_f64)(std::slice::from_raw_parts(pa, ne0));
-            let mean = (sum / ne0 as f64) as f32;
-            let scale = 1.0 / (mean + eps).sqrt();
-            if d.nb[0] == 4 {
-                let ys = pd as *mut f32;
-                for i in 0..ne0 {
-                    *ys.add(i) = *pa.add(i) * scale * *pw.add(i);
-                }
-                continue;
+    let scale_of = |sum: f64| 1.0 / ((sum / ne0 as f64) as f32 + eps).sqrt();
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let (i1, i2, i3) = r.i();
+        // Rows of a and w are contiguous F32 (build-time check); w's row indices are reduced
+        // modulo its shape.
+        let w = w.row_of::<f32>(i1 % w.ne[1], i2 % w.ne[2], i3 % w.ne[3]);
+        match rows.io::<f32>(a, r).slices() {
+            Ok(Slices::Same(y)) => {
+                let scale = scale_of((kt.sum_sq_f64)(y));
+                y.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * scale * w);
             }
-            for i in 0..ne0 {
-                (pd.add(i * d.nb[0]) as *mut f32).write_unaligned(*pa.add(i) * scale * *pw.add(i));
+            Ok(Slices::Two(x, y)) => {
+                let scale = scale_of((kt.sum_sq_f64)(x));
+                for ((v, &x), &w) in y.iter_mut().zip(x).zip(w) {
+                    *v = x * scale * w;
+                }
+            }
+            Err(InOut::Two(x, mut y)) => {
+                // A strided destination.
+                let x = x.as_slice().expect("rms_norm_mul: contiguous rows (build check)");
+                let scale = scale_of((kt.sum_sq_f64)(x));
+                for i in 0..ne0 {
+                    y.set(i, x[i] * scale * w[i]);
+                }
+            }
+            Err(InOut::Same(_)) => {
+                // In place the destination has a's contiguous rows.
+                unreachable!("rms_norm_mul: strided in-place rows");
             }
         }
     }
@@ -123,46 +123,39 @@ pub(crate) fn group_norm(ctx: &NodeCtx<'_>, ith: usize, n_groups: usize, eps: f3
         }
         let n = (ne0 * ne1 * (end - start)) as f64;
         for i3 in 0..d.ne[3] {
-            // SAFETY: channels start..end < ne2, rows below ne1, i3 below ne3; rows of a are
-            // contiguous F32 (build-time check); dst rows of these channels belong to this
-            // worker's groups only; every x is read before the same y is written.
-            unsafe {
-                let mut sum = 0f64;
-                for i2 in start..end {
-                    for i1 in 0..ne1 {
-                        let x = a.row(i1, i2, i3) as *const f32;
-                        let mut s = 0f64;
-                        for i0 in 0..ne0 {
-                            s += *x.add(i0) as f64;
-                        }
-                        sum += s;
-                    }
+            // The flat rows of channels start..end of sample i3.
+            let base = ne1 * n_channels * i3;
+            // SAFETY: groups are split between workers, so these channels' rows belong to this
+            // worker alone, and it holds one group's rows at a time.
+            let mut rows = unsafe { DstRows::new(d, base + ne1 * start, base + ne1 * end) };
+            let mut sum = 0f64;
+            for r in rows.range() {
+                let io = rows.io::<f32>(a, r);
+                let mut s = 0f64;
+                for i0 in 0..ne0 {
+                    s += io.src(i0) as f64;
                 }
-                let mean = (sum / n) as f32;
-                let mut sum2 = 0f64;
-                for i2 in start..end {
-                    for i1 in 0..ne1 {
-                        let x = a.row(i1, i2, i3) as *const f32;
-                        let y = d.row(i1, i2, i3);
-                        let mut s = 0f64;
-                        for i0 in 0..ne0 {
-                            let v = *x.add(i0) - mean;
-                            (y.add(i0 * d.nb[0]) as *mut f32).write_unaligned(v);
-                            s += (v * v) as f64;
-                        }
-                        sum2 += s;
-                    }
+                sum += s;
+            }
+            let mean = (sum / n) as f32;
+            let mut sum2 = 0f64;
+            for r in rows.range() {
+                let mut io = rows.io::<f32>(a, r);
+                let mut s = 0f64;
+                for i0 in 0..ne0 {
+                    let v = io.src(i0) - mean;
+                    io.set(i0, v);
+                    s += (v * v) as f64;
                 }
-                let variance = (sum2 / n) as f32;
-                let scale = 1.0 / (variance + eps).sqrt();
-                for i2 in start..end {
-                    for i1 in 0..ne1 {
-                        let y = d.row(i1, i2, i3);
-                        for i0 in 0..ne0 {
-                            let p = y.add(i0 * d.nb[0]) as *mut f32;
-                            p.write_unaligned(p.read_unaligned() * scale);
-                        }
-                    }
+                sum2 += s;
+            }
+            let variance = (sum2 / n) as f32;
+            let scale = 1.0 / (variance + eps).sqrt();
+            for r in rows.range() {
+                let mut y = rows.out::<f32>(r);
+                for i0 in 0..ne0 {
+                    let v = y.get(i0) * scale;
+                    y.set(i0, v);
                 }
             }
         }
@@ -172,24 +165,20 @@ pub(crate) fn group_norm(ctx: &NodeCtx<'_>, ith: usize, n_groups: usize, eps: f3
 
 /// l2_norm (ggml's ggml_compute_forward_l2_norm_f32): x / max(sqrt(f64 sum of squares), eps).
 pub(crate) fn l2_norm(ctx: &NodeCtx<'_>, ith: usize, eps: f32) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
-    let ne0 = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: indices below the shared shape; own rows; read before write.
-        unsafe {
-            let (pa, pd) = (a.row(i1, i2, i3), d.row(i1, i2, i3));
-            let x = |i: usize| (pa.add(i * a.nb[0]) as *const f32).read_unaligned();
-            let mut sum = 0f64;
-            for i in 0..ne0 {
-                let v = x(i);
-                sum += (v * v) as f64;
-            }
-            let scale = 1.0 / (sum as f32).sqrt().max(eps);
-            for i in 0..ne0 {
-                (pd.add(i * d.nb[0]) as *mut f32).write_unaligned(x(i) * scale);
-            }
+    let a = ctx.src(0);
+    let ne0 = ctx.dst().ne[0];
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let mut io = rows.io::<f32>(a, r);
+        let mut sum = 0f64;
+        for i in 0..ne0 {
+            let v = io.src(i);
+            sum += (v * v) as f64;
+        }
+        let scale = 1.0 / (sum as f32).sqrt().max(eps);
+        for i in 0..ne0 {
+            let v = io.src(i) * scale;
+            io.set(i, v);
         }
     }
     Ok(())

@@ -3,26 +3,23 @@
 //! these on one thread; here output rows are split over threads (each element has one owner and
 //! one fixed summation order).
 
-use super::{NodeCtx, split, unravel_row};
+use super::{NodeCtx, TView};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::PoolOp;
 use crate::quant::util::fp16_to_fp32;
 
-/// Element `j` of a row of `dt` (F32 or F16).
-///
-/// # Safety
-/// `row` is valid for `j + 1` elements of `dt`.
+/// Row (i1, i2, i3) of `a` as f32 or F16 bits (rows are contiguous, build check); the other
+/// slice is empty.
 #[inline(always)]
-unsafe fn at(row: *const u8, dt: DType, j: usize) -> f32 {
-    // SAFETY: per the contract; unaligned because views can start anywhere.
-    unsafe {
-        if dt == DType::F32 {
-            (row.add(4 * j) as *const f32).read_unaligned()
-        } else {
-            fp16_to_fp32((row.add(2 * j) as *const u16).read_unaligned())
-        }
-    }
+fn row<const F32: bool>(a: &TView, i1: usize, i2: usize, i3: usize) -> (&[f32], &[u16]) {
+    if F32 { (a.row_of::<f32>(i1, i2, i3), &[]) } else { (&[], a.row_of::<u16>(i1, i2, i3)) }
+}
+
+/// Element `j` of a row from [`row`].
+#[inline(always)]
+fn at<const F32: bool>(row: (&[f32], &[u16]), j: usize) -> f32 {
+    if F32 { row.0[j] } else { fp16_to_fp32(row.1[j]) }
 }
 
 pub(crate) fn pool_1d(
@@ -35,11 +32,13 @@ pub(crate) fn pool_1d(
 ) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
     let iw = a.ne[0] as i64;
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: the row indices are below both shapes (same dims 1..3); own rows only.
-        let (src, dst) = unsafe { (a.row(i1, i2, i3) as *const u8, d.row(i1, i2, i3) as *mut f32) };
+    let f32_in = a.dtype == DType::F32;
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // The row indices are below both shapes (same dims 1..3); dst is a fresh F32 tensor.
+        let (i1, i2, i3) = r.i();
+        let src = if f32_in { row::<true>(a, i1, i2, i3) } else { row::<false>(a, i1, i2, i3) };
+        let dst = rows.row::<f32>(r);
         for ow in 0..d.ne[0] {
             let base = (ow * s) as i64 - p as i64;
             let mut res = if op == PoolOp::Max { -f32::MAX } else { 0.0 };
@@ -49,8 +48,8 @@ pub(crate) fn pool_1d(
                 if !(0..iw).contains(&j) {
                     continue;
                 }
-                // SAFETY: 0 <= j < ne[0]; rows are contiguous (build check).
-                let v = unsafe { at(src, a.dtype, j as usize) };
+                let j = j as usize;
+                let v = if f32_in { at::<true>(src, j) } else { at::<false>(src, j) };
                 match op {
                     PoolOp::Avg => res += v,
                     // std::max(v, res) as ggml: NaN inputs propagate.
@@ -61,8 +60,7 @@ pub(crate) fn pool_1d(
             if op == PoolOp::Avg {
                 res = if count > 0 { res / count as f32 } else { 0.0 };
             }
-            // SAFETY: ow < dst.ne[0] in a contiguous row this worker owns.
-            unsafe { dst.add(ow).write_unaligned(res) };
+            dst[ow] = res;
         }
     }
     Ok(())
@@ -93,17 +91,16 @@ fn pool_2d_impl<const F32: bool, const MAX: bool>(
     p: [f32; 2],
 ) -> Result<()> {
     let op = if MAX { PoolOp::Max } else { PoolOp::Avg };
-    let dt = if F32 { DType::F32 } else { DType::F16 };
     let (a, d) = (ctx.src(0), ctx.dst());
     // ggml stores the float padding in an int32 parameter: truncation.
     let (p0, p1) = (p[0] as i64, p[1] as i64);
     let (iw, ih) = (a.ne[0] as i64, a.ne[1] as i64);
     let ka = (k[0] * k[1]) as f32;
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (oy, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: row indices below dst's shape; own rows only.
-        let dst = unsafe { d.row(oy, i2, i3) as *mut f32 };
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // dst is a fresh F32 tensor.
+        let (oy, i2, i3) = r.i();
+        let dst = rows.row::<f32>(r);
         let iy = (oy * s[1]) as i64 - p1;
         for ox in 0..d.ne[0] {
             let ix = (ox * s[0]) as i64 - p0;
@@ -113,15 +110,14 @@ fn pool_2d_impl<const F32: bool, const MAX: bool>(
                 if !(0..ih).contains(&y) {
                     continue;
                 }
-                // SAFETY: 0 <= y < ne[1], (i2, i3) shared with dst: the row is inside a.
-                let src = unsafe { a.row(y as usize, i2, i3) as *const u8 };
+                // 0 <= y < ne[1], (i2, i3) shared with dst.
+                let src = row::<F32>(a, y as usize, i2, i3);
                 for kx in 0..k[0] as i64 {
                     let x = ix + kx;
                     if !(0..iw).contains(&x) {
                         continue;
                     }
-                    // SAFETY: 0 <= x < ne[0]; contiguous rows (build check).
-                    let v = unsafe { at(src, dt, x as usize) };
+                    let v = at::<F32>(src, x as usize);
                     match op {
                         PoolOp::Avg => res += v,
                         // std::max(v, res) as ggml: NaN inputs propagate.
@@ -132,8 +128,7 @@ fn pool_2d_impl<const F32: bool, const MAX: bool>(
             if op == PoolOp::Avg {
                 res /= ka;
             }
-            // SAFETY: ox < dst.ne[0] in a row this worker owns.
-            unsafe { dst.add(ox).write_unaligned(res) };
+            dst[ox] = res;
         }
     }
     Ok(())

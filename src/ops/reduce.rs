@@ -2,7 +2,6 @@
 //! argsort, top_k. Row-wise ops split rows between workers; sum runs on worker 0 (as ggml);
 //! count_equal counts per worker into the work buffer and adds the counts in a second phase.
 
-use super::elementwise::{at, ld, st};
 use super::{NodeCtx, split, unravel_row};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -35,8 +34,7 @@ pub(crate) fn sum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let (i1, i2, i3) = unravel_row(r, &a.ne);
         let (mut r64, mut r32) = (0f64, 0f32);
         for i0 in 0..a.ne[0] {
-            // SAFETY: indices below a's shape, extent validated at plan time.
-            let v = unsafe { ld(at(a, i0, i1, i2, i3), a.dtype) };
+            let v = a.load(i0, i1, i2, i3);
             r64 += v as f64;
             r32 += v;
         }
@@ -44,38 +42,33 @@ pub(crate) fn sum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         s32 += r32;
     }
     let v = if matches!(a.dtype, DType::F16 | DType::BF16) { s32 } else { s64 as f32 };
-    // SAFETY: dst is a one-element tensor of a's type.
-    unsafe { st(d.ptr, d.dtype, v) };
+    // dst is a one-element tensor of a's type; worker 0 owns its one row.
+    debug_assert_eq!(d.nelements(), 1);
+    ctx.dst_rows(ith).store(0, 0, v);
     Ok(())
 }
 
-/// Per-row f64 sum of an F32 row, rounded to f32 (ggml_vec_sum_f32).
-///
-/// # Safety
-/// (i1, i2, i3) index a row of `a`, an F32 tensor.
-unsafe fn row_sum(a: &crate::ops::node::TView, i1: usize, i2: usize, i3: usize) -> f32 {
+/// Per-row f64 sum of row (i1, i2, i3) of the F32 tensor `a`, rounded to f32 (ggml_vec_sum_f32).
+fn row_sum(a: &crate::ops::node::TView, i1: usize, i2: usize, i3: usize) -> f32 {
     let mut s = 0f64;
     for i0 in 0..a.ne[0] {
-        // SAFETY: per the contract.
-        s += unsafe { ld(at(a, i0, i1, i2, i3), DType::F32) } as f64;
+        s += a.get::<f32>(i0, i1, i2, i3) as f64;
     }
     s as f32
 }
 
 /// sum_rows and mean: [n, a, b, c] -> [1, a, b, c].
 pub(crate) fn sum_rows(ctx: &NodeCtx<'_>, ith: usize, mean: bool) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: dst's rows map one to one onto a's; own rows.
-        unsafe {
-            let mut s = row_sum(a, i1, i2, i3);
-            if mean {
-                s /= a.ne[0] as f32;
-            }
-            st(d.row(i1, i2, i3), DType::F32, s);
+    let a = ctx.src(0);
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // dst's rows map one to one onto a's.
+        let (i1, i2, i3) = r.i();
+        let mut s = row_sum(a, i1, i2, i3);
+        if mean {
+            s /= a.ne[0] as f32;
         }
+        rows.out::<f32>(r).set(0, s);
     }
     Ok(())
 }
@@ -83,17 +76,15 @@ pub(crate) fn sum_rows(ctx: &NodeCtx<'_>, ith: usize, mean: bool) -> Result<()> 
 /// Running f32 sum along each row (ggml_vec_cumsum_f32).
 pub(crate) fn cumsum(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, d) = (ctx.src(0), ctx.dst());
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let (i1, i2, i3) = r.i();
+        let mut out = rows.out::<f32>(r);
         let mut acc = 0f32;
         for i0 in 0..d.ne[0] {
-            // SAFETY: same shapes; own rows; read before write.
-            unsafe {
-                let v = ld(at(a, i0, i1, i2, i3), DType::F32);
-                acc = if i0 == 0 { v } else { acc + v };
-                st(at(d, i0, i1, i2, i3), DType::F32, acc);
-            }
+            let v = a.get::<f32>(i0, i1, i2, i3);
+            acc = if i0 == 0 { v } else { acc + v };
+            out.set(i0, acc);
         }
     }
     Ok(())
@@ -107,15 +98,17 @@ pub(crate) fn argmax(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let mut max = f32::NEG_INFINITY;
         let mut idx = 0i32;
         for i0 in 0..a.ne[0] {
-            // SAFETY: a is a matrix (build-time check); indices below its shape.
-            let x = unsafe { ld(at(a, i0, i1, 0, 0), DType::F32) };
+            // a is a matrix (build-time check).
+            let x = a.get::<f32>(i0, i1, 0, 0);
             max = if max > x { max } else { x };
             if max == x {
                 idx = i0 as i32;
             }
         }
-        // SAFETY: dst is I32 [ne1]; element i1 is this worker's own.
-        unsafe { (at(d, i1, 0, 0, 0) as *mut i32).write_unaligned(idx) };
+        assert!(i1 < d.ne[0] && d.dtype == DType::I32);
+        // SAFETY: dst is I32 [ne1] (build check; aligned like every tensor) and i1 < ne1, so
+        // element i1 is inside it; workers split ne1, so no other worker writes it.
+        unsafe { (d.ptr.add(i1 * d.nb[0]) as *mut i32).write(idx) };
     }
     Ok(())
 }
@@ -123,8 +116,6 @@ pub(crate) fn argmax(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 /// count_equal, phase 0: each worker counts its rows into its work slot; phase 1: worker 0 adds.
 pub(crate) fn count_equal(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let slots = ctx.work as *mut i64;
-    debug_assert!(ctx.work_len >= ctx.nth * 8);
     if phase == 0 {
         // As in `sum`: empty rows count nothing, however many there are.
         let rows = if a.ne[0] == 0 { 0 } else { a.nrows() };
@@ -133,21 +124,20 @@ pub(crate) fn count_equal(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()
         for r in r0..r1 {
             let (i1, i2, i3) = unravel_row(r, &a.ne);
             for i0 in 0..a.ne[0] {
-                // SAFETY: a and b share the shape (build-time check); I32 elements.
-                unsafe {
-                    let x = (at(a, i0, i1, i2, i3) as *const i32).read_unaligned();
-                    let y = (at(b, i0, i1, i2, i3) as *const i32).read_unaligned();
-                    n += (x == y) as i64;
-                }
+                // a and b share the shape (build-time check); I32 elements.
+                n += (a.get::<i32>(i0, i1, i2, i3) == b.get::<i32>(i0, i1, i2, i3)) as i64;
             }
         }
-        // SAFETY: the work buffer holds nth i64 slots (work_size); slot ith is this worker's.
-        unsafe { slots.add(ith).write_unaligned(n) };
+        ctx.scratch::<i64>(ith, 8, 1)[0] = n;
     } else if ith == 0 {
-        // SAFETY: every worker wrote its slot before the barrier between the phases.
-        let total: i64 = (0..ctx.nth).map(|t| unsafe { slots.add(t).read_unaligned() }).sum();
-        // SAFETY: dst is one I64.
-        unsafe { (d.ptr as *mut i64).write_unaligned(total) };
+        assert!(ctx.work_len >= ctx.nth * 8);
+        let slots = ctx.work as *const i64;
+        // SAFETY: the work buffer (64-byte aligned) holds nth i64 slots (asserted); every
+        // worker wrote its slot before the barrier between the phases and none writes now.
+        let total: i64 = (0..ctx.nth).map(|t| unsafe { slots.add(t).read() }).sum();
+        // dst is one I64.
+        debug_assert_eq!(d.nelements(), 1);
+        ctx.dst_rows(ith).out::<i64>(0).set(0, total);
     }
     Ok(())
 }
@@ -160,11 +150,9 @@ fn cmp_values(x: f32, y: f32) -> Ordering {
     k(x).total_cmp(&k(y))
 }
 
-/// Fills `idx` with 0..n sorted by the values of row (i1, i2, i3) of `a`.
-///
-/// # Safety
-/// (i1, i2, i3) index a row of the F32 tensor `a`; `idx` has `a.ne[0]` elements.
-unsafe fn sort_row(
+/// Fills `idx` (`a.ne[0]` elements) with 0..n sorted by the values of row (i1, i2, i3) of the
+/// F32 tensor `a`.
+fn sort_row(
     a: &crate::ops::node::TView,
     i1: usize,
     i2: usize,
@@ -172,8 +160,7 @@ unsafe fn sort_row(
     idx: &mut [i32],
     order: SortOrder,
 ) {
-    // SAFETY: per the contract.
-    let v = |i: i32| unsafe { ld(at(a, i as usize, i1, i2, i3), DType::F32) };
+    let v = |i: i32| a.get::<f32>(i as usize, i1, i2, i3);
     for (j, x) in idx.iter_mut().enumerate() {
         *x = j as i32;
     }
@@ -186,15 +173,12 @@ unsafe fn sort_row(
 
 /// argsort of each row into I32 dst rows (contiguous, fresh).
 pub(crate) fn argsort(ctx: &NodeCtx<'_>, ith: usize, order: SortOrder) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: dst is a fresh contiguous I32 tensor of a's shape; this row is the worker's.
-        unsafe {
-            let row = std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut i32, d.ne[0]);
-            sort_row(a, i1, i2, i3, row, order);
-        }
+    let a = ctx.src(0);
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // dst is a fresh contiguous I32 tensor of a's shape.
+        let (i1, i2, i3) = r.i();
+        sort_row(a, i1, i2, i3, rows.row::<i32>(r), order);
     }
     Ok(())
 }
@@ -202,23 +186,18 @@ pub(crate) fn argsort(ctx: &NodeCtx<'_>, ith: usize, order: SortOrder) -> Result
 /// top_k: the indices of the k largest of each row, largest first, then (as ggml does to stress
 /// that the order is not significant) the first two swapped.
 pub(crate) fn top_k(ctx: &NodeCtx<'_>, ith: usize, k: usize) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
+    let a = ctx.src(0);
     let n = a.ne[0];
-    let stride = crate::ops::node::align_up(n * 4, 64);
-    debug_assert!(ctx.work_len >= ctx.nth * stride);
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: the work buffer holds one 64-byte-aligned scratch row of n i32 per worker
-        // (work_size); dst is a fresh contiguous I32 [k, ...] tensor; this row is the worker's.
-        unsafe {
-            let tmp = std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut i32, n);
-            sort_row(a, i1, i2, i3, tmp, SortOrder::Desc);
-            let out = std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut i32, k);
-            out.copy_from_slice(&tmp[..k]);
-            if k > 1 {
-                out.swap(0, 1);
-            }
+    let tmp = ctx.scratch::<i32>(ith, crate::ops::node::align_up(n * 4, 64), n);
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // dst is a fresh contiguous I32 [k, ...] tensor.
+        let (i1, i2, i3) = r.i();
+        sort_row(a, i1, i2, i3, tmp, SortOrder::Desc);
+        let out = rows.row::<i32>(r);
+        out.copy_from_slice(&tmp[..k]);
+        if k > 1 {
+            out.swap(0, 1);
         }
     }
     Ok(())

@@ -1,7 +1,8 @@
 //! rope_ext / rope_multi (ggml's ggml_compute_forward_rope_flt): a per-token cache of cos/sin
 //! built with ggml's accumulated theta, YaRN ramp and magnitude scaling, then pair rotation.
 
-use super::{NodeCtx, split, unravel_row};
+use super::NodeCtx;
+use super::node::{Elem, InOut, Slices};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::graph::{RopeMode, RopeParams};
@@ -117,16 +118,56 @@ fn fill_cache(
     }
 }
 
-/// Rotates one row: `get`/`put` read and write element i of the source and destination rows.
+/// A row read and written through f32 by [`rotate`].
+trait RowRw {
+    fn get(&self, i: usize) -> f32;
+    fn put(&mut self, i: usize, v: f32);
+}
+
+/// An F32 row rotated in place.
+struct InPlace<'a>(&'a mut [f32]);
+/// An F32 source row and its destination row.
+struct Apart<'a>(&'a [f32], &'a mut [f32]);
+/// Any other row (strided, or F16 through `to` / `from`).
+struct Conv<'a, T, F, G>(InOut<'a, T>, F, G);
+
+impl RowRw for InPlace<'_> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        self.0[i]
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) {
+        self.0[i] = v;
+    }
+}
+
+impl RowRw for Apart<'_> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        self.0[i]
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) {
+        self.1[i] = v;
+    }
+}
+
+impl<T: Elem, F: Fn(T) -> f32, G: Fn(f32) -> T> RowRw for Conv<'_, T, F, G> {
+    #[inline(always)]
+    fn get(&self, i: usize) -> f32 {
+        (self.1)(self.0.src(i))
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: f32) {
+        let v = (self.2)(v);
+        self.0.set(i, v);
+    }
+}
+
+/// Rotates one row (each pair read before it is written, so in place works).
 #[inline(always)]
-fn rotate(
-    mode: RopeMode,
-    n_dims: usize,
-    ne0: usize,
-    cache: &[f32],
-    get: impl Fn(usize) -> f32,
-    mut put: impl FnMut(usize, f32),
-) {
+fn rotate(mode: RopeMode, n_dims: usize, ne0: usize, cache: &[f32], io: &mut impl RowRw) {
     let half = ne0.div_ceil(2);
     let (cos, sin) = cache.split_at(half);
     // (pairs, offset of the second element, divisor from pair index to first element)
@@ -138,13 +179,14 @@ fn rotate(
     for i0 in (0..n).step_by(2) {
         let ic = i0 / scale;
         let (c, s) = (cos[i0 / 2], sin[i0 / 2]);
-        let (x0, x1) = (get(ic), get(ic + off));
-        put(ic, x0 * c - x1 * s);
-        put(ic + off, x0 * s + x1 * c);
+        let (x0, x1) = (io.get(ic), io.get(ic + off));
+        io.put(ic, x0 * c - x1 * s);
+        io.put(ic + off, x0 * s + x1 * c);
     }
     if mode != RopeMode::Vision {
         for i0 in n_dims..ne0 {
-            put(i0, get(i0));
+            let v = io.get(i0);
+            io.put(i0, v);
         }
     }
 }
@@ -163,59 +205,73 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
     let ff_view = ctx.node.src[2].as_ref();
     let ne0 = d.ne[0];
     let corr = corr_dims(p);
-    // SAFETY: positions are a contiguous I32 vector (build check) of ne[0] entries.
-    let pos = unsafe { std::slice::from_raw_parts(posv.ptr as *const i32, posv.ne[0]) };
-    // SAFETY: freq_factors is a contiguous F32 row of >= n_dims/2 values (build check).
-    let ff = ff_view.map(|f| unsafe { std::slice::from_raw_parts(f.ptr as *const f32, f.ne[0]) });
-    let stride = (ne0 + 16) * 4;
-    debug_assert!((ith + 1) * stride <= ctx.work_len);
-    // SAFETY: the work buffer holds nth caches of ne0 + 16 f32 (work_size); this worker uses its own.
-    let cache = unsafe {
-        std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, 2 * ne0.div_ceil(2))
-    };
+    // Positions are a contiguous I32 vector, freq_factors a contiguous F32 row of >= n_dims/2
+    // values (build check).
+    let pos = posv.row_of::<i32>(0, 0, 0);
+    let ff = ff_view.map(|f| f.row_of::<f32>(0, 0, 0));
+    let cache = ctx.scratch::<f32>(ith, (ne0 + 16) * 4, 2 * ne0.div_ceil(2));
     let n2 = d.ne[2];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
+    let mut rows = ctx.dst_rows(ith);
     let mut last_i2 = usize::MAX;
     let f16 = d.dtype == DType::F16;
     let n_dims = p.n_dims;
     // Neox, mrope and imrope pair element i with i + n_dims / 2 (see `rotate`).
     let neox_like = matches!(p.mode, RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope);
     let kt = ctx.kt;
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        if i2 != last_i2 {
-            let pp = if p.mode.is_multi() {
-                [pos[i2], pos[i2 + n2], pos[i2 + 2 * n2], pos[i2 + 3 * n2]]
-            } else {
-                [pos[i2], 0, 0, 0]
-            };
-            fill_cache(cache, pp, p, ff, corr, sin_sign);
-            last_i2 = i2;
-        }
-        // SAFETY: row indices are below the shared shape; rows hold ne0 contiguous elements
-        // (build check); each worker writes its own rows; pairs are read before being written
-        // (in place is exact aliasing, so raw pointers are used, no overlapping slices). The
-        // rotation kernel reads n_dims / 2 <= ceil(ne0 / 2) cos and sin values of the cache.
-        unsafe {
-            let sa = a.row(i1, i2, i3);
-            let sd = d.row(i1, i2, i3);
-            if f16 {
-                let get = |i: usize| fp16_to_fp32(*(sa as *const u16).add(i));
-                let put = |i: usize, v: f32| *(sd as *mut u16).add(i) = fp32_to_fp16(v);
-                rotate(p.mode, n_dims, ne0, cache, get, put);
-            } else if neox_like {
-                // The two halves of the rotated dims are contiguous runs: one vector pass.
-                let (xs, ys) = (sa as *const f32, sd as *mut f32);
-                let h = n_dims / 2;
-                let (cos, sin) = (cache.as_ptr(), cache.as_ptr().add(ne0.div_ceil(2)));
+    let fill = |cache: &mut [f32], i2: usize| {
+        let pp = if p.mode.is_multi() {
+            [pos[i2], pos[i2 + n2], pos[i2 + 2 * n2], pos[i2 + 3 * n2]]
+        } else {
+            [pos[i2], 0, 0, 0]
+        };
+        fill_cache(cache, pp, p, ff, corr, sin_sign);
+    };
+    if neox_like
+        && !f16
+        && let Some(ptrs) = rows.row_ptrs::<f32>(a)
+    {
+        // The two halves of the rotated dims are contiguous runs: one vector pass per row.
+        let (h, half) = (n_dims / 2, ne0.div_ceil(2));
+        assert!(2 * h <= ne0 && h <= half && 2 * half <= cache.len());
+        for (r, ys, xs) in ptrs {
+            let (_, i2, _) = r.i();
+            if i2 != last_i2 {
+                fill(cache, i2);
+                last_i2 = i2;
+            }
+            let (cos, sin) = (cache.as_ptr(), cache[half..].as_ptr());
+            // SAFETY: both rows hold ne0 >= 2 h contiguous f32 (`row_ptrs`), equal or apart;
+            // cos and sin hold h values each (asserted). The rest of the row, when the
+            // rotation does not cover it, is copied unless the rows are one (in place).
+            unsafe {
                 (kt.rope_rotate_f32)(h, ys, ys.add(h), xs, xs.add(h), cos, sin);
                 if n_dims < ne0 && !std::ptr::eq(xs, ys) {
                     std::ptr::copy_nonoverlapping(xs.add(n_dims), ys.add(n_dims), ne0 - n_dims);
                 }
-            } else {
-                let (xs, ys) = (sa as *const f32, sd as *mut f32);
-                rotate(p.mode, n_dims, ne0, cache, |i| *xs.add(i), |i, v| *ys.add(i) = v);
             }
+        }
+        return Ok(());
+    }
+    for r in rows.range() {
+        let (_, i2, _) = r.i();
+        if i2 != last_i2 {
+            fill(cache, i2);
+            last_i2 = i2;
+        }
+        // Rows hold ne0 contiguous elements (build check); in place, pairs are read before
+        // they are written. The rotation reads n_dims / 2 <= ceil(ne0 / 2) cos and sin values
+        // of the cache.
+        if f16 {
+            let mut io = Conv(rows.io::<u16>(a, r), fp16_to_fp32, fp32_to_fp16);
+            rotate(p.mode, n_dims, ne0, cache, &mut io);
+            continue;
+        }
+        // Rows of the neox-like modes took the vector pass above (rows are contiguous, build
+        // check); the other modes rotate element by element.
+        match rows.io::<f32>(a, r).slices() {
+            Ok(Slices::Same(y)) => rotate(p.mode, n_dims, ne0, cache, &mut InPlace(y)),
+            Ok(Slices::Two(x, y)) => rotate(p.mode, n_dims, ne0, cache, &mut Apart(x, y)),
+            Err(io) => rotate(p.mode, n_dims, ne0, cache, &mut Conv(io, |x| x, |x| x)),
         }
     }
     Ok(())

@@ -60,9 +60,8 @@ fn drive(
 
 /// A contiguous [S, H, T] F32 source as a slice.
 fn tokens<'a>(ctx: &'a NodeCtx<'_>, i: usize) -> &'a [f32] {
-    let t = ctx.src(i);
-    // SAFETY: the builder checked this source is contiguous F32 with ne = [S, H, T, 1].
-    unsafe { std::slice::from_raw_parts(t.ptr as *const f32, t.nelements()) }
+    // The builder checked this source is contiguous F32 with ne = [S, H, T, 1].
+    ctx.src(i).as_slice::<f32>()
 }
 
 pub(crate) fn wkv6(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {

@@ -2,6 +2,7 @@
 //! owns a range of destination rows and scans every id in order, so with repeated ids the last one
 //! wins whatever the thread count.
 
+use super::node::DstRows;
 use super::{NodeCtx, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -14,26 +15,25 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (b, ids, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let ne0 = d.ne[0];
-    let stride = align_up(ne0 * 4, 64);
-    // SAFETY: the work buffer holds nth rows of ne0 f32 (work_size); this one is ours.
-    let tmp =
-        unsafe { std::slice::from_raw_parts_mut(ctx.work.add(ith * stride) as *mut f32, ne0) };
+    let tmp = ctx.scratch::<f32>(ith, align_up(ne0 * 4, 64), ne0);
     let kt = ctx.kt;
     let from = kt.activation_converter(d.dtype);
     let quant = crate::quant::format(d.dtype).quantize;
     let (r0, r1) = split(d.ne[1], ith, ctx.nth);
-    let out_bytes = d.dtype.row_bytes(ne0);
     for i3 in 0..b.ne[3] {
         for i2 in 0..b.ne[2] {
+            // Flat rows of this (i2, i3) slab; dims 2, 3 of b and dst are equal (build check).
+            let base = d.ne[1] * (i2 + d.ne[2] * i3);
+            // SAFETY: this worker owns rows [r0, r1) of dim 1 in every slab (a split of ne[1]
+            // by worker index), and holds one slab's rows at a time.
+            let mut rows = unsafe { DstRows::new(d, base + r0, base + r1) };
             for i in 0..b.ne[1] {
-                // SAFETY: i < ids.ne[0]; dims 2, 3 reduced modulo ids' (divisibility checked).
-                let id = unsafe {
-                    let p = ids.row(i2 % ids.ne[1], i3 % ids.ne[2], 0).add(i * ids.nb[0]);
-                    if ids.dtype == DType::I64 {
-                        (p as *const i64).read_unaligned()
-                    } else {
-                        (p as *const i32).read_unaligned() as i64
-                    }
+                // i < ids.ne[0]; dims 2, 3 reduced modulo ids' (divisibility checked).
+                let (j1, j2) = (i2 % ids.ne[1], i3 % ids.ne[2]);
+                let id = if ids.dtype == DType::I64 {
+                    ids.get::<i64>(i, j1, j2, 0)
+                } else {
+                    ids.get::<i32>(i, j1, j2, 0) as i64
                 };
                 if id < 0 || id as usize >= d.ne[1] {
                     return Err(Error::IndexOutOfRange {
@@ -47,34 +47,28 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 if row < r0 || row >= r1 {
                     continue;
                 }
-                // SAFETY: i < b.ne[1]; (i2, i3) below b's and dst's dims 2, 3 (equal, checked);
-                // row < dst.ne[1]; rows contiguous (checked); rows in [r0, r1) belong to this
-                // worker only.
-                unsafe {
-                    let pb = b.row(i, i2, i3);
-                    if b.dtype == DType::F16 && d.dtype == DType::F16 {
-                        std::ptr::copy_nonoverlapping(pb, d.row(row, i2, i3), out_bytes);
-                        continue;
+                let r = base + row;
+                if b.dtype == DType::F16 && d.dtype == DType::F16 {
+                    rows.bytes(r).copy_from_slice(b.row_bytes(i, i2, i3));
+                    continue;
+                }
+                if b.dtype == DType::F16 {
+                    let src = b.row_of::<u16>(i, i2, i3);
+                    for (t, &h) in tmp.iter_mut().zip(src) {
+                        *t = crate::quant::util::fp16_to_fp32(h);
                     }
-                    if b.dtype == DType::F16 {
-                        for (k, t) in tmp.iter_mut().enumerate() {
-                            *t = crate::quant::util::fp16_to_fp32(
-                                (pb as *const u16).add(k).read_unaligned(),
-                            );
-                        }
-                    } else {
-                        tmp.copy_from_slice(std::slice::from_raw_parts(pb as *const f32, ne0));
-                    }
-                    let dst = std::slice::from_raw_parts_mut(d.row(row, i2, i3), out_bytes);
-                    match (from, quant) {
-                        (Some(f), _) => f(tmp, dst),
-                        (None, Some(q)) => q(tmp, dst, ne0, None)?,
-                        _ => {
-                            return Err(Error::ty(
-                                "set_rows",
-                                format!("cannot write {} rows", d.dtype),
-                            ));
-                        }
+                } else {
+                    tmp.copy_from_slice(b.row_of::<f32>(i, i2, i3));
+                }
+                let dst = rows.bytes(r);
+                match (from, quant) {
+                    (Some(f), _) => f(tmp, dst),
+                    (None, Some(q)) => q(tmp, dst, ne0, None)?,
+                    _ => {
+                        return Err(Error::ty(
+                            "set_rows",
+                            format!("cannot write {} rows", d.dtype),
+                        ));
                     }
                 }
             }

@@ -111,8 +111,8 @@ pub(crate) fn ssm_scan(ctx: &NodeCtx<'_>, ith: usize, k_slots: usize) -> Result<
                     ),
                 )
             };
-            // SAFETY: A is contiguous [1 or d_state, n_head].
-            let av = unsafe { std::slice::from_raw_parts(a.ptr as *const f32, a.ne[0] * nh) };
+            // A is contiguous [1 or d_state, n_head].
+            let av = &a.as_slice::<f32>()[..a.ne[0] * nh];
             // SAFETY: y for (i2, i3) is nr * nh floats inside the output's first s_off floats.
             let y = unsafe { out.add((i3 * nt + i2) * nh * nr) };
             for h in h0..h1 {

@@ -17,16 +17,11 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     }
 }
 
-/// Row `r` of an F32 tensor with contiguous rows, as a slice.
-///
-/// # Safety
-/// `r` is below `t.nrows()`, rows hold `ne[0]` contiguous f32 (build check), and nothing writes
-/// the row while the slice lives.
+/// Row `r` of an F32 source with contiguous rows (build check), as a slice.
 #[inline(always)]
-unsafe fn row_f32<'a>(t: &TView, r: usize) -> &'a [f32] {
+fn row_f32(t: &TView, r: usize) -> &[f32] {
     let (i1, i2, i3) = unravel_row(r, &t.ne);
-    // SAFETY: per the contract.
-    unsafe { std::slice::from_raw_parts(t.row(i1, i2, i3) as *const f32, t.ne[0]) }
+    t.row_of::<f32>(i1, i2, i3)
 }
 
 /// ggml's per-row term: sum(labels * (logits - max - log(sum(exp(logits - max))))); `st` is
@@ -66,8 +61,8 @@ pub(crate) fn cross_entropy_loss(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Re
         let st = unsafe { std::slice::from_raw_parts_mut(ctx.work.add(off) as *mut f32, a.ne[0]) };
         let (r0, r1) = split(nr, ith, ctx.nth);
         for r in r0..r1 {
-            // SAFETY: r < nrows of both (same shape, build check); rows contiguous; read only.
-            let (x, y) = unsafe { (row_f32(a, r), row_f32(b, r)) };
+            // r < nrows of both (same shape, build check).
+            let (x, y) = (row_f32(a, r), row_f32(b, r));
             let s = loss_row(ctx.kt, x, y, st);
             // SAFETY: the work buffer holds nr f32 (work_size); each worker writes its own rows.
             unsafe { *sums.add(r) = s };
@@ -88,24 +83,16 @@ pub(crate) fn cross_entropy_loss(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Re
 }
 
 pub(crate) fn cross_entropy_loss_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
-    let (g, a, b, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
+    let (g, a, b) = (ctx.src(0), ctx.src(1), ctx.src(2));
     let nr = a.nrows();
-    // SAFETY: grad is an F32 scalar (build check).
-    let d_by_nr = unsafe { *(g.ptr as *const f32) } / nr as f32;
+    // grad is an F32 scalar (build check).
+    let d_by_nr = g.get::<f32>(0, 0, 0, 0) / nr as f32;
     let kt = ctx.kt;
-    let (r0, r1) = split(nr, ith, ctx.nth);
     let nc = a.ne[0];
-    for r in r0..r1 {
-        // SAFETY: r < nrows; all three contiguous with the same shape (build check); each worker
-        // writes its own dst rows, which do not alias the sources (dst is a fresh node).
-        let (x, y, out) = unsafe {
-            let (i1, i2, i3) = unravel_row(r, &d.ne);
-            (
-                row_f32(a, r),
-                row_f32(b, r),
-                std::slice::from_raw_parts_mut(d.row(i1, i2, i3) as *mut f32, nc),
-            )
-        };
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        // All three are contiguous with the same shape (build check); dst is a fresh node.
+        let (x, y, out) = (row_f32(a, r.r()), row_f32(b, r.r()), rows.row::<f32>(r));
         let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         out.copy_from_slice(x);
         // SAFETY: `out` holds nc f32.
@@ -120,8 +107,8 @@ pub(crate) fn cross_entropy_loss_back(ctx: &NodeCtx<'_>, ith: usize) -> Result<(
 
 pub(crate) fn opt_step_adamw(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (w, g, m, v, pp) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.src(3), ctx.src(4));
-    // SAFETY: adamw_params is a contiguous F32 tensor of 7 values (build check).
-    let p = unsafe { std::slice::from_raw_parts(pp.ptr as *const f32, 7) };
+    // adamw_params is a contiguous F32 tensor of 7 values (build check).
+    let p = &pp.as_slice::<f32>()[..7];
     let (alpha, beta1, beta2, eps, wd, beta1h, beta2h) = (p[0], p[1], p[2], p[3], p[4], p[5], p[6]);
     let keep = 1.0 - alpha * wd;
     let nc = w.ne[0];
@@ -153,8 +140,8 @@ pub(crate) fn opt_step_adamw(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 
 pub(crate) fn opt_step_sgd(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (w, g, pp) = (ctx.src(0), ctx.src(1), ctx.src(2));
-    // SAFETY: sgd_params is a contiguous F32 tensor of 2 values (build check).
-    let p = unsafe { std::slice::from_raw_parts(pp.ptr as *const f32, 2) };
+    // sgd_params is a contiguous F32 tensor of 2 values (build check).
+    let p = &pp.as_slice::<f32>()[..2];
     let alpha = p[0];
     let keep = 1.0 - alpha * p[1];
     let nc = w.ne[0];

@@ -1,52 +1,38 @@
 //! Elementwise ops on F32: scale (with bias) and the activations (ggml's unary-ops.cpp, vec.h).
 
-use super::{NodeCtx, split, unravel_row};
+use super::NodeCtx;
 use crate::error::Result;
 use crate::graph::UnaryOp;
 
-/// Applies `row_fn` (contiguous rows) or `elem` (strided) to every row of src 0 into dst.
+/// dst = f(src0) over worker `ith`'s F32 rows: through `kernel` where both rows are contiguous
+/// (the kernel allows exact aliasing, so in place passes the row twice), else element by element.
 fn map_rows(
     ctx: &NodeCtx<'_>,
     ith: usize,
-    row_fn: &dyn Fn(usize, *mut f32, *const f32),
-    elem: &dyn Fn(f32) -> f32,
+    kernel: Option<crate::kernels::UnaryF32>,
+    elem: impl Fn(f32) -> f32,
 ) -> Result<()> {
-    let (a, d) = (ctx.src(0), ctx.dst());
-    let ne0 = d.ne[0];
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
-        // SAFETY: indices below dst's ne (= a's ne); rows validated at plan time; each worker
-        // writes its own rows; exact aliasing (in place) is allowed by the kernels.
-        unsafe {
-            let pd = d.row(i1, i2, i3);
-            let pa = a.row(i1, i2, i3);
-            if a.nb[0] == 4 && d.nb[0] == 4 {
-                row_fn(ne0, pd as *mut f32, pa as *const f32);
-            } else {
-                for i0 in 0..ne0 {
-                    let x = *(pa.add(i0 * a.nb[0]) as *const f32);
-                    *(pd.add(i0 * d.nb[0]) as *mut f32) = elem(x);
-                }
-            }
+    let a = ctx.src(0);
+    let n = a.ne[0];
+    let mut rows = ctx.dst_rows(ith);
+    if let Some(k) = kernel
+        && let Some(ptrs) = rows.row_ptrs::<f32>(a)
+    {
+        for (_, pd, pa) in ptrs {
+            // SAFETY: both pointers start contiguous rows of n f32 (`row_ptrs`), equal or
+            // apart, which is what the kernel contract asks.
+            unsafe { k(n, pd, pa) };
         }
+        return Ok(());
+    }
+    for r in rows.range() {
+        rows.io::<f32>(a, r).map(&elem);
     }
     Ok(())
 }
 
 pub(crate) fn scale(ctx: &NodeCtx<'_>, ith: usize, s: f32, b: f32) -> Result<()> {
-    let f = move |x: f32| x * s + b;
-    map_rows(
-        ctx,
-        ith,
-        &|n, d, a| {
-            for i in 0..n {
-                // SAFETY: map_rows passes n valid elements behind both pointers.
-                unsafe { *d.add(i) = f(*a.add(i)) };
-            }
-        },
-        &f,
-    )
+    map_rows(ctx, ith, None, move |x: f32| x * s + b)
 }
 
 /// Applies a unary op elementwise with ggml's f32 formulas (unary-ops.cpp / vec.h), one
@@ -128,8 +114,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, op: UnaryOp) -> Result<()> 
         _ => None,
     };
     if let Some((k, f)) = kernel {
-        // SAFETY: map_rows passes n valid elements behind both pointers (exact aliasing only).
-        return map_rows(ctx, ith, &|n, d, a| unsafe { k(n, d, a) }, &f);
+        return map_rows(ctx, ith, Some(k), f);
     }
     match op {
         UnaryOp::Gelu if a.dtype == DType::F16 && d.dtype == DType::F16 => {

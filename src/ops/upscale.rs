@@ -1,7 +1,7 @@
 //! upscale / interpolate on F32 (ggml's ggml_compute_forward_upscale_f32): nearest, bilinear
 //! (optionally antialiased), bicubic; align-corners; dims 2 and 3 by nearest index.
 
-use super::{NodeCtx, split, unravel_row};
+use super::NodeCtx;
 use crate::error::Result;
 use crate::graph::ScaleMode;
 
@@ -28,21 +28,16 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, mode: ScaleMode) -> Result<
         }
     }
     let clampi = |v: i64, hi: i64| v.clamp(0, hi - 1);
-    let (r0, r1) = split(d.nrows(), ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &d.ne);
+    let mut rows = ctx.dst_rows(ith);
+    for r in rows.range() {
+        let (i1, i2, i3) = r.i();
         let i02 = clampi((i2 as f32 / sf[2]) as i64, a.ne[2] as i64) as usize;
         let i03 = clampi((i3 as f32 / sf[3]) as i64, a.ne[3] as i64) as usize;
         let px = |x: i64, y: i64| {
             let (x, y) = (clampi(x, ne00), clampi(y, ne01));
-            // SAFETY: x and y are clamped into [0, ne00) x [0, ne01) just above, and (i02, i03)
-            // into a's dims 2, 3, so every read is inside a.
-            unsafe {
-                *(a.ptr.add(
-                    x as usize * a.nb[0] + y as usize * a.nb[1] + i02 * a.nb[2] + i03 * a.nb[3],
-                ) as *const f32)
-            }
+            a.get::<f32>(x as usize, y as usize, i02, i03)
         };
+        let mut out = rows.out::<f32>(r);
         for i0 in 0..d.ne[0] {
             let val = match mode {
                 ScaleMode::Nearest => {
@@ -103,8 +98,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize, mode: ScaleMode) -> Result<
                     cubic([row(-1), row(0), row(1), row(2)], dy)
                 }
             };
-            // SAFETY: (i0, i1, i2, i3) below dst's shape; own rows.
-            unsafe { *(d.row(i1, i2, i3).add(i0 * d.nb[0]) as *mut f32) = val };
+            out.set(i0, val);
         }
     }
     Ok(())

@@ -86,6 +86,8 @@ fn worker(
                     counter: &sh.counters[step % 2],
                     nth,
                     kt: sh.kt,
+                    ith,
+                    taken: Default::default(),
                 };
                 let r = catch_unwind(AssertUnwindSafe(|| crate::ops::compute(&ctx, phase, ith)));
                 match r {

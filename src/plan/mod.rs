@@ -427,6 +427,7 @@ impl Plan {
                 ne: t.ne,
                 nb: t.nb,
                 repacked: graph.is_repacked(graph.id_at(j)),
+                written: false,
             }
         };
         for i in 0..n {
@@ -437,11 +438,17 @@ impl Plan {
                 continue;
             }
             let id = graph.id_at(i);
+            let dst = TView { written: true, ..view(i) };
             let mut src = [None; MAX_SRC];
             for (k, s) in t.src.iter().enumerate() {
-                src[k] = s.map(|s| view(s.index()));
+                // A source sharing bytes with the destination is written by the node too (in
+                // place); the typed accessors lend it out only through the destination's rows.
+                src[k] = s.map(|s| {
+                    let v = view(s.index());
+                    TView { written: v.overlaps(&dst), ..v }
+                });
             }
-            let node = ExecNode { id, op: t.op.clone(), dst: view(i), src, phases: 1 };
+            let node = ExecNode { id, op: t.op.clone(), dst, src, phases: 1 };
             let phases = crate::ops::phases(&node, kt);
             let node = ExecNode { phases, ..node };
             nodes.push(node);

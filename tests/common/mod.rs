@@ -3,6 +3,10 @@
 //! from `quantgraph::testdata`.
 #![allow(dead_code)]
 
+pub mod lists;
+
+#[allow(unused_imports)] // not every test binary uses every list
+pub use lists::*;
 use quantgraph::DType;
 use serde_json::Value;
 use std::path::PathBuf;

@@ -11,10 +11,14 @@
 
 use quantgraph::kernels::Isa;
 use quantgraph::{
-    Buffer, BufferType, CpuBackend, CpuRepackBufferType, DType, Error, FlashAttnParams, GluOp,
-    Graph, Plan, RopeMode, RopeParams, SortOrder, TensorId, TriType, UnaryOp,
+    Buffer, BufferType, CpuBackend, CpuRepackBufferType, DType, Error, FlashAttnParams, Graph,
+    Plan, RopeMode, RopeParams, SortOrder, TensorId, TriType, UnaryOp,
 };
 use std::sync::{Arc, Mutex, OnceLock};
+
+#[path = "lists.rs"]
+mod lists;
+use lists::{GLU_OPS, KV_TYPES, UNARY_PLAIN, XIELU};
 
 /// The builder calls of a case and their results, in order, then the plan and compute stages
 /// (shared with the caller so that it survives a panic or a hang).
@@ -190,55 +194,8 @@ const LEAF_TYPES: [DType; 24] = [
 const REPACKABLE: [DType; 7] =
     [DType::Q4_0, DType::IQ4_NL, DType::MXFP4, DType::Q4_K, DType::Q6_K, DType::Q2_K, DType::TQ2_0];
 
-const KV_TYPES: [DType; 10] = [
-    DType::F16,
-    DType::F16,
-    DType::F32,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q5_1,
-    DType::Q5_0,
-    DType::Q4_1,
-    DType::Q4_0,
-    DType::IQ4_NL,
-];
-
-const UNARY: [UnaryOp; 25] = [
-    UnaryOp::Relu,
-    UnaryOp::Gelu,
-    UnaryOp::Silu,
-    UnaryOp::Abs,
-    UnaryOp::Sgn,
-    UnaryOp::Neg,
-    UnaryOp::Step,
-    UnaryOp::Tanh,
-    UnaryOp::Elu,
-    UnaryOp::Sigmoid,
-    UnaryOp::GeluQuick,
-    UnaryOp::Hardswish,
-    UnaryOp::Hardsigmoid,
-    UnaryOp::Exp,
-    UnaryOp::Expm1,
-    UnaryOp::Softplus,
-    UnaryOp::GeluErf,
-    UnaryOp::Floor,
-    UnaryOp::Ceil,
-    UnaryOp::Round,
-    UnaryOp::Trunc,
-    UnaryOp::Silu,
-    UnaryOp::Gelu,
-    UnaryOp::Relu,
-    UnaryOp::Xielu { alpha_n: 0.8, alpha_p: 0.8, beta: 0.5, eps: -1e-6 },
-];
-
-const GLU: [GluOp; 6] = [
-    GluOp::Reglu,
-    GluOp::Geglu,
-    GluOp::Swiglu,
-    GluOp::SwigluOai,
-    GluOp::GegluErf,
-    GluOp::GegluQuick,
-];
+/// The common unary ops drawn twice as often as the rest.
+const UNARY_COMMON: [UnaryOp; 3] = [UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::Relu];
 
 const ROPE_MODES: [RopeMode; 6] = [
     RopeMode::Normal,
@@ -682,12 +639,30 @@ impl<'a> Builder<'a> {
             .map(|_| ())
     }
 
+    /// A K or V type, F16 (the usual cache type) twice as likely as each other.
+    fn kv_type(&mut self) -> DType {
+        KV_TYPES[self.r.below(KV_TYPES.len() + 1).saturating_sub(1)]
+    }
+
+    /// A unary op: every one, the common ones twice as likely.
+    fn unary_op(&mut self) -> UnaryOp {
+        let i = self.r.below(UNARY_PLAIN.len() + UNARY_COMMON.len() + 1);
+        if let Some(&op) = UNARY_PLAIN.get(i) {
+            op
+        } else if let Some(&op) = UNARY_COMMON.get(i - UNARY_PLAIN.len()) {
+            op
+        } else {
+            let (alpha_n, alpha_p, beta, eps) = XIELU;
+            UnaryOp::Xielu { alpha_n, alpha_p, beta, eps }
+        }
+    }
+
     fn flash_attn_fresh(&mut self) -> Option<()> {
         let (kt, vt) = if self.r.chance(128) {
-            let t = self.r.pick(&KV_TYPES);
+            let t = self.kv_type();
             (t, t)
         } else {
-            (self.r.pick(&KV_TYPES), self.r.pick(&KV_TYPES))
+            (self.kv_type(), self.kv_type())
         };
         let d = self.r.pick(&[32, 64, 32, 16, 8, 40]);
         let dv = if self.r.chance(32) { self.r.pick(&[32, 64]) } else { d };
@@ -815,7 +790,7 @@ impl<'a> Builder<'a> {
             }
             4 => {
                 let a = self.src()?;
-                let op = self.r.pick(&UNARY);
+                let op = self.unary_op();
                 let inplace = self.r.chance(64);
                 let r = if inplace { self.b.g.unary_inplace(a, op) } else { self.b.g.unary(a, op) };
                 self.rec(format!("unary(#{}, {op:?}, inplace {inplace})", a.index()), r).map(|_| ())
@@ -1135,7 +1110,7 @@ impl<'a> Builder<'a> {
             }
             27 => {
                 let a = self.src()?;
-                let op = self.r.pick(&GLU);
+                let op = self.r.pick(&GLU_OPS);
                 let k = self.r.byte() % 4;
                 let (call, r) = match k {
                     0 | 1 => {
