@@ -599,3 +599,72 @@ fn rope_odd_head_size_with_partial_rotation() {
         assert!(nmse(&got, &want) < 1e-7, "{mode:?}");
     }
 }
+
+#[test]
+fn rope_with_an_offset_rotates_the_dims_after_it() {
+    // Rows of 34 with 16 rotated dims starting at 6: the rotated part equals rope on those 16
+    // dims alone (same angles, same arithmetic: bitwise), the other dims pass through.
+    let (ne0, n_dims, offs) = (34usize, 16usize, 6usize);
+    let ne = [ne0, 2, 3, 1];
+    let posv = vec![5, 0, 17];
+    for mode in [RopeMode::Normal, RopeMode::Neox] {
+        for back in [false, true] {
+            let mut p = RopeParams::new(n_dims, mode, 10000.0);
+            p.n_ctx_orig = 64;
+            p.ext_factor = 0.5;
+            p.freq_scale = 0.5;
+            let x = rand_f32(ne.iter().product(), 31);
+            let (mut outs, mut refs) = (Vec::new(), Vec::new());
+            for nth in [1, 2, 3] {
+                let mut g = Graph::new();
+                let a = g.input(DType::F32, &ne).unwrap();
+                let pos = g.input(DType::I32, &[3]).unwrap();
+                let y = if back {
+                    let y = g.rope_ext_back(a, pos, None, p).unwrap();
+                    g.rope_set_offset(y, offs).unwrap();
+                    y
+                } else {
+                    g.rope_ext(a, pos, None, RopeParams { n_offs: offs, ..p }).unwrap()
+                };
+                g.set_output(y).unwrap();
+                outs.push(compute(g, &[(a, x.clone())], &[(pos, posv.clone())], y, nth));
+                // The reference: the rotated dims as rows of their own.
+                let mut g = Graph::new();
+                let part = g.input(DType::F32, &[n_dims, 2, 3, 1]).unwrap();
+                let pos = g.input(DType::I32, &[3]).unwrap();
+                let y = if back {
+                    g.rope_ext_back(part, pos, None, p).unwrap()
+                } else {
+                    g.rope_ext(part, pos, None, p).unwrap()
+                };
+                g.set_output(y).unwrap();
+                let xs: Vec<f32> =
+                    x.chunks(ne0).flat_map(|r| r[offs..offs + n_dims].to_vec()).collect();
+                refs.push(compute(g, &[(part, xs)], &[(pos, posv.clone())], y, nth));
+            }
+            for (got, want) in outs.iter().zip(&refs) {
+                for (r, row) in got.chunks(ne0).enumerate() {
+                    let xr = &x[r * ne0..(r + 1) * ne0];
+                    assert_eq!(&row[..offs], &xr[..offs], "{mode:?} back={back}: head dims");
+                    assert_eq!(&row[offs + n_dims..], &xr[offs + n_dims..], "{mode:?}: tail dims");
+                    assert_eq!(
+                        &row[offs..offs + n_dims],
+                        &want[r * n_dims..(r + 1) * n_dims],
+                        "{mode:?} back={back}: rotated dims"
+                    );
+                }
+            }
+            assert!(outs.windows(2).all(|w| w[0] == w[1]), "thread counts differ");
+        }
+    }
+    let mut g = Graph::new();
+    let a = g.input(DType::F32, &[34, 1, 2]).unwrap();
+    let pos = g.input(DType::I32, &[2]).unwrap();
+    let y = g.rope_ext(a, pos, None, RopeParams::new(16, RopeMode::Neox, 1e4)).unwrap();
+    assert!(g.rope_set_offset(y, 3).is_err(), "odd offset");
+    assert!(g.rope_set_offset(y, 20).is_err(), "past the row");
+    assert!(g.rope_set_offset(y, 18).is_ok());
+    assert!(g.rope_set_offset(a, 2).is_err(), "not a rope node");
+    let bad = RopeParams { n_offs: 20, ..RopeParams::new(16, RopeMode::Normal, 1e4) };
+    assert!(g.rope_ext(a, pos, None, bad).is_err());
+}

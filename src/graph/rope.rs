@@ -74,6 +74,9 @@ pub struct RopeParams {
     pub beta_slow: f32,
     /// Sections for the multi modes (t, h, w, e).
     pub sections: [i32; 4],
+    /// First rotated dim (ggml_rope_set_offset): dims `n_offs .. n_offs + n_dims` are rotated,
+    /// the others copied. Even, 0 by default, not with the vision mode.
+    pub n_offs: usize,
 }
 
 impl RopeParams {
@@ -90,8 +93,25 @@ impl RopeParams {
             beta_fast: 32.0,
             beta_slow: 1.0,
             sections: [0; 4],
+            n_offs: 0,
         }
     }
+}
+
+/// The offset rule (ggml_rope_set_offset's and the CPU kernel's asserts) for rows of `ne0`.
+fn check_offset(op: &'static str, p: &RopeParams, ne0: usize) -> Result<()> {
+    let fits = p.n_offs.checked_add(p.n_dims).is_some_and(|e| e <= ne0);
+    if !p.n_offs.is_multiple_of(2) || !fits || (p.mode == RopeMode::Vision && p.n_offs != 0) {
+        return Err(Error::param(
+            op,
+            format!(
+                "n_offs = {} must be even, with n_offs + n_dims ({}) <= head size {}, and 0 in \
+                 vision mode",
+                p.n_offs, p.n_dims, ne0
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Graph {
@@ -137,6 +157,7 @@ impl Graph {
                 format!("n_dims = {} must be even, > 0 and <= head size {}", p.n_dims, ta.ne[0]),
             ));
         }
+        check_offset(OP, &p, ta.ne[0])?;
         if p.mode == RopeMode::Vision && p.n_dims != ta.ne[0] / 2 {
             return Err(Error::param(
                 OP,
@@ -209,5 +230,34 @@ impl Graph {
             ));
         }
         self.rope_ext(a, pos, freq_factors, RopeParams { sections, ..p })
+    }
+}
+
+impl Graph {
+    /// ggml_rope_set_offset: rotates dims `n_offs .. n_offs + n_dims` of a `rope` or `rope_back`
+    /// node's rows instead of the first `n_dims` (the others are copied). `n_offs` is even and
+    /// fits the head size; the vision mode takes none.
+    pub fn rope_set_offset(&mut self, node: TensorId, n_offs: usize) -> Result<()> {
+        const OP: &str = "rope_set_offset";
+        let t = self.get(OP, node)?;
+        let mut p = match &t.op {
+            Op::Rope(p) | Op::RopeBack(p) => **p,
+            op => {
+                return Err(Error::arg(format!(
+                    "{OP}: {} is a {} node, not rope or rope_back",
+                    t.describe(node),
+                    op.name()
+                )));
+            }
+        };
+        let ne0 = t.ne[0];
+        p.n_offs = n_offs;
+        check_offset(OP, &p, ne0)?;
+        let i = self.index_of(node).expect("checked by get");
+        self.tensors[i].op = match &self.tensors[i].op {
+            Op::Rope(_) => Op::Rope(Box::new(p)),
+            _ => Op::RopeBack(Box::new(p)),
+        };
+        Ok(())
     }
 }

@@ -165,9 +165,17 @@ impl<T: Elem, F: Fn(T) -> f32, G: Fn(f32) -> T> RowRw for Conv<'_, T, F, G> {
     }
 }
 
-/// Rotates one row (each pair read before it is written, so in place works).
+/// Rotates dims `offs .. offs + n_dims` of one row (each pair read before it is written, so in
+/// place works) and copies the others.
 #[inline(always)]
-fn rotate(mode: RopeMode, n_dims: usize, ne0: usize, cache: &[f32], io: &mut impl RowRw) {
+fn rotate(
+    mode: RopeMode,
+    n_dims: usize,
+    offs: usize,
+    ne0: usize,
+    cache: &[f32],
+    io: &mut impl RowRw,
+) {
     let half = ne0.div_ceil(2);
     let (cos, sin) = cache.split_at(half);
     // (pairs, offset of the second element, divisor from pair index to first element)
@@ -177,14 +185,14 @@ fn rotate(mode: RopeMode, n_dims: usize, ne0: usize, cache: &[f32], io: &mut imp
         RopeMode::Vision => (ne0, n_dims, 2),
     };
     for i0 in (0..n).step_by(2) {
-        let ic = i0 / scale;
+        let ic = offs + i0 / scale;
         let (c, s) = (cos[i0 / 2], sin[i0 / 2]);
         let (x0, x1) = (io.get(ic), io.get(ic + off));
         io.put(ic, x0 * c - x1 * s);
         io.put(ic + off, x0 * s + x1 * c);
     }
     if mode != RopeMode::Vision {
-        for i0 in n_dims..ne0 {
+        for i0 in (0..offs).chain(offs + n_dims..ne0) {
             let v = io.get(i0);
             io.put(i0, v);
         }
@@ -214,7 +222,7 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
     let mut rows = ctx.dst_rows(ith);
     let mut last_i2 = usize::MAX;
     let f16 = d.dtype == DType::F16;
-    let n_dims = p.n_dims;
+    let (n_dims, offs) = (p.n_dims, p.n_offs);
     // Neox, mrope and imrope pair element i with i + n_dims / 2 (see `rotate`).
     let neox_like = matches!(p.mode, RopeMode::Neox | RopeMode::Mrope | RopeMode::Imrope);
     let kt = ctx.kt;
@@ -232,7 +240,7 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
     {
         // The two halves of the rotated dims are contiguous runs: one vector pass per row.
         let (h, half) = (n_dims / 2, ne0.div_ceil(2));
-        assert!(2 * h <= ne0 && h <= half && 2 * half <= cache.len());
+        assert!(offs + 2 * h <= ne0 && h <= half && 2 * half <= cache.len());
         for (r, ys, xs) in ptrs {
             let (_, i2, _) = r.i();
             if i2 != last_i2 {
@@ -240,13 +248,17 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
                 last_i2 = i2;
             }
             let (cos, sin) = (cache.as_ptr(), cache[half..].as_ptr());
-            // SAFETY: both rows hold ne0 >= 2 h contiguous f32 (`row_ptrs`), equal or apart;
-            // cos and sin hold h values each (asserted). The rest of the row, when the
-            // rotation does not cover it, is copied unless the rows are one (in place).
+            // SAFETY: both rows hold ne0 >= offs + 2 h contiguous f32 (`row_ptrs`; asserted),
+            // equal or apart; cos and sin hold h values each (asserted). The rest of the row
+            // (before offs, after offs + n_dims), when the rotation does not cover it, is copied
+            // unless the rows are one (in place).
             unsafe {
-                (kt.rope_rotate_f32)(h, ys, ys.add(h), xs, xs.add(h), cos, sin);
+                let (x, y) = (xs.add(offs), ys.add(offs));
+                (kt.rope_rotate_f32)(h, y, y.add(h), x, x.add(h), cos, sin);
                 if n_dims < ne0 && !std::ptr::eq(xs, ys) {
-                    std::ptr::copy_nonoverlapping(xs.add(n_dims), ys.add(n_dims), ne0 - n_dims);
+                    std::ptr::copy_nonoverlapping(xs, ys, offs);
+                    let end = offs + n_dims;
+                    std::ptr::copy_nonoverlapping(xs.add(end), ys.add(end), ne0 - end);
                 }
             }
         }
@@ -263,15 +275,15 @@ fn compute_dir(ctx: &NodeCtx<'_>, ith: usize, p: &RopeParams, sin_sign: f32) -> 
         // of the cache.
         if f16 {
             let mut io = Conv(rows.io::<u16>(a, r), fp16_to_fp32, fp32_to_fp16);
-            rotate(p.mode, n_dims, ne0, cache, &mut io);
+            rotate(p.mode, n_dims, offs, ne0, cache, &mut io);
             continue;
         }
         // Rows of the neox-like modes took the vector pass above (rows are contiguous, build
         // check); the other modes rotate element by element.
         match rows.io::<f32>(a, r).slices() {
-            Ok(Slices::Same(y)) => rotate(p.mode, n_dims, ne0, cache, &mut InPlace(y)),
-            Ok(Slices::Two(x, y)) => rotate(p.mode, n_dims, ne0, cache, &mut Apart(x, y)),
-            Err(io) => rotate(p.mode, n_dims, ne0, cache, &mut Conv(io, |x| x, |x| x)),
+            Ok(Slices::Same(y)) => rotate(p.mode, n_dims, offs, ne0, cache, &mut InPlace(y)),
+            Ok(Slices::Two(x, y)) => rotate(p.mode, n_dims, offs, ne0, cache, &mut Apart(x, y)),
+            Err(io) => rotate(p.mode, n_dims, offs, ne0, cache, &mut Conv(io, |x| x, |x| x)),
         }
     }
     Ok(())
