@@ -587,6 +587,8 @@ fn tri_diag_and_diag_masks() {
 fn glu_ref(op: GluOp, x: f64, g: f64, dt: DType, alpha: f64, limit: f64) -> f64 {
     match op {
         GluOp::Reglu => x.max(0.0) * g,
+        GluOp::Geglu if dt == DType::BF16 => gelu_tanh(x) * g,
+        GluOp::GegluQuick if dt == DType::BF16 => gelu_quick(x) * g,
         GluOp::Geglu => {
             // ggml's table (f16 input bits; F32 saturates outside [-10, 10]).
             if dt == DType::F32 && x <= -10.0 {
@@ -614,11 +616,14 @@ fn glu_ref(op: GluOp, x: f64, g: f64, dt: DType, alpha: f64, limit: f64) -> f64 
 }
 
 #[test]
-fn glu_every_op_fused_swapped_and_split_f32_f16() {
+fn glu_every_op_fused_swapped_and_split_f32_f16_bf16() {
     let ops = common::GLU_OPS;
     let (alpha, limit) = (1.702f32, 0.6f32);
     for op in ops {
-        for dt in [DType::F32, DType::F16] {
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            if dt == DType::BF16 && matches!(op, GluOp::SwigluOai | GluOp::SwigluClamp) {
+                continue; // F32 / F16 only, as ggml
+            }
             for form in ["fused", "swapped", "split"] {
                 let ne = [2 * 7usize, 5, 3, 2];
                 let hne = [7usize, 5, 3, 2];
@@ -675,6 +680,9 @@ fn glu_every_op_fused_swapped_and_split_f32_f16() {
     assert!(g.glu_split(a, b, GluOp::Swiglu).is_err(), "split halves must match");
     assert!(g.swiglu_oai(a, None, 1.0, -1.0).is_err(), "negative limit");
     assert!(g.swiglu_clamp(a, None, f32::INFINITY).is_err(), "infinite limit");
+    let hb = g.cast(a, DType::BF16).unwrap();
+    assert!(g.swiglu_clamp(hb, None, 1.0).is_err(), "no BF16 clamped SwiGLU");
+    assert!(g.glu(hb, GluOp::Geglu, false).is_ok());
     let h = g.cast(a, DType::F16).unwrap();
     assert!(g.glu_split(a, h, GluOp::Reglu).is_err(), "types must match");
 }
@@ -1360,4 +1368,29 @@ fn add_and_add1_with_quantized_a_requantize_rows_bit_for_bit() {
             .collect();
         check(&format!("add_cast {ta}+f32 -> f32"), &got, &want, DType::F32);
     }
+}
+
+#[test]
+fn scale_and_scale_bias_on_bf16() {
+    for (s_, b_) in [(0.75f32, 0.0f32), (-1.5, 0.25)] {
+        for nth in [1, 3] {
+            let ne = [13usize, 4, 3, 1];
+            let mut g = Graph::new();
+            let (x, a) = source(&mut g, ne, DType::BF16, false);
+            let y = g.scale_bias(a, s_, b_).unwrap();
+            assert_eq!(g.dtype(y).unwrap(), DType::BF16);
+            g.set_output(y).unwrap();
+            let v = rand_f32(ne.iter().product(), 5);
+            let got = run(g, &[(x, v.clone())], y, nth);
+            // One rounding to BF16 of the f32 result, as ggml's scale_bf16.
+            for (k, (&gv, &xv)) in got.iter().zip(&v).enumerate() {
+                let xb = bf16::from_f32(xv).to_f32();
+                let want = bf16::from_f32(s_ * xb + b_).to_f32();
+                assert_eq!(gv.to_bits(), want.to_bits(), "element {k}: {gv} vs {want}");
+            }
+        }
+    }
+    let mut g = Graph::new();
+    let a = g.input(DType::F16, &[4]).unwrap();
+    assert!(g.scale(a, 2.0).is_err(), "F16 scale is not ggml's either");
 }

@@ -718,8 +718,9 @@ impl Graph {
 
     // ---- GLU ---------------------------------------------------------------------------------
 
-    /// A fused gated linear unit (ggml_glu): each row of `a` (F32 or F16, contiguous rows) is
-    /// split in halves x | g (g | x when `swapped`); the result has ne\[0\] / 2 columns.
+    /// A fused gated linear unit (ggml_glu): each row of `a` (F32 or F16, and BF16 for reglu,
+    /// geglu, swiglu, geglu_erf and geglu_quick; contiguous rows) is split in halves x | g (g | x
+    /// when `swapped`); the result has ne\[0\] / 2 columns and `a`'s type.
     pub fn glu(&mut self, a: TensorId, op: GluOp, swapped: bool) -> Result<TensorId> {
         self.glu_impl(a, None, op, swapped, 0.0, 0.0)
     }
@@ -775,7 +776,11 @@ impl Graph {
         limit: f32,
     ) -> Result<TensorId> {
         let name = op.name();
-        let (dt, ne) = self.float_src(name, a)?;
+        // BF16 for the five plain units (ggml's _bf16 kernels); the clamped SwiGLUs are F32/F16.
+        let (dt, ne) = match op {
+            GluOp::SwigluOai | GluOp::SwigluClamp => self.float_src(name, a)?,
+            _ => self.float_or_bf16_src(name, a)?,
+        };
         self.rows_contiguous_src(name, a)?;
         // Only swiglu_oai (alpha, limit) and swiglu_clamp (limit) have parameters (ggml's
         // op_params 2 and 3); the others store zeros.

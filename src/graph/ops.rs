@@ -627,14 +627,27 @@ impl Graph {
         self.node(op, DType::F32, ne, &[a])
     }
 
-    /// a * s (ggml_scale).
+    /// a * s (ggml_scale), F32 or BF16 (the result has `a`'s type).
     pub fn scale(&mut self, a: TensorId, s: f32) -> Result<TensorId> {
-        self.unary_f32(Op::Scale { scale: s, bias: 0.0 }, a)
+        self.scale_bias(a, s, 0.0)
     }
 
-    /// a * s + b (ggml_scale_bias).
+    /// a * s + b (ggml_scale_bias), F32 or BF16 (the result has `a`'s type; BF16 is computed
+    /// in f32 and rounded once).
     pub fn scale_bias(&mut self, a: TensorId, s: f32, b: f32) -> Result<TensorId> {
-        self.unary_f32(Op::Scale { scale: s, bias: b }, a)
+        let op = Op::Scale { scale: s, bias: b };
+        let ta = self.get("scale", a)?;
+        if ta.dtype == DType::BF16 {
+            if !ta.rows_contiguous() {
+                return Err(Error::shape(
+                    "scale",
+                    format!("rows of {} are not contiguous", ta.describe(a)),
+                ));
+            }
+            let ne = ta.ne;
+            return self.node(op, DType::BF16, ne, &[a]);
+        }
+        self.unary_f32(op, a)
     }
 
     /// An elementwise activation (ggml_unary).

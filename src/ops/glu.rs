@@ -24,11 +24,14 @@ pub(crate) fn compute(
     let nc = d.ne[0];
     let dt = d.dtype;
     let f16 = dt == DType::F16;
+    // BF16 rows use ggml's exact GELU formulas (vec.h's _bf16 kernels), not the f16 tables.
+    let bf16 = dt == DType::BF16;
     // The f16 tables are built on first use, so only the ops that read them fetch them (a
     // SwiGLU compute then never builds, and allocates, a GELU table).
-    let gelu_t: &[u16] = if matches!(op, GluOp::Geglu) { tables::gelu_table() } else { &[] };
+    let gelu_t: &[u16] =
+        if matches!(op, GluOp::Geglu) && !bf16 { tables::gelu_table() } else { &[] };
     let quick_t: &[u16] =
-        if matches!(op, GluOp::GegluQuick) { tables::gelu_quick_table() } else { &[] };
+        if matches!(op, GluOp::GegluQuick) && !bf16 { tables::gelu_quick_table() } else { &[] };
     // (x bits for the f16 table paths, x, g) -> result, as ggml's vec.h does per type.
     let f = |xh: u16, x: f32, g: f32| -> f32 {
         match op {
@@ -40,7 +43,9 @@ pub(crate) fn compute(
                 }
             }
             GluOp::Geglu => {
-                if f16 {
+                if bf16 {
+                    tables::gelu_f32(x) * g
+                } else if f16 {
                     fp16_to_fp32(gelu_t[xh as usize]) * g
                 } else if x <= -10.0 {
                     0.0
@@ -65,7 +70,9 @@ pub(crate) fn compute(
                 0.5 * x * (1.0 + super::unary::erf_f32(x * std::f32::consts::FRAC_1_SQRT_2)) * g
             }
             GluOp::GegluQuick => {
-                if f16 {
+                if bf16 {
+                    tables::gelu_quick_f32(x) * g
+                } else if f16 {
                     fp16_to_fp32(quick_t[xh as usize]) * g
                 } else {
                     tables::gelu_quick_lookup(quick_t, x) * g

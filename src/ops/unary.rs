@@ -32,6 +32,16 @@ fn map_rows(
 }
 
 pub(crate) fn scale(ctx: &NodeCtx<'_>, ith: usize, s: f32, b: f32) -> Result<()> {
+    let a = ctx.src(0);
+    if a.dtype == crate::dtype::DType::BF16 {
+        // ggml's scale_bf16: through f32, rounded back to BF16 once.
+        use crate::quant::util::{bf16_to_fp32, fp32_to_bf16};
+        let mut rows = ctx.dst_rows(ith);
+        for r in rows.range() {
+            rows.io::<u16>(a, r).map(|h| fp32_to_bf16(s * bf16_to_fp32(h) + b));
+        }
+        return Ok(());
+    }
     map_rows(ctx, ith, None, move |x: f32| x * s + b)
 }
 
