@@ -223,6 +223,43 @@ fn get_rows_f32_f16_and_out_of_range() {
     }
 }
 
+#[test]
+fn get_rows_from_an_i32_table_gives_i32_rows() {
+    let ne = [5usize, 7, 2, 1];
+    let mut g = Graph::new();
+    let a = g.input(DType::I32, &ne).unwrap();
+    let ids = g.input(DType::I32, &[3, 2]).unwrap();
+    let r = g.get_rows(a, ids).unwrap();
+    assert_eq!(g.dtype(r).unwrap(), DType::I32);
+    g.set_output(r).unwrap();
+    let va: Vec<i32> = (0..ne.iter().product::<usize>() as i32).map(|x| x * 7 - 100).collect();
+    let vi = vec![6, 0, 6, 2, 5, 1];
+    let mut first: Option<Vec<i32>> = None;
+    for nth in [1, 2, 3] {
+        let mut p = Plan::new(g.clone(), &CpuBackend::with_threads(nth).unwrap()).unwrap();
+        p.set_input(a, &va).unwrap();
+        p.set_input(ids, &vi).unwrap();
+        p.compute().unwrap();
+        let got = p.output::<i32>(r).unwrap().to_vec();
+        let mut want = Vec::new();
+        for i11 in 0..2 {
+            for i10 in 0..3 {
+                let id = vi[i11 * 3 + i10] as usize;
+                want.extend_from_slice(&va[(i11 * ne[1] + id) * ne[0]..][..ne[0]]);
+            }
+        }
+        assert_eq!(got, want, "{nth} threads");
+        match &first {
+            None => first = Some(got),
+            Some(f) => assert_eq!(f, &got),
+        }
+        let mut bad = vi.clone();
+        bad[1] = 7;
+        p.set_input(ids, &bad).unwrap();
+        assert!(matches!(p.compute().unwrap_err(), Error::IndexOutOfRange { index: 7, .. }));
+    }
+}
+
 fn matmul_ref(a: &[f32], ane: [usize; 4], b: &[f32], bne: [usize; 4]) -> Vec<f64> {
     let (k, m, n) = (ane[0], ane[1], bne[1]);
     let mut out = Vec::new();

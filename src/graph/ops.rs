@@ -764,7 +764,7 @@ impl Graph {
         if ti.dtype != DType::I32 {
             return Err(Error::ty(OP, format!("ids {} must be I32", ti.describe(ids))));
         }
-        if !matches!(ta.dtype, DType::F32 | DType::F16)
+        if !matches!(ta.dtype, DType::F32 | DType::F16 | DType::I32)
             && crate::quant::format(ta.dtype).dequantize.is_none()
         {
             return Err(Error::ty(OP, format!("{} cannot be converted to F32", ta.describe(a))));
@@ -783,7 +783,9 @@ impl Graph {
             return Err(Error::shape(OP, format!("rows of {} are not contiguous", ta.describe(a))));
         }
         let ne = [ta.ne[0], ti.ne[0], ti.ne[1], ti.ne[2]];
-        self.node(Op::GetRows, DType::F32, ne, &[a, ids])
+        // An I32 table gives I32 rows (ggml's get_rows_i32); every other type converts to F32.
+        let out = if ta.dtype == DType::I32 { DType::I32 } else { DType::F32 };
+        self.node(Op::GetRows, out, ne, &[a, ids])
     }
 
     /// Matrix product (ggml_mul_mat): `a` [k, m, p, q] (weights, any type with a dot product),

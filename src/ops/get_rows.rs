@@ -1,5 +1,5 @@
-//! get_rows: rows of src0 (any type convertible to f32) picked by I32 ids, into F32
-//! (ggml's ggml_compute_forward_get_rows). Ids are data, so they are checked here.
+//! get_rows: rows of src0 (any type convertible to f32) picked by I32 ids, into F32, or of an
+//! I32 table into I32 (ggml's ggml_compute_forward_get_rows). Ids are data, so they are checked here.
 
 use super::NodeCtx;
 use crate::dtype::DType;
@@ -21,11 +21,16 @@ pub(crate) fn row_converter(kt: &KernelTable, dtype: DType) -> Option<RowToF32> 
 
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, ids, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let conv = row_converter(ctx.kt, a.dtype).ok_or_else(|| Error::Unsupported {
-        op: "get_rows",
-        backend: "CPU".into(),
-        msg: format!("no f32 conversion for {}", a.dtype),
-    })?;
+    // An I32 table: rows copied as they are (the result is I32).
+    let conv = if a.dtype == DType::I32 {
+        None
+    } else {
+        Some(row_converter(ctx.kt, a.dtype).ok_or_else(|| Error::Unsupported {
+            op: "get_rows",
+            backend: "CPU".into(),
+            msg: format!("no f32 conversion for {}", a.dtype),
+        })?)
+    };
     // dst is a fresh contiguous F32 [ne0, ids.ne[0], ids.ne[1], ids.ne[2]]: flat row r of dst
     // is id r.
     debug_assert_eq!(d.nrows(), ids.nelements());
@@ -45,7 +50,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             });
         }
         // i11 < a.ne[2] and i12 < a.ne[3] (build-time shape check); a's rows are contiguous.
-        conv(a.row_bytes(id as usize, i11, i12), rows.row::<f32>(r));
+        match conv {
+            Some(conv) => conv(a.row_bytes(id as usize, i11, i12), rows.row::<f32>(r)),
+            None => rows.row::<i32>(r).copy_from_slice(a.row_of::<i32>(id as usize, i11, i12)),
+        }
     }
     Ok(())
 }
@@ -57,7 +65,7 @@ pub(crate) fn supports(
     kt: &KernelTable,
 ) -> Result<()> {
     let a = graph.t(t.src[0].ok_or_else(|| crate::error::Error::arg("get_rows: no a"))?);
-    if row_converter(kt, a.dtype).is_none() {
+    if a.dtype != DType::I32 && row_converter(kt, a.dtype).is_none() {
         return Err(crate::error::Error::Unsupported {
             op: "get_rows",
             backend: "CPU".into(),
