@@ -156,8 +156,8 @@ pub struct LlamaStep {
     pub tokens: TensorId,
     /// Input: I32 positions, `[n_tokens]` (the cache rows the step's K and V go to).
     pub pos: TensorId,
-    /// Input: F32 attention mask, `[n_ctx, n_tokens rounded up to 4]`: 0 where token i may
-    /// attend to cache row j, -inf elsewhere.
+    /// Input: F32 attention mask, `[n_kv, n_tokens rounded up to 4]` (`n_kv` = `n_ctx` for
+    /// [`Llama::step_graph`]): 0 where token i may attend to cache row j, -inf elsewhere.
     pub mask: TensorId,
     /// Input, when some block attends over a sliding window: the same mask with -inf also
     /// `swa_window` or more positions back.
