@@ -11,6 +11,7 @@
 //! cargo run --release --example bench -- op NAME THREADS REPS
 //! cargo run --release --example bench -- train-op NAME THREADS REPS
 //! cargo run --release --example bench -- model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN] [--repack]
+//!     [--ctx N_CTX] [--depth TOKENS] [--reps R] [--kv-step CELLS]
 //! ```
 //! `model` with a llama-architecture GGUF file prints prefill and decode tokens/s in the form of
 //! llama-bench's pp / tg (last-token logits for the prompt, median decode step).
@@ -45,6 +46,22 @@ fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let repack = args.iter().any(|a| a == "--repack");
     args.retain(|a| a != "--repack");
+    // `--name N` options of `model`, taken out of the positional arguments.
+    let mut opt = |name: &str| -> Option<usize> {
+        let i = args.iter().position(|a| a == name)?;
+        let v = args.get(i + 1).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            eprintln!("{name} needs a number");
+            std::process::exit(2)
+        });
+        args.drain(i..i + 2);
+        Some(v)
+    };
+    let model_opts = model::Options {
+        n_ctx: opt("--ctx"),
+        depth: opt("--depth").unwrap_or(0),
+        reps: opt("--reps").unwrap_or(1),
+        kv_step: opt("--kv-step"),
+    };
     let r = match args.first().map(String::as_str) {
         Some("node-overhead") => {
             overhead::node_overhead(arg(&args, 1, "NODES"), arg(&args, 2, "THREADS"))
@@ -110,6 +127,7 @@ fn main() {
             args.get(3).and_then(|s| s.parse().ok()).unwrap_or(512),
             args.get(4).and_then(|s| s.parse().ok()).unwrap_or(16),
             repack,
+            model_opts,
         ),
         Some("peak") => {
             let t: usize = arg(&args, 1, "THREADS");
@@ -140,7 +158,7 @@ fn main() {
                  matmul TYPE M N K THREADS REPS [--repack] | \
                  mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack] | \
                  vec-dot TYPE N REPS [--kernel] | op NAME THREADS REPS | \
-                 train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN]"
+                 train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN] [--ctx N] [--depth D] [--reps R]"
             );
             std::process::exit(2)
         }

@@ -2,6 +2,13 @@
 //! attention with grouped KV heads and SwiGLU feed-forward, final norm and output projection, with
 //! llama.cpp's tensor names (`token_embd`, `blk.N.attn_q`, ...). The KV cache lives in state
 //! buffers written with `set_rows`, so a decode step only computes the new token.
+//!
+//! A step attends over the cache cells in use rounded up to a multiple of
+//! [`DEFAULT_KV_STEP`] (views of the cache of that length, a mask of that length), not over the
+//! whole `n_ctx` cache: one planned decode graph is kept per length, built when first needed.
+//! A prompt reuses the plan of the previous one when its shape is the same, and otherwise lays
+//! its graph out in that plan's arena ([`Plan::replan`]), so prompts do not allocate and map
+//! fresh memory on every call.
 
 use super::WeightRef;
 use crate::backend::{Buffer, CpuBackend};
@@ -130,7 +137,12 @@ pub struct Llama {
     backend: CpuBackend,
     /// Tokens already in the cache.
     n_past: usize,
-    decode: Option<Step>,
+    /// Attention covers the cells in use rounded up to a multiple of this.
+    kv_step: usize,
+    /// Planned decode steps, one per attended length (index: length / `kv_step`, rounded up).
+    decode: Vec<Option<Step>>,
+    /// The last prompt's planned step; its arena is reused by the next prompt.
+    prefill: Option<Step>,
     /// Set by [`Llama::reserve`]: one plan whose arena every step is laid out in.
     reserved: Option<Plan>,
 }
@@ -144,19 +156,28 @@ pub struct LlamaStep {
     pub tokens: TensorId,
     /// Input: I32 positions, `[n_tokens]` (the cache rows the step's K and V go to).
     pub pos: TensorId,
-    /// Input: F32 attention mask, `[n_ctx, n_tokens rounded up to 4]`: 0 where token i may
-    /// attend to cache row j, -inf elsewhere.
+    /// Input: F32 attention mask, `[n_kv, n_tokens rounded up to 4]` (`n_kv` = `n_ctx` for
+    /// [`Llama::step_graph`]): 0 where token i may attend to cache row j, -inf elsewhere.
     pub mask: TensorId,
     /// Input, when some block attends over a sliding window: the same mask with -inf also
     /// `swa_window` or more positions back.
     pub mask_swa: Option<TensorId>,
     /// Output: F32 logits, `[n_vocab, n_tokens]` (or `[n_vocab, 1]` for `last_only`).
     pub logits: TensorId,
+    n_tokens: usize,
 }
+
+/// Cells of the cache a step attends over by default: the cells in use rounded up to a
+/// multiple of this (see [`Llama::set_kv_step`]). A multiple of flash attention's KV chunk, so
+/// the chunks a decode step is cut into are the same as over the whole cache.
+pub const DEFAULT_KV_STEP: usize = 256;
 
 /// A planned step for `n_tokens` tokens.
 struct Step {
     n_tokens: usize,
+    /// Cache cells attended over.
+    n_kv: usize,
+    last_only: bool,
     plan: Plan,
     tokens: TensorId,
     pos: TensorId,
@@ -164,6 +185,15 @@ struct Step {
     /// The sliding-window mask, when some block uses one.
     mask_swa: Option<TensorId>,
     logits: TensorId,
+}
+
+impl Step {
+    /// The step of `s`'s tensors, computed by `plan` (planned from `s.graph`).
+    fn new(s: &LlamaStep, plan: Plan, n_kv: usize, last_only: bool) -> Step {
+        let n_tokens = s.n_tokens;
+        let (tokens, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
+        Step { n_tokens, n_kv, last_only, plan, tokens, pos, mask, mask_swa, logits }
+    }
 }
 
 fn take(w: &HashMap<String, WeightRef>, name: &str) -> Result<WeightRef> {
@@ -293,11 +323,13 @@ impl Llama {
             cache,
             backend: backend.clone(),
             n_past: 0,
-            decode: None,
+            kv_step: DEFAULT_KV_STEP,
+            decode: Vec::new(),
+            prefill: None,
             reserved: None,
         };
         // Build once to validate every shape now rather than at the first token.
-        m.build(1, false)?;
+        m.build(1, m.cfg.n_ctx, false)?;
         Ok(m)
     }
 
@@ -339,6 +371,28 @@ impl Llama {
         }
     }
 
+    /// Sets how many cache cells a step attends over: the cells in use (cached and new tokens)
+    /// rounded up to a multiple of `cells` (default [`DEFAULT_KV_STEP`]); `cells >= n_ctx`
+    /// attends over the whole cache on every step. Cells past the ones in use are masked out
+    /// and flash attention skips masked cells, so the logits do not depend on it (see
+    /// ARCHITECTURE.md for the one case where the kernel path changes); smaller steps mean less
+    /// attention work and more planned decode graphs kept (one per length). `Err` for 0.
+    pub fn set_kv_step(&mut self, cells: usize) -> Result<()> {
+        if cells == 0 {
+            return Err(Error::param("llama", "kv step of 0 cells"));
+        }
+        self.kv_step = cells;
+        self.decode.clear();
+        self.prefill = None;
+        Ok(())
+    }
+
+    /// The cache cells a step of `t` tokens after the cached ones attends over.
+    fn kv_len(&self, t: usize) -> usize {
+        let used = self.n_past + t;
+        used.div_ceil(self.kv_step).saturating_mul(self.kv_step).min(self.cfg.n_ctx).max(used)
+    }
+
     /// Tokens in the KV cache.
     pub fn n_past(&self) -> usize {
         self.n_past
@@ -374,37 +428,57 @@ impl Llama {
     pub fn reserve(&mut self, max_tokens: usize) -> Result<()> {
         let worst = self.step_graph(max_tokens, false)?;
         self.reserved = Some(Plan::reserve(worst.graph, &self.backend)?);
-        self.decode = None;
+        self.decode.clear();
+        self.prefill = None;
         Ok(())
     }
 
     /// The graph of one step: `n_tokens` new tokens attending over the cache, with the logits
     /// of every new token or (`last_only`) of the last one. `forward` builds and plans these;
     /// this is for callers who plan and compute steps themselves.
+    /// The graph attends over the whole cache; see [`Llama::step_graph_kv`] for fewer cells.
     pub fn step_graph(&self, n_tokens: usize, last_only: bool) -> Result<LlamaStep> {
-        self.build_graph(n_tokens, last_only)
+        self.build_graph(n_tokens, self.cfg.n_ctx, last_only)
     }
 
-    /// The graph for `t` new tokens attending over the whole cache (masked past `n_past + t`),
-    /// with the logits of every new token or (`last_only`) of the last one.
-    fn build(&self, t: usize, last_only: bool) -> Result<Step> {
-        let s = self.build_graph(t, last_only)?;
-        let plan = Plan::new(s.graph, &self.backend)?;
-        let (tokens, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
-        Ok(Step { n_tokens: t, plan, tokens, pos, mask, mask_swa, logits })
+    /// Like [`Llama::step_graph`], attending over the first `n_kv` cells of the cache only
+    /// (the masks are then `[n_kv, n_tokens rounded up to 4]`). `Err` when `n_kv` is 0 or more
+    /// than `n_ctx`.
+    pub fn step_graph_kv(
+        &self,
+        n_tokens: usize,
+        n_kv: usize,
+        last_only: bool,
+    ) -> Result<LlamaStep> {
+        self.build_graph(n_tokens, n_kv, last_only)
     }
 
-    fn build_graph(&self, t: usize, last_only: bool) -> Result<LlamaStep> {
+    /// The planned step for `t` new tokens attending over the first `n_kv` cells of the cache
+    /// (masked past `n_past + t`), with the logits of every new token or (`last_only`) of the
+    /// last one.
+    fn build(&self, t: usize, n_kv: usize, last_only: bool) -> Result<Step> {
+        let mut s = self.build_graph(t, n_kv, last_only)?;
+        let plan = Plan::new(std::mem::take(&mut s.graph), &self.backend)?;
+        Ok(Step::new(&s, plan, n_kv, last_only))
+    }
+
+    fn build_graph(&self, t: usize, n_kv: usize, last_only: bool) -> Result<LlamaStep> {
         let c = &self.cfg;
         let (hd, nh, nkv, ctx) = (self.hd(), c.n_head, c.n_head_kv, c.n_ctx);
+        if n_kv == 0 || n_kv > ctx {
+            return Err(Error::param(
+                "llama",
+                format!("attending over {n_kv} cells of a cache of {ctx}"),
+            ));
+        }
         let mut g = Graph::with_capacity(32 * c.n_layer + 16);
         let tokens = g.input(DType::I32, &[t])?;
         let pos = g.input(DType::I32, &[t])?;
-        let mask32 = g.input(DType::F32, &[ctx, t.next_multiple_of(4)])?;
+        let mask32 = g.input(DType::F32, &[n_kv, t.next_multiple_of(4)])?;
         let mask = g.cast(mask32, DType::F16)?;
         let any_swa = (0..c.n_layer).any(|i| self.is_swa(i));
         let (mask_swa32, mask_swa) = if any_swa {
-            let m32 = g.input(DType::F32, &[ctx, t.next_multiple_of(4)])?;
+            let m32 = g.input(DType::F32, &[n_kv, t.next_multiple_of(4)])?;
             (Some(m32), Some(g.cast(m32, DType::F16)?))
         } else {
             (None, None)
@@ -444,10 +518,10 @@ impl Llama {
             let k2 = g.reshape(k, &[hd * nkv, t])?;
             g.set_rows(kc, k2, pos)?;
             g.set_rows(vc, v, pos)?;
-            // Attend over the whole cache: [hd, nkv, ctx] viewed as [hd, ctx, nkv].
+            // Attend over the first n_kv cells: [hd, nkv, n_kv] viewed as [hd, n_kv, nkv].
             let row = DType::F16.row_size(hd)?;
-            let kview = g.view_3d(kc, [hd, nkv, ctx], [row, row * nkv], 0)?;
-            let vview = g.view_3d(vc, [hd, nkv, ctx], [row, row * nkv], 0)?;
+            let kview = g.view_3d(kc, [hd, nkv, n_kv], [row, row * nkv], 0)?;
+            let vview = g.view_3d(vc, [hd, nkv, n_kv], [row, row * nkv], 0)?;
             let kview = g.permute(kview, [0, 2, 1, 3])?;
             let vview = g.permute(vview, [0, 2, 1, 3])?;
             let qp = g.permute(q, [0, 2, 1, 3])?;
@@ -475,11 +549,19 @@ impl Llama {
         let h = g.rms_norm_mul(x, on, c.eps)?;
         let logits = Self::mm(&mut g, &self.output, h)?;
         g.set_output(logits)?;
-        Ok(LlamaStep { graph: g, tokens, pos, mask: mask32, mask_swa: mask_swa32, logits })
+        Ok(LlamaStep {
+            graph: g,
+            tokens,
+            pos,
+            mask: mask32,
+            mask_swa: mask_swa32,
+            logits,
+            n_tokens: t,
+        })
     }
 
     fn run(&mut self, step: &mut Step, tokens: &[u32]) -> Result<Vec<f32>> {
-        let (t, ctx) = (tokens.len(), self.cfg.n_ctx);
+        let (t, ctx, n_kv) = (tokens.len(), self.cfg.n_ctx, step.n_kv);
         if self.n_past + t > ctx {
             return Err(Error::arg(format!(
                 "llama: {} cached + {t} new tokens exceed the context of {ctx}",
@@ -494,12 +576,16 @@ impl Llama {
         }
         let ids: Vec<i32> = tokens.iter().map(|&tk| tk as i32).collect();
         let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
+        if self.n_past + t > n_kv {
+            return Err(Error::arg(format!(
+                "llama: {} cached + {t} new tokens exceed the {n_kv} cells the step attends over",
+                self.n_past
+            )));
+        }
         let tp = t.next_multiple_of(4);
-        let mut mask = vec![f32::NEG_INFINITY; ctx * tp];
+        let mut mask = vec![f32::NEG_INFINITY; n_kv * tp];
         for i in 0..t {
-            for j in 0..=self.n_past + i {
-                mask[i * ctx + j] = 0.0;
-            }
+            mask[i * n_kv..i * n_kv + self.n_past + i + 1].fill(0.0);
         }
         step.plan.set_input(step.tokens, &ids)?;
         step.plan.set_input(step.pos, &pos)?;
@@ -509,9 +595,7 @@ impl Llama {
             let w = self.arch.swa_window;
             for i in 0..t {
                 let p = self.n_past + i;
-                for j in 0..(p + 1).saturating_sub(w) {
-                    mask[i * ctx + j] = f32::NEG_INFINITY;
-                }
+                mask[i * n_kv..i * n_kv + (p + 1).saturating_sub(w)].fill(f32::NEG_INFINITY);
             }
             step.plan.set_input(ms, &mask)?;
         }
@@ -537,8 +621,16 @@ impl Llama {
         if tokens.is_empty() {
             return Err(Error::arg("llama: no tokens"));
         }
+        let (t, ctx) = (tokens.len(), self.cfg.n_ctx);
+        if self.n_past + t > ctx {
+            return Err(Error::arg(format!(
+                "llama: {} cached + {t} new tokens exceed the context of {ctx}",
+                self.n_past
+            )));
+        }
+        let n_kv = self.kv_len(t);
         if let Some(mut plan) = self.reserved.take() {
-            let s = match self.step_graph(tokens.len(), last_only) {
+            let mut s = match self.build_graph(t, n_kv, last_only) {
                 Ok(s) => s,
                 Err(e) => {
                     self.reserved = Some(plan);
@@ -546,29 +638,54 @@ impl Llama {
                 }
             };
             // On failure `replan` keeps the plan as it was: it stays the reserve.
-            if let Err(e) = plan.replan(s.graph) {
+            if let Err(e) = plan.replan(std::mem::take(&mut s.graph)) {
                 self.reserved = Some(plan);
                 return Err(e);
             }
-            let (tk, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
-            let mut step =
-                Step { n_tokens: tokens.len(), plan, tokens: tk, pos, mask, mask_swa, logits };
+            let mut step = Step::new(&s, plan, n_kv, last_only);
             let r = self.run(&mut step, tokens);
             self.reserved = Some(step.plan);
             return r;
         }
-        if tokens.len() == 1 {
-            let mut step = match self.decode.take() {
-                Some(s) => s,
-                None => self.build(1, false)?,
+        if t == 1 {
+            // One planned decode step per attended length, kept.
+            let slot = n_kv.div_ceil(self.kv_step);
+            if self.decode.len() <= slot {
+                self.decode.resize_with(slot + 1, || None);
+            }
+            let mut step = match self.decode[slot].take() {
+                Some(s) if s.n_kv == n_kv => s,
+                _ => self.build(1, n_kv, false)?,
             };
             let r = self.run(&mut step, tokens);
-            self.decode = Some(step);
+            self.decode[slot] = Some(step);
             return r;
         }
-        let mut step = self.build(tokens.len(), last_only)?;
-        debug_assert_eq!(step.n_tokens, tokens.len());
-        self.run(&mut step, tokens)
+        let mut step = match self.prefill.take() {
+            // The same shape as the last prompt: its plan as it is.
+            Some(s) if (s.n_tokens, s.n_kv, s.last_only) == (t, n_kv, last_only) => s,
+            // Another shape: laid out in the last prompt's arena when it fits, else planned
+            // anew (that arena then serves the prompts after it).
+            old => {
+                let mut s = self.build_graph(t, n_kv, last_only)?;
+                let g = std::mem::take(&mut s.graph);
+                let plan = match old {
+                    Some(mut o) => match o.plan.replan(g) {
+                        Ok(()) => o.plan,
+                        Err(_) => {
+                            drop(o);
+                            s = self.build_graph(t, n_kv, last_only)?;
+                            Plan::reserve(std::mem::take(&mut s.graph), &self.backend)?
+                        }
+                    },
+                    None => Plan::reserve(g, &self.backend)?,
+                };
+                Step::new(&s, plan, n_kv, last_only)
+            }
+        };
+        let r = self.run(&mut step, tokens);
+        self.prefill = Some(step);
+        r
     }
 
     /// Greedy generation: feeds `prompt`, then `n` tokens each picked by argmax.
