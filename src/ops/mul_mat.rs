@@ -259,6 +259,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     Ok(())
 }
 
+/// The address of dst element (i, j, i2, i3).
+///
+/// # Safety
+/// The indices are below dst's shape, so the address lies inside the tensor the plan placed.
 #[inline(always)]
 unsafe fn dst_elem(d: &TView, i: usize, j: usize, i2: usize, i3: usize) -> *mut f32 {
     // SAFETY: the caller passes indices below dst's shape.
