@@ -55,7 +55,12 @@ fn allocations<R>(f: impl FnOnce() -> R) -> (R, usize) {
     (r, ALLOCS.load(Ordering::SeqCst) - before)
 }
 
-const MAX_PROMPT: usize = 24;
+/// The longest prompt of the reserve test: 24, or `QG_RESERVE_MAX_PROMPT` (for example 512, a
+/// run of some minutes in release: `QG_RESERVE_MAX_PROMPT=512 cargo test --release --test
+/// llama_reserve`).
+fn max_prompt() -> usize {
+    std::env::var("QG_RESERVE_MAX_PROMPT").ok().and_then(|v| v.parse().ok()).unwrap_or(24)
+}
 
 fn cfg() -> LlamaConfig {
     LlamaConfig {
@@ -65,7 +70,7 @@ fn cfg() -> LlamaConfig {
         n_head_kv: 2,
         n_ff: 96,
         n_vocab: 50,
-        n_ctx: 32,
+        n_ctx: max_prompt() + 8,
         rope_base: 10000.0,
         eps: 1e-5,
     }
@@ -106,11 +111,11 @@ fn reserved_steps(threads: usize) {
     let (a, mut reference) = (model(&file, &be), model(&file, &be));
     let tokens: Vec<u32> = (0..c.n_ctx as u32).map(|i| (i * 7 + 3) % c.n_vocab as u32).collect();
 
-    let worst = a.step_graph(MAX_PROMPT, false).unwrap();
+    let worst = a.step_graph(max_prompt(), false).unwrap();
     let mut plan = Plan::reserve(worst.graph, &be).unwrap();
     let reserved = plan.stats();
     let mut computes = 0;
-    for t in 1..=MAX_PROMPT {
+    for t in 1..=max_prompt() {
         // Prefill t tokens, then decode until the cache is full (every length decodes a few
         // steps; the longest prompts leave fewer).
         reference.reset();
@@ -148,10 +153,10 @@ fn reserved_steps(threads: usize) {
             n_past += n;
         }
     }
-    assert!(computes > 2 * MAX_PROMPT);
+    assert!(computes > 2 * max_prompt());
 
     // A longer prompt does not fit: the error says by how much and names a tensor.
-    let too_long = a.step_graph(MAX_PROMPT + 4, false).unwrap();
+    let too_long = a.step_graph(max_prompt() + 4, false).unwrap();
     let e = plan.replan(too_long.graph).unwrap_err();
     assert!(matches!(e, Error::Buffer(_)), "{e}");
     let msg = e.to_string();
