@@ -84,6 +84,23 @@ pub struct Plan {
     active: Option<Vec<bool>>,
 }
 
+/// Tensor `id` of `graph`, when it holds elements of type `T` (for `set_input`).
+pub(crate) fn input_of_type<T: Element>(
+    graph: &Graph,
+    id: TensorId,
+) -> Result<&crate::graph::Tensor> {
+    let t = graph.get("set_input", id)?;
+    if t.dtype != T::DTYPE {
+        return Err(Error::arg(format!(
+            "set_input: {} holds {}, got {} values",
+            t.describe(id),
+            t.dtype,
+            T::DTYPE
+        )));
+    }
+    Ok(t)
+}
+
 const GUARD_BYTE: u8 = 0xA5;
 
 // SAFETY: the raw addresses point into the arena and buffers owned by this plan; a `Plan` is used
@@ -608,15 +625,7 @@ impl Plan {
 
     /// Copies values into an input tensor; the element type must match the tensor's type.
     pub fn set_input<T: Element>(&mut self, id: TensorId, data: &[T]) -> Result<()> {
-        let t = self.graph.get("set_input", id)?;
-        if t.dtype != T::DTYPE {
-            return Err(Error::arg(format!(
-                "set_input: {} holds {}, got {} values",
-                t.describe(id),
-                t.dtype,
-                T::DTYPE
-            )));
-        }
+        let t = input_of_type::<T>(&self.graph, id)?;
         if data.len() != t.nelements() {
             return Err(Error::arg(format!(
                 "set_input: {} takes {} values, got {}",

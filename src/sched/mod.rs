@@ -387,15 +387,7 @@ impl Builder<'_> {
 impl SchedPlan {
     /// Copies values into an input tensor of the scheduled graph.
     pub fn set_input<T: Element>(&mut self, id: TensorId, data: &[T]) -> Result<()> {
-        let t = self.graph.get("set_input", id)?;
-        if t.dtype != T::DTYPE {
-            return Err(Error::arg(format!(
-                "set_input: {} holds {}, got {} values",
-                t.describe(id),
-                t.dtype,
-                T::DTYPE
-            )));
-        }
+        crate::plan::input_of_type::<T>(&self.graph, id)?;
         self.set_input_bytes(id, bytemuck::cast_slice(data))
     }
 

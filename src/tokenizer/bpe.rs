@@ -2,31 +2,14 @@
 //! from the word's characters, repeatedly merge the adjacent pair with the lowest merge rank
 //! (leftmost on ties), until no adjacent pair has a rank.
 
+use super::{Sym, char_syms};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-
-/// One symbol of the word being merged: a byte range of the word, linked to its neighbours.
-#[derive(Clone, Copy)]
-struct Sym {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
 
 /// Merges `word` and returns its final symbols as strings, in order. `rank` gives the merge
 /// rank of a pair of adjacent symbols, if they merge.
 pub(crate) fn merge<'w>(word: &'w str, rank: &dyn Fn(&str, &str) -> Option<u32>) -> Vec<&'w str> {
-    let mut syms: Vec<Sym> = Vec::new();
-    for (start, c) in word.char_indices() {
-        let n = syms.len();
-        syms.push(Sym {
-            start,
-            len: c.len_utf8(),
-            prev: n.checked_sub(1),
-            next: (start + c.len_utf8() < word.len()).then_some(n + 1),
-        });
-    }
+    let mut syms = char_syms(word);
     let text = |s: &Sym| &word[s.start..s.start + s.len];
     // (rank, left index) ordered smallest first; the right index and the pair's text let a
     // popped entry be recognised as outdated.

@@ -32,6 +32,31 @@ mod unicode;
 pub use pretok::PreTokenizer;
 
 use crate::error::{Error, Result};
+
+/// One symbol of a text being merged (BPE and SentencePiece-style): a byte range of the text,
+/// linked to its neighbours.
+#[derive(Clone, Copy)]
+pub(crate) struct Sym {
+    pub start: usize,
+    pub len: usize,
+    pub prev: Option<usize>,
+    pub next: Option<usize>,
+}
+
+/// The symbols of `text`'s characters, each linked to its neighbours.
+pub(crate) fn char_syms(text: &str) -> Vec<Sym> {
+    let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
+    for (start, c) in text.char_indices() {
+        let n = syms.len();
+        syms.push(Sym {
+            start,
+            len: c.len_utf8(),
+            prev: n.checked_sub(1),
+            next: (start + c.len_utf8() < text.len()).then_some(n + 1),
+        });
+    }
+    syms
+}
 use crate::gguf::{GgufFile, Metadata, Value};
 use std::collections::HashMap;
 

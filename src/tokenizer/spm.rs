@@ -3,15 +3,8 @@
 //! with the highest score (leftmost on ties); symbols that end up as no token are split back into
 //! the pairs that formed them, and what is still no token falls back to byte tokens.
 
+use super::{Sym, char_syms};
 use std::collections::{BinaryHeap, HashMap};
-
-#[derive(Clone, Copy)]
-struct Sym {
-    start: usize,
-    len: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
 
 /// A queued pair: higher score first, then the leftmost.
 #[derive(PartialEq)]
@@ -48,16 +41,7 @@ pub(crate) trait SpmVocab {
 
 /// Appends the tokens of `text` (already whitespace-escaped) to `out`.
 pub(crate) fn tokenize(text: &str, vocab: &impl SpmVocab, out: &mut Vec<u32>) {
-    let mut syms: Vec<Sym> = Vec::new();
-    for (start, c) in text.char_indices() {
-        let n = syms.len();
-        syms.push(Sym {
-            start,
-            len: c.len_utf8(),
-            prev: n.checked_sub(1),
-            next: (start + c.len_utf8() < text.len()).then_some(n + 1),
-        });
-    }
+    let mut syms = char_syms(text);
     let mut queue = BinaryHeap::new();
     // The pair that formed each merged text, for splitting a non-token back (last one wins, as
     // in llama.cpp's map).
