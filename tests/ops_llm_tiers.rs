@@ -1,5 +1,5 @@
 //! The LLM ops' contiguous fast paths on every kernel tier this CPU has, in one run: fused SwiGLU,
-//! F32 GELU (f16 table, gathered on AVX2), neox rope rotation, F32 -> Q8_0 copy and the tiled
+//! F32 GELU (f16 table, gathered on AVX2), neox rope rotation (also at an offset), F32 -> Q8_0 copy and the tiled
 //! flash attention (vector score scaling/masking and row max). Each is bitwise identical for 1,
 //! 2 and 3 threads on each tier; across tiers GELU, rope and the Q8_0 bytes are bitwise equal and
 //! SwiGLU and attention (vector exp, FMA GEMM on AVX2, the AVX-512 F16 decode loop) agree to
@@ -62,11 +62,16 @@ fn gelu(isa: Isa, t: usize) -> Vec<f32> {
 }
 
 fn rope(ne0: usize, n_dims: usize, isa: Isa, t: usize) -> Vec<f32> {
+    rope_at(ne0, n_dims, 0, isa, t)
+}
+
+fn rope_at(ne0: usize, n_dims: usize, n_offs: usize, isa: Isa, t: usize) -> Vec<f32> {
     run(isa, t, |g| {
         let a = g.input(DType::F32, &[ne0, 3, 7]).unwrap();
         let p = g.input(DType::I32, &[7]).unwrap();
         let mut rp = RopeParams::new(n_dims, RopeMode::Neox, 10000.0);
         rp.freq_scale = 0.5;
+        rp.n_offs = n_offs;
         let out = g.rope_ext(a, p, None, rp).unwrap();
         (vec![(a, ne0 * 21)], vec![(p, (0..7).map(|i| i * 13 + 2).collect())], out)
     })
@@ -78,6 +83,10 @@ fn rope_partial(isa: Isa, t: usize) -> Vec<f32> {
 
 fn rope_full(isa: Isa, t: usize) -> Vec<f32> {
     rope(72, 72, isa, t)
+}
+
+fn rope_offset(isa: Isa, t: usize) -> Vec<f32> {
+    rope_at(80, 36, 10, isa, t) // 10 copied dims, 36 rotated, 34 copied
 }
 
 fn cpy_q8_0(isa: Isa, t: usize) -> Vec<f32> {
@@ -140,12 +149,13 @@ fn attn_softcap(isa: Isa, t: usize) -> Vec<f32> {
 #[test]
 fn llm_fast_paths_agree_across_tiers_and_threads() {
     // (name, bitwise across tiers, run)
-    let cases: [Case; 10] = [
+    let cases: [Case; 11] = [
         ("swiglu split", false, swiglu_split),
         ("swiglu fused", false, swiglu_fused),
         ("gelu", true, gelu),
         ("rope partial", true, rope_partial),
         ("rope full", true, rope_full),
+        ("rope with an offset", true, rope_offset),
         ("cpy f32 -> q8_0", true, cpy_q8_0),
         ("flash_attn masked", false, attn_masked),
         ("flash_attn unmasked", false, attn_unmasked),
