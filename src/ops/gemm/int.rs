@@ -12,6 +12,7 @@ use crate::kernels::igemm::{
     ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, WBand, pack_q8_blocks_column,
     pack_q8k_column,
 };
+use crate::kernels::prefetch::prefetch_l1;
 use crate::quant::unpack::{IntFormat, Unpack};
 use std::ops::Range;
 
@@ -225,6 +226,13 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
             Unpack::Blocks { elems, .. } => (QK_K / elems, len / elems),
         };
         let step_bytes = nblk * bsize;
+        let nkb = k_steps(self.k);
+        // Bytes of the next step (a row's last step may be shorter).
+        let next_bytes = match fmt.unpack {
+            _ if kb + 1 >= nkb => 0,
+            Unpack::Super(_) => bsize,
+            Unpack::Blocks { elems, .. } => self.step_len(kb + 1) / elems * bsize,
+        };
         // Repacked weights: one band's step in ggml's blocks, row by row (each use rewrites
         // what it reads).
         let mut plain = [0u8; IG_MR * REPACK_STEP_MAX];
@@ -265,6 +273,13 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                         )
                     }
                 };
+                if self.repacked.is_none() && next_bytes > 0 {
+                    // The row's next step, asked for now: a step reads MC rows a little each,
+                    // more streams than the hardware prefetcher follows, and the unpacking
+                    // otherwise waits on memory (the weights of a short prompt come from DRAM).
+                    let next = (self.a_row)(r0 + rr).wrapping_add((kb + 1) * per * bsize);
+                    prefetch_l1(next, next_bytes);
+                }
                 unpack_step(fmt, src, bsize, nblk, band, rr);
             }
         }

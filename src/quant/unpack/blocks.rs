@@ -68,9 +68,9 @@ fn unpack_q5_1(b: &[u8], codes: &mut [u8], scales: &mut [f32], mins: &mut [f32])
 /// Q8_0: the signed levels plus 128.
 fn unpack_q8_0(b: &[u8], codes: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
     let x: BlockQ8_0 = block(b);
-    for (c, &q) in codes.iter_mut().zip(&x.qs) {
-        *c = (q as u8) ^ 0x80;
-    }
+    // Byte-wise, so the same in either byte order.
+    let words = bytemuck::cast::<[i8; 32], [u64; 4]>(x.qs).map(|w| w ^ 0x8080_8080_8080_8080);
+    codes.copy_from_slice(&bytemuck::cast::<[u64; 4], [u8; 32]>(words));
     scales[0] = fp16_to_fp32(x.d);
 }
 
