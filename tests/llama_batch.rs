@@ -134,19 +134,18 @@ fn each_alone(
 }
 
 // Whether a batch gives each sequence's logits bit for bit as that sequence alone depends on
-// the kernels, not on the cache cells:
-// - Quantized weights: each token's activations are quantized and summed on their own, in one
-//   order whatever the number of tokens, so the projections do not see the other sequences.
-//   F32 weights: the float GEMM's order of summation depends on the number of tokens in the
-//   product (about 1e-6 of the largest logit).
-// - Flash attention skips the masked cells (the other sequences') one by one, but picks its
-//   path from the number of query rows in the step: from 8 rows per head it takes the tiled
-//   path, which keeps Q in f32 where the one-row path rounds it to F16. A prompt run together
-//   with others can cross that line, and then agrees to Q's rounding (up to about 1e-2 of the
-//   largest logit, 7e-3 seen here), as a short prompt does across the paths in
-//   `llama_kv_step.rs`.
-// So quantized models whose prompts run in batches of their own and decode together are equal
-// bit for bit; prompts run together are compared to 1e-2 with the same argmax.
+// the kernel paths, not on the cache cells: flash attention skips the masked cells (the other
+// sequences') one by one without touching its sums, but both it and the matrix products pick
+// their path from the number of tokens in the step:
+// - flash attention takes its tiled path from 8 query rows per head, which keeps Q in f32 where
+//   the one-row path rounds it to F16 (up to about 1e-2 of the largest logit; 7e-3 seen here),
+//   as a short prompt does across the paths in `llama_kv_step.rs`;
+// - the matrix products' kernels change with the number of tokens too (F32 weights: the float
+//   GEMM's order of summation, about 1e-6 here; quantized weights: the int8 tiles from a few
+//   tokens on, which give other bits for some shapes).
+// So prompts run in batches of their own followed by decode steps of a few tokens (the paths
+// each sequence takes alone) are equal bit for bit with these quantized weights, and prompts
+// run together are compared to 1e-2 of the largest logit with the same argmax.
 
 #[test]
 fn decode_together_equals_each_alone_bit_for_bit() {
@@ -174,7 +173,7 @@ fn prompts_together_agree_with_each_alone() {
         let want = each_alone(&f, &be, &seqs, 5);
         let mut m = Llama::from_gguf(&f, None, &be).unwrap();
         check(&together(&mut m, &seqs, 5, false), &want, 1e-2, &format!("{types:?}"));
-        // F32 weights decoding with prompts apart: the GEMM order only.
+        // Prompts apart: with F32 weights, the GEMM order only.
         let mut m = Llama::from_gguf(&f, None, &be).unwrap();
         check(&together(&mut m, &seqs, 5, true), &want, 1e-4, &format!("{types:?} apart"));
     }
