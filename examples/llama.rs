@@ -12,6 +12,11 @@
 //! assistant's turn. `--top1` prints the prompt's ids and the argmax of the logits at every
 //! prompt position instead of generating.
 //!
+//! Several `-p` serve the prompts together (`Llama::forward_batch`): one batch of every prompt,
+//! then one batch per step holding the next token of each sequence still going, each sequence
+//! with its own sampler (seed + its index); each text is printed when its sequence ends, then
+//! the total tokens/s.
+//!
 //! Token-id mode, for benchmarking: prefill a prompt of generated token ids, then greedy decode,
 //! and print the generated ids with prefill and decode speed.
 //! ```text
@@ -115,7 +120,7 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
 
     let bad = |m: String| quantgraph::Error::InvalidArgument(m);
     let mut model_path = None;
-    let mut prompt = String::from("Once upon a time");
+    let mut prompts = Vec::new();
     let mut system = None;
     let (mut n_gen, mut threads, mut n_ctx) = (64usize, 2usize, None);
     let (mut chat, mut repack, mut top1) = (false, false, false);
@@ -130,7 +135,7 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
         };
         match a.as_str() {
             "-m" | "--model" => model_path = Some(val()?),
-            "-p" | "--prompt" => prompt = val()?,
+            "-p" | "--prompt" => prompts.push(val()?),
             "-n" | "--n-predict" => n_gen = num(val()?)? as usize,
             "-t" | "--threads" => threads = num(val()?)? as usize,
             "-c" | "--ctx-size" => n_ctx = Some(num(val()?)? as usize),
@@ -159,22 +164,30 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
     sp.min_p = min_p.unwrap_or(sp.min_p);
     sp.repeat_penalty = repeat.unwrap_or(sp.repeat_penalty);
     sp.seed = seed.unwrap_or(sp.seed);
+    if prompts.is_empty() {
+        prompts.push(String::from("Once upon a time"));
+    }
     let path = model_path.ok_or_else(|| bad("-m FILE.gguf is required".into()))?;
     let file = GgufFile::open(&path)?;
     let tok = Tokenizer::from_gguf(&file)?;
-    let text = if chat {
-        let mut msgs = Vec::new();
-        let template = file.metadata().get_str("tokenizer.chat_template").ok();
-        if let Some(s) = system.or_else(|| template.and_then(chatml_default_system)) {
-            msgs.push(ChatMessage::new("system", &s));
-        }
-        msgs.push(ChatMessage::new("user", &prompt));
-        chatml(&msgs, true)
-    } else {
-        prompt.clone()
+    let template = file.metadata().get_str("tokenizer.chat_template").ok();
+    let system = system.or_else(|| template.and_then(chatml_default_system));
+    let to_ids = |prompt: &str| {
+        let text = if chat {
+            let mut msgs = Vec::new();
+            if let Some(s) = &system {
+                msgs.push(ChatMessage::new("system", s));
+            }
+            msgs.push(ChatMessage::new("user", prompt));
+            chatml(&msgs, true)
+        } else {
+            prompt.to_string()
+        };
+        tok.encode(&text, true, true)
     };
-    let ids = tok.encode(&text, true, true);
-    let n_ctx = n_ctx.unwrap_or(ids.len() + n_gen);
+    let all_ids: Vec<Vec<u32>> = prompts.iter().map(|p| to_ids(p)).collect();
+    // Room for every prompt and every sequence's generated tokens.
+    let n_ctx = n_ctx.unwrap_or(all_ids.iter().map(|ids| ids.len() + n_gen).sum());
     let backend = CpuBackend::with_threads(threads)?;
     // Whatever architecture the file holds (an error names one that is not supported).
     let mut model = if repack {
@@ -182,11 +195,16 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
     } else {
         quantgraph::models::load(&file, Some(n_ctx), &backend)?
     };
+    if prompts.len() > 1 && !top1 {
+        let stops = stop.clone();
+        return run_batch(&mut model, &tok, &prompts, &all_ids, n_gen, &sp, &stops, chat, &backend);
+    }
+    let (prompt, ids) = (&prompts[0], &all_ids[0]);
     if top1 {
         // The prompt's ids and the most likely next token at every prompt position, for
         // comparing with another implementation's logits.
         let nv = model.config().n_vocab;
-        let logits = model.forward(&ids)?;
+        let logits = model.forward(ids)?;
         let best: Vec<u32> = logits.chunks(nv).map(argmax).collect();
         println!("{ids:?}");
         println!("{best:?}");
@@ -200,7 +218,7 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
         print!("{prompt}");
     }
     let mut out = std::io::stdout();
-    let g = generate(&mut model, &tok, &ids, &params, &mut |t| {
+    let g = generate(&mut model, &tok, ids, &params, &mut |t| {
         print!("{t}");
         let _ = out.flush();
     })?;
@@ -212,6 +230,98 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
         g.n_prompt as f64 / g.prefill_secs,
         n.saturating_sub(1) as f64 / g.decode_secs.max(1e-9),
         g.stop,
+        backend.n_threads()
+    );
+    Ok(())
+}
+
+/// One sequence of the batch mode.
+struct Seq {
+    sampler: quantgraph::models::sampling::Sampler,
+    dec: quantgraph::tokenizer::StreamDecoder,
+    text: String,
+    tokens: Vec<u32>,
+    done: bool,
+}
+
+/// Batch mode: the prompts served together (see the file's header).
+#[allow(clippy::too_many_arguments)]
+fn run_batch(
+    model: &mut Llama,
+    tok: &quantgraph::tokenizer::Tokenizer,
+    prompts: &[String],
+    all_ids: &[Vec<u32>],
+    n_gen: usize,
+    sp: &quantgraph::models::sampling::SamplerParams,
+    stop: &[String],
+    chat: bool,
+    backend: &CpuBackend,
+) -> quantgraph::Result<()> {
+    use quantgraph::models::llama::Batch;
+    use quantgraph::models::sampling::Sampler;
+    let nv = model.config().n_vocab;
+    let mut seqs = Vec::new();
+    for (k, ids) in all_ids.iter().enumerate() {
+        let mut p = sp.clone();
+        p.seed = sp.seed.wrapping_add(k as u64);
+        let mut sampler = Sampler::new(p)?;
+        for &t in ids {
+            sampler.accept(t);
+        }
+        let dec = quantgraph::tokenizer::StreamDecoder::new();
+        seqs.push(Seq { sampler, dec, text: String::new(), tokens: Vec::new(), done: false });
+    }
+    let t0 = Instant::now();
+    let mut batch = Batch::new();
+    for (k, ids) in all_ids.iter().enumerate() {
+        batch.add_seq(k as u32, ids, true);
+    }
+    let n_prompt = batch.len();
+    // The logits of each sequence still going, in sequence order.
+    let mut logits = model.forward_batch(&batch)?;
+    let mut n_decoded = 0;
+    loop {
+        batch.clear();
+        let active: Vec<usize> = (0..seqs.len()).filter(|&k| !seqs[k].done).collect();
+        for (row, &k) in active.iter().enumerate() {
+            let s = &mut seqs[k];
+            let id = s.sampler.sample(&logits[row * nv..(row + 1) * nv])?;
+            s.sampler.accept(id);
+            s.tokens.push(id);
+            if tok.is_eog(id) {
+                s.done = true;
+            } else {
+                s.text.push_str(&s.dec.push(tok, id, false)?);
+                if let Some(p) = stop.iter().filter_map(|x| s.text.find(x.as_str())).min() {
+                    s.text.truncate(p);
+                    s.done = true;
+                }
+            }
+            let full = model.seq_len(k as u32) + 1 > model.config().n_ctx;
+            if s.tokens.len() >= n_gen || full {
+                s.done = true;
+            }
+            if s.done {
+                s.text.push_str(&s.dec.flush());
+                let shown = if chat { String::new() } else { prompts[k].clone() };
+                println!("--- sequence {k} ({} tokens)\n{shown}{}", s.tokens.len(), s.text);
+                // Its cells are free for the others.
+                model.seq_rm(k as u32);
+            } else {
+                batch.push(id, k as u32, true);
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        n_decoded += batch.len();
+        logits = model.forward_batch(&batch)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{} sequences: prompts {n_prompt} tokens, decoded {n_decoded} tokens in batches, {:.1} tokens/s in all; threads={}",
+        seqs.len(),
+        (n_prompt + n_decoded) as f64 / secs.max(1e-9),
         backend.n_threads()
     );
     Ok(())

@@ -9,6 +9,11 @@
 //! A prompt reuses the plan of the previous one when its shape is the same, and otherwise lays
 //! its graph out in that plan's arena ([`Plan::replan`]), so prompts do not allocate and map
 //! fresh memory on every call.
+//!
+//! Each cache cell records what it holds: nothing, or a token of one sequence at one position.
+//! [`Llama::forward_batch`] runs tokens of several sequences in one graph (the cells a token may
+//! attend to are those of its own sequence at its position or before); `forward` is sequence 0
+//! with its tokens in cells `0..n_past`.
 
 use super::WeightRef;
 use crate::backend::{Buffer, CpuBackend};
@@ -16,7 +21,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{FlashAttnParams, Graph, RopeMode, RopeParams, TensorId};
 use crate::plan::Plan;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Hyperparameters (llama.cpp's `llama.*` GGUF keys).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -135,14 +140,23 @@ pub struct Llama {
     /// Per layer: K and V caches, F16 [head_dim * n_head_kv, n_ctx].
     cache: Vec<(Buffer, Buffer)>,
     backend: CpuBackend,
-    /// Tokens already in the cache.
-    n_past: usize,
+    /// What each cache cell holds (`n_ctx` cells), `None` when free.
+    cells: Vec<Option<Cell>>,
+    /// Tokens cached per sequence, at positions `0..len`.
+    seq_lens: BTreeMap<u32, usize>,
+    /// One past the highest cell in use.
+    cells_end: usize,
+    /// The cache holds sequence 0 only, its token at position p in cell p: the layout the
+    /// single-sequence steps (`forward`) attend over.
+    contiguous: bool,
     /// Attention covers the cells in use rounded up to a multiple of this.
     kv_step: usize,
     /// Planned decode steps, one per attended length (index: length / `kv_step`, rounded up).
     decode: Vec<Option<Step>>,
     /// The last prompt's planned step; its arena is reused by the next prompt.
     prefill: Option<Step>,
+    /// The last batch's planned step ([`Llama::forward_batch`]); reused as the prompt's is.
+    batch: Option<Step>,
     /// Set by [`Llama::reserve`]: one plan whose arena every step is laid out in.
     reserved: Option<Plan>,
 }
@@ -165,6 +179,101 @@ pub struct LlamaStep {
     /// Output: F32 logits, `[n_vocab, n_tokens]` (or `[n_vocab, 1]` for `last_only`).
     pub logits: TensorId,
     n_tokens: usize,
+    /// Batched steps only: I32 cache cells the new K and V rows go to (`pos` then only
+    /// feeds the rope).
+    cells: Option<TensorId>,
+    /// Batched steps only: I32 indices of the tokens whose logits are computed.
+    out_ids: Option<TensorId>,
+}
+
+/// Which tokens of a step get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outputs {
+    /// Every token.
+    All,
+    /// The last token.
+    Last,
+    /// A batched step ([`Llama::forward_batch`]): this many tokens, picked by an `out_ids`
+    /// input; K and V go to the cells of a `cells` input.
+    Rows(usize),
+}
+
+impl Outputs {
+    fn of(last_only: bool) -> Outputs {
+        if last_only { Outputs::Last } else { Outputs::All }
+    }
+}
+
+/// What a cache cell holds: a token of sequence `seq` at position `pos`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cell {
+    seq: u32,
+    pos: u32,
+}
+
+/// Tokens of one or more sequences run together by [`Llama::forward_batch`]: each token with
+/// its sequence id and whether its logits are wanted. Each sequence continues after the tokens
+/// the model has cached for it, in the order its tokens appear in the batch.
+///
+/// ```
+/// use quantgraph::models::llama::Batch;
+///
+/// let mut b = Batch::new();
+/// b.add_seq(0, &[1, 2, 3], true); // a prompt of sequence 0, logits of its last token
+/// b.push(7, 1, true); // one decode token of sequence 1
+/// assert_eq!((b.len(), b.n_outputs()), (4, 2));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    tokens: Vec<u32>,
+    seqs: Vec<u32>,
+    logits: Vec<bool>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Adds `token` of sequence `seq`; `want_logits` asks for its logits.
+    pub fn push(&mut self, token: u32, seq: u32, want_logits: bool) -> &mut Batch {
+        self.tokens.push(token);
+        self.seqs.push(seq);
+        self.logits.push(want_logits);
+        self
+    }
+
+    /// Adds `tokens` of sequence `seq`, in order; `logits_last` asks for the logits of the
+    /// last of them.
+    pub fn add_seq(&mut self, seq: u32, tokens: &[u32], logits_last: bool) -> &mut Batch {
+        for (i, &t) in tokens.iter().enumerate() {
+            self.push(t, seq, logits_last && i + 1 == tokens.len());
+        }
+        self
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the batch has no token.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Number of tokens whose logits are wanted.
+    pub fn n_outputs(&self) -> usize {
+        self.logits.iter().filter(|&&l| l).count()
+    }
+
+    /// Removes every token (keeping the allocations).
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.seqs.clear();
+        self.logits.clear();
+    }
 }
 
 /// Cells of the cache a step attends over by default: the cells in use rounded up to a
@@ -177,7 +286,7 @@ struct Step {
     n_tokens: usize,
     /// Cache cells attended over.
     n_kv: usize,
-    last_only: bool,
+    out: Outputs,
     plan: Plan,
     tokens: TensorId,
     pos: TensorId,
@@ -185,14 +294,19 @@ struct Step {
     /// The sliding-window mask, when some block uses one.
     mask_swa: Option<TensorId>,
     logits: TensorId,
+    /// Batched steps: the cells input.
+    cells: Option<TensorId>,
+    /// Batched steps: the output rows input.
+    out_ids: Option<TensorId>,
 }
 
 impl Step {
     /// The step of `s`'s tensors, computed by `plan` (planned from `s.graph`).
-    fn new(s: &LlamaStep, plan: Plan, n_kv: usize, last_only: bool) -> Step {
+    fn new(s: &LlamaStep, plan: Plan, n_kv: usize, out: Outputs) -> Step {
         let n_tokens = s.n_tokens;
         let (tokens, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
-        Step { n_tokens, n_kv, last_only, plan, tokens, pos, mask, mask_swa, logits }
+        let (cells, out_ids) = (s.cells, s.out_ids);
+        Step { n_tokens, n_kv, out, plan, tokens, pos, mask, mask_swa, logits, cells, out_ids }
     }
 }
 
@@ -322,14 +436,18 @@ impl Llama {
             layers,
             cache,
             backend: backend.clone(),
-            n_past: 0,
+            cells: vec![None; c.n_ctx],
+            seq_lens: BTreeMap::new(),
+            cells_end: 0,
+            contiguous: true,
             kv_step: DEFAULT_KV_STEP,
             decode: Vec::new(),
             prefill: None,
+            batch: None,
             reserved: None,
         };
         // Build once to validate every shape now rather than at the first token.
-        m.build(1, m.cfg.n_ctx, false)?;
+        m.build(1, m.cfg.n_ctx, Outputs::All)?;
         Ok(m)
     }
 
@@ -384,23 +502,54 @@ impl Llama {
         self.kv_step = cells;
         self.decode.clear();
         self.prefill = None;
+        self.batch = None;
         Ok(())
     }
 
-    /// The cache cells a step of `t` tokens after the cached ones attends over.
-    fn kv_len(&self, t: usize) -> usize {
-        let used = self.n_past + t;
+    /// The cache cells a step attends over when the cells `0..used` may be in use.
+    fn kv_len(&self, used: usize) -> usize {
         used.div_ceil(self.kv_step).saturating_mul(self.kv_step).min(self.cfg.n_ctx).max(used)
     }
 
-    /// Tokens in the KV cache.
+    /// Tokens in the KV cache of sequence 0, the one `forward` runs.
     pub fn n_past(&self) -> usize {
-        self.n_past
+        self.seq_len(0)
     }
 
-    /// Forgets the KV cache.
+    /// Tokens in the KV cache of sequence `seq` (0 for one it has none of).
+    pub fn seq_len(&self, seq: u32) -> usize {
+        self.seq_lens.get(&seq).copied().unwrap_or(0)
+    }
+
+    /// Forgets the KV cache, every sequence.
     pub fn reset(&mut self) {
-        self.n_past = 0;
+        self.cells[..self.cells_end].fill(None);
+        self.seq_lens.clear();
+        self.cells_end = 0;
+        self.contiguous = true;
+    }
+
+    /// Forgets sequence `seq`: its cells are free for the tokens of later steps, and it starts
+    /// again at position 0. Nothing happens for a sequence with no cached token.
+    pub fn seq_rm(&mut self, seq: u32) {
+        if self.seq_lens.remove(&seq).is_none() {
+            return;
+        }
+        let mut end = 0;
+        let mut contiguous = true;
+        for (j, c) in self.cells[..self.cells_end].iter_mut().enumerate() {
+            if let Some(cell) = *c {
+                if cell.seq == seq {
+                    *c = None;
+                    continue;
+                }
+                end = j + 1;
+                contiguous &= cell.seq == 0 && cell.pos as usize == j;
+            }
+        }
+        self.cells_end = end;
+        // Sequence 0 in cells 0..n_past and nothing else: `forward` takes its own steps again.
+        self.contiguous = contiguous && end == self.seq_len(0);
     }
 
     fn weight(g: &mut Graph, w: &WeightRef) -> Result<TensorId> {
@@ -424,12 +573,25 @@ impl Llama {
     /// Lays every later step out in one arena, planned once for a prompt of `max_tokens`
     /// tokens (the worst case; [`Plan::reserve`]): prompts of 1 to `max_tokens` tokens and
     /// decode steps then reuse it ([`Plan::replan`]) instead of each planning and allocating
-    /// their own. A longer prompt is an `Err` naming what does not fit.
+    /// their own, and so do batches of up to `max_tokens` tokens ([`Llama::forward_batch`]).
+    /// A longer prompt is an `Err` naming what does not fit.
     pub fn reserve(&mut self, max_tokens: usize) -> Result<()> {
-        let worst = self.step_graph(max_tokens, false)?;
-        self.reserved = Some(Plan::reserve(worst.graph, &self.backend)?);
+        let ctx = self.cfg.n_ctx;
+        let single = || self.step_graph(max_tokens, false).map(|s| s.graph);
+        let batched =
+            || self.build_graph(max_tokens, ctx, Outputs::Rows(max_tokens)).map(|s| s.graph);
+        // Batches ([`Llama::forward_batch`]) of as many tokens have a few more inputs: the
+        // arena is planned for the batched graph and checked against the other, or the other
+        // way round should that not fit.
+        let mut plan = Plan::reserve(batched()?, &self.backend)?;
+        if plan.replan(single()?).is_err() {
+            plan = Plan::reserve(single()?, &self.backend)?;
+            plan.replan(batched()?)?;
+        }
+        self.reserved = Some(plan);
         self.decode.clear();
         self.prefill = None;
+        self.batch = None;
         Ok(())
     }
 
@@ -438,7 +600,7 @@ impl Llama {
     /// this is for callers who plan and compute steps themselves.
     /// The graph attends over the whole cache; see [`Llama::step_graph_kv`] for fewer cells.
     pub fn step_graph(&self, n_tokens: usize, last_only: bool) -> Result<LlamaStep> {
-        self.build_graph(n_tokens, self.cfg.n_ctx, last_only)
+        self.build_graph(n_tokens, self.cfg.n_ctx, Outputs::of(last_only))
     }
 
     /// Like [`Llama::step_graph`], attending over the first `n_kv` cells of the cache only
@@ -450,19 +612,18 @@ impl Llama {
         n_kv: usize,
         last_only: bool,
     ) -> Result<LlamaStep> {
-        self.build_graph(n_tokens, n_kv, last_only)
+        self.build_graph(n_tokens, n_kv, Outputs::of(last_only))
     }
 
     /// The planned step for `t` new tokens attending over the first `n_kv` cells of the cache
-    /// (masked past `n_past + t`), with the logits of every new token or (`last_only`) of the
-    /// last one.
-    fn build(&self, t: usize, n_kv: usize, last_only: bool) -> Result<Step> {
-        let mut s = self.build_graph(t, n_kv, last_only)?;
+    /// (masked past `n_past + t`), with the logits `out` asks for.
+    fn build(&self, t: usize, n_kv: usize, out: Outputs) -> Result<Step> {
+        let mut s = self.build_graph(t, n_kv, out)?;
         let plan = Plan::new(std::mem::take(&mut s.graph), &self.backend)?;
-        Ok(Step::new(&s, plan, n_kv, last_only))
+        Ok(Step::new(&s, plan, n_kv, out))
     }
 
-    fn build_graph(&self, t: usize, n_kv: usize, last_only: bool) -> Result<LlamaStep> {
+    fn build_graph(&self, t: usize, n_kv: usize, out: Outputs) -> Result<LlamaStep> {
         let c = &self.cfg;
         let (hd, nh, nkv, ctx) = (self.hd(), c.n_head, c.n_head_kv, c.n_ctx);
         if n_kv == 0 || n_kv > ctx {
@@ -474,6 +635,12 @@ impl Llama {
         let mut g = Graph::with_capacity(32 * c.n_layer + 16);
         let tokens = g.input(DType::I32, &[t])?;
         let pos = g.input(DType::I32, &[t])?;
+        // A batched step writes K and V to the cells it is given; the others to their positions.
+        let cells = match out {
+            Outputs::Rows(_) => Some(g.input(DType::I32, &[t])?),
+            Outputs::All | Outputs::Last => None,
+        };
+        let rows = cells.unwrap_or(pos);
         let mask32 = g.input(DType::F32, &[n_kv, t.next_multiple_of(4)])?;
         let mask = g.cast(mask32, DType::F16)?;
         let any_swa = (0..c.n_layer).any(|i| self.is_swa(i));
@@ -512,12 +679,12 @@ impl Llama {
             let k = Self::norm_opt(&mut g, k, &l.k_norm, c.eps)?;
             let q = g.rope_ext(q, pos, None, rope)?;
             let k = g.rope_ext(k, pos, None, rope)?;
-            // Write this step's K and V rows into the caches at their positions.
+            // Write this step's K and V rows into the caches at their cells.
             let kc = g.state(DType::F16, &[hd * nkv, ctx], kb, 0)?;
             let vc = g.state(DType::F16, &[hd * nkv, ctx], vb, 0)?;
             let k2 = g.reshape(k, &[hd * nkv, t])?;
-            g.set_rows(kc, k2, pos)?;
-            g.set_rows(vc, v, pos)?;
+            g.set_rows(kc, k2, rows)?;
+            g.set_rows(vc, v, rows)?;
             // Attend over the first n_kv cells: [hd, nkv, n_kv] viewed as [hd, n_kv, nkv].
             let row = DType::F16.row_size(hd)?;
             let kview = g.view_3d(kc, [hd, nkv, n_kv], [row, row * nkv], 0)?;
@@ -540,10 +707,20 @@ impl Llama {
             let dn = Self::norm_opt(&mut g, dn, &l.post_ffw_norm, c.eps)?;
             x = g.add(dn, x1)?;
         }
-        if last_only && t > 1 {
-            // Only the last token's hidden state goes through the output projection.
-            let row = DType::F32.row_size(c.n_embd)?;
-            x = g.view_2d(x, [c.n_embd, 1], row, (t - 1) * row)?;
+        let mut out_ids = None;
+        match out {
+            Outputs::Last if t > 1 => {
+                // Only the last token's hidden state goes through the output projection.
+                let row = DType::F32.row_size(c.n_embd)?;
+                x = g.view_2d(x, [c.n_embd, 1], row, (t - 1) * row)?;
+            }
+            Outputs::Rows(n) => {
+                // Only the hidden states of the tokens whose logits are wanted.
+                let ids = g.input(DType::I32, &[n])?;
+                x = g.get_rows(x, ids)?;
+                out_ids = Some(ids);
+            }
+            Outputs::All | Outputs::Last => {}
         }
         let on = Self::weight(&mut g, &self.output_norm)?;
         let h = g.rms_norm_mul(x, on, c.eps)?;
@@ -557,35 +734,31 @@ impl Llama {
             mask_swa: mask_swa32,
             logits,
             n_tokens: t,
+            cells,
+            out_ids,
         })
     }
 
     fn run(&mut self, step: &mut Step, tokens: &[u32]) -> Result<Vec<f32>> {
         let (t, ctx, n_kv) = (tokens.len(), self.cfg.n_ctx, step.n_kv);
-        if self.n_past + t > ctx {
+        let n_past = self.seq_len(0);
+        if n_past + t > ctx {
             return Err(Error::arg(format!(
-                "llama: {} cached + {t} new tokens exceed the context of {ctx}",
-                self.n_past
+                "llama: {n_past} cached + {t} new tokens exceed the context of {ctx}"
             )));
         }
-        if let Some(&bad) = tokens.iter().find(|&&tk| tk as usize >= self.cfg.n_vocab) {
-            return Err(Error::arg(format!(
-                "llama: token {bad} is outside the vocabulary of {}",
-                self.cfg.n_vocab
-            )));
-        }
+        self.check_vocab(tokens)?;
         let ids: Vec<i32> = tokens.iter().map(|&tk| tk as i32).collect();
-        let pos: Vec<i32> = (0..t).map(|i| (self.n_past + i) as i32).collect();
-        if self.n_past + t > n_kv {
+        let pos: Vec<i32> = (0..t).map(|i| (n_past + i) as i32).collect();
+        if n_past + t > n_kv {
             return Err(Error::arg(format!(
-                "llama: {} cached + {t} new tokens exceed the {n_kv} cells the step attends over",
-                self.n_past
+                "llama: {n_past} cached + {t} new tokens exceed the {n_kv} cells the step attends over"
             )));
         }
         let tp = t.next_multiple_of(4);
         let mut mask = vec![f32::NEG_INFINITY; n_kv * tp];
         for i in 0..t {
-            mask[i * n_kv..i * n_kv + self.n_past + i + 1].fill(0.0);
+            mask[i * n_kv..i * n_kv + n_past + i + 1].fill(0.0);
         }
         step.plan.set_input(step.tokens, &ids)?;
         step.plan.set_input(step.pos, &pos)?;
@@ -594,14 +767,29 @@ impl Llama {
             // The causal mask, and nothing `swa_window` or more positions back.
             let w = self.arch.swa_window;
             for i in 0..t {
-                let p = self.n_past + i;
+                let p = n_past + i;
                 mask[i * n_kv..i * n_kv + (p + 1).saturating_sub(w)].fill(f32::NEG_INFINITY);
             }
             step.plan.set_input(ms, &mask)?;
         }
         step.plan.compute()?;
-        self.n_past += t;
+        // Sequence 0's tokens at positions n_past.., each in the cell of its position.
+        for p in n_past..n_past + t {
+            self.cells[p] = Some(Cell { seq: 0, pos: p as u32 });
+        }
+        self.seq_lens.insert(0, n_past + t);
+        self.cells_end = n_past + t;
         Ok(step.plan.output::<f32>(step.logits)?.to_vec())
+    }
+
+    fn check_vocab(&self, tokens: &[u32]) -> Result<()> {
+        if let Some(&bad) = tokens.iter().find(|&&tk| tk as usize >= self.cfg.n_vocab) {
+            return Err(Error::arg(format!(
+                "llama: token {bad} is outside the vocabulary of {}",
+                self.cfg.n_vocab
+            )));
+        }
+        Ok(())
     }
 
     /// Runs `tokens` through the model after what is cached; returns the logits of every new
@@ -621,28 +809,25 @@ impl Llama {
         if tokens.is_empty() {
             return Err(Error::arg("llama: no tokens"));
         }
-        let (t, ctx) = (tokens.len(), self.cfg.n_ctx);
-        if self.n_past + t > ctx {
+        if !self.contiguous {
+            // Other sequences share the cache (or sequence 0 is not in cells 0..n_past):
+            // sequence 0's tokens as a batch.
+            let mut b = Batch::new();
+            for (i, &tk) in tokens.iter().enumerate() {
+                b.push(tk, 0, !last_only || i + 1 == tokens.len());
+            }
+            return self.forward_batch(&b);
+        }
+        let (t, ctx, n_past) = (tokens.len(), self.cfg.n_ctx, self.seq_len(0));
+        if n_past + t > ctx {
             return Err(Error::arg(format!(
-                "llama: {} cached + {t} new tokens exceed the context of {ctx}",
-                self.n_past
+                "llama: {n_past} cached + {t} new tokens exceed the context of {ctx}"
             )));
         }
-        let n_kv = self.kv_len(t);
-        if let Some(mut plan) = self.reserved.take() {
-            let mut s = match self.build_graph(t, n_kv, last_only) {
-                Ok(s) => s,
-                Err(e) => {
-                    self.reserved = Some(plan);
-                    return Err(e);
-                }
-            };
-            // On failure `replan` keeps the plan as it was: it stays the reserve.
-            if let Err(e) = plan.replan(std::mem::take(&mut s.graph)) {
-                self.reserved = Some(plan);
-                return Err(e);
-            }
-            let mut step = Step::new(&s, plan, n_kv, last_only);
+        let n_kv = self.kv_len(n_past + t);
+        let out = Outputs::of(last_only);
+        if let Some(plan) = self.reserved.take() {
+            let mut step = self.reserved_step(plan, t, n_kv, out)?;
             let r = self.run(&mut step, tokens);
             self.reserved = Some(step.plan);
             return r;
@@ -655,37 +840,233 @@ impl Llama {
             }
             let mut step = match self.decode[slot].take() {
                 Some(s) if s.n_kv == n_kv => s,
-                _ => self.build(1, n_kv, false)?,
+                _ => self.build(1, n_kv, Outputs::All)?,
             };
             let r = self.run(&mut step, tokens);
             self.decode[slot] = Some(step);
             return r;
         }
-        let mut step = match self.prefill.take() {
-            // The same shape as the last prompt: its plan as it is.
-            Some(s) if (s.n_tokens, s.n_kv, s.last_only) == (t, n_kv, last_only) => s,
-            // Another shape: laid out in the last prompt's arena when it fits, else planned
-            // anew (that arena then serves the prompts after it).
+        let old = self.prefill.take();
+        let mut step = self.reuse_step(old, t, n_kv, out)?;
+        let r = self.run(&mut step, tokens);
+        self.prefill = Some(step);
+        r
+    }
+
+    /// The step laid out in the reserved arena `plan` (taken from `self.reserved`, and put
+    /// back there when the step cannot be built or does not fit).
+    fn reserved_step(
+        &mut self,
+        mut plan: Plan,
+        t: usize,
+        n_kv: usize,
+        out: Outputs,
+    ) -> Result<Step> {
+        let mut s = match self.build_graph(t, n_kv, out) {
+            Ok(s) => s,
+            Err(e) => {
+                self.reserved = Some(plan);
+                return Err(e);
+            }
+        };
+        // On failure `replan` keeps the plan as it was: it stays the reserve.
+        if let Err(e) = plan.replan(std::mem::take(&mut s.graph)) {
+            self.reserved = Some(plan);
+            return Err(e);
+        }
+        Ok(Step::new(&s, plan, n_kv, out))
+    }
+
+    /// The step for a shape: `old` as it is when it has that shape; else laid out in `old`'s
+    /// arena when it fits, or planned anew (that arena then serves the steps after it).
+    fn reuse_step(&self, old: Option<Step>, t: usize, n_kv: usize, out: Outputs) -> Result<Step> {
+        match old {
+            Some(s) if (s.n_tokens, s.n_kv, s.out) == (t, n_kv, out) => Ok(s),
             old => {
-                let mut s = self.build_graph(t, n_kv, last_only)?;
+                let mut s = self.build_graph(t, n_kv, out)?;
                 let g = std::mem::take(&mut s.graph);
                 let plan = match old {
                     Some(mut o) => match o.plan.replan(g) {
                         Ok(()) => o.plan,
                         Err(_) => {
                             drop(o);
-                            s = self.build_graph(t, n_kv, last_only)?;
+                            s = self.build_graph(t, n_kv, out)?;
                             Plan::reserve(std::mem::take(&mut s.graph), &self.backend)?
                         }
                     },
                     None => Plan::reserve(g, &self.backend)?,
                 };
-                Step::new(&s, plan, n_kv, last_only)
+                Ok(Step::new(&s, plan, n_kv, out))
+            }
+        }
+    }
+
+    /// Runs the tokens of `batch` in one step, each after the tokens cached for its sequence
+    /// (so a sequence's positions continue where it stopped; a new one starts at 0), and
+    /// returns the logits (\[n_vocab\] each) of the tokens flagged in the batch, in batch order;
+    /// none when no token is flagged.
+    ///
+    /// The new tokens take the lowest free cache cells. A token attends to the cells of its own
+    /// sequence at its position or before (within the window on sliding-window blocks), so
+    /// sequences do not see each other; the rope uses positions, the cache writes use cells.
+    /// Only the flagged tokens go through the output norm and projection. The planned step of
+    /// the last batch is reused for a batch of the same shape, its arena for another shape
+    /// (the reserved arena after [`Llama::reserve`]).
+    ///
+    /// `Err`, with the cache as it was, for an empty batch, a token outside the vocabulary, a
+    /// sequence whose positions would pass `n_ctx`, or more new tokens than free cells.
+    ///
+    /// ```
+    /// use quantgraph::models::llama::{Batch, Llama, LlamaConfig, WeightTypes, synthetic_gguf};
+    /// use quantgraph::{CpuBackend, GgufFile};
+    ///
+    /// let cfg = LlamaConfig {
+    ///     n_embd: 32, n_layer: 1, n_head: 2, n_head_kv: 1, n_ff: 64, n_vocab: 20, n_ctx: 16,
+    ///     rope_base: 10000.0, eps: 1e-5,
+    /// };
+    /// let file = GgufFile::from_bytes(&synthetic_gguf(&cfg, WeightTypes::default(), 1)?)?;
+    /// let mut model = Llama::from_gguf(&file, None, &CpuBackend::with_threads(1)?)?;
+    /// let mut b = Batch::new();
+    /// b.add_seq(0, &[1, 2, 3], true).add_seq(1, &[4, 5], true);
+    /// let logits = model.forward_batch(&b)?; // the last token of each prompt
+    /// assert_eq!(logits.len(), 2 * 20);
+    /// assert_eq!((model.seq_len(0), model.seq_len(1)), (3, 2));
+    /// model.seq_rm(0);
+    /// assert_eq!(model.seq_len(0), 0);
+    /// # Ok::<(), quantgraph::Error>(())
+    /// ```
+    pub fn forward_batch(&mut self, batch: &Batch) -> Result<Vec<f32>> {
+        let (t, ctx) = (batch.len(), self.cfg.n_ctx);
+        if t == 0 {
+            return Err(Error::arg("llama: forward_batch: empty batch"));
+        }
+        self.check_vocab(&batch.tokens)?;
+        // Each sequence's next position, and each token's.
+        let mut next: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut pos = Vec::with_capacity(t);
+        for &s in &batch.seqs {
+            let p = next.entry(s).or_insert_with(|| self.seq_len(s));
+            pos.push(*p);
+            *p += 1;
+        }
+        for (&s, &end) in &next {
+            if end > ctx {
+                let cached = self.seq_len(s);
+                return Err(Error::arg(format!(
+                    "llama: sequence {s}: {cached} cached + {} new tokens exceed the context of \
+                     {ctx}",
+                    end - cached
+                )));
+            }
+        }
+        let free = ctx - self.seq_lens.values().sum::<usize>();
+        if t > free {
+            return Err(Error::arg(format!(
+                "llama: the batch needs {t} free cache cells, {free} of {ctx} are free"
+            )));
+        }
+        let cells: Vec<usize> = (0..ctx).filter(|&j| self.cells[j].is_none()).take(t).collect();
+        let mut rows: Vec<i32> = (0..t).filter(|&i| batch.logits[i]).map(|i| i as i32).collect();
+        let n_out = rows.len();
+        if n_out == 0 {
+            // The graph needs an output: the last token's logits, not returned.
+            rows.push(t as i32 - 1);
+        }
+        let end = cells.iter().map(|&c| c + 1).fold(self.cells_end, usize::max);
+        let n_kv = self.kv_len(end);
+        for i in 0..t {
+            self.cells[cells[i]] = Some(Cell { seq: batch.seqs[i], pos: pos[i] as u32 });
+        }
+        match self.run_batch(batch, &pos, &cells, &rows, n_kv) {
+            Err(e) => {
+                for &c in &cells {
+                    self.cells[c] = None;
+                }
+                Err(e)
+            }
+            Ok(logits) => {
+                self.seq_lens.extend(next);
+                self.cells_end = end;
+                self.contiguous &= (0..t).all(|i| batch.seqs[i] == 0 && cells[i] == pos[i]);
+                Ok(if n_out == 0 { Vec::new() } else { logits })
+            }
+        }
+    }
+
+    /// Plans (or reuses) and computes a batched step; the cells metadata already holds the
+    /// batch's tokens.
+    fn run_batch(
+        &mut self,
+        batch: &Batch,
+        pos: &[usize],
+        cells: &[usize],
+        rows: &[i32],
+        n_kv: usize,
+    ) -> Result<Vec<f32>> {
+        let t = batch.len();
+        let out = Outputs::Rows(rows.len());
+        let reserved = self.reserved.is_some();
+        let mut step = match self.reserved.take() {
+            Some(plan) => self.reserved_step(plan, t, n_kv, out)?,
+            None => {
+                let old = self.batch.take();
+                self.reuse_step(old, t, n_kv, out)?
             }
         };
-        let r = self.run(&mut step, tokens);
-        self.prefill = Some(step);
+        let r = self.fill_and_compute(&mut step, batch, pos, cells, rows);
+        if reserved {
+            self.reserved = Some(step.plan);
+        } else {
+            self.batch = Some(step);
+        }
         r
+    }
+
+    fn fill_and_compute(
+        &self,
+        step: &mut Step,
+        batch: &Batch,
+        pos: &[usize],
+        cells: &[usize],
+        rows: &[i32],
+    ) -> Result<Vec<f32>> {
+        let (t, n_kv) = (batch.len(), step.n_kv);
+        let (Some(cells_in), Some(out_ids)) = (step.cells, step.out_ids) else {
+            return Err(Error::arg("llama: a batched step without its cells and output inputs"));
+        };
+        let ids: Vec<i32> = batch.tokens.iter().map(|&tk| tk as i32).collect();
+        let pos32: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let cells32: Vec<i32> = cells.iter().map(|&c| c as i32).collect();
+        // Token i may attend to cell j when it holds its sequence at its position or before
+        // (and, for the sliding-window mask, fewer than `swa_window` positions back).
+        let tp = t.next_multiple_of(4);
+        let window = step.mask_swa.map(|_| self.arch.swa_window);
+        let mut mask = vec![f32::NEG_INFINITY; n_kv * tp];
+        let mut mask_swa = vec![f32::NEG_INFINITY; if window.is_some() { n_kv * tp } else { 0 }];
+        for i in 0..t {
+            let (s, p) = (batch.seqs[i], pos[i]);
+            for (j, c) in self.cells[..n_kv].iter().enumerate() {
+                let Some(c) = c else { continue };
+                let cp = c.pos as usize;
+                if c.seq != s || cp > p {
+                    continue;
+                }
+                mask[i * n_kv + j] = 0.0;
+                if window.is_some_and(|w| p - cp < w) {
+                    mask_swa[i * n_kv + j] = 0.0;
+                }
+            }
+        }
+        step.plan.set_input(step.tokens, &ids)?;
+        step.plan.set_input(step.pos, &pos32)?;
+        step.plan.set_input(cells_in, &cells32)?;
+        step.plan.set_input(out_ids, rows)?;
+        step.plan.set_input(step.mask, &mask)?;
+        if let Some(ms) = step.mask_swa {
+            step.plan.set_input(ms, &mask_swa)?;
+        }
+        step.plan.compute()?;
+        Ok(step.plan.output::<f32>(step.logits)?.to_vec())
     }
 
     /// Greedy generation: feeds `prompt`, then `n` tokens each picked by argmax.
