@@ -3,45 +3,11 @@
 //! alone on a fresh model; freed cells are reused; sliding-window blocks; thread counts; every
 //! error leaves the model as it was.
 
-use quantgraph::models::WeightRef;
-use quantgraph::models::llama::{
-    ArchParams, Batch, Llama, LlamaConfig, WeightTypes, argmax, synthetic_gguf,
-};
+mod common;
+
+use common::llama::{file_weights as weights, tiny_config as cfg};
+use quantgraph::models::llama::{ArchParams, Batch, Llama, WeightTypes, argmax};
 use quantgraph::{CpuBackend, DType, GgufFile};
-use std::collections::HashMap;
-
-fn cfg(n_ctx: usize) -> LlamaConfig {
-    LlamaConfig {
-        n_embd: 64,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 96,
-        n_vocab: 50,
-        n_ctx,
-        rope_base: 10000.0,
-        eps: 1e-5,
-    }
-}
-
-fn file(c: &LlamaConfig, types: WeightTypes, seed: u64) -> GgufFile {
-    GgufFile::from_bytes(&synthetic_gguf(c, types, seed).unwrap()).unwrap()
-}
-
-fn weights(f: &GgufFile) -> HashMap<String, WeightRef> {
-    f.tensors()
-        .iter()
-        .map(|t| {
-            let w = WeightRef {
-                dtype: t.dtype(),
-                ne: t.ne(),
-                buffer: f.buffer().clone(),
-                offset: t.offset(),
-            };
-            (t.name().to_string(), w)
-        })
-        .collect()
-}
 
 /// Token `i` of sequence `s`.
 fn tok(s: usize, i: usize) -> u32 {
@@ -151,7 +117,7 @@ fn each_alone(
 fn decode_together_equals_each_alone_bit_for_bit() {
     let c = cfg(64);
     let be = CpuBackend::with_threads(2).unwrap();
-    let f = file(&c, WeightTypes::default(), 7);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 7);
     let seqs = [(0, 9), (1, 3), (2, 14)];
     let want = each_alone(&f, &be, &seqs, 6);
     let mut m = Llama::from_gguf(&f, None, &be).unwrap();
@@ -169,7 +135,7 @@ fn prompts_together_agree_with_each_alone() {
     let be = CpuBackend::with_threads(2).unwrap();
     let seqs = [(0, 9), (1, 3), (2, 14)];
     for types in [WeightTypes::default(), WeightTypes::all(DType::F32)] {
-        let f = file(&c, types, 7);
+        let f = common::llama::synthetic_file(&c, types, 7);
         let want = each_alone(&f, &be, &seqs, 5);
         let mut m = Llama::from_gguf(&f, None, &be).unwrap();
         check(&together(&mut m, &seqs, 5, false), &want, 1e-2, &format!("{types:?}"));
@@ -182,7 +148,7 @@ fn prompts_together_agree_with_each_alone() {
 #[test]
 fn freed_cells_serve_a_new_sequence() {
     let c = cfg(40);
-    let f = file(&c, WeightTypes::default(), 9);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 9);
     let be = CpuBackend::with_threads(2).unwrap();
     let mut m = Llama::from_gguf(&f, None, &be).unwrap();
     // Sequence 0 in cells 0..6, sequence 1 in 6..16; then 0 is removed and sequence 2's prompt
@@ -229,7 +195,7 @@ fn freed_cells_serve_a_new_sequence() {
 #[test]
 fn sliding_window_blocks_together_equal_each_alone() {
     let c = cfg(64);
-    let f = file(&c, WeightTypes::default(), 5);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 5);
     let be = CpuBackend::with_threads(2).unwrap();
     let w = weights(&f);
     let mut arch = ArchParams::default();
@@ -246,7 +212,7 @@ fn sliding_window_blocks_together_equal_each_alone() {
 #[test]
 fn one_and_two_threads_agree() {
     let c = cfg(64);
-    let f = file(&c, WeightTypes::default(), 11);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 11);
     let seqs = [(0, 5), (1, 11), (2, 2)];
     let run = |n| {
         let be = CpuBackend::with_threads(n).unwrap();
@@ -258,7 +224,7 @@ fn one_and_two_threads_agree() {
 #[test]
 fn reserved_arena_serves_batches() {
     let c = cfg(64);
-    let f = file(&c, WeightTypes::default(), 13);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 13);
     let be = CpuBackend::with_threads(2).unwrap();
     let seqs = [(0, 9), (1, 3), (2, 6)];
     let mut plain = Llama::from_gguf(&f, None, &be).unwrap();
@@ -276,7 +242,7 @@ fn reserved_arena_serves_batches() {
 #[test]
 fn errors_leave_the_model_as_it_was() {
     let c = cfg(16);
-    let f = file(&c, WeightTypes::default(), 17);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 17);
     let be = CpuBackend::with_threads(2).unwrap();
     let mut m = Llama::from_gguf(&f, None, &be).unwrap();
     together(&mut m, &[(0, 8), (1, 6)], 0, false);

@@ -3,27 +3,12 @@
 //! boundaries; prompts that reuse the previous prompt's plan (as it is, or its arena for
 //! another shape) give the logits of a freshly planned model.
 
+mod common;
+
+use common::llama::tiny_config as cfg;
 use quantgraph::models::WeightRef;
-use quantgraph::models::llama::{DEFAULT_KV_STEP, Llama, LlamaConfig, WeightTypes, synthetic_gguf};
-use quantgraph::{CpuBackend, GgufFile, Plan};
-
-fn cfg(n_ctx: usize) -> LlamaConfig {
-    LlamaConfig {
-        n_embd: 64,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 96,
-        n_vocab: 50,
-        n_ctx,
-        rope_base: 10000.0,
-        eps: 1e-5,
-    }
-}
-
-fn file(c: &LlamaConfig, seed: u64) -> GgufFile {
-    GgufFile::from_bytes(&synthetic_gguf(c, WeightTypes::default(), seed).unwrap()).unwrap()
-}
+use quantgraph::models::llama::{DEFAULT_KV_STEP, Llama, WeightTypes};
+use quantgraph::{CpuBackend, Plan};
 
 fn tok(i: usize) -> u32 {
     ((i * 7 + 3) % 50) as u32
@@ -32,7 +17,7 @@ fn tok(i: usize) -> u32 {
 #[test]
 fn decode_over_cells_in_use_equals_whole_cache() {
     let c = cfg(600);
-    let f = file(&c, 3);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 3);
     let be = CpuBackend::with_threads(2).unwrap();
     let mut whole = Llama::from_gguf(&f, Some(c.n_ctx), &be).unwrap();
     whole.set_kv_step(c.n_ctx).unwrap();
@@ -70,7 +55,7 @@ fn a_short_prompt_over_few_heads_agrees_to_q_rounding() {
     // 600 cells and the many-rows one over 16. The chunked path rounds Q to F16 as ggml does,
     // the other keeps it in f32: the logits agree to that rounding.
     let c = cfg(600);
-    let f = file(&c, 3);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 3);
     let be = CpuBackend::with_threads(2).unwrap();
     let mut whole = Llama::from_gguf(&f, Some(c.n_ctx), &be).unwrap();
     whole.set_kv_step(c.n_ctx).unwrap();
@@ -88,7 +73,7 @@ fn sliding_window_blocks_over_cells_in_use_equal_whole_cache() {
     use quantgraph::models::llama::ArchParams;
     // The llama weights with gemma3's sliding window on the first block.
     let c = cfg(300);
-    let f = file(&c, 5);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 5);
     let be = CpuBackend::with_threads(1).unwrap();
     let weights: std::collections::HashMap<_, _> = f
         .tensors()
@@ -121,7 +106,7 @@ fn sliding_window_blocks_over_cells_in_use_equal_whole_cache() {
 #[test]
 fn prompts_reusing_a_plan_equal_a_fresh_plan() {
     let c = cfg(96);
-    let f = file(&c, 11);
+    let f = common::llama::synthetic_file(&c, WeightTypes::default(), 11);
     let be = CpuBackend::with_threads(2).unwrap();
     let mut reused = Llama::from_gguf(&f, Some(c.n_ctx), &be).unwrap();
     reused.set_kv_step(16).unwrap();

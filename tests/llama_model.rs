@@ -3,26 +3,17 @@
 
 mod common;
 
+/// The runner tests' small model with a cache of 32 cells.
+fn cfg() -> LlamaConfig {
+    common::llama::tiny_config(32)
+}
+
 use common::nmse;
 use quantgraph::models::WeightRef;
 use quantgraph::models::llama::{Llama, LlamaConfig};
 use quantgraph::testdata::rand_f32;
 use quantgraph::{Buffer, CpuBackend, DType};
 use std::collections::HashMap;
-
-fn cfg() -> LlamaConfig {
-    LlamaConfig {
-        n_embd: 64,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 96,
-        n_vocab: 50,
-        n_ctx: 32,
-        rope_base: 10000.0,
-        eps: 1e-5,
-    }
-}
 
 /// Weight values as the model sees them (after rounding to their type), by name.
 type Values = HashMap<String, (Vec<f32>, [usize; 4])>;

@@ -2,6 +2,8 @@
 //! and decode steps in that one arena, computing exactly what separately planned steps compute,
 //! and no compute allocates (counted by a global allocator).
 
+mod common;
+
 use quantgraph::models::llama::{Llama, LlamaConfig, WeightTypes, synthetic_gguf};
 use quantgraph::{CpuBackend, Error, GgufFile, Plan};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -63,17 +65,7 @@ fn max_prompt() -> usize {
 }
 
 fn cfg() -> LlamaConfig {
-    LlamaConfig {
-        n_embd: 64,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 96,
-        n_vocab: 50,
-        n_ctx: max_prompt() + 8,
-        rope_base: 10000.0,
-        eps: 1e-5,
-    }
+    common::llama::tiny_config(max_prompt() + 8)
 }
 
 fn model(file: &GgufFile, be: &CpuBackend) -> Llama {

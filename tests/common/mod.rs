@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod lists;
+pub mod llama;
 
 #[allow(unused_imports)] // not every test binary uses every list
 pub use lists::*;
