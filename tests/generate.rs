@@ -143,3 +143,39 @@ fn synthetic_llama_generates_greedy_and_seeded_samples() {
     s.min_p = 0.0;
     assert_eq!(gen_with(s.clone()).tokens, gen_with(s).tokens);
 }
+
+#[test]
+fn generation_stops_when_other_sequences_fill_the_shared_cache() {
+    use quantgraph::models::llama::Batch;
+    let tok = smollm();
+    let cfg = LlamaConfig {
+        n_embd: 32,
+        n_layer: 1,
+        n_head: 2,
+        n_head_kv: 1,
+        n_ff: 64,
+        n_vocab: tok.n_tokens(),
+        n_ctx: 24,
+        rope_base: 10000.0,
+        eps: 1e-5,
+    };
+    let file = GgufFile::from_vec(synthetic_gguf(&cfg, WeightTypes::all(DType::Q8_0), 3).unwrap())
+        .unwrap();
+    let backend = CpuBackend::with_threads(1).unwrap();
+    let mut model = Llama::from_gguf(&file, None, &backend).unwrap();
+    // Sequence 1 holds 16 of the 24 cells.
+    let mut b = Batch::new();
+    b.add_seq(1, &(0..16).map(|i| i + 100).collect::<Vec<u32>>(), true);
+    model.forward_batch(&b).unwrap();
+    assert_eq!(model.n_free_cells(), 8);
+    let prompt = tok.encode("Hello world", true, true);
+    let mut p = GenerateParams::default();
+    p.max_tokens = 100;
+    p.stop_at_eog = false;
+    p.sampler = SamplerParams::greedy();
+    let g = generate(&mut model, &tok, &prompt, &p, &mut |_| {}).unwrap();
+    assert_eq!(g.stop, StopReason::ContextFull);
+    // Every free cell was used: the prompt and all generated tokens but the last.
+    assert_eq!(prompt.len() + g.tokens.len() - 1, 8);
+    assert_eq!((model.seq_len(0), model.seq_len(1), model.n_free_cells()), (8, 16, 0));
+}

@@ -14,6 +14,11 @@ pub trait CausalLm {
     fn n_ctx(&self) -> usize;
     /// Tokens already in the cache.
     fn n_past(&self) -> usize;
+    /// Cells still free for new tokens of this sequence: `n_ctx - n_past` unless the cache also
+    /// holds other sequences.
+    fn n_free(&self) -> usize {
+        self.n_ctx().saturating_sub(self.n_past())
+    }
     /// Forgets the cache.
     fn reset(&mut self);
     /// Runs `tokens` after what is cached and returns the logits of the last one.
@@ -31,6 +36,13 @@ impl CausalLm for super::llama::Llama {
 
     fn n_past(&self) -> usize {
         super::llama::Llama::n_past(self)
+    }
+
+    fn n_free(&self) -> usize {
+        // Sequence 0 is the one generated; it stops at its own context or when the cells shared
+        // with other sequences run out.
+        let n_ctx = self.config().n_ctx;
+        n_ctx.saturating_sub(self.n_past()).min(self.n_free_cells())
     }
 
     fn reset(&mut self) {
@@ -165,7 +177,7 @@ pub fn generate(
         if tokens.len() == params.max_tokens {
             break StopReason::MaxTokens;
         }
-        if model.n_past() >= model.n_ctx() {
+        if model.n_free() == 0 {
             break StopReason::ContextFull;
         }
         logits = model.eval_last(&[id])?;

@@ -521,6 +521,11 @@ impl Llama {
         self.seq_lens.get(&seq).copied().unwrap_or(0)
     }
 
+    /// Cache cells holding no token of any sequence.
+    pub fn n_free_cells(&self) -> usize {
+        self.cfg.n_ctx - self.seq_lens.values().sum::<usize>()
+    }
+
     /// Forgets the KV cache, every sequence.
     pub fn reset(&mut self) {
         self.cells[..self.cells_end].fill(None);
@@ -959,7 +964,7 @@ impl Llama {
                 )));
             }
         }
-        let free = ctx - self.seq_lens.values().sum::<usize>();
+        let free = self.n_free_cells();
         if t > free {
             return Err(Error::arg(format!(
                 "llama: the batch needs {t} free cache cells, {free} of {ctx} are free"
