@@ -10,7 +10,8 @@
 //! Greedy unless `--temp` is given. `--chat` wraps the prompt in the ChatML chat format (with the
 //! default system prompt of the file's chat template, or `--system`) and stops at the end of the
 //! assistant's turn. `--top1` prints the prompt's ids and the argmax of the logits at every
-//! prompt position instead of generating.
+//! prompt position instead of generating; `--ids` prints the prompt's ids and the generated ids
+//! after the text; `--ignore-eos` generates past end-of-generation tokens.
 //!
 //! Several `-p` serve the prompts together (`Llama::forward_batch`): one batch of every prompt,
 //! then one batch per step holding the next token of each sequence still going, each sequence
@@ -123,7 +124,8 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
     let mut prompts = Vec::new();
     let mut system = None;
     let (mut n_gen, mut threads, mut n_ctx) = (64usize, 2usize, None);
-    let (mut chat, mut repack, mut top1) = (false, false, false);
+    let (mut chat, mut repack, mut top1, mut show_ids) = (false, false, false, false);
+    let mut ignore_eos = false;
     let (mut temp, mut top_k, mut top_p, mut min_p, mut repeat, mut seed) =
         (None, None, None, None, None, None);
     let mut stop = Vec::new();
@@ -143,6 +145,8 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
             "--system" => system = Some(val()?),
             "--repack" => repack = true,
             "--top1" => top1 = true,
+            "--ids" => show_ids = true,
+            "--ignore-eos" => ignore_eos = true,
             "--temp" => temp = Some(num(val()?)? as f32),
             "--top-k" => top_k = Some(num(val()?)? as usize),
             "--top-p" => top_p = Some(num(val()?)? as f32),
@@ -214,6 +218,7 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
     params.max_tokens = n_gen;
     params.sampler = sp;
     params.stop = stop;
+    params.stop_at_eog = !ignore_eos;
     if !chat {
         print!("{prompt}");
     }
@@ -223,6 +228,10 @@ fn run_text(args: &[String]) -> quantgraph::Result<()> {
         let _ = out.flush();
     })?;
     println!();
+    if show_ids {
+        println!("{ids:?}");
+        println!("{:?}", g.tokens);
+    }
     let n = g.tokens.len();
     eprintln!(
         "prompt {} tokens, {:.1} tokens/s; generated {n} tokens, {:.1} tokens/s; stop: {:?}; threads={}",

@@ -77,7 +77,8 @@ pub fn model(
 }
 
 /// Prefill of `n_prompt` tokens (last-token logits, as llama-bench's pp), then `n_gen` greedy
-/// decode steps (median step, as llama-bench's tg), for a llama-architecture GGUF, both after
+/// decode steps (median step, as llama-bench's tg), for a GGUF of any architecture the runner
+/// takes (llama, qwen2, qwen3, gemma3), both after
 /// `opts.depth` cached tokens.
 #[allow(clippy::too_many_arguments)]
 fn run_model(
@@ -93,9 +94,9 @@ fn run_model(
     use quantgraph::models::llama::{Llama, argmax};
     let be = CpuBackend::with_threads(threads)?;
     let mut m = if repack {
-        Llama::from_gguf_repacked(file, n_ctx, &be)?.0
+        quantgraph::models::load_repacked(file, n_ctx, &be)?.0
     } else {
-        Llama::from_gguf(file, n_ctx, &be)?
+        quantgraph::models::load(file, n_ctx, &be)?
     };
     if let Some(k) = opts.kv_step {
         m.set_kv_step(k)?;
