@@ -32,7 +32,7 @@
 //! A row shorter than a whole number of super-blocks ends in a padded one: codes, scales and
 //! sums 0, which adds exactly 0.
 
-use crate::dtype::QK_K;
+use crate::dtype::{DType, QK_K};
 
 /// Weight rows per micro-kernel band.
 pub(crate) const IG_MR: usize = 8;
@@ -111,6 +111,26 @@ pub(crate) struct IgemmKernels {
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
+    /// The tier's whole-step unpacker of a block type, where it has one (the same codes,
+    /// scales and mins as the type's `quant::unpack` function per block).
+    pub unpack: fn(DType) -> Option<UnpackStepFn>,
+}
+
+/// Unpacks a row's step of `nblk` (at most 8) weight blocks of 32 elements in ggml's layout
+/// (`src`) into codes `32 b..32 b + 32`, `scales[b]` and (types with mins) `mins[b]` of block
+/// `b`, leaving the rest as it was.
+pub(crate) type UnpackStepFn = fn(
+    src: &[u8],
+    nblk: usize,
+    codes: &mut [u8; QK_K],
+    scales: &mut [f32; 16],
+    mins: &mut [f32; 16],
+);
+
+/// For tiers without step unpackers.
+#[cfg(test)]
+pub(crate) fn no_unpack(_: DType) -> Option<UnpackStepFn> {
+    None
 }
 
 impl IgemmKernels {
@@ -171,6 +191,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     blk32_min: igemm_blocks_generic::<32, true>,
     pairs: None,
     max_code: 255,
+    unpack: no_unpack,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,

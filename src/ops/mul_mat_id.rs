@@ -718,6 +718,7 @@ fn int_chunk(
     let repacked = l.repack.then_some(a.dtype);
     int::block(
         fmt,
+        a.dtype,
         &kernels,
         bsize,
         repacked,

@@ -18,7 +18,7 @@
 use super::NodeCtx;
 use super::gemm::int::{self, BLOCK_SCRATCH, MC, NC, Q8K_BYTES, k_steps, pack_column};
 use super::gemm::{Grid, Task};
-use crate::dtype::DType;
+use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
 use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels};
@@ -130,7 +130,9 @@ unsafe fn scratch<'a>(ctx: &NodeCtx<'_>, ith: usize) -> &'a mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(ctx.work.add(off), sb) }
 }
 
-/// Phase 0: quantize and regroup b's columns, one (batch, panel) unit at a time.
+/// Phase 0: quantize and regroup b's columns, one (batch, panel, run of K steps) unit at a
+/// time. A short prompt has a single panel, so K is cut too, to give every worker a share;
+/// activation blocks do not depend on each other, so the bytes are the same however it is cut.
 pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
     let fmt = format_of(a.dtype)?;
@@ -140,42 +142,55 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         .ok_or_else(|| unsupported(format!("no f32 -> {} conversion", fmt.act)))?;
     let (k, n) = (b.ne[0], b.ne[1]);
     let nkb = k_steps(k);
-    let q8_bytes = fmt.act.row_bytes(k);
     let np = panels(n);
-    let units = batches(b) * np;
+    let pu = batches(b) * np;
+    // K runs per panel: enough units for two per worker, whole steps each.
+    let runs = (2 * ctx.nth).div_ceil(pu).clamp(1, nkb);
     // SAFETY: this worker's own scratch area (one call per phase).
     let sc = unsafe { scratch(ctx, ith) };
     let (colf, rest) = sc.split_at_mut(align_up(k * 4, 64));
     let colf: &mut [f32] = bytemuck::try_cast_slice_mut(&mut colf[..k * 4]).map_err(layout)?;
-    let q8 = &mut rest[..q8_bytes];
+    let q8 = &mut rest[..fmt.act.row_bytes(k)];
     // SAFETY: see act_blocks; units are split between workers, so this worker alone writes the
     // blocks of its units.
     let blocks = unsafe { act_blocks(ctx) };
-    let (u0, u1) = super::split(units, ith, ctx.nth);
+    let (u0, u1) = super::split(pu * runs, ith, ctx.nth);
     for u in u0..u1 {
-        let (batch, p) = (u / np, u % np);
+        let (unit, run) = (u / runs, u % runs);
+        let (batch, p) = (unit / np, unit % np);
         let (i2, i3) = (batch % b.ne[2], batch / b.ne[2]);
-        // SAFETY: unit u's nkb blocks lie inside the packed area, and only this worker has them.
-        let ab = unsafe { std::slice::from_raw_parts_mut(blocks.add(u * nkb), nkb) };
-        for blk in ab.iter_mut() {
-            if (p + 1) * IG_NR > n {
-                *blk = bytemuck::Zeroable::zeroed();
-            }
+        let (s0, s1) = super::split(nkb, run, runs);
+        let (k0, k1) = (s0 * QK_K, (s1 * QK_K).min(k));
+        if k0 >= k1 {
+            continue;
+        }
+        // Whole activation blocks: k0 is a multiple of 256, k1 one of the block size or k.
+        let (q0, q1) = (fmt.act.row_bytes(k0), fmt.act.row_bytes(k1));
+        // SAFETY: unit u's blocks s0..s1 lie inside the packed area, and only this worker
+        // has them.
+        let ab = unsafe { std::slice::from_raw_parts_mut(blocks.add(unit * nkb + s0), s1 - s0) };
+        if (p + 1) * IG_NR > n {
+            ab.fill(bytemuck::Zeroable::zeroed());
         }
         for c in 0..IG_NR.min(n - p * IG_NR) {
             let j = p * IG_NR + c;
             if b.dtype == fmt.act {
                 // SAFETY: j < b.ne[1], (i2, i3) below b's dims; b's rows are contiguous blocks
-                // of the activation type, q8_bytes long (applies).
-                let row = unsafe { std::slice::from_raw_parts(b.row(j, i2, i3), q8_bytes) };
-                pack_column(&fmt, row, ab, c);
+                // of the activation type, row_bytes(k) >= q1 long (applies).
+                let row = unsafe { std::slice::from_raw_parts(b.row(j, i2, i3), q1) };
+                pack_column(&fmt, &row[q0..], ab, c);
                 continue;
             }
+            let colf = &mut colf[..k1 - k0];
             for (i, v) in colf.iter_mut().enumerate() {
-                // SAFETY: j < b.ne[1], (i2, i3) below b's dims, i < ne[0]: inside b (extent
-                // validated at plan time); read unaligned since views may sit at any offset.
-                *v = unsafe { (b.row(j, i2, i3).add(i * b.nb[0]) as *const f32).read_unaligned() };
+                // SAFETY: j < b.ne[1], (i2, i3) below b's dims, k0 + i < ne[0]: inside b
+                // (extent validated at plan time); read unaligned since views may sit at any
+                // offset.
+                *v = unsafe {
+                    (b.row(j, i2, i3).add((k0 + i) * b.nb[0]) as *const f32).read_unaligned()
+                };
             }
+            let q8 = &mut q8[..q1 - q0];
             from(colf, q8);
             pack_column(&fmt, q8, ab, c);
         }
@@ -217,6 +232,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let j0 = cols.start;
         int::block(
             &fmt,
+            a.dtype,
             &kernels,
             bsize,
             repacked,

@@ -66,6 +66,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
         vnni_x2::<32, true>,
     ]),
     max_code: 255,
+    unpack: super::avx2_unpack::unpack_for,
 };
 
 fn vnni<const SUB: usize, const MIN: bool>(

@@ -128,6 +128,7 @@ mod avx2_quants;
 mod avx2_recurrent;
 mod avx2_repack;
 mod avx2_sgemm;
+mod avx2_unpack;
 pub(crate) mod avx512;
 mod avx512_gemm;
 mod avx512_igemm;

@@ -9,8 +9,8 @@ use super::Family;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::kernels::igemm::{
-    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, WBand, pack_q8_blocks_column,
-    pack_q8k_column,
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, UnpackStepFn, WBand,
+    pack_q8_blocks_column, pack_q8k_column,
 };
 use crate::kernels::prefetch::prefetch_l1;
 use crate::quant::unpack::{IntFormat, Unpack};
@@ -87,6 +87,7 @@ const REPACK_STEP_MAX: usize = 256;
 /// row `rr` of `band`; a partial step's rest is zero padding.
 fn unpack_step(
     fmt: &IntFormat,
+    fast: Option<UnpackStepFn>,
     src: &[u8],
     bsize: usize,
     nblk: usize,
@@ -107,15 +108,23 @@ fn unpack_step(
         }
         Unpack::Blocks { elems, f } => {
             let ns = elems / fmt.sub;
-            let scales = &mut band.fscales[rr * 16..rr * 16 + 16];
-            let mins = &mut band.fmins[rr * 16..rr * 16 + 16];
-            for (b, blk) in src.chunks_exact(bsize).take(nblk).enumerate() {
-                f(
-                    blk,
-                    &mut codes[b * elems..(b + 1) * elems],
-                    &mut scales[b * ns..(b + 1) * ns],
-                    &mut mins[b * ns..(b + 1) * ns],
-                );
+            let scales: &mut [f32; 16] =
+                (&mut band.fscales[rr * 16..rr * 16 + 16]).try_into().expect("16 scales");
+            let mins: &mut [f32; 16] =
+                (&mut band.fmins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
+            match fast {
+                // 32-element blocks, one scale each (the types the tiers have these for).
+                Some(unpack) if elems == 32 && ns == 1 => unpack(src, nblk, codes, scales, mins),
+                _ => {
+                    for (b, blk) in src.chunks_exact(bsize).take(nblk).enumerate() {
+                        f(
+                            blk,
+                            &mut codes[b * elems..(b + 1) * elems],
+                            &mut scales[b * ns..(b + 1) * ns],
+                            &mut mins[b * ns..(b + 1) * ns],
+                        );
+                    }
+                }
             }
             codes[nblk * elems..].fill(0);
             scales[nblk * ns..].fill(0.0);
@@ -139,6 +148,8 @@ fn layout(e: bytemuck::PodCastError) -> Error {
 /// before unpacking, so the results are bitwise those of the plain layout.
 pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     fmt: &'a IntFormat,
+    /// The tier's step unpacker of the weight type, if it has one.
+    fast: Option<UnpackStepFn>,
     kernel: IgemmFn,
     pair: Option<IgemmPairFn>,
     bsize: usize,
@@ -157,6 +168,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         fmt: &'a IntFormat,
+        dtype: DType,
         kernels: &IgemmKernels,
         bsize: usize,
         repacked: Option<DType>,
@@ -191,7 +203,9 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         }
         let kernel = kernels.get(fmt.sub, fmt.has_min, fmt.float_scales());
         let pair = kernels.get_pair(fmt.sub, fmt.has_min, fmt.float_scales());
-        let blk = IntBlock { fmt, kernel, pair, bsize, repacked, k, rows, a_row, ab, ncols, bands };
+        let fast = (kernels.unpack)(dtype);
+        let blk =
+            IntBlock { fmt, fast, kernel, pair, bsize, repacked, k, rows, a_row, ab, ncols, bands };
         Ok((blk, tiles))
     }
 
@@ -280,7 +294,7 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                     let next = (self.a_row)(r0 + rr).wrapping_add((kb + 1) * per * bsize);
                     prefetch_l1(next, next_bytes);
                 }
-                unpack_step(fmt, src, bsize, nblk, band, rr);
+                unpack_step(fmt, self.fast, src, bsize, nblk, band, rr);
             }
         }
         Ok(())
@@ -322,6 +336,7 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block<R: Fn(usize) -> *const u8>(
     fmt: &IntFormat,
+    dtype: DType,
     kernels: &IgemmKernels,
     bsize: usize,
     repacked: Option<DType>,
@@ -334,6 +349,6 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     store: impl FnMut(usize, usize, f32),
 ) -> Result<()> {
     let (mut fam, tiles) =
-        IntBlock::new(fmt, kernels, bsize, repacked, k, rows, a_row, ab, ncols, scratch)?;
+        IntBlock::new(fmt, dtype, kernels, bsize, repacked, k, rows, a_row, ab, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
 }
