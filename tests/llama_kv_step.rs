@@ -71,8 +71,9 @@ fn a_short_prompt_over_few_heads_agrees_to_q_rounding() {
 #[test]
 fn sliding_window_blocks_over_cells_in_use_equal_whole_cache() {
     use quantgraph::models::llama::ArchParams;
-    // The llama weights with gemma3's sliding window on the first block.
-    let c = cfg(300);
+    // The llama weights with gemma3's sliding window on the first block. Past 256 + window
+    // + step positions the window's blocks attend over cells from 256 on only.
+    let c = cfg(600);
     let f = common::llama::synthetic_file(&c, WeightTypes::default(), 5);
     let be = CpuBackend::with_threads(1).unwrap();
     let weights: std::collections::HashMap<_, _> = f
@@ -92,15 +93,18 @@ fn sliding_window_blocks_over_cells_in_use_equal_whole_cache() {
     arch.swa_window = 20;
     arch.swa_layers = vec![true, false];
     let mk = || Llama::new_arch(c, arch.clone(), &weights, &be).unwrap();
-    let (mut whole, mut fine) = (mk(), mk());
+    let (mut whole, mut fine, mut default) = (mk(), mk(), mk());
     whole.set_kv_step(c.n_ctx).unwrap();
     fine.set_kv_step(32).unwrap();
     let mut n = 0;
-    for t in [30, 1, 1, 1, 40, 1, 1] {
+    for t in [30, 1, 1, 1, 40, 1, 1, 200, 1, 1, 60, 1, 1, 150, 1, 1, 1] {
         let ids: Vec<u32> = (n..n + t).map(tok).collect();
-        assert!(whole.forward(&ids).unwrap() == fine.forward(&ids).unwrap(), "{t} at {n}");
+        let want = whole.forward(&ids).unwrap();
+        assert!(want == fine.forward(&ids).unwrap(), "{t} at {n}, step 32");
+        assert!(want == default.forward(&ids).unwrap(), "{t} at {n}, default step");
         n += t;
     }
+    assert_eq!(n, 492);
 }
 
 #[test]

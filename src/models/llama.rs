@@ -184,6 +184,8 @@ pub struct LlamaStep {
     cells: Option<TensorId>,
     /// Batched steps only: I32 indices of the tokens whose logits are computed.
     out_ids: Option<TensorId>,
+    /// First cell of the sliding-window blocks' view (0 in the public graphs).
+    swa_start: usize,
 }
 
 /// Which tokens of a step get logits.
@@ -293,6 +295,8 @@ struct Step {
     mask: TensorId,
     /// The sliding-window mask, when some block uses one.
     mask_swa: Option<TensorId>,
+    /// First cache cell the sliding-window blocks attend over (their mask's first column).
+    swa_start: usize,
     logits: TensorId,
     /// Batched steps: the cells input.
     cells: Option<TensorId>,
@@ -305,8 +309,21 @@ impl Step {
     fn new(s: &LlamaStep, plan: Plan, n_kv: usize, out: Outputs) -> Step {
         let n_tokens = s.n_tokens;
         let (tokens, pos, mask, mask_swa, logits) = (s.tokens, s.pos, s.mask, s.mask_swa, s.logits);
-        let (cells, out_ids) = (s.cells, s.out_ids);
-        Step { n_tokens, n_kv, out, plan, tokens, pos, mask, mask_swa, logits, cells, out_ids }
+        let (cells, out_ids, swa_start) = (s.cells, s.out_ids, s.swa_start);
+        Step {
+            n_tokens,
+            n_kv,
+            out,
+            plan,
+            tokens,
+            pos,
+            mask,
+            mask_swa,
+            swa_start,
+            logits,
+            cells,
+            out_ids,
+        }
     }
 }
 
@@ -511,6 +528,26 @@ impl Llama {
         used.div_ceil(self.kv_step).saturating_mul(self.kv_step).min(self.cfg.n_ctx).max(used)
     }
 
+    /// The first cache cell the sliding-window blocks of a step of `t` tokens over `n_kv` cells
+    /// attend over (sequence 0 alone, in cells 0..n_past at their positions), rounded down to
+    /// a multiple of [`DEFAULT_KV_STEP`]: no token of the step sees a cell before it, as
+    /// llama.cpp's sliding-window cache keeps only the window. `n_kv` is `kv_len(n_past + t)`,
+    /// less than `kv_step` above `n_past + t`, so `n_past >= n_kv + 1 - kv_step - t` and the first
+    /// token, at `n_past`, sees positions from `n_past + 1 - window` on. A function of the shape
+    /// only, so a planned step is reused as before.
+    fn swa_start(&self, t: usize, n_kv: usize, out: Outputs) -> usize {
+        let w = self.arch.swa_window;
+        if w == 0
+            || matches!(out, Outputs::Rows(_))
+            || !(0..self.cfg.n_layer).any(|i| self.is_swa(i))
+        {
+            return 0;
+        }
+        let lowest_past = (n_kv + 1).saturating_sub(self.kv_step + t);
+        let start = (lowest_past + 1).saturating_sub(w);
+        start / DEFAULT_KV_STEP * DEFAULT_KV_STEP
+    }
+
     /// Tokens in the KV cache of sequence 0, the one `forward` runs.
     pub fn n_past(&self) -> usize {
         self.seq_len(0)
@@ -584,7 +621,7 @@ impl Llama {
         let ctx = self.cfg.n_ctx;
         let single = || self.step_graph(max_tokens, false).map(|s| s.graph);
         let batched =
-            || self.build_graph(max_tokens, ctx, Outputs::Rows(max_tokens)).map(|s| s.graph);
+            || self.build_graph(max_tokens, ctx, 0, Outputs::Rows(max_tokens)).map(|s| s.graph);
         // Batches ([`Llama::forward_batch`]) of as many tokens have a few more inputs: the
         // arena is planned for the batched graph and checked against the other, or the other
         // way round should that not fit.
@@ -605,7 +642,7 @@ impl Llama {
     /// this is for callers who plan and compute steps themselves.
     /// The graph attends over the whole cache; see [`Llama::step_graph_kv`] for fewer cells.
     pub fn step_graph(&self, n_tokens: usize, last_only: bool) -> Result<LlamaStep> {
-        self.build_graph(n_tokens, self.cfg.n_ctx, Outputs::of(last_only))
+        self.build_graph(n_tokens, self.cfg.n_ctx, 0, Outputs::of(last_only))
     }
 
     /// Like [`Llama::step_graph`], attending over the first `n_kv` cells of the cache only
@@ -617,24 +654,35 @@ impl Llama {
         n_kv: usize,
         last_only: bool,
     ) -> Result<LlamaStep> {
-        self.build_graph(n_tokens, n_kv, Outputs::of(last_only))
+        self.build_graph(n_tokens, n_kv, 0, Outputs::of(last_only))
     }
 
     /// The planned step for `t` new tokens attending over the first `n_kv` cells of the cache
     /// (masked past `n_past + t`), with the logits `out` asks for.
     fn build(&self, t: usize, n_kv: usize, out: Outputs) -> Result<Step> {
-        let mut s = self.build_graph(t, n_kv, out)?;
+        let mut s = self.build_graph(t, n_kv, self.swa_start(t, n_kv, out), out)?;
         let plan = Plan::new(std::mem::take(&mut s.graph), &self.backend)?;
         Ok(Step::new(&s, plan, n_kv, out))
     }
 
-    fn build_graph(&self, t: usize, n_kv: usize, out: Outputs) -> Result<LlamaStep> {
+    /// The graph of a step over cells `0..n_kv`, the sliding-window blocks over
+    /// `swa_start..n_kv` only (every cell before it masked for every token of the step).
+    fn build_graph(
+        &self,
+        t: usize,
+        n_kv: usize,
+        swa_start: usize,
+        out: Outputs,
+    ) -> Result<LlamaStep> {
         let c = &self.cfg;
         let (hd, nh, nkv, ctx) = (self.hd(), c.n_head, c.n_head_kv, c.n_ctx);
-        if n_kv == 0 || n_kv > ctx {
+        if n_kv == 0 || n_kv > ctx || swa_start >= n_kv {
             return Err(Error::param(
                 "llama",
-                format!("attending over {n_kv} cells of a cache of {ctx}"),
+                format!(
+                    "attending over {n_kv} cells of a cache of {ctx} (sliding window from cell \
+                     {swa_start})"
+                ),
             ));
         }
         let mut g = Graph::with_capacity(32 * c.n_layer + 16);
@@ -650,7 +698,7 @@ impl Llama {
         let mask = g.cast(mask32, DType::F16)?;
         let any_swa = (0..c.n_layer).any(|i| self.is_swa(i));
         let (mask_swa32, mask_swa) = if any_swa {
-            let m32 = g.input(DType::F32, &[n_kv, t.next_multiple_of(4)])?;
+            let m32 = g.input(DType::F32, &[n_kv - swa_start, t.next_multiple_of(4)])?;
             (Some(m32), Some(g.cast(m32, DType::F16)?))
         } else {
             (None, None)
@@ -691,9 +739,12 @@ impl Llama {
             g.set_rows(kc, k2, rows)?;
             g.set_rows(vc, v, rows)?;
             // Attend over the first n_kv cells: [hd, nkv, n_kv] viewed as [hd, n_kv, nkv].
+            // Sliding-window blocks: cells swa_start..n_kv.
             let row = DType::F16.row_size(hd)?;
-            let kview = g.view_3d(kc, [hd, nkv, n_kv], [row, row * nkv], 0)?;
-            let vview = g.view_3d(vc, [hd, nkv, n_kv], [row, row * nkv], 0)?;
+            let first = if swa { swa_start } else { 0 };
+            let (len, off) = (n_kv - first, first * row * nkv);
+            let kview = g.view_3d(kc, [hd, nkv, len], [row, row * nkv], off)?;
+            let vview = g.view_3d(vc, [hd, nkv, len], [row, row * nkv], off)?;
             let kview = g.permute(kview, [0, 2, 1, 3])?;
             let vview = g.permute(vview, [0, 2, 1, 3])?;
             let qp = g.permute(q, [0, 2, 1, 3])?;
@@ -737,6 +788,7 @@ impl Llama {
             pos,
             mask: mask32,
             mask_swa: mask_swa32,
+            swa_start,
             logits,
             n_tokens: t,
             cells,
@@ -769,13 +821,23 @@ impl Llama {
         step.plan.set_input(step.pos, &pos)?;
         step.plan.set_input(step.mask, &mask)?;
         if let Some(ms) = step.mask_swa {
-            // The causal mask, and nothing `swa_window` or more positions back.
-            let w = self.arch.swa_window;
+            // The causal mask, and nothing `swa_window` or more positions back, over cells
+            // swa_start..n_kv (every cell before it is that far back for every token).
+            let (w, s0) = (self.arch.swa_window, step.swa_start);
+            if s0 > 0 && s0 > (n_past + 1).saturating_sub(w) {
+                return Err(Error::arg(format!(
+                    "llama: a step whose sliding window starts at cell {s0} cannot run after \
+                     {n_past} cached tokens"
+                )));
+            }
+            let n = n_kv - s0;
+            let mut m = vec![f32::NEG_INFINITY; n * tp];
             for i in 0..t {
                 let p = n_past + i;
-                mask[i * n_kv..i * n_kv + (p + 1).saturating_sub(w)].fill(f32::NEG_INFINITY);
+                let lo = (p + 1).saturating_sub(w).max(s0);
+                m[i * n + lo - s0..i * n + p + 1 - s0].fill(0.0);
             }
-            step.plan.set_input(ms, &mask)?;
+            step.plan.set_input(ms, &m)?;
         }
         step.plan.compute()?;
         // Sequence 0's tokens at positions n_past.., each in the cell of its position.
@@ -867,7 +929,7 @@ impl Llama {
         n_kv: usize,
         out: Outputs,
     ) -> Result<Step> {
-        let mut s = match self.build_graph(t, n_kv, out) {
+        let mut s = match self.build_graph(t, n_kv, self.swa_start(t, n_kv, out), out) {
             Ok(s) => s,
             Err(e) => {
                 self.reserved = Some(plan);
@@ -888,14 +950,15 @@ impl Llama {
         match old {
             Some(s) if (s.n_tokens, s.n_kv, s.out) == (t, n_kv, out) => Ok(s),
             old => {
-                let mut s = self.build_graph(t, n_kv, out)?;
+                let swa_start = self.swa_start(t, n_kv, out);
+                let mut s = self.build_graph(t, n_kv, swa_start, out)?;
                 let g = std::mem::take(&mut s.graph);
                 let plan = match old {
                     Some(mut o) => match o.plan.replan(g) {
                         Ok(()) => o.plan,
                         Err(_) => {
                             drop(o);
-                            s = self.build_graph(t, n_kv, out)?;
+                            s = self.build_graph(t, n_kv, swa_start, out)?;
                             Plan::reserve(std::mem::take(&mut s.graph), &self.backend)?
                         }
                     },
