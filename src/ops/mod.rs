@@ -112,6 +112,38 @@ impl NodeCtx<'_> {
     }
 }
 
+/// The order in which workers claim a node's tasks through its counter. `runs` = 1 is task order;
+/// with `runs` = the worker count (decode: one weight stream per core), the tasks are laid out as
+/// that many contiguous runs and claim `q` takes task `q / runs` of run `q % runs`, so workers
+/// that keep pace each walk a run of their own front to back, and one that falls behind leaves
+/// the rest of its run to the others, claim by claim. Every task is handed out exactly once.
+pub(crate) struct Claims {
+    total: usize,
+    runs: usize,
+    per_run: usize,
+}
+
+impl Claims {
+    pub(crate) fn new(total: usize, runs: usize) -> Claims {
+        let runs = runs.max(1);
+        Claims { total, runs, per_run: total.div_ceil(runs) }
+    }
+
+    /// The next task for this worker, `None` when all are taken.
+    pub(crate) fn next(&self, counter: &AtomicUsize) -> Option<usize> {
+        loop {
+            let q = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if q >= self.per_run * self.runs {
+                return None;
+            }
+            let t = (q % self.runs) * self.per_run + q / self.runs;
+            if t < self.total {
+                return Some(t);
+            }
+        }
+    }
+}
+
 /// Rows `[start, end)` of `n` for worker `ith` of `nth` (ggml's contiguous split).
 pub(crate) fn split(n: usize, ith: usize, nth: usize) -> (usize, usize) {
     let per = n.div_ceil(nth);
@@ -723,4 +755,28 @@ registry! {
         phases: ONE_PHASE, work: NO_WORK, supports: ANY_TIER,
         run: |ctx, phase, ith| window::add_rel_pos(ctx, ith)
     },
+}
+
+#[cfg(test)]
+mod claims_tests {
+    use super::Claims;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn every_task_is_claimed_once_and_runs_alternate() {
+        for (total, runs) in [(0, 2), (1, 2), (7, 2), (8, 3), (10, 1), (5, 8)] {
+            let (c, counter) = (Claims::new(total, runs), AtomicUsize::new(0));
+            let mut seen = Vec::new();
+            while let Some(t) = c.next(&counter) {
+                seen.push(t);
+            }
+            let mut sorted = seen.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..total).collect::<Vec<_>>(), "{total} tasks, {runs} runs");
+            if (total, runs) == (7, 2) {
+                // Two workers in step: one takes 0, 1, 2, 3 and the other 4, 5, 6.
+                assert_eq!(seen, [0, 4, 1, 5, 2, 6, 3]);
+            }
+        }
+    }
 }

@@ -12,7 +12,6 @@ use crate::graph::{Graph, Tensor};
 use crate::kernels::KernelTable;
 use crate::kernels::{GEMM_MR, GEMM_NR};
 use crate::ops::node::{ExecNode, TView};
-use std::sync::atomic::Ordering;
 
 const TILE: usize = 16;
 
@@ -191,25 +190,13 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     // concurrent row streams read memory slower (q8_0 49152 x 1 x 576 on 2 threads: 2.9 ms with
     // 4-row tiles, 1.7 ms row by row). The results are the same bits either way.
     let gemm = if n > 1 { table.gemm(a.dtype) } else { None };
-    // Decode: the tasks are laid out as `nth` contiguous runs, and claim `q` takes task q / nth
-    // of run q % nth. Workers that keep pace each walk a run of their own front to back, one
-    // memory stream per core; a worker that falls behind leaves the rest of its run to the
-    // others, claim by claim. Each output is still one dot product, so the bits do not change.
+    // Decode: one contiguous run of tasks per worker (`Claims`), one memory stream per core.
+    // Each output is still one dot product, so the bits do not change.
     // q8_0 262144 x 1 x 640 (Gemma 3's output), 2 threads, alternating: 7.3-10.7 ms with claims
     // in task order (both workers' streams interleaved), 5.5-6.5 ms so; decode of SmolLM2 Q8_0
     // 113 -> 134 tokens/s, Q4_K_M 111 -> 142, Gemma 3 270M 67 -> 74 (medians of 3).
-    let runs = if n == 1 { ctx.nth.max(1) } else { 1 };
-    let per_run = total.div_ceil(runs);
-    let claims = per_run * runs;
-    loop {
-        let claim = ctx.counter.fetch_add(1, Ordering::Relaxed);
-        if claim >= claims {
-            break;
-        }
-        let c = (claim % runs) * per_run + claim / runs;
-        if c >= total {
-            continue;
-        }
+    let claims = super::Claims::new(total, if n == 1 { ctx.nth } else { 1 });
+    while let Some(c) = claims.next(ctx.counter) {
         let batch = c / per_batch;
         let t = c % per_batch;
         let (i2, i3) = (batch % d.ne[2], batch / d.ne[2]);

@@ -16,7 +16,6 @@ use crate::kernels::KernelTable;
 use crate::kernels::repack::{RepackGemmFn, act_block_bytes, group_block_bytes, q8_0_to_y0};
 use crate::ops::node::{ExecNode, align_up};
 use crate::quant::repack::REPACK_ROWS;
-use std::sync::atomic::Ordering;
 
 /// 8-row groups per task.
 pub(crate) const TASK_GROUPS: usize = 4;
@@ -207,11 +206,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, _ith: usize) -> Result<()> {
     let per_batch = tiles_m * tiles_n;
     let total = per_batch * d.ne[2] * d.ne[3];
     let mut acc: TaskAcc = [[0f32; 8]; TASK_GROUPS * TASK_COLS];
-    loop {
-        let c = ctx.counter.fetch_add(1, Ordering::Relaxed);
-        if c >= total {
-            break;
-        }
+    // Decode: one contiguous run of weight groups per worker (see `Claims`).
+    let claims = super::Claims::new(total, if n == 1 { ctx.nth } else { 1 });
+    while let Some(c) = claims.next(ctx.counter) {
         let batch = c / per_batch;
         let t = c % per_batch;
         let (i2, i3) = (batch % d.ne[2], batch / d.ne[2]);
