@@ -9,6 +9,13 @@ use quantgraph::tokenizer::Tokenizer;
 use quantgraph::{CpuBackend, DType, GgufFile};
 use std::path::Path;
 
+mod common;
+
+/// The shared tiny llama with SmolLM2's vocabulary, so its ids decode to text.
+fn config(tok: &Tokenizer, n_ctx: usize) -> LlamaConfig {
+    LlamaConfig { n_vocab: tok.n_tokens(), ..common::llama::tiny_config(n_ctx) }
+}
+
 fn smollm() -> Tokenizer {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tokenizer/smollm-vocab.gguf");
     Tokenizer::from_gguf(&GgufFile::open(p).unwrap()).unwrap()
@@ -107,17 +114,7 @@ fn max_tokens_limits_generation() {
 #[test]
 fn synthetic_llama_generates_greedy_and_seeded_samples() {
     let tok = smollm();
-    let cfg = LlamaConfig {
-        n_embd: 64,
-        n_layer: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        n_ff: 128,
-        n_vocab: tok.n_tokens(),
-        n_ctx: 64,
-        rope_base: 10000.0,
-        eps: 1e-5,
-    };
+    let cfg = config(&tok, 64);
     let file = GgufFile::from_vec(synthetic_gguf(&cfg, WeightTypes::all(DType::Q8_0), 5).unwrap())
         .unwrap();
     let backend = CpuBackend::with_threads(2).unwrap();
@@ -148,17 +145,7 @@ fn synthetic_llama_generates_greedy_and_seeded_samples() {
 fn generation_stops_when_other_sequences_fill_the_shared_cache() {
     use quantgraph::models::llama::Batch;
     let tok = smollm();
-    let cfg = LlamaConfig {
-        n_embd: 32,
-        n_layer: 1,
-        n_head: 2,
-        n_head_kv: 1,
-        n_ff: 64,
-        n_vocab: tok.n_tokens(),
-        n_ctx: 24,
-        rope_base: 10000.0,
-        eps: 1e-5,
-    };
+    let cfg = config(&tok, 24);
     let file = GgufFile::from_vec(synthetic_gguf(&cfg, WeightTypes::all(DType::Q8_0), 3).unwrap())
         .unwrap();
     let backend = CpuBackend::with_threads(1).unwrap();

@@ -677,12 +677,14 @@ impl Llama {
         let c = &self.cfg;
         let (hd, nh, nkv, ctx) = (self.hd(), c.n_head, c.n_head_kv, c.n_ctx);
         if n_kv == 0 || n_kv > ctx || swa_start >= n_kv {
+            let window = if swa_start > 0 {
+                format!(", sliding-window blocks from cell {swa_start}")
+            } else {
+                String::new()
+            };
             return Err(Error::param(
                 "llama",
-                format!(
-                    "attending over {n_kv} cells of a cache of {ctx} (sliding window from cell \
-                     {swa_start})"
-                ),
+                format!("attending over {n_kv} cells of a cache of {ctx}{window}"),
             ));
         }
         let mut g = Graph::with_capacity(32 * c.n_layer + 16);
