@@ -105,9 +105,9 @@ pub(crate) struct IgemmKernels {
     pub blk16: IgemmFn,
     pub blk32: IgemmFn,
     pub blk32_min: IgemmFn,
-    /// Two-panel forms of `sub16`, `sub16_min`, `sub32`, `sub32_min` (in that order), where the
-    /// tier has them.
-    pub pairs: Option<[IgemmPairFn; 4]>,
+    /// Two-panel forms of the seven kernels (`sub16`, `sub16_min`, `sub32`, `sub32_min`,
+    /// `blk16`, `blk32`, `blk32_min`), where the tier has them.
+    pub pairs: Option<[IgemmPairFn; 7]>,
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
@@ -148,8 +148,7 @@ impl IgemmKernels {
         }
     }
 
-    /// The two-panel form of [`IgemmKernels::get`]'s kernel, where the tier has one (integer
-    /// sub-block scales only).
+    /// The two-panel form of [`IgemmKernels::get`]'s kernel, where the tier has one.
     pub(crate) fn get_pair(
         &self,
         sub: usize,
@@ -157,16 +156,19 @@ impl IgemmKernels {
         float_scales: bool,
     ) -> Option<IgemmPairFn> {
         let p = self.pairs?;
-        match (float_scales, sub, has_min) {
-            (true, _, _) => None,
-            (false, 16, false) => Some(p[0]),
-            (false, 16, true) => Some(p[1]),
-            (false, _, false) => Some(p[2]),
-            (false, _, true) => Some(p[3]),
-        }
+        Some(match (float_scales, sub, has_min) {
+            (false, 16, false) => p[0],
+            (false, 16, true) => p[1],
+            (false, _, false) => p[2],
+            (false, _, true) => p[3],
+            (true, 16, _) => p[4],
+            (true, _, false) => p[5],
+            (true, _, true) => p[6],
+        })
     }
 
-    /// Every (sub, has_min, float_scales) combination `get` distinguishes.
+    /// Every (sub, has_min, float_scales) combination `get` distinguishes, in the order of
+    /// `pairs`.
     #[cfg(test)]
     pub(crate) const KINDS: [(usize, bool, bool); 7] = [
         (16, false, false),
@@ -412,6 +414,10 @@ mod tests {
                         if let Some(pair) = k.get_pair(sub, min, fl) {
                             let mut a2 = a;
                             a2.d.reverse();
+                            a2.ds.reverse();
+                            a2.ms.reverse();
+                            a2.bsums.reverse();
+                            a2.codes.reverse();
                             let mut want2 = [[0.25f32; IG_NR]; IG_MR];
                             (SCALAR.get(sub, min, fl))(&w, &a2, &mut want2, len);
                             let (mut g1, mut g2) =

@@ -64,6 +64,9 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
         vnni_x2::<16, true>,
         vnni_x2::<32, false>,
         vnni_x2::<32, true>,
+        vnni_blocks_x2::<16, false>,
+        vnni_blocks_x2::<32, false>,
+        vnni_blocks_x2::<32, true>,
     ]),
     max_code: 255,
     unpack: super::avx2_unpack::unpack_for,
@@ -186,10 +189,14 @@ fn vnni_blocks_kernel<const SUB: usize, const MIN: bool>(
     }
 }
 
+/// Rows of the band [`vnni_x2`] takes per pass: 4 rows x 2 panels of raw sums and of
+/// integer block sums stay in registers (8 rows would need 32 and spill).
+const X2_ROWS: usize = 4;
+
 /// See `igemm::IgemmPairFn`: one sub-block at a time, each of the band's 4-code broadcasts
-/// feeds both panels' `vpdpbusd` (16 independent chains), so a group of 4 K values needs 10
-/// loads for 16 products instead of 18. The integer sums and the float steps are those of
-/// [`vnni`], per panel.
+/// feeds both panels' `vpdpbusd`, so a group of 4 K values needs 6 loads for 8 products instead
+/// of 10; the band's rows are taken [`X2_ROWS`] at a time. The integer sums and the float
+/// steps are those of [`vnni`], per panel and row.
 fn vnni_x2<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: [&ABlock; 2],
@@ -209,13 +216,105 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool>(
 ) {
     debug_assert_eq!(len, QK_K);
     let nsub = QK_K / SUB;
-    let mut s1 = [[_mm512_setzero_si512(); IG_MR]; 2];
     let wc = w.codes.as_ptr();
     let (ac0, ac1) = (a[0].codes.as_ptr(), a[1].codes.as_ptr());
+    let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
+    for r0 in (0..IG_MR).step_by(X2_ROWS) {
+        let mut s1 = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+        for j in 0..nsub {
+            let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+            for g in j * SUB / 4..(j + 1) * SUB / 4 {
+                // SAFETY: g < 64: the 64 bytes at g * 64 are inside both panels' codes.
+                let (av0, av1) = unsafe {
+                    (
+                        _mm512_load_si512(ac0.add(g * 64) as *const __m512i),
+                        _mm512_load_si512(ac1.add(g * 64) as *const __m512i),
+                    )
+                };
+                for r in 0..X2_ROWS {
+                    // SAFETY: r0 + r < 8, 4 * g + 4 <= 256: inside row r0 + r's codes.
+                    let w0 =
+                        unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
+                    let wv = _mm512_set1_epi32(w0);
+                    raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], wv, av0);
+                    raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], wv, av1);
+                }
+            }
+            for p in 0..2 {
+                // SAFETY: j < 16: inside `bsums`.
+                let bs = unsafe {
+                    _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i)
+                };
+                for r in 0..X2_ROWS {
+                    let sc = _mm512_set1_epi32(w.scales[(r0 + r) * 16 + j]);
+                    let corr = if MIN { raw[p][r] } else { _mm512_sub_epi32(raw[p][r], bs) };
+                    s1[p][r] = _mm512_add_epi32(s1[p][r], _mm512_mullo_epi32(corr, sc));
+                }
+            }
+        }
+        for p in 0..2 {
+            let mut s2 = [_mm512_setzero_si512(); X2_ROWS];
+            if MIN {
+                for j in 0..nsub {
+                    // SAFETY: as above.
+                    let bs = unsafe {
+                        _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i)
+                    };
+                    for r in 0..X2_ROWS {
+                        let mn = _mm512_set1_epi32(w.mins[(r0 + r) * 16 + j]);
+                        s2[r] = _mm512_add_epi32(s2[r], _mm512_mullo_epi32(bs, mn));
+                    }
+                }
+            }
+            // SAFETY: `a.d` holds 16 floats.
+            let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
+            for r in 0..X2_ROWS {
+                let ri = r0 + r;
+                let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[ri]));
+                if MIN {
+                    f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps(s2[r]), f);
+                }
+                // SAFETY: out[p] points at acc[p]'s 8 rows of 16 floats; ri < 8.
+                let row = unsafe { out[p].add(ri * IG_NR) };
+                // SAFETY: as above.
+                unsafe {
+                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
+                };
+            }
+        }
+    }
+}
+
+/// See `igemm::IgemmPairFn`: the block types' [`vnni_blocks`] for two panels. One sub-block at
+/// a time, each 4-code broadcast of the band feeds both panels' `vpdpbusd` (16 chains); the f32
+/// tiles stay in memory (L1) and take every sub-block's scaled sums in sub-block order, the
+/// same float steps as the one-panel kernel.
+fn vnni_blocks_x2<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: [&ABlock; 2],
+    acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
+    len: usize,
+) {
+    // SAFETY: as `vnni`.
+    unsafe { vnni_blocks_x2_kernel::<SUB, MIN>(w, a, acc, len) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+fn vnni_blocks_x2_kernel<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: [&ABlock; 2],
+    acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
+    len: usize,
+) {
+    let nsub = used_subs(len, SUB);
+    let wc = w.codes.as_ptr();
+    let (ac0, ac1) = (a[0].codes.as_ptr(), a[1].codes.as_ptr());
+    let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
     for j in 0..nsub {
         let mut raw = [[_mm512_setzero_si512(); IG_MR]; 2];
         for g in j * SUB / 4..(j + 1) * SUB / 4 {
-            // SAFETY: g < 64: the 64 bytes at g * 64 are inside both panels' codes.
+            // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside both panels'
+            // codes (4096 bytes, 64-byte aligned).
             let (av0, av1) = unsafe {
                 (
                     _mm512_load_si512(ac0.add(g * 64) as *const __m512i),
@@ -231,42 +330,29 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool>(
             }
         }
         for p in 0..2 {
-            // SAFETY: j < 16: inside `bsums`.
-            let bs =
-                unsafe { _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i) };
-            for r in 0..IG_MR {
-                let sc = _mm512_set1_epi32(w.scales[r * 16 + j]);
-                let corr = if MIN { raw[p][r] } else { _mm512_sub_epi32(raw[p][r], bs) };
-                s1[p][r] = _mm512_add_epi32(s1[p][r], _mm512_mullo_epi32(corr, sc));
-            }
-        }
-    }
-    for p in 0..2 {
-        let mut s2 = [_mm512_setzero_si512(); IG_MR];
-        if MIN {
-            for j in 0..nsub {
-                // SAFETY: as above.
-                let bs = unsafe {
-                    _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i)
-                };
-                for r in 0..IG_MR {
-                    let mn = _mm512_set1_epi32(w.mins[r * 16 + j]);
-                    s2[r] = _mm512_add_epi32(s2[r], _mm512_mullo_epi32(bs, mn));
-                }
-            }
-        }
-        // SAFETY: `a.d` holds 16 floats.
-        let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
-        for r in 0..IG_MR {
-            let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[r]));
-            if MIN {
-                f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[r]), _mm512_cvtepi32_ps(s2[r]), f);
-            }
-            let row = acc[p][r].as_mut_ptr();
-            // SAFETY: `row` holds 16 floats.
-            unsafe {
-                _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
+            // SAFETY: j < 16: the 16 entries at j * 16 are inside `bsums`, `ds` and `ms` (256
+            // entries each).
+            let (bs, ds, ms) = unsafe {
+                (
+                    _mm512_loadu_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i),
+                    _mm512_loadu_ps(a[p].ds.as_ptr().add(j * IG_NR)),
+                    _mm512_loadu_ps(a[p].ms.as_ptr().add(j * IG_NR)),
+                )
             };
+            for r in 0..IG_MR {
+                let corr = if MIN { raw[p][r] } else { _mm512_sub_epi32(raw[p][r], bs) };
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(corr), ds);
+                // SAFETY: out[p] points at 8 rows of 16 floats (acc[p]); r < 8.
+                let o = unsafe { out[p].add(r * IG_NR) };
+                // SAFETY: as above.
+                let mut v = unsafe { _mm512_loadu_ps(o) };
+                v = _mm512_fmadd_ps(f, _mm512_set1_ps(w.fscales[r * 16 + j]), v);
+                if MIN {
+                    v = _mm512_fmadd_ps(ms, _mm512_set1_ps(w.fmins[r * 16 + j]), v);
+                }
+                // SAFETY: as above.
+                unsafe { _mm512_storeu_ps(o, v) };
+            }
         }
     }
 }
