@@ -67,6 +67,10 @@ pub(crate) struct ABlock {
     /// Per sub-block `j` and column `c` at `bsums[j * 16 + c]`: the sum of the sub-block's levels
     /// (types with mins), or that sum times the code bias (the others).
     pub bsums: [i32; 16 * IG_NR],
+    /// Types with mins: the level sums of sub-blocks `2 i` (low 16 bits) and `2 i + 1` (high 16
+    /// bits) of column `c` at `bsum_pairs[i * 16 + c]`, as `vpdpwssd` takes them (a sum of 32
+    /// levels is at most 4096 in magnitude); 0 for the other types.
+    pub bsum_pairs: [i32; 8 * IG_NR],
     /// Q8_K scale of each column (0 for padding columns).
     pub d: [f32; IG_NR],
     /// Q8_0 / Q8_1 scale of sub-block `j`, column `c` at `ds[j * 16 + c]` (block types).
@@ -75,7 +79,7 @@ pub(crate) struct ABlock {
     /// `ms[j * 16 + c]` (block types with mins).
     pub ms: [f32; 16 * IG_NR],
 }
-const _: () = assert!(size_of::<ABlock>() == 7232);
+const _: () = assert!(size_of::<ABlock>() == 7744);
 
 /// One band x one panel x one super-block into `acc[r][c]` (see the module notes), of which the
 /// first `len` K values (a multiple of 32, at most 256) are not padding: the block-type kernels
@@ -278,6 +282,13 @@ pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
     }
 }
 
+/// `lo` in the low and `hi` in the high 16 bits (both within the i16 range).
+#[inline(always)]
+pub(crate) fn pair_i16(lo: i32, hi: i32) -> i32 {
+    debug_assert!(i16::try_from(lo).is_ok() && i16::try_from(hi).is_ok());
+    (lo & 0xFFFF) | (hi << 16)
+}
+
 /// Regroups one Q8_K block of column `c` into panel block `a` (levels, sums per `sub` times
 /// `bias` where the weight type has one, scale).
 pub(crate) fn pack_q8k_column(
@@ -296,6 +307,13 @@ pub(crate) fn pack_q8k_column(
     for j in 0..QK_K / sub {
         let s: i32 = bsums16[j * per..(j + 1) * per].iter().map(|&v| v as i32).sum();
         a.bsums[j * IG_NR + c] = if bias != 0 { s * bias } else { s };
+    }
+    for i in 0..QK_K / sub / 2 {
+        a.bsum_pairs[i * IG_NR + c] = if bias != 0 {
+            0
+        } else {
+            pair_i16(a.bsums[2 * i * IG_NR + c], a.bsums[(2 * i + 1) * IG_NR + c])
+        };
     }
     a.d[c] = d;
 }
@@ -383,6 +401,13 @@ mod tests {
             for b in a.bsums.iter_mut() {
                 *b = (r.next_u64() % 8192) as i32 - 4096;
             }
+            // As the packer writes them (the kernels with mins read the pairs).
+            for i in 0..8 {
+                for c in 0..IG_NR {
+                    a.bsum_pairs[i * IG_NR + c] =
+                        pair_i16(a.bsums[2 * i * IG_NR + c], a.bsums[(2 * i + 1) * IG_NR + c]);
+                }
+            }
             for d in a.d.iter_mut() {
                 *d = (r.next_u64() % 1000) as f32 * 1e-3;
             }
@@ -417,6 +442,14 @@ mod tests {
                             a2.ds.reverse();
                             a2.ms.reverse();
                             a2.bsums.reverse();
+                            for i in 0..8 {
+                                for c in 0..IG_NR {
+                                    a2.bsum_pairs[i * IG_NR + c] = pair_i16(
+                                        a2.bsums[2 * i * IG_NR + c],
+                                        a2.bsums[(2 * i + 1) * IG_NR + c],
+                                    );
+                                }
+                            }
                             a2.codes.reverse();
                             let mut want2 = [[0.25f32; IG_NR]; IG_MR];
                             (SCALAR.get(sub, min, fl))(&w, &a2, &mut want2, len);

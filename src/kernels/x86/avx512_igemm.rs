@@ -50,6 +50,30 @@ macro_rules! pair_sums {
     }};
 }
 
+/// The mins' sums of sub-blocks `2 i` and `2 i + 1` added to `s2` for rows `r0..r0 + R`: one
+/// `vpdpwssd` per row on the panel's level-sum pairs and the row's two mins (both fit 16 bits:
+/// mins are at most 6 bits, sums of 32 levels at most 4096), the same integers as two
+/// `vpmulld` and two adds.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+#[inline]
+fn mins_pair<const R: usize>(
+    w: &WBand,
+    a: &ABlock,
+    i: usize,
+    r0: usize,
+    mut s2: [__m512i; R],
+) -> [__m512i; R] {
+    // SAFETY: i < 8: the 16 entries at i * 16 are inside `a.bsum_pairs` (128 entries, 64-byte
+    // aligned rows of 16).
+    let bs = unsafe { _mm512_load_si512(a.bsum_pairs.as_ptr().add(i * IG_NR) as *const __m512i) };
+    for (r, s) in s2.iter_mut().enumerate() {
+        let m = &w.mins[(r0 + r) * 16 + 2 * i..];
+        let mn = _mm512_set1_epi32(crate::kernels::igemm::pair_i16(m[0], m[1]));
+        *s = _mm512_dpwssd_epi32(*s, bs, mn);
+    }
+    s2
+}
+
 /// The AVX-512 VNNI kernels.
 pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     sub16: vnni::<16, false>,
@@ -114,14 +138,8 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
     // The mins' sums do not depend on the products: a second pass keeps the first one's
     // register set to the raw and block sums.
     if MIN {
-        for j in 0..nsub {
-            // SAFETY: as above.
-            let bs =
-                unsafe { _mm512_load_si512(a.bsums.as_ptr().add(j * IG_NR) as *const __m512i) };
-            for r in 0..IG_MR {
-                let mn = _mm512_set1_epi32(w.mins[r * 16 + j]);
-                s2[r] = _mm512_add_epi32(s2[r], _mm512_mullo_epi32(bs, mn));
-            }
+        for i in 0..nsub / 2 {
+            s2 = mins_pair(w, a, i, 0, s2);
         }
     }
     // SAFETY: `a.d` holds 16 floats.
@@ -255,15 +273,8 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool>(
         for p in 0..2 {
             let mut s2 = [_mm512_setzero_si512(); X2_ROWS];
             if MIN {
-                for j in 0..nsub {
-                    // SAFETY: as above.
-                    let bs = unsafe {
-                        _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i)
-                    };
-                    for r in 0..X2_ROWS {
-                        let mn = _mm512_set1_epi32(w.mins[(r0 + r) * 16 + j]);
-                        s2[r] = _mm512_add_epi32(s2[r], _mm512_mullo_epi32(bs, mn));
-                    }
+                for i in 0..nsub / 2 {
+                    s2 = mins_pair(w, a[p], i, r0, s2);
                 }
             }
             // SAFETY: `a.d` holds 16 floats.

@@ -70,6 +70,9 @@ pub(crate) fn zero_column(blocks: &mut [ABlock], c: usize) {
         for g in 0..QK_K / 4 {
             blk.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].fill(0);
         }
+        for i in 0..8 {
+            blk.bsum_pairs[i * IG_NR + c] = 0;
+        }
         for j in 0..16 {
             blk.bsums[j * IG_NR + c] = 0;
             blk.ds[j * IG_NR + c] = 0.0;
