@@ -55,10 +55,13 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_gemm(DType::F16, gemm_f16);
     t.set_gemm(DType::BF16, gemm_bf16);
     // Decode variants (same arithmetic, a software prefetch of the weight row ahead; see
-    // `STREAM_PF`): paired in-process runs of 4096 and 16384 x 14336 decode measured 6-18% less
-    // time for F16 and BF16 at 1 KiB ahead.
+    // `STREAM_PF`). F16 and BF16 measured best at 1 KiB ahead on Zen 5 (6-18% less time than
+    // without), at 4 KiB on Zen 4 (3 alternating rounds of 4096 x 1 x 14336, 2 threads, medians:
+    // f16 6.06 ms at 1 KiB, 5.31 at 4 KiB; bf16 6.05, 5.55); they take 4 KiB.
     t.set_vec_dot_stream(DType::F16, vec_dot_f16_stream);
     t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_stream);
+    t.set_vec_dot_stream(DType::Q4_0, vec_dot_q4_0_q8_0_stream);
+    t.set_vec_dot_stream(DType::Q8_0, vec_dot_q8_0_q8_0_stream);
     t.set_vec_dot_stream(DType::Q4_1, vec_dot_q4_1_q8_1_stream);
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_stream);
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_stream);
@@ -122,8 +125,10 @@ fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
 /// within 2% of best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0
 /// ~1.3-1.6x, Q4_1/Q5_1/Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). The gain depends
 /// on how loaded the memory is: in the test machine's fast phases Q5_0 measured no gain (and no loss).
-/// Q4_0, Q8_0, MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to
-/// 10%) and keep their plain kernels; so does F32, whose decode is bound by memory bandwidth.
+/// MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to 10%) and keep
+/// their plain kernels; so does F32, whose decode is bound by memory bandwidth. Q4_0 and Q8_0 did
+/// not gain on Zen 5 but do on Zen 4 (4096 x 1 x 14336, 3 alternating rounds, medians: q4_0 2.99
+/// -> 2.19 ms, q8_0 4.37 -> 2.73 ms), so they prefetch too.
 pub(super) const STREAM_PF: usize = 4096;
 
 /// How many whole blocks of `n / per_block` both slices really hold. The `VecDotFn` contract makes
@@ -156,23 +161,27 @@ wrappers! {
     /// `ggml_vec_dot_bf16` (AVX2 build).
     vec_dot_bf16 => vec_dot_bf16_avx2::<0>, 1, 2, 2;
     /// `ggml_vec_dot_q4_0_q8_0`.
-    vec_dot_q4_0_q8_0 => vec_dot_q4_0_q8_0_avx2, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    vec_dot_q4_0_q8_0 => vec_dot_q4_0_q8_0_avx2::<0>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_q4_1_q8_1`.
     vec_dot_q4_1_q8_1 => vec_dot_q4_1_q8_1_avx2::<0>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
     /// `ggml_vec_dot_q5_0_q8_0`.
     vec_dot_q5_0_q8_0 => vec_dot_q5_0_q8_0_avx2::<0>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_q5_1_q8_1`.
     vec_dot_q5_1_q8_1 => vec_dot_q5_1_q8_1_avx2::<0>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
-    /// `vec_dot_f16` prefetching the weights 1 KiB ahead, for rows streamed once from memory.
-    vec_dot_f16_stream => vec_dot_f16_avx2::<1024>, 1, 2, 2;
-    /// `vec_dot_bf16` prefetching the weights 1 KiB ahead.
-    vec_dot_bf16_stream => vec_dot_bf16_avx2::<1024>, 1, 2, 2;
+    /// `vec_dot_f16` prefetching the weights 4 KiB ahead, for rows streamed once from memory.
+    vec_dot_f16_stream => vec_dot_f16_avx2::<STREAM_PF>, 1, 2, 2;
+    /// `vec_dot_bf16` prefetching the weights 4 KiB ahead.
+    vec_dot_bf16_stream => vec_dot_bf16_avx2::<STREAM_PF>, 1, 2, 2;
+    /// `vec_dot_q4_0_q8_0` prefetching the weights 4 KiB ahead.
+    vec_dot_q4_0_q8_0_stream => vec_dot_q4_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    /// `vec_dot_q8_0_q8_0` prefetching the weights 4 KiB ahead.
+    vec_dot_q8_0_q8_0_stream => vec_dot_q8_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// `vec_dot_q4_1_q8_1` prefetching the weights 4 KiB ahead.
     vec_dot_q4_1_q8_1_stream => vec_dot_q4_1_q8_1_avx2::<STREAM_PF>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
     /// `vec_dot_q5_1_q8_1` prefetching the weights 4 KiB ahead.
     vec_dot_q5_1_q8_1_stream => vec_dot_q5_1_q8_1_avx2::<STREAM_PF>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
     /// `ggml_vec_dot_q8_0_q8_0`.
-    vec_dot_q8_0_q8_0 => vec_dot_q8_0_q8_0_avx2, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
+    vec_dot_q8_0_q8_0 => vec_dot_q8_0_q8_0_avx2::<0>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_mxfp4_q8_0`.
     vec_dot_mxfp4_q8_0 => vec_dot_mxfp4_q8_0_avx2, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_nvfp4_q8_0`: one NVFP4 block against two Q8_0 blocks.
@@ -812,18 +821,18 @@ unsafe fn bf16_finish(a: [__m256; 4], x: *const u16, y: *const u16, np: usize, n
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q4_0 blocks and `y` `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn vec_dot_q4_0_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     // First without the per-block test for a non-finite scale (a tenth of the loop's work). A
     // non-finite scale makes the fast result non-finite (0 * inf and NaN give NaN, anything else
     // an infinity), and a finite result means every scale was finite, where both loops do the very
     // same operations; so the checked loop only has to run when the fast result is not finite.
     // SAFETY: the caller's guarantees are the helper's.
-    let fast = unsafe { q4_0_q8_0_blocks::<false>(nb, x, y) };
+    let fast = unsafe { q4_0_q8_0_blocks::<false, PF>(nb, x, y) };
     if fast.is_finite() {
         fast
     } else {
         // SAFETY: as above.
-        unsafe { q4_0_q8_0_blocks::<true>(nb, x, y) }
+        unsafe { q4_0_q8_0_blocks::<true, PF>(nb, x, y) }
     }
 }
 
@@ -833,12 +842,19 @@ unsafe fn vec_dot_q4_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
 /// As [`vec_dot_q4_0_q8_0_avx2`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_0_q8_0_blocks<const CHECK: bool>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn q4_0_q8_0_blocks<const CHECK: bool, const PF: usize>(
+    nb: usize,
+    x: *const u8,
+    y: *const u8,
+) -> f32 {
     const XB: usize = size_of::<BlockQ4_0>();
     const YB: usize = size_of::<BlockQ8_0>();
     let mut acc = _mm256_setzero_ps();
     let mut special = 0.0f32;
     for ib in 0..nb {
+        if PF > 0 {
+            prefetch_stream::<XB>(x, ib, PF);
+        }
         // SAFETY: block `ib < nb` of each side is readable, and every read below stays inside its
         // block (field offset plus read length is at most the block size).
         let (xd, xq, yd, yq) = unsafe {
@@ -1005,10 +1021,13 @@ unsafe fn vec_dot_q5_1_q8_1_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` and `y` each hold `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vec_dot_q8_0_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn vec_dot_q8_0_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const B: usize = size_of::<BlockQ8_0>();
     let mut acc = _mm256_setzero_ps();
     for ib in 0..nb {
+        if PF > 0 {
+            prefetch_stream::<B>(x, ib, PF);
+        }
         // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
         let (xd, xq, yd, yq) = unsafe {
             let (bx, by) = (x.add(ib * B), y.add(ib * B));
