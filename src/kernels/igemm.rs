@@ -112,6 +112,9 @@ pub(crate) struct IgemmKernels {
     /// Two-panel forms of the seven kernels (`sub16`, `sub16_min`, `sub32`, `sub32_min`,
     /// `blk16`, `blk32`, `blk32_min`), where the tier has them.
     pub pairs: Option<[IgemmPairFn; 7]>,
+    /// A two-panel form of `sub16_min` for bands whose scales are all 1 (`IntFormat::unit_scales`):
+    /// a whole step's products summed before the mins, where the tier has one.
+    pub unit_pair: Option<IgemmPairFn>,
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
@@ -196,6 +199,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     blk32: igemm_blocks_generic::<32, false>,
     blk32_min: igemm_blocks_generic::<32, true>,
     pairs: None,
+    unit_pair: None,
     max_code: 255,
     unpack: no_unpack,
 };
@@ -421,6 +425,32 @@ mod tests {
                 let mut w = w;
                 for c in w.codes.iter_mut() {
                     *c &= k.max_code;
+                }
+                // The unit-scale pair: sub16_min's integers when every scale is 1.
+                if let Some(unit) = k.unit_pair {
+                    let mut wu = w;
+                    wu.scales.fill(1);
+                    let mut a2 = a;
+                    a2.d.reverse();
+                    a2.bsum_pairs.reverse();
+                    let (mut w1, mut w2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
+                    (SCALAR.sub16_min)(&wu, &a, &mut w1, 256);
+                    // The portable kernel reads `bsums`; give it the pairs' values.
+                    let mut a2s = a2;
+                    for i in 0..8 {
+                        for c in 0..IG_NR {
+                            let v = a2.bsum_pairs[i * IG_NR + c];
+                            a2s.bsums[2 * i * IG_NR + c] = v as i16 as i32;
+                            a2s.bsums[(2 * i + 1) * IG_NR + c] = v >> 16;
+                        }
+                    }
+                    (SCALAR.sub16_min)(&wu, &a2s, &mut w2, 256);
+                    let (mut g1, mut g2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
+                    unit(&wu, [&a, &a2], [&mut g1, &mut g2], 256);
+                    let all = w1.iter().chain(&w2).flatten();
+                    for (x, y) in all.zip(g1.iter().chain(&g2).flatten()) {
+                        assert_eq!(x.to_bits(), y.to_bits(), "{name} unit pair");
+                    }
                 }
                 for (sub, min, fl) in IgemmKernels::KINDS {
                     // Whole steps, and (block types) the partial last steps of rows.

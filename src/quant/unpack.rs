@@ -65,6 +65,10 @@ pub(crate) struct IntFormat {
     /// super-blocks, Q8_0 or Q8_1 for blocks.
     pub act: DType,
     pub unpack: Unpack,
+    /// The unpacker folds every sub-block scale into the codes and writes scales of 1 (Q2_K:
+    /// 2-bit codes times 4-bit scales fit a byte), so a kernel may sum a whole step's products
+    /// before any scaling; the integers are the same either way.
+    pub unit_scales: bool,
 }
 
 impl IntFormat {
@@ -76,7 +80,15 @@ impl IntFormat {
         max_code: u8,
         f: UnpackFn,
     ) -> IntFormat {
-        IntFormat { sub, bias, has_min, max_code, act: DType::Q8_K, unpack: Unpack::Super(f) }
+        IntFormat {
+            sub,
+            bias,
+            has_min,
+            max_code,
+            act: DType::Q8_K,
+            unpack: Unpack::Super(f),
+            unit_scales: false,
+        }
     }
 
     /// Whether the scales are floats (the block family).
@@ -91,7 +103,10 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
         Some(IntFormat::superblock(sub, bias, has_min, max, unpack))
     };
     match d {
-        DType::Q2_K => f(16, 0, true, 3, unpack_q2_K as UnpackFn),
+        DType::Q2_K => Some(IntFormat {
+            unit_scales: true,
+            ..IntFormat::superblock(16, 0, true, 45, unpack_q2_K as UnpackFn)
+        }),
         DType::Q3_K => f(16, 4, false, 7, unpack_q3_K),
         DType::Q4_K => f(32, 0, true, 15, unpack_q4_K),
         DType::Q5_K => f(32, 0, true, 31, unpack_q5_K),
@@ -126,15 +141,19 @@ fn unpack_q2_K(
 ) -> (f32, f32) {
     let x: crate::quant::kquants::BlockQ2K = block(b);
     for (j, &sc) in x.scales.iter().enumerate() {
-        scales[j] = (sc & 0xF) as i32;
+        scales[j] = 1;
         mins[j] = (sc >> 4) as i32;
     }
-    // Element l + 32*k of each 128 sits in bits 2k..2k+2 of byte l of its 32.
+    // Element l + 32*k of each 128 sits in bits 2k..2k+2 of byte l of its 32; each code is
+    // multiplied by its 16-element sub-block's 4-bit scale (at most 3 * 15 = 45, `unit_scales`).
     for (n, out) in codes.chunks_exact_mut(128).enumerate() {
         let q = &x.qs[32 * n..32 * n + 32];
         for (k, o) in out.chunks_exact_mut(32).enumerate() {
-            for (o, &v) in o.iter_mut().zip(q) {
-                *o = (v >> (2 * k)) & 3;
+            for (h, o) in o.chunks_exact_mut(16).enumerate() {
+                let sc = x.scales[8 * n + 2 * k + h] & 0xF;
+                for (o, &v) in o.iter_mut().zip(&q[16 * h..]) {
+                    *o = ((v >> (2 * k)) & 3) * sc;
+                }
             }
         }
     }

@@ -131,6 +131,7 @@ macro_rules! kernel_set {
             blk32: $wrap::<32, false, true>,
             blk32_min: $wrap::<32, true, true>,
             pairs: None,
+            unit_pair: None,
             max_code: $max,
             unpack: super::avx2_unpack::unpack_for,
         };

@@ -84,14 +84,15 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     blk32: vnni_blocks::<32, false>,
     blk32_min: vnni_blocks::<32, true>,
     pairs: Some([
-        vnni_x2::<16, false>,
-        vnni_x2::<16, true>,
-        vnni_x2::<32, false>,
-        vnni_x2::<32, true>,
+        vnni_x2::<16, false, false>,
+        vnni_x2::<16, true, false>,
+        vnni_x2::<32, false, false>,
+        vnni_x2::<32, true, false>,
         vnni_blocks_x2::<16, false>,
         vnni_blocks_x2::<32, false>,
         vnni_blocks_x2::<32, true>,
     ]),
+    unit_pair: Some(vnni_x2::<16, true, true>),
     max_code: 255,
     unpack: super::avx2_unpack::unpack_for,
 };
@@ -214,19 +215,20 @@ const X2_ROWS: usize = 4;
 /// See `igemm::IgemmPairFn`: one sub-block at a time, each of the band's 4-code broadcasts
 /// feeds both panels' `vpdpbusd`, so a group of 4 K values needs 6 loads for 8 products instead
 /// of 10; the band's rows are taken [`X2_ROWS`] at a time. The integer sums and the float
-/// steps are those of [`vnni`], per panel and row.
-fn vnni_x2<const SUB: usize, const MIN: bool>(
+/// steps are those of [`vnni`], per panel and row. `UNIT` (every scale is 1): the whole step's
+/// products go into one sum per row and column, scaled by nothing (the same integers).
+fn vnni_x2<const SUB: usize, const MIN: bool, const UNIT: bool>(
     w: &WBand,
     a: [&ABlock; 2],
     acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
     len: usize,
 ) {
     // SAFETY: as `vnni`.
-    unsafe { vnni_x2_kernel::<SUB, MIN>(w, a, acc, len) }
+    unsafe { vnni_x2_kernel::<SUB, MIN, UNIT>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn vnni_x2_kernel<const SUB: usize, const MIN: bool>(
+fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool>(
     w: &WBand,
     a: [&ABlock; 2],
     acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
@@ -239,8 +241,11 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool>(
     let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
     for r0 in (0..IG_MR).step_by(X2_ROWS) {
         let mut s1 = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+        let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
         for j in 0..nsub {
-            let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+            if !UNIT {
+                raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+            }
             for g in j * SUB / 4..(j + 1) * SUB / 4 {
                 // SAFETY: g < 64: the 64 bytes at g * 64 are inside both panels' codes.
                 let (av0, av1) = unsafe {
@@ -258,6 +263,9 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool>(
                     raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], wv, av1);
                 }
             }
+            if UNIT {
+                continue;
+            }
             for p in 0..2 {
                 // SAFETY: j < 16: inside `bsums`.
                 let bs = unsafe {
@@ -269,6 +277,11 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool>(
                     s1[p][r] = _mm512_add_epi32(s1[p][r], _mm512_mullo_epi32(corr, sc));
                 }
             }
+        }
+        if UNIT {
+            // Scales of 1 and no bias (`unit_scales` types have mins): the sums as they are.
+            debug_assert!(MIN);
+            s1 = raw;
         }
         for p in 0..2 {
             let mut s2 = [_mm512_setzero_si512(); X2_ROWS];

@@ -32,7 +32,15 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
     };
     let act = d.vec_dot_type();
     debug_assert!(act == DType::Q8_0 || act == DType::Q8_1);
-    Some(IntFormat { sub, bias, has_min, max_code, act, unpack: Unpack::Blocks { elems, f } })
+    Some(IntFormat {
+        sub,
+        bias,
+        has_min,
+        max_code,
+        act,
+        unpack: Unpack::Blocks { elems, f },
+        unit_scales: false,
+    })
 }
 
 fn block<T: bytemuck::AnyBitPattern>(b: &[u8]) -> T {
