@@ -68,9 +68,13 @@ pub(crate) struct ABlock {
     /// (types with mins), or that sum times the code bias (the others).
     pub bsums: [i32; 16 * IG_NR],
     /// Types with mins: the level sums of sub-blocks `2 i` (low 16 bits) and `2 i + 1` (high 16
-    /// bits) of column `c` at `bsum_pairs[i * 16 + c]`, as `vpdpwssd` takes them (a sum of 32
-    /// levels is at most 4096 in magnitude); 0 for the other types.
+    /// bits) of column `c` at `bsum_pairs[i * 16 + c]`, as `vpdpwssd` takes them; 0 for the other
+    /// types.
     pub bsum_pairs: [i32; 8 * IG_NR],
+    /// Nonzero for a column whose level sums do not all fit 16 bits (Q8_K rows given as they are
+    /// may carry any `bsums`; quantized ones have at most 32 * 128 per sub-block): kernels then
+    /// take the 32-bit products for the whole panel.
+    pub pairs_bad: [i32; IG_NR],
     /// Q8_K scale of each column (0 for padding columns).
     pub d: [f32; IG_NR],
     /// Q8_0 / Q8_1 scale of sub-block `j`, column `c` at `ds[j * 16 + c]` (block types).
@@ -79,7 +83,7 @@ pub(crate) struct ABlock {
     /// `ms[j * 16 + c]` (block types with mins).
     pub ms: [f32; 16 * IG_NR],
 }
-const _: () = assert!(size_of::<ABlock>() == 7744);
+const _: () = assert!(size_of::<ABlock>() == 7808);
 
 /// One band x one panel x one super-block into `acc[r][c]` (see the module notes), of which the
 /// first `len` K values (a multiple of 32, at most 256) are not padding: the block-type kernels
@@ -286,11 +290,30 @@ pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
     }
 }
 
-/// `lo` in the low and `hi` in the high 16 bits (both within the i16 range).
+/// `lo` in the low and `hi` in the high 16 bits (exact when both fit 16 bits).
 #[inline(always)]
 pub(crate) fn pair_i16(lo: i32, hi: i32) -> i32 {
-    debug_assert!(i16::try_from(lo).is_ok() && i16::try_from(hi).is_ok());
     (lo & 0xFFFF) | (hi << 16)
+}
+
+/// Writes column `c`'s first `npairs` level-sum pairs from its `bsums`, and whether they all fit
+/// 16 bits (`pairs_bad`).
+pub(crate) fn pack_pairs(a: &mut ABlock, c: usize, npairs: usize) {
+    let mut bad = 0;
+    for i in 0..npairs {
+        let (lo, hi) = (a.bsums[2 * i * IG_NR + c], a.bsums[(2 * i + 1) * IG_NR + c]);
+        if i16::try_from(lo).is_err() || i16::try_from(hi).is_err() {
+            bad = 1;
+        }
+        a.bsum_pairs[i * IG_NR + c] = pair_i16(lo, hi);
+    }
+    a.pairs_bad[c] = bad;
+}
+
+/// Whether every column of `a` has its level-sum pairs (see [`ABlock::pairs_bad`]).
+#[inline(always)]
+pub(crate) fn pairs_fit(a: &ABlock) -> bool {
+    a.pairs_bad.iter().all(|&b| b == 0)
 }
 
 /// Regroups one Q8_K block of column `c` into panel block `a` (levels, sums per `sub` times
@@ -312,12 +335,10 @@ pub(crate) fn pack_q8k_column(
         let s: i32 = bsums16[j * per..(j + 1) * per].iter().map(|&v| v as i32).sum();
         a.bsums[j * IG_NR + c] = if bias != 0 { s * bias } else { s };
     }
-    for i in 0..QK_K / sub / 2 {
-        a.bsum_pairs[i * IG_NR + c] = if bias != 0 {
-            0
-        } else {
-            pair_i16(a.bsums[2 * i * IG_NR + c], a.bsums[(2 * i + 1) * IG_NR + c])
-        };
+    if bias == 0 {
+        pack_pairs(a, c, QK_K / sub / 2);
+    } else {
+        a.pairs_bad[c] = 0;
     }
     a.d[c] = d;
 }
@@ -335,6 +356,7 @@ pub(crate) fn pack_q8_blocks_column(
 ) {
     let n = blocks_q.len();
     debug_assert!(n <= QK_K / 32);
+    a.pairs_bad[c] = 0;
     let per = 32 / sub;
     for (b, (d, s, qs)) in blocks_q.enumerate() {
         for e in 0..8 {
@@ -405,13 +427,18 @@ mod tests {
             for b in a.bsums.iter_mut() {
                 *b = (r.next_u64() % 8192) as i32 - 4096;
             }
-            // As the packer writes them (the kernels with mins read the pairs).
-            for i in 0..8 {
-                for c in 0..IG_NR {
-                    a.bsum_pairs[i * IG_NR + c] =
-                        pair_i16(a.bsums[2 * i * IG_NR + c], a.bsums[(2 * i + 1) * IG_NR + c]);
+            // Sums outside 16 bits (Q8_K rows given as they are) in some cases: the kernels
+            // must then not use the pairs.
+            if case % 4 == 1 {
+                for b in a.bsums.iter_mut().step_by(7) {
+                    *b = *b * 16 + 1;
                 }
             }
+            // As the packer writes them (the kernels with mins read the pairs).
+            for c in 0..IG_NR {
+                pack_pairs(&mut a, c, 8);
+            }
+            assert_eq!(pairs_fit(&a), case % 4 != 1);
             for d in a.d.iter_mut() {
                 *d = (r.next_u64() % 1000) as f32 * 1e-3;
             }
@@ -432,19 +459,13 @@ mod tests {
                     wu.scales.fill(1);
                     let mut a2 = a;
                     a2.d.reverse();
-                    a2.bsum_pairs.reverse();
+                    a2.bsums.reverse();
+                    for c in 0..IG_NR {
+                        pack_pairs(&mut a2, c, 8);
+                    }
                     let (mut w1, mut w2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
                     (SCALAR.sub16_min)(&wu, &a, &mut w1, 256);
-                    // The portable kernel reads `bsums`; give it the pairs' values.
-                    let mut a2s = a2;
-                    for i in 0..8 {
-                        for c in 0..IG_NR {
-                            let v = a2.bsum_pairs[i * IG_NR + c];
-                            a2s.bsums[2 * i * IG_NR + c] = v as i16 as i32;
-                            a2s.bsums[(2 * i + 1) * IG_NR + c] = v >> 16;
-                        }
-                    }
-                    (SCALAR.sub16_min)(&wu, &a2s, &mut w2, 256);
+                    (SCALAR.sub16_min)(&wu, &a2, &mut w2, 256);
                     let (mut g1, mut g2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
                     unit(&wu, [&a, &a2], [&mut g1, &mut g2], 256);
                     let all = w1.iter().chain(&w2).flatten();
@@ -472,13 +493,8 @@ mod tests {
                             a2.ds.reverse();
                             a2.ms.reverse();
                             a2.bsums.reverse();
-                            for i in 0..8 {
-                                for c in 0..IG_NR {
-                                    a2.bsum_pairs[i * IG_NR + c] = pair_i16(
-                                        a2.bsums[2 * i * IG_NR + c],
-                                        a2.bsums[(2 * i + 1) * IG_NR + c],
-                                    );
-                                }
+                            for c in 0..IG_NR {
+                                pack_pairs(&mut a2, c, 8);
                             }
                             a2.codes.reverse();
                             let mut want2 = [[0.25f32; IG_NR]; IG_MR];

@@ -50,10 +50,40 @@ macro_rules! pair_sums {
     }};
 }
 
+/// The mins' sums `sum_j mins[r][j] * bsums[j][c]` of the `nsub` sub-blocks added to `s2` for
+/// rows `r0..r0 + R`: by sub-block pairs ([`mins_pair`]) when the panel's level sums fit 16
+/// bits, else one `vpmulld` per sub-block; the same integers either way.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+#[inline]
+fn mins_sums<const R: usize>(
+    w: &WBand,
+    a: &ABlock,
+    nsub: usize,
+    r0: usize,
+    mut s2: [__m512i; R],
+) -> [__m512i; R] {
+    if crate::kernels::igemm::pairs_fit(a) {
+        for i in 0..nsub / 2 {
+            s2 = mins_pair(w, a, i, r0, s2);
+        }
+        return s2;
+    }
+    for j in 0..nsub {
+        // SAFETY: j < 16: the 16 sums at j * 16 are inside `a.bsums` (256 entries, 64-byte
+        // aligned rows of 16).
+        let bs = unsafe { _mm512_load_si512(a.bsums.as_ptr().add(j * IG_NR) as *const __m512i) };
+        for (r, s) in s2.iter_mut().enumerate() {
+            let mn = _mm512_set1_epi32(w.mins[(r0 + r) * 16 + j]);
+            *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(bs, mn));
+        }
+    }
+    s2
+}
+
 /// The mins' sums of sub-blocks `2 i` and `2 i + 1` added to `s2` for rows `r0..r0 + R`: one
-/// `vpdpwssd` per row on the panel's level-sum pairs and the row's two mins (both fit 16 bits:
-/// mins are at most 6 bits, sums of 32 levels at most 4096), the same integers as two
-/// `vpmulld` and two adds.
+/// `vpdpwssd` per row on the panel's level-sum pairs and the row's two mins (mins are at most 6
+/// bits; the caller checked that the sums fit 16 bits), the same integers as two `vpmulld` and
+/// two adds.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 #[inline]
 fn mins_pair<const R: usize>(
@@ -139,9 +169,7 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
     // The mins' sums do not depend on the products: a second pass keeps the first one's
     // register set to the raw and block sums.
     if MIN {
-        for i in 0..nsub / 2 {
-            s2 = mins_pair(w, a, i, 0, s2);
-        }
+        s2 = mins_sums::<IG_MR>(w, a, nsub, 0, s2);
     }
     // SAFETY: `a.d` holds 16 floats.
     let da = unsafe { _mm512_loadu_ps(a.d.as_ptr()) };
@@ -286,9 +314,7 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool>(
         for p in 0..2 {
             let mut s2 = [_mm512_setzero_si512(); X2_ROWS];
             if MIN {
-                for i in 0..nsub / 2 {
-                    s2 = mins_pair(w, a[p], i, r0, s2);
-                }
+                s2 = mins_sums::<X2_ROWS>(w, a[p], nsub, r0, s2);
             }
             // SAFETY: `a.d` holds 16 floats.
             let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };

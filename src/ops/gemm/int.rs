@@ -73,6 +73,7 @@ pub(crate) fn zero_column(blocks: &mut [ABlock], c: usize) {
         for i in 0..8 {
             blk.bsum_pairs[i * IG_NR + c] = 0;
         }
+        blk.pairs_bad[c] = 0;
         for j in 0..16 {
             blk.bsums[j * IG_NR + c] = 0;
             blk.ds[j * IG_NR + c] = 0.0;
