@@ -120,7 +120,7 @@ fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
 }
 
 /// How far ahead (bytes) the decode variants of the Q4_1, Q5_0, Q5_1, K-quant, NVFP4, TQ2_0 and
-/// IQ4/IQ3_S kernels prefetch the weight row. Paired in-process runs of 4096 x 14336 decode (2
+/// IQ4/IQ3_S/IQ2_S kernels prefetch the weight row. Paired in-process runs of 4096 x 14336 decode (2
 /// threads, the kernel switched between computes of one plan) measured 1-16 KiB: 4 KiB was best or
 /// within 2% of best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0
 /// ~1.3-1.6x, Q4_1/Q5_1/Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). The gain depends
