@@ -68,8 +68,8 @@ pub(crate) struct ABlock {
     /// (types with mins), or that sum times the code bias (the others).
     pub bsums: [i32; 16 * IG_NR],
     /// Types with mins: the level sums of sub-blocks `2 i` (low 16 bits) and `2 i + 1` (high 16
-    /// bits) of column `c` at `bsum_pairs[i * 16 + c]`, as `vpdpwssd` takes them; 0 for the other
-    /// types.
+    /// bits) of column `c` at `bsum_pairs[i * 16 + c]`, as `vpdpwssd` takes them; not written
+    /// (and not read) for the other types.
     pub bsum_pairs: [i32; 8 * IG_NR],
     /// Nonzero for a column whose level sums do not all fit 16 bits (Q8_K rows given as they are
     /// may carry any `bsums`; quantized ones have at most 32 * 128 per sub-block): kernels then
@@ -156,6 +156,15 @@ impl IgemmKernels {
             (true, 16, _) => self.blk16,
             (true, _, false) => self.blk32,
             (true, _, true) => self.blk32_min,
+        }
+    }
+
+    /// The two-panel kernel for weights of format `fmt`, where the tier has one: the unit-scale
+    /// pair for `IntFormat::unit_scales` forms, else [`IgemmKernels::get_pair`]'s.
+    pub(crate) fn pair_for(&self, fmt: &crate::quant::unpack::IntFormat) -> Option<IgemmPairFn> {
+        match self.unit_pair {
+            Some(unit) if fmt.unit_scales && fmt.sub == 16 && fmt.has_min => Some(unit),
+            _ => self.get_pair(fmt.sub, fmt.has_min, fmt.float_scales()),
         }
     }
 

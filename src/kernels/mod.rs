@@ -671,3 +671,41 @@ impl VecDotKernel {
         ))
     }
 }
+
+#[cfg(test)]
+mod stream_tests {
+    use super::*;
+
+    /// Every tier's decode variant (a prefetch ahead of the weight row) gives the plain dot
+    /// product's bits, on random blocks of every type that has one.
+    #[test]
+    fn stream_dots_are_bitwise_the_plain_ones() {
+        let mut r = crate::testdata::Xorshift64::from_state(0x9E37_79B9_7F4A_7C15);
+        let k = 4 * 256;
+        let mut checked = 0;
+        for isa in Isa::ALL {
+            let Some(t) = table_for(isa) else { continue };
+            for d in DType::ALL {
+                let Some(stream) = t.vec_dot_stream[d.ggml_id() as usize] else { continue };
+                let plain = t.vec_dot(d).expect("a stream variant has a plain dot");
+                let (Ok(xb), Ok(yb)) = (d.row_size(k), d.vec_dot_type().row_size(k)) else {
+                    continue;
+                };
+                for _ in 0..4 {
+                    // Random bytes with the top bit of every other byte cleared, so that most
+                    // f16 scales are finite (a few infinite or NaN ones are fine: same steps).
+                    let mut bytes = |n: usize| -> Vec<u8> {
+                        (0..n)
+                            .map(|i| (r.next_u64() as u8) & if i % 2 == 1 { 0x3F } else { 0xFF })
+                            .collect()
+                    };
+                    let (x, y) = (bytes(xb), bytes(yb));
+                    let (a, b) = (plain(k, &x, &y), stream(k, &x, &y));
+                    assert_eq!(a.to_bits(), b.to_bits(), "{isa:?} {d}: {a} vs {b}");
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 0, "no stream variants on this CPU");
+    }
+}

@@ -206,10 +206,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
         let kernel = kernels.get(fmt.sub, fmt.has_min, fmt.float_scales());
-        let pair = match kernels.unit_pair {
-            Some(unit) if fmt.unit_scales && fmt.sub == 16 && fmt.has_min => Some(unit),
-            _ => kernels.get_pair(fmt.sub, fmt.has_min, fmt.float_scales()),
-        };
+        let pair = kernels.pair_for(fmt);
         let fast = (kernels.unpack)(dtype);
         let blk =
             IntBlock { fmt, fast, kernel, pair, bsize, repacked, k, rows, a_row, ab, ncols, bands };
