@@ -16,9 +16,12 @@ use crate::kernels::prefetch::prefetch_l1;
 use crate::quant::unpack::{IntFormat, Unpack};
 use std::ops::Range;
 
-/// Weight rows per block (at most; fewer when that gives each thread several blocks).
-pub(crate) const MC: usize = 64;
-/// Columns per block (32 panels): the block's f32 tile is `MC * NC * 4` = 128 KiB, in L2.
+/// Weight rows per block (at most; fewer when that gives each thread several blocks). A block
+/// reads its columns' panels once per step, from L3 for a long K, while its 32 unpacked bands
+/// (about 100 KiB) stay in L2: 256 rows read the panels a quarter as often as 64 did, 10-25%
+/// faster at 4096 x 512 x 14336 on Zen 4.
+pub(crate) const MC: usize = 256;
+/// Columns per block (32 panels): the block's f32 tile is `MC * NC * 4` = 512 KiB, in L2.
 pub(crate) const NC: usize = 512;
 
 /// Bytes of one Q8_K block.
