@@ -335,10 +335,11 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool>(
     }
 }
 
-/// See `igemm::IgemmPairFn`: the block types' [`vnni_blocks`] for two panels. One sub-block at
-/// a time, each 4-code broadcast of the band feeds both panels' `vpdpbusd` (16 chains); the f32
-/// tiles stay in memory (L1) and take every sub-block's scaled sums in sub-block order, the
-/// same float steps as the one-panel kernel.
+/// See `igemm::IgemmPairFn`: the block types' [`vnni_blocks`] for two panels, the band's rows
+/// [`X2_ROWS`] at a time. One sub-block at a time, each 4-code broadcast of the band feeds both
+/// panels' `vpdpbusd` (8 chains); the rows' f32 sums stay in registers for the whole step and
+/// take every sub-block's scaled sums in sub-block order, the same float steps as the
+/// one-panel kernel.
 fn vnni_blocks_x2<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: [&ABlock; 2],
@@ -360,48 +361,60 @@ fn vnni_blocks_x2_kernel<const SUB: usize, const MIN: bool>(
     let wc = w.codes.as_ptr();
     let (ac0, ac1) = (a[0].codes.as_ptr(), a[1].codes.as_ptr());
     let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
-    for j in 0..nsub {
-        let mut raw = [[_mm512_setzero_si512(); IG_MR]; 2];
-        for g in j * SUB / 4..(j + 1) * SUB / 4 {
-            // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside both panels'
-            // codes (4096 bytes, 64-byte aligned).
-            let (av0, av1) = unsafe {
-                (
-                    _mm512_load_si512(ac0.add(g * 64) as *const __m512i),
-                    _mm512_load_si512(ac1.add(g * 64) as *const __m512i),
-                )
-            };
-            for r in 0..IG_MR {
-                // SAFETY: r < 8, 4 * g + 4 <= 256: inside row r's codes.
-                let w0 = unsafe { (wc.add(r * QK_K + 4 * g) as *const i32).read_unaligned() };
-                let wv = _mm512_set1_epi32(w0);
-                raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], wv, av0);
-                raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], wv, av1);
+    for r0 in (0..IG_MR).step_by(X2_ROWS) {
+        let mut f = [[_mm512_setzero_ps(); X2_ROWS]; 2];
+        for p in 0..2 {
+            for r in 0..X2_ROWS {
+                // SAFETY: out[p] points at 8 rows of 16 floats (acc[p]); r0 + r < 8.
+                f[p][r] = unsafe { _mm512_loadu_ps(out[p].add((r0 + r) * IG_NR)) };
+            }
+        }
+        for j in 0..nsub {
+            let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+            for g in j * SUB / 4..(j + 1) * SUB / 4 {
+                // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside both
+                // panels' codes (4096 bytes, 64-byte aligned).
+                let (av0, av1) = unsafe {
+                    (
+                        _mm512_load_si512(ac0.add(g * 64) as *const __m512i),
+                        _mm512_load_si512(ac1.add(g * 64) as *const __m512i),
+                    )
+                };
+                for r in 0..X2_ROWS {
+                    // SAFETY: r0 + r < 8, 4 * g + 4 <= 256: inside row r0 + r's codes.
+                    let w0 =
+                        unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
+                    let wv = _mm512_set1_epi32(w0);
+                    raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], wv, av0);
+                    raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], wv, av1);
+                }
+            }
+            for p in 0..2 {
+                // SAFETY: j < 16: the 16 entries at j * 16 are inside `bsums`, `ds` and `ms`
+                // (256 entries each).
+                let (bs, ds, ms) = unsafe {
+                    (
+                        _mm512_loadu_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i),
+                        _mm512_loadu_ps(a[p].ds.as_ptr().add(j * IG_NR)),
+                        _mm512_loadu_ps(a[p].ms.as_ptr().add(j * IG_NR)),
+                    )
+                };
+                for r in 0..X2_ROWS {
+                    let ri = r0 + r;
+                    let corr = if MIN { raw[p][r] } else { _mm512_sub_epi32(raw[p][r], bs) };
+                    let v = _mm512_mul_ps(_mm512_cvtepi32_ps(corr), ds);
+                    f[p][r] = _mm512_fmadd_ps(v, _mm512_set1_ps(w.fscales[ri * 16 + j]), f[p][r]);
+                    if MIN {
+                        f[p][r] =
+                            _mm512_fmadd_ps(ms, _mm512_set1_ps(w.fmins[ri * 16 + j]), f[p][r]);
+                    }
+                }
             }
         }
         for p in 0..2 {
-            // SAFETY: j < 16: the 16 entries at j * 16 are inside `bsums`, `ds` and `ms` (256
-            // entries each).
-            let (bs, ds, ms) = unsafe {
-                (
-                    _mm512_loadu_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i),
-                    _mm512_loadu_ps(a[p].ds.as_ptr().add(j * IG_NR)),
-                    _mm512_loadu_ps(a[p].ms.as_ptr().add(j * IG_NR)),
-                )
-            };
-            for r in 0..IG_MR {
-                let corr = if MIN { raw[p][r] } else { _mm512_sub_epi32(raw[p][r], bs) };
-                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(corr), ds);
-                // SAFETY: out[p] points at 8 rows of 16 floats (acc[p]); r < 8.
-                let o = unsafe { out[p].add(r * IG_NR) };
+            for r in 0..X2_ROWS {
                 // SAFETY: as above.
-                let mut v = unsafe { _mm512_loadu_ps(o) };
-                v = _mm512_fmadd_ps(f, _mm512_set1_ps(w.fscales[r * 16 + j]), v);
-                if MIN {
-                    v = _mm512_fmadd_ps(ms, _mm512_set1_ps(w.fmins[r * 16 + j]), v);
-                }
-                // SAFETY: as above.
-                unsafe { _mm512_storeu_ps(o, v) };
+                unsafe { _mm512_storeu_ps(out[p].add((r0 + r) * IG_NR), f[p][r]) };
             }
         }
     }
