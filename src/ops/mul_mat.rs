@@ -95,12 +95,16 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let (i1, i2, i3) = unravel_row(r, &b.ne);
         // SAFETY: the work buffer holds nrows converted rows of `rb` bytes followed by one f32
         // scratch row per thread (work_size); this worker writes only its rows and its scratch.
-        // b's indices are below its shape (extent validated at plan time).
+        // b's indices are below its shape (extent validated at plan time), so with nb[0] == 4
+        // its row is k f32 at pb (read as a slice only when pb is 4-byte aligned).
         unsafe {
             let out = std::slice::from_raw_parts_mut(ctx.work.add(r * rb), vd.row_bytes(k));
             let scratch = std::slice::from_raw_parts_mut(ctx.work.add(scratch_off) as *mut f32, k);
             let pb = b.row(i1, i2, i3);
-            if b.dtype == DType::F32 {
+            if b.dtype == DType::F32 && b.nb[0] == 4 && (pb as usize).is_multiple_of(4) {
+                // A contiguous, aligned row converts in place.
+                from(std::slice::from_raw_parts(pb as *const f32, k), out);
+            } else if b.dtype == DType::F32 {
                 for (i, s) in scratch.iter_mut().enumerate() {
                     *s = (pb.add(i * b.nb[0]) as *const f32).read_unaligned();
                 }
