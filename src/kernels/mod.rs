@@ -336,6 +336,9 @@ pub(crate) struct KernelTable {
     // Fused and contiguous elementwise and attention kernels of the op drivers.
     /// dst = silu(x) * g (fused SwiGLU).
     pub(crate) swiglu_f32: BinaryF32,
+    /// `swiglu_f32`'s bits with stores that bypass the caches where a tier has them, for
+    /// outputs larger than the caches (the op driver decides).
+    pub(crate) swiglu_f32_stream: BinaryF32,
     /// Neox pair rotation (rope).
     pub(crate) rope_rotate_f32: RopeRotateF32,
     /// dst = a * scale (+ dst): attention scores.
@@ -385,6 +388,7 @@ impl KernelTable {
             igemm: None,
             repack: [None; N_TYPES],
             swiglu_f32: scalar::swiglu_f32,
+            swiglu_f32_stream: scalar::swiglu_f32,
             rope_rotate_f32: scalar::rope_rotate_f32,
             scale_add_f32: scalar::scale_add_f32,
             max_f32: scalar::max_f32,

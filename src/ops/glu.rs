@@ -10,6 +10,10 @@ use crate::graph::GluOp;
 use crate::kernels::{scalar, tables};
 use crate::quant::util::{bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16};
 
+/// Output bytes from which F32 SwiGLU streams its stores (output and inputs then exceed a 32 MiB
+/// L3; a smaller output stays cached for the next op).
+const STREAM_MIN_BYTES: usize = 16 << 20;
+
 pub(crate) fn compute(
     ctx: &NodeCtx<'_>,
     ith: usize,
@@ -83,6 +87,10 @@ pub(crate) fn compute(
     let kt = ctx.kt;
     // F32 SwiGLU is one fused vector pass per row (silu, then the multiply, in registers).
     let fast_swiglu = op == GluOp::Swiglu && !f16 && d.nb[0] == 4;
+    // An output larger than the caches (with its two inputs) is written past them: the same
+    // bits, without reading every destination line first (11008 x 512: about 15% faster).
+    let swiglu_f32 =
+        if d.nelements() * 4 >= STREAM_MIN_BYTES { kt.swiglu_f32_stream } else { kt.swiglu_f32 };
     // Rows of src0 (and src1) are contiguous (build-time check); the fused form's halves are
     // columns [0, nc) and [nc, 2 nc) of a row with ne[0] >= 2 nc.
     let mut rows = ctx.dst_rows(ith);
@@ -94,7 +102,7 @@ pub(crate) fn compute(
             if fast_swiglu {
                 // SAFETY: x, g and the contiguous destination row hold nc f32 each (row
                 // accessors); the destination is a fresh tensor, apart from both sources.
-                unsafe { (kt.swiglu_f32)(nc, out.as_mut_ptr(), x.as_ptr(), g.as_ptr()) };
+                unsafe { swiglu_f32(nc, out.as_mut_ptr(), x.as_ptr(), g.as_ptr()) };
                 continue;
             }
             for i in 0..nc {

@@ -18,6 +18,7 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.silu_f32 = silu_f32;
     t.gelu_f32 = gelu_f32;
     t.swiglu_f32 = swiglu_f32;
+    t.swiglu_f32_stream = swiglu_f32;
     t.rope_rotate_f32 = rope_rotate_f32;
     t.scale_add_f32 = scale_add_f32;
     t.max_f32 = max_f32;

@@ -24,6 +24,7 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
     t.div_f32 = div_f32;
     t.silu_f32 = silu_f32;
     t.swiglu_f32 = swiglu_f32;
+    t.swiglu_f32_stream = swiglu_f32_stream;
     t.mad_f16 = mad_f16;
     t.mad_f32 = mad_f32;
     t.set_vec_dot(DType::F32, vec_dot_f32);
@@ -244,16 +245,44 @@ pub(crate) unsafe fn silu_f32(n: usize, dst: *mut f32, a: *const f32) {
 /// As `scalar::swiglu_f32`, and the CPU supports the AVX-512 tier.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn swiglu_f32(n: usize, dst: *mut f32, x: *const f32, g: *const f32) {
+    // SAFETY: the caller's guarantees.
+    unsafe { swiglu::<false>(n, dst, x, g) }
+}
+
+/// [`swiglu_f32`] with non-temporal stores where the destination is 64-byte aligned: the same
+/// bits, written past the caches (no read for ownership), for outputs larger than they are.
+///
+/// # Safety
+/// As `scalar::swiglu_f32`, and the CPU supports the AVX-512 tier.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub(crate) unsafe fn swiglu_f32_stream(n: usize, dst: *mut f32, x: *const f32, g: *const f32) {
+    // SAFETY: the caller's guarantees.
+    unsafe { swiglu::<true>(n, dst, x, g) };
+    // The streamed stores are weakly ordered: they reach memory before this row is reported
+    // done (the pool's barrier comes after).
+    _mm_sfence();
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn swiglu<const STREAM: bool>(n: usize, dst: *mut f32, x: *const f32, g: *const f32) {
     silu_like(
         n,
         |i| {
-            // SAFETY: silu_like passes i + 32 <= n; a lane group's loads precede its store.
+            // SAFETY: silu_like passes i + 32 <= n; a lane group's loads precede its store; a
+            // streamed store writes the 64 aligned bytes at dst + i (and + 16), inside dst.
             unsafe {
                 let s0 = v_silu(_mm512_loadu_ps(x.add(i)));
                 let s1 = v_silu(_mm512_loadu_ps(x.add(i + 16)));
-                _mm512_storeu_ps(dst.add(i), _mm512_mul_ps(s0, _mm512_loadu_ps(g.add(i))));
-                let g1 = _mm512_loadu_ps(g.add(i + 16));
-                _mm512_storeu_ps(dst.add(i + 16), _mm512_mul_ps(s1, g1));
+                let y0 = _mm512_mul_ps(s0, _mm512_loadu_ps(g.add(i)));
+                let y1 = _mm512_mul_ps(s1, _mm512_loadu_ps(g.add(i + 16)));
+                if STREAM && (dst.add(i) as usize).is_multiple_of(64) {
+                    _mm512_stream_ps(dst.add(i), y0);
+                    _mm512_stream_ps(dst.add(i + 16), y1);
+                } else {
+                    _mm512_storeu_ps(dst.add(i), y0);
+                    _mm512_storeu_ps(dst.add(i + 16), y1);
+                }
             }
         },
         |i, m| {
@@ -1057,6 +1086,16 @@ mod tests {
                 (t5.silu_f32)(n, d5.as_mut_ptr(), d5.as_ptr());
             }
             assert_eq!(bits(&d2), bits(&d5), "silu n={n}");
+            // The streaming SwiGLU into a 64-byte aligned destination (its streamed steps).
+            let mut buf = vec![0f32; n + 16];
+            let off = buf.as_ptr().align_offset(64);
+            let d5 = &mut buf[off..off + n];
+            // SAFETY: n elements each; no overlap.
+            unsafe { (t5.swiglu_f32_stream)(n, d5.as_mut_ptr(), a.as_ptr(), b.as_ptr()) };
+            let mut d2 = vec![0f32; n];
+            // SAFETY: as above.
+            unsafe { (t2.swiglu_f32)(n, d2.as_mut_ptr(), a.as_ptr(), b.as_ptr()) };
+            assert_eq!(bits(&d2), bits(d5), "swiglu stream n={n}");
 
             // Float dot products and multiply-adds.
             let h = |v: &[f32]| -> Vec<u8> {
