@@ -236,6 +236,33 @@ fn vnni_blocks_kernel<const SUB: usize, const MIN: bool>(
     }
 }
 
+/// Adds sub-block `j`'s products (of `SUB` elements) for band rows `r0..r0 + X2_ROWS` and both
+/// panels into `raw` (`[panel][row]`, one lane per column): each 4-code broadcast of a row feeds
+/// both panels' `vpdpbusd`. Expanded inside the two-panel kernels (it needs their target
+/// features); `wc` points at the band's codes, `ac0` / `ac1` at the panels' (64-byte aligned).
+macro_rules! x2_sums {
+    ($wc:expr, $ac0:expr, $ac1:expr, $r0:expr, $j:expr, $sub:expr, $raw:ident) => {
+        for g in $j * $sub / 4..($j + 1) * $sub / 4 {
+            // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside both panels'
+            // codes (4096 bytes, 64-byte aligned).
+            let (av0, av1) = unsafe {
+                (
+                    _mm512_load_si512($ac0.add(g * 64) as *const __m512i),
+                    _mm512_load_si512($ac1.add(g * 64) as *const __m512i),
+                )
+            };
+            for r in 0..X2_ROWS {
+                let wp = $wc.wrapping_add(($r0 + r) * QK_K + 4 * g) as *const i32;
+                // SAFETY: r0 + r < 8, 4 * g + 4 <= 256: inside row r0 + r's codes.
+                let w0 = unsafe { wp.read_unaligned() };
+                let wv = _mm512_set1_epi32(w0);
+                $raw[0][r] = _mm512_dpbusd_epi32($raw[0][r], wv, av0);
+                $raw[1][r] = _mm512_dpbusd_epi32($raw[1][r], wv, av1);
+            }
+        }
+    };
+}
+
 /// Rows of the band [`vnni_x2`] takes per pass: 4 rows x 2 panels of raw sums and of
 /// integer block sums stay in registers (8 rows would need 32 and spill).
 const X2_ROWS: usize = 4;
@@ -274,23 +301,7 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool>(
             if !UNIT {
                 raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
             }
-            for g in j * SUB / 4..(j + 1) * SUB / 4 {
-                // SAFETY: g < 64: the 64 bytes at g * 64 are inside both panels' codes.
-                let (av0, av1) = unsafe {
-                    (
-                        _mm512_load_si512(ac0.add(g * 64) as *const __m512i),
-                        _mm512_load_si512(ac1.add(g * 64) as *const __m512i),
-                    )
-                };
-                for r in 0..X2_ROWS {
-                    // SAFETY: r0 + r < 8, 4 * g + 4 <= 256: inside row r0 + r's codes.
-                    let w0 =
-                        unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
-                    let wv = _mm512_set1_epi32(w0);
-                    raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], wv, av0);
-                    raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], wv, av1);
-                }
-            }
+            x2_sums!(wc, ac0, ac1, r0, j, SUB, raw);
             if UNIT {
                 continue;
             }
@@ -371,24 +382,7 @@ fn vnni_blocks_x2_kernel<const SUB: usize, const MIN: bool>(
         }
         for j in 0..nsub {
             let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-            for g in j * SUB / 4..(j + 1) * SUB / 4 {
-                // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside both
-                // panels' codes (4096 bytes, 64-byte aligned).
-                let (av0, av1) = unsafe {
-                    (
-                        _mm512_load_si512(ac0.add(g * 64) as *const __m512i),
-                        _mm512_load_si512(ac1.add(g * 64) as *const __m512i),
-                    )
-                };
-                for r in 0..X2_ROWS {
-                    // SAFETY: r0 + r < 8, 4 * g + 4 <= 256: inside row r0 + r's codes.
-                    let w0 =
-                        unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
-                    let wv = _mm512_set1_epi32(w0);
-                    raw[0][r] = _mm512_dpbusd_epi32(raw[0][r], wv, av0);
-                    raw[1][r] = _mm512_dpbusd_epi32(raw[1][r], wv, av1);
-                }
-            }
+            x2_sums!(wc, ac0, ac1, r0, j, SUB, raw);
             for p in 0..2 {
                 // SAFETY: j < 16: the 16 entries at j * 16 are inside `bsums`, `ds` and `ms`
                 // (256 entries each).
