@@ -142,3 +142,41 @@ fn int_gemm_b_in_vec_dot_type_matches_f32_b() {
         assert!(same, "{ty}: {vd} b differs from F32 b");
     }
 }
+
+/// Activations stored transposed ([n, k]) and viewed as [k, n] (elements `n * 4` bytes apart):
+/// converted element by element, they give the bits of the contiguous ones, which are converted
+/// where they lie.
+#[test]
+fn strided_f32_activations_give_the_contiguous_bits() {
+    let be = CpuBackend::with_threads(2).unwrap();
+    for ty in [DType::Q4_0, DType::Q4_K] {
+        let (k, m, n) = (512, 9, 7);
+        let c = case(ty, [k, m, 1, 1], [k, n, 1, 1], 91);
+        let mut out = Vec::new();
+        for transposed in [false, true] {
+            let mut g = Graph::new();
+            let a = g.input(ty, &c.ane).unwrap();
+            let (b_in, b) = if transposed {
+                let t = g.input(DType::F32, &[n, k]).unwrap();
+                (t, g.transpose(t).unwrap())
+            } else {
+                let t = g.input(DType::F32, &[k, n]).unwrap();
+                (t, t)
+            };
+            let y = g.mul_mat(a, b).unwrap();
+            g.set_output(y).unwrap();
+            let mut p = Plan::new(g, &be).unwrap();
+            p.set_input_bytes(a, &c.a_q).unwrap();
+            if transposed {
+                let bt: Vec<f32> = (0..n * k).map(|i| c.b[(i % n) * k + i / n]).collect();
+                p.set_input(b_in, &bt).unwrap();
+            } else {
+                p.set_input(b_in, &c.b).unwrap();
+            }
+            p.compute().unwrap();
+            out.push(p.output::<f32>(y).unwrap().to_vec());
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out[0]), bits(&out[1]), "{ty}");
+    }
+}

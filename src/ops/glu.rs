@@ -88,7 +88,7 @@ pub(crate) fn compute(
     // F32 SwiGLU is one fused vector pass per row (silu, then the multiply, in registers).
     let fast_swiglu = op == GluOp::Swiglu && !f16 && d.nb[0] == 4;
     // An output larger than the caches (with its two inputs) is written past them: the same
-    // bits, without reading every destination line first (11008 x 512: about 15% faster).
+    // bits, without reading every destination line first (11008 x 512, 2 threads: 2.5 -> 1.6 ms).
     let swiglu_f32 =
         if d.nelements() * 4 >= STREAM_MIN_BYTES { kt.swiglu_f32_stream } else { kt.swiglu_f32 };
     // Rows of src0 (and src1) are contiguous (build-time check); the fused form's halves are
