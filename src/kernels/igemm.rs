@@ -125,6 +125,9 @@ pub(crate) struct IgemmKernels {
     /// The tier's whole-step unpacker of a block type, where it has one (the same codes,
     /// scales and mins as the type's `quant::unpack` function per block).
     pub unpack: fn(DType) -> Option<UnpackStepFn>,
+    /// The tier's unpacker of a super-block type, where it has one (the same codes, scales and
+    /// mins as the type's `quant::unpack` function).
+    pub unpack_super: fn(DType) -> Option<crate::quant::unpack::UnpackFn>,
 }
 
 /// Unpacks a row's step of `nblk` (at most 8) weight blocks of 32 elements in ggml's layout
@@ -141,6 +144,12 @@ pub(crate) type UnpackStepFn = fn(
 /// For tiers without step unpackers.
 #[cfg(test)]
 pub(crate) fn no_unpack(_: DType) -> Option<UnpackStepFn> {
+    None
+}
+
+/// For tiers without super-block unpackers.
+#[cfg(test)]
+pub(crate) fn no_unpack_super(_: DType) -> Option<crate::quant::unpack::UnpackFn> {
     None
 }
 
@@ -215,6 +224,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     unit_pair: None,
     max_code: 255,
     unpack: no_unpack,
+    unpack_super: no_unpack_super,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,

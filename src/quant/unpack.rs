@@ -133,7 +133,8 @@ fn block<T: bytemuck::AnyBitPattern>(b: &[u8]) -> T {
 }
 
 #[allow(non_snake_case)]
-fn unpack_q2_K(
+#[inline(always)]
+pub(crate) fn unpack_q2_K(
     b: &[u8],
     codes: &mut [u8; QK_K],
     scales: &mut [i32; 16],
@@ -161,7 +162,8 @@ fn unpack_q2_K(
 }
 
 #[allow(non_snake_case)]
-fn unpack_q3_K(
+#[inline(always)]
+pub(crate) fn unpack_q3_K(
     b: &[u8],
     codes: &mut [u8; QK_K],
     scales: &mut [i32; 16],
@@ -194,7 +196,8 @@ fn k4_scales(packed: &[u8; 12], scales: &mut [i32; 16], mins: &mut [i32; 16]) {
 }
 
 #[allow(non_snake_case)]
-fn unpack_q4_K(
+#[inline(always)]
+pub(crate) fn unpack_q4_K(
     b: &[u8],
     codes: &mut [u8; QK_K],
     scales: &mut [i32; 16],
@@ -213,7 +216,8 @@ fn unpack_q4_K(
 }
 
 #[allow(non_snake_case)]
-fn unpack_q5_K(
+#[inline(always)]
+pub(crate) fn unpack_q5_K(
     b: &[u8],
     codes: &mut [u8; QK_K],
     scales: &mut [i32; 16],
@@ -232,7 +236,8 @@ fn unpack_q5_K(
 }
 
 #[allow(non_snake_case)]
-fn unpack_q6_K(
+#[inline(always)]
+pub(crate) fn unpack_q6_K(
     b: &[u8],
     codes: &mut [u8; QK_K],
     scales: &mut [i32; 16],

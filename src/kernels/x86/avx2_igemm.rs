@@ -134,6 +134,7 @@ macro_rules! kernel_set {
             unit_pair: None,
             max_code: $max,
             unpack: super::avx2_unpack::unpack_for,
+            unpack_super: super::avx2_unpack::unpack_super_for,
         };
     };
 }

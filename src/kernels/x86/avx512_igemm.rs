@@ -125,6 +125,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     unit_pair: Some(vnni_x2::<16, true, true>),
     max_code: 255,
     unpack: super::avx2_unpack::unpack_for,
+    unpack_super: super::avx2_unpack::unpack_super_for,
 };
 
 fn vnni<const SUB: usize, const MIN: bool>(

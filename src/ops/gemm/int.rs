@@ -13,7 +13,7 @@ use crate::kernels::igemm::{
     pack_q8_blocks_column, pack_q8k_column,
 };
 use crate::kernels::prefetch::prefetch_l1;
-use crate::quant::unpack::{IntFormat, Unpack};
+use crate::quant::unpack::{IntFormat, Unpack, UnpackFn};
 use std::ops::Range;
 
 /// Weight rows per block (at most; fewer when that gives each thread several blocks). A block
@@ -91,10 +91,12 @@ pub(crate) fn zero_column(blocks: &mut [ABlock], c: usize) {
 const REPACK_STEP_MAX: usize = 256;
 
 /// Unpacks one row's step (`src`: its `nblk` weight blocks of `bsize` bytes, ggml's layout) into
-/// row `rr` of `band`; a partial step's rest is zero padding.
+/// row `rr` of `band` with the tier's unpacker where it has one (`fast` for a block type,
+/// `fast_super` for a super-block type; the same codes and scales), else the portable one; a
+/// partial step's rest is zero padding.
 fn unpack_step(
     fmt: &IntFormat,
-    fast: Option<UnpackStepFn>,
+    (fast, fast_super): (Option<UnpackStepFn>, Option<UnpackFn>),
     src: &[u8],
     bsize: usize,
     nblk: usize,
@@ -104,7 +106,8 @@ fn unpack_step(
     let codes: &mut [u8; QK_K] =
         (&mut band.codes[rr * QK_K..(rr + 1) * QK_K]).try_into().expect("256 codes");
     match fmt.unpack {
-        Unpack::Super(unpack) => {
+        Unpack::Super(portable) => {
+            let unpack = fast_super.unwrap_or(portable);
             let scales: &mut [i32; 16] =
                 (&mut band.scales[rr * 16..rr * 16 + 16]).try_into().expect("16 scales");
             let mins: &mut [i32; 16] =
@@ -157,6 +160,8 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     fmt: &'a IntFormat,
     /// The tier's step unpacker of the weight type, if it has one.
     fast: Option<UnpackStepFn>,
+    /// The tier's super-block unpacker of the weight type, if it has one.
+    fast_super: Option<UnpackFn>,
     kernel: IgemmFn,
     pair: Option<IgemmPairFn>,
     bsize: usize,
@@ -210,9 +215,22 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         }
         let kernel = kernels.get(fmt.sub, fmt.has_min, fmt.float_scales());
         let pair = kernels.pair_for(fmt);
-        let fast = (kernels.unpack)(dtype);
-        let blk =
-            IntBlock { fmt, fast, kernel, pair, bsize, repacked, k, rows, a_row, ab, ncols, bands };
+        let (fast, fast_super) = ((kernels.unpack)(dtype), (kernels.unpack_super)(dtype));
+        let blk = IntBlock {
+            fmt,
+            fast,
+            fast_super,
+            kernel,
+            pair,
+            bsize,
+            repacked,
+            k,
+            rows,
+            a_row,
+            ab,
+            ncols,
+            bands,
+        };
         Ok((blk, tiles))
     }
 
@@ -301,7 +319,7 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                     let next = (self.a_row)(r0 + rr).wrapping_add((kb + 1) * per * bsize);
                     prefetch_l1(next, next_bytes);
                 }
-                unpack_step(fmt, self.fast, src, bsize, nblk, band, rr);
+                unpack_step(fmt, (self.fast, self.fast_super), src, bsize, nblk, band, rr);
             }
         }
         Ok(())

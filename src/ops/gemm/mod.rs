@@ -82,10 +82,17 @@ pub(crate) fn block<F: Family>(
     let tile = |p: usize, r: usize| &tiles[(p * n_strips + r / F::MR) * t..][..t];
     match order {
         Store::ColumnMajor => {
+            // Tile by tile (each read once, in L1), a column's rows of the strip in a run.
             for p in 0..n_panels {
-                for c in 0..F::NR.min(ncols - p * F::NR) {
-                    for (r, i) in rows.clone().enumerate() {
-                        store(i, p * F::NR + c, tile(p, r)[(r % F::MR) * F::NR + c]);
+                let nc = F::NR.min(ncols - p * F::NR);
+                for st in 0..n_strips {
+                    let r0 = st * F::MR;
+                    let nr = F::MR.min(rows.len() - r0);
+                    let tile = &tiles[(p * n_strips + st) * t..][..t];
+                    for c in 0..nc {
+                        for rr in 0..nr {
+                            store(rows.start + r0 + rr, p * F::NR + c, tile[rr * F::NR + c]);
+                        }
                     }
                 }
             }
