@@ -645,23 +645,34 @@ unsafe fn q8_k_block(x: &[f32], y: &mut [u8]) {
     let (is, magic) = (_mm256_set1_ps(iscale), _mm256_set1_ps(12582912.0));
     let (mask, bias) = (_mm256_set1_epi32(0x007f_ffff), _mm256_set1_epi32(0x0040_0000));
     let top = _mm256_set1_epi32(127);
-    let qs = &mut y[Q8K_QS..Q8K_QS + 256];
-    for (c, q) in x.chunks_exact(8).zip(qs.chunks_exact_mut(8)) {
-        // SAFETY: 8 values.
-        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
-        // nearest_int(iscale * v): the product rounded to f32, then the 1.5 * 2^23 trick.
-        let t = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(is, v), magic));
-        let n = _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(t, mask), bias), top);
-        let mut w = [0i32; 8];
-        // SAFETY: 8 i32.
-        unsafe { _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, n) };
-        for (o, &v) in q.iter_mut().zip(&w) {
-            *o = v as i8 as u8;
-        }
-    }
+    // packs_epi32 then packs_epi16 leave the 32 bytes as 4-byte groups 0 2 4 6 1 3 5 7.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let (flip, zero) = (_mm256_set1_epi8(-128), _mm256_setzero_si256());
     let mut sums = [0i16; 16];
-    for (s, g) in sums.iter_mut().zip(qs.chunks_exact(16)) {
-        *s = g.iter().map(|&v| v as i8 as i32).sum::<i32>() as i16;
+    let qs = &mut y[Q8K_QS..Q8K_QS + 256];
+    for ((c, q), s) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)).zip(sums.chunks_exact_mut(2))
+    {
+        let mut n = [_mm256_setzero_si256(); 4];
+        for (e, n) in n.iter_mut().enumerate() {
+            // SAFETY: 8 values at 8 e of the 32.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr().add(8 * e)) };
+            // nearest_int(iscale * v): the product rounded to f32, then the 1.5 * 2^23 trick.
+            // |iscale * v| <= 127 and a NaN gives 0..=127 (its quiet bit is the trick's bias),
+            // so the packs below never saturate: the bytes are the reference's int8 casts.
+            let t = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(is, v), magic));
+            *n = _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(t, mask), bias), top);
+        }
+        let b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+        let b = _mm256_permutevar8x32_epi32(b, order);
+        // SAFETY: 32 bytes.
+        unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b) };
+        // Each 16-level sum: the two 8-byte sums of (level + 128) less 16 * 128.
+        let sad = _mm256_sad_epu8(_mm256_xor_si256(b, flip), zero);
+        let mut w = [0i64; 4];
+        // SAFETY: 4 i64.
+        unsafe { _mm256_storeu_si256(w.as_mut_ptr() as *mut __m256i, sad) };
+        s[0] = (w[0] + w[1] - 16 * 128) as i16;
+        s[1] = (w[2] + w[3] - 16 * 128) as i16;
     }
     y[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     y[Q8K_BSUMS..].copy_from_slice(bytemuck::cast_slice(&sums));
@@ -675,15 +686,18 @@ mod tests {
             return;
         }
         let mut x: Vec<f32> =
-            (0..256 * 6).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.37).collect();
+            (0..256 * 8).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.37).collect();
         x[256..512].fill(0.0);
         x[600] = f32::NAN;
         x[700] = 1e30;
         x[1100] = -3000.0;
         x[1101] = 3000.0;
-        let mut want = vec![0u8; 292 * 6];
+        // A NaN with a payload and an infinity (which makes the block's scale 0).
+        x[1600] = f32::from_bits(0x7fa0_1234);
+        x[1900] = f32::INFINITY;
+        let mut want = vec![0u8; 292 * 8];
         crate::quant::quantize_for_dot(crate::dtype::DType::Q8_K, &x, &mut want).unwrap();
-        let mut got = vec![0u8; 292 * 6];
+        let mut got = vec![0u8; 292 * 8];
         super::from_float_q8_k(&x, &mut got);
         assert_eq!(got, want);
     }

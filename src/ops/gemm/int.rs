@@ -39,9 +39,14 @@ pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: 
     use crate::quant::util::fp16_to_fp32;
     match fmt.act {
         DType::Q8_K => {
+            // Q8_K's fields read where they lie (d: 4 bytes, qs: 256, bsums: 32), not copied
+            // out as a whole block.
             for (blk, q) in blocks.iter_mut().zip(q8.chunks_exact(Q8K_BYTES)) {
-                let qb: crate::quant::kquants::BlockQ8K = bytemuck::pod_read_unaligned(q);
-                pack_q8k_column(blk, c, &qb.qs, &qb.bsums, qb.d, fmt.sub, fmt.bias);
+                let d: f32 = bytemuck::pod_read_unaligned(&q[..4]);
+                let qs: &[i8; QK_K] =
+                    bytemuck::cast_slice::<u8, i8>(&q[4..4 + QK_K]).try_into().expect("256 levels");
+                let bsums: [i16; 16] = bytemuck::pod_read_unaligned(&q[4 + QK_K..]);
+                pack_q8k_column(blk, c, qs, &bsums, d, fmt.sub, fmt.bias);
             }
         }
         DType::Q8_1 => {
