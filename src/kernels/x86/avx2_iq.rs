@@ -47,9 +47,10 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot(DType::IQ4_NL, vec_dot_iq4_nl_q8_0);
     t.set_vec_dot(DType::IQ4_XS, vec_dot_iq4_xs_q8_K);
     // Decode variants prefetching the weight row (see `STREAM_PF`). IQ2_S on Zen 4, 4096 x 1 x
-    // 14336, 2 threads, alternating: 3.13 -> 2.26 ms (3 rounds), 3.02 -> 2.84 (5 rounds); IQ1_M
-    // measured no gain there (3.04 -> 3.14).
+    // 14336, 2 threads, alternating: 3.13 -> 2.26 ms (3 rounds), 3.02 -> 2.84 (5 rounds); IQ3_XXS
+    // 4.43 -> 3.61 ms (medians of 5 noisy rounds); IQ1_M measured no gain there (3.04 -> 3.14).
     t.set_vec_dot_stream(DType::IQ2_S, vec_dot_iq2_s_q8_K_stream);
+    t.set_vec_dot_stream(DType::IQ3_XXS, vec_dot_iq3_xxs_q8_K_stream);
     t.set_vec_dot_stream(DType::IQ4_NL, vec_dot_iq4_nl_q8_0_stream);
     t.set_vec_dot_stream(DType::IQ4_XS, vec_dot_iq4_xs_q8_K_stream);
     t.set_vec_dot_stream(
@@ -73,7 +74,8 @@ safe_wrappers! {
     vec_dot_iq2_xs_q8_K => iq2_xs_avx2;
     vec_dot_iq2_s_q8_K => iq2_s_avx2::<0>;
     vec_dot_iq2_s_q8_K_stream => iq2_s_avx2::<STREAM_PF>;
-    vec_dot_iq3_xxs_q8_K => iq3_xxs_avx2;
+    vec_dot_iq3_xxs_q8_K => iq3_xxs_avx2::<0>;
+    vec_dot_iq3_xxs_q8_K_stream => iq3_xxs_avx2::<STREAM_PF>;
     vec_dot_iq3_s_q8_K => iq3_s_avx2::<0>;
     vec_dot_iq1_s_q8_K => iq1_s_avx2;
     vec_dot_iq1_m_q8_K => iq1_m_avx2;
@@ -471,12 +473,15 @@ fn iq2_s_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
 // IQ3_XXS
 
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq3_xxs_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {
+fn iq3_xxs_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const XS: usize = size_of::<BlockIQ3XXS>();
     const QS: usize = offset_of!(BlockIQ3XXS, qs);
     const GAS: usize = QS + QK_K / 4;
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
+        if PF > 0 {
+            prefetch_lines::<XS>(xb.as_ptr(), PF);
+        }
         let d = fp16(rd_u32(xb, 0)) * rd_f32(yb, 0);
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
