@@ -52,7 +52,9 @@ pub(crate) trait Family {
 /// contiguously.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Store {
-    /// Column by column, rows fastest (`mul_mat`'s dst: rows are contiguous).
+    /// Tile by tile (panel, then strip), each tile column by column with its rows fastest
+    /// (`mul_mat`'s dst: rows are contiguous; a q4_K prefill's stores took about a third less
+    /// time so than column by column across the tiles).
     ColumnMajor,
     /// Row by row, columns fastest (convolutions: output positions are contiguous).
     RowMajor,
