@@ -166,6 +166,33 @@ pub(crate) fn alibi_slope(max_bias: f32, n_head: usize, h: usize) -> f32 {
     }
 }
 
+/// Elements `k0..k1` of the f32 row of `b` at `pb`: the row itself where it is contiguous and
+/// 4-byte aligned (a slice over it), else gathered element by element into `scratch` (views may
+/// sit at any offset and stride).
+///
+/// # Safety
+/// `b` is F32, `pb` points at one of its rows and `k1 <= b.ne[0]` (the row's elements lie inside
+/// b's data, as plan-time validation ensures), `scratch` holds at least `k1 - k0` values, and the
+/// row is not written while the returned slice lives.
+pub(crate) unsafe fn f32_run<'a>(
+    b: &TView,
+    pb: *const u8,
+    (k0, k1): (usize, usize),
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
+    debug_assert_eq!(b.dtype, crate::dtype::DType::F32);
+    if b.nb[0] == 4 && (pb as usize).is_multiple_of(4) {
+        // SAFETY: a contiguous, aligned row of at least k1 f32 (caller contract).
+        return unsafe { &std::slice::from_raw_parts(pb as *const f32, k1)[k0..] };
+    }
+    let run = &mut scratch[..k1 - k0];
+    for (i, v) in run.iter_mut().enumerate() {
+        // SAFETY: k0 + i < k1 <= ne[0]: inside the row (caller contract); read unaligned.
+        *v = unsafe { (pb.add((k0 + i) * b.nb[0]) as *const f32).read_unaligned() };
+    }
+    run
+}
+
 /// Decomposes a flat row index into (i1, i2, i3).
 #[inline(always)]
 pub(crate) fn unravel_row(r: usize, ne: &[usize; 4]) -> (usize, usize, usize) {

@@ -101,14 +101,8 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             let out = std::slice::from_raw_parts_mut(ctx.work.add(r * rb), vd.row_bytes(k));
             let scratch = std::slice::from_raw_parts_mut(ctx.work.add(scratch_off) as *mut f32, k);
             let pb = b.row(i1, i2, i3);
-            if b.dtype == DType::F32 && b.nb[0] == 4 && (pb as usize).is_multiple_of(4) {
-                // A contiguous, aligned row converts in place.
-                from(std::slice::from_raw_parts(pb as *const f32, k), out);
-            } else if b.dtype == DType::F32 {
-                for (i, s) in scratch.iter_mut().enumerate() {
-                    *s = (pb.add(i * b.nb[0]) as *const f32).read_unaligned();
-                }
-                from(scratch, out);
+            if b.dtype == DType::F32 {
+                from(super::f32_run(b, pb, (0, k), scratch), out);
             } else if b.dtype != vd {
                 // BF16 activations of F32 weights (the builder allows no other pair): widened
                 // into the f32 rows the dot product reads, as ggml does.

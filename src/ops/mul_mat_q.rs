@@ -181,23 +181,11 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 pack_column(&fmt, &row[q0..], ab, c);
                 continue;
             }
-            // SAFETY: j < b.ne[1], (i2, i3) below b's dims: a row of b.
-            let pb = unsafe { b.row(j, i2, i3) };
+            // SAFETY: b is F32 here (applies); j < b.ne[1], (i2, i3) below b's dims: a row of
+            // b, of ne[0] >= k1 elements (extent validated at plan time); colf holds k values.
+            let run = unsafe { super::f32_run(b, b.row(j, i2, i3), (k0, k1), colf) };
             let q8 = &mut q8[..q1 - q0];
-            if b.dtype == DType::F32 && b.nb[0] == 4 && (pb as usize).is_multiple_of(4) {
-                // SAFETY: a contiguous, aligned f32 row of ne[0] >= k1 elements (extent
-                // validated at plan time).
-                let row = unsafe { std::slice::from_raw_parts(pb as *const f32, k1) };
-                from(&row[k0..], q8);
-            } else {
-                let colf = &mut colf[..k1 - k0];
-                for (i, v) in colf.iter_mut().enumerate() {
-                    // SAFETY: k0 + i < ne[0]: inside b's row (extent validated at plan time);
-                    // read unaligned since views may sit at any offset.
-                    *v = unsafe { (pb.add((k0 + i) * b.nb[0]) as *const f32).read_unaligned() };
-                }
-                from(colf, q8);
-            }
+            from(run, q8);
             pack_column(&fmt, q8, ab, c);
         }
     }
