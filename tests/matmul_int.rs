@@ -145,12 +145,12 @@ fn int_gemm_b_in_vec_dot_type_matches_f32_b() {
 
 /// Activations stored transposed ([n, k]) and viewed as [k, n] (elements `n * 4` bytes apart):
 /// converted element by element, they give the bits of the contiguous ones, which are converted
-/// where they lie.
+/// where they lie, in the integer GEMM (7 columns) and in the dot products' conversion (3).
 #[test]
 fn strided_f32_activations_give_the_contiguous_bits() {
     let be = CpuBackend::with_threads(2).unwrap();
-    for ty in [DType::Q4_0, DType::Q4_K] {
-        let (k, m, n) = (512, 9, 7);
+    for (ty, n) in [(DType::Q4_0, 7), (DType::Q4_K, 7), (DType::Q4_K, 3)] {
+        let (k, m) = (512, 9);
         let c = case(ty, [k, m, 1, 1], [k, n, 1, 1], 91);
         let mut out = Vec::new();
         for transposed in [false, true] {
@@ -177,6 +177,6 @@ fn strided_f32_activations_give_the_contiguous_bits() {
             out.push(p.output::<f32>(y).unwrap().to_vec());
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&out[0]), bits(&out[1]), "{ty}");
+        assert_eq!(bits(&out[0]), bits(&out[1]), "{ty}, {n} columns");
     }
 }

@@ -24,6 +24,7 @@ use crate::dtype::{DType, QK_K};
 use crate::quant::util::fp16_to_fp32;
 
 mod blocks;
+pub(crate) use blocks::FP4_CODES;
 
 /// Unpacks one super-block (`block` is exactly the type's block size) into 256 codes and
 /// `256 / sub` scales and mins (the rest of the arrays is left as it was); returns `(d, dmin)`.
@@ -263,6 +264,27 @@ pub(crate) fn unpack_q6_K(
     (fp16_to_fp32(x.d), 0.0)
 }
 
+/// `kvalues_iq4nl` plus 128: the unsigned codes of IQ4_NL and IQ4_XS (bias 128).
+pub(crate) const IQ4NL_CODES: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::quant::iq::grids::KVALUES_IQ4NL[i] as i32 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// IQ4_XS's eight 6-bit sub-block scales (4 low bits in `scales_l`, 2 high in `scales_h`) minus
+/// 32, into `scales[..8]`.
+pub(crate) fn iq4_xs_scales(scales_h: u16, scales_l: &[u8; 4], scales: &mut [i32; 16]) {
+    for (ib, s) in scales[..8].iter_mut().enumerate() {
+        let ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) as i32
+            | ((((scales_h >> (2 * ib)) & 3) as i32) << 4);
+        *s = ls - 32;
+    }
+}
+
 fn unpack_iq4_xs(
     b: &[u8],
     codes: &mut [u8; QK_K],
@@ -270,12 +292,9 @@ fn unpack_iq4_xs(
     _: &mut [i32; 16],
 ) -> (f32, f32) {
     let x: crate::quant::iq::iq4::BlockIQ4XS = block(b);
-    // kvalues_iq4nl + 128, so the codes are unsigned.
-    let lut = crate::quant::iq::grids::KVALUES_IQ4NL.map(|v| (v as i32 + 128) as u8);
-    for (ib, (out, qs)) in codes.chunks_exact_mut(32).zip(x.qs.chunks_exact(16)).enumerate() {
-        let ls = ((x.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) as i32
-            | ((((x.scales_h >> (2 * ib)) & 3) as i32) << 4);
-        scales[ib] = ls - 32;
+    iq4_xs_scales(x.scales_h, &x.scales_l, scales);
+    let lut = IQ4NL_CODES;
+    for (out, qs) in codes.chunks_exact_mut(32).zip(x.qs.chunks_exact(16)) {
         let (lo, hi) = out.split_at_mut(16);
         for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
             *l = lut[(q & 0xf) as usize];

@@ -9,9 +9,8 @@ use std::arch::x86_64::*;
 
 use crate::dtype::{DType, QK_K};
 use crate::kernels::igemm::UnpackStepFn;
-use crate::quant::fp4::{KVALUES_MXFP4, e8m0_to_fp32_half};
-use crate::quant::iq::grids::KVALUES_IQ4NL;
-use crate::quant::unpack::UnpackFn;
+use crate::quant::fp4::e8m0_to_fp32_half;
+use crate::quant::unpack::{FP4_CODES, IQ4NL_CODES, UnpackFn, iq4_xs_scales};
 use crate::quant::util::fp16_to_fp32;
 
 const Q4_0: u8 = 0;
@@ -21,9 +20,6 @@ const Q5_1: u8 = 3;
 const Q8_0: u8 = 4;
 const IQ4_NL: u8 = 5;
 const MXFP4: u8 = 6;
-
-/// MXFP4's levels made unsigned, as `quant::unpack` writes them (its `FP4_BIAS`).
-const FP4_BIAS: i32 = 12;
 
 /// The step unpacker of `d`, for the types this file has one for.
 pub(crate) fn unpack_for(d: DType) -> Option<UnpackStepFn> {
@@ -138,8 +134,8 @@ unsafe fn step_avx2<const KIND: u8>(
     let ones = _mm256_set1_epi64x(-1);
     let b16 = _mm256_set1_epi8(0x10);
     let lut = match KIND {
-        IQ4_NL => KVALUES_IQ4NL.map(|v| (v as i32 + 128) as u8),
-        MXFP4 => KVALUES_MXFP4.map(|v| (v as i32 + FP4_BIAS) as u8),
+        IQ4_NL => IQ4NL_CODES,
+        MXFP4 => FP4_CODES,
         _ => [0; 16],
     };
     // SAFETY: 16 bytes read from a 16-byte array.
@@ -197,12 +193,7 @@ fn iq4_xs(
     _: &mut [i32; 16],
 ) -> (f32, f32) {
     let b: &[u8; 136] = b.try_into().expect("one IQ4_XS block");
-    let scales_h = u16::from_le_bytes([b[2], b[3]]);
-    for (ib, s) in scales[..8].iter_mut().enumerate() {
-        let ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) as i32
-            | ((((scales_h >> (2 * ib)) & 3) as i32) << 4);
-        *s = ls - 32;
-    }
+    iq4_xs_scales(u16::from_le_bytes([b[2], b[3]]), &[b[4], b[5], b[6], b[7]], scales);
     // SAFETY: this file's unpackers are installed only in tiers that run on CPUs with AVX2
     // (`plug_avx2`, `avx512::plug`); the references are fixed-size arrays.
     unsafe { iq4_xs_codes(&b[8..].try_into().expect("128 bytes"), codes) };
@@ -213,10 +204,10 @@ fn iq4_xs(
 /// first 16 codes, the high ones its last 16, each looked up in `kvalues_iq4nl` plus 128.
 #[target_feature(enable = "avx2")]
 fn iq4_xs_codes(qs: &[u8; 128], codes: &mut [u8; QK_K]) {
-    let lut = KVALUES_IQ4NL.map(|v| (v as i32 + 128) as u8);
     // SAFETY: 16 bytes read from a 16-byte array.
-    let lut =
-        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(lut.as_ptr() as *const __m128i) });
+    let lut = _mm256_broadcastsi128_si256(unsafe {
+        _mm_loadu_si128(IQ4NL_CODES.as_ptr() as *const __m128i)
+    });
     let m4 = _mm256_set1_epi8(0x0F);
     for i in 0..4 {
         // SAFETY: i < 4: bytes 32 i..32 i + 32 of the 128.

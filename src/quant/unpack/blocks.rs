@@ -94,19 +94,25 @@ fn nibbles_lut(qs: &[u8; 16], lut: &[u8; 16], codes: &mut [u8]) {
 /// IQ4_NL: `kvalues_iq4nl` plus 128.
 fn unpack_iq4_nl(b: &[u8], codes: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
     let x: crate::quant::iq::iq4::BlockIQ4NL = block(b);
-    let lut = crate::quant::iq::grids::KVALUES_IQ4NL.map(|v| (v as i32 + 128) as u8);
-    nibbles_lut(&x.qs, &lut, codes);
+    nibbles_lut(&x.qs, &super::IQ4NL_CODES, codes);
     scales[0] = fp16_to_fp32(x.d);
 }
 
-fn fp4_lut() -> [u8; 16] {
-    KVALUES_MXFP4.map(|v| (v as i32 + FP4_BIAS) as u8)
-}
+/// MXFP4 / NVFP4 levels plus [`FP4_BIAS`]: their unsigned codes.
+pub(crate) const FP4_CODES: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_MXFP4[i] as i32 + FP4_BIAS) as u8;
+        i += 1;
+    }
+    t
+};
 
 /// MXFP4: doubled E2M1 levels plus 12, the E8M0 scale halved (as its dequantizer).
 fn unpack_mxfp4(b: &[u8], codes: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
     let x: BlockMxfp4 = block(b);
-    nibbles_lut(&x.qs, &fp4_lut(), codes);
+    nibbles_lut(&x.qs, &FP4_CODES, codes);
     scales[0] = e8m0_to_fp32_half(x.e);
 }
 
@@ -114,7 +120,7 @@ fn unpack_mxfp4(b: &[u8], codes: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
 /// elements 0..8 and high nibbles 8..16.
 fn unpack_nvfp4(b: &[u8], codes: &mut [u8], scales: &mut [f32], _: &mut [f32]) {
     let x: BlockNvfp4 = block(b);
-    let lut = fp4_lut();
+    let lut = FP4_CODES;
     for (s, out) in codes.chunks_exact_mut(16).enumerate() {
         let (lo, hi) = out.split_at_mut(8);
         for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(&x.qs[8 * s..8 * s + 8]) {
