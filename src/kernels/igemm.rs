@@ -55,8 +55,27 @@ pub(crate) struct WBand {
     pub fscales: [f32; IG_MR * 16],
     /// Float min of sub-block `j` of row `r` at `fmins[r * 16 + j]` (block types with mins).
     pub fmins: [f32; IG_MR * 16],
+    /// Scales of sub-blocks `2 i` (low 16 bits) and `2 i + 1` (high 16 bits) of row `r` at
+    /// `scale_pairs[r * 8 + i]`, as `vpdpwssd` takes them ([`WBand::pair_up`]; read by kernels
+    /// for `IntFormat::narrow_sums` forms, whose scales fit 16 bits).
+    pub scale_pairs: [i32; IG_MR * 8],
+    /// Mins of sub-blocks `2 i` and `2 i + 1` of row `r` at `min_pairs[r * 8 + i]`, the same way
+    /// (read by kernels for types with mins, whose mins are at most 6 bits).
+    pub min_pairs: [i32; IG_MR * 8],
 }
-const _: () = assert!(size_of::<WBand>() == 4160);
+const _: () = assert!(size_of::<WBand>() == 4672);
+
+impl WBand {
+    /// Writes row `r`'s `scale_pairs` and `min_pairs` from its `scales` and `mins` (once per
+    /// unpacked row, so the kernels, which run once per panel, read them ready).
+    pub(crate) fn pair_up(&mut self, r: usize) {
+        for i in 0..8 {
+            let (j, o) = (r * 16 + 2 * i, r * 8 + i);
+            self.scale_pairs[o] = pair_i16(self.scales[j], self.scales[j + 1]);
+            self.min_pairs[o] = pair_i16(self.mins[j], self.mins[j + 1]);
+        }
+    }
+}
 
 /// One panel of [`IG_NR`] activation columns over one super-block.
 #[repr(C, align(64))]
@@ -119,6 +138,10 @@ pub(crate) struct IgemmKernels {
     /// A two-panel form of `sub16_min` for bands whose scales are all 1 (`IntFormat::unit_scales`):
     /// a whole step's products summed before the mins, where the tier has one.
     pub unit_pair: Option<IgemmPairFn>,
+    /// A two-panel form of `sub16` for formats whose corrected sub-block sums fit 16 bits
+    /// (`IntFormat::narrow_sums`): two sub-blocks scaled by one 16-bit pair product, where the
+    /// tier has one.
+    pub narrow_pair: Option<IgemmPairFn>,
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
@@ -169,10 +192,13 @@ impl IgemmKernels {
     }
 
     /// The two-panel kernel for weights of format `fmt`, where the tier has one: the unit-scale
-    /// pair for `IntFormat::unit_scales` forms, else [`IgemmKernels::get_pair`]'s.
+    /// pair for `IntFormat::unit_scales` forms, the narrow pair for `IntFormat::narrow_sums`
+    /// forms, else [`IgemmKernels::get_pair`]'s.
     pub(crate) fn pair_for(&self, fmt: &crate::quant::unpack::IntFormat) -> Option<IgemmPairFn> {
-        match self.unit_pair {
-            Some(unit) if fmt.unit_scales && fmt.sub == 16 && fmt.has_min => Some(unit),
+        let int16 = fmt.sub == 16 && !fmt.float_scales();
+        match (self.unit_pair, self.narrow_pair) {
+            (Some(unit), _) if fmt.unit_scales && int16 && fmt.has_min => Some(unit),
+            (_, Some(narrow)) if fmt.narrow_sums && int16 && !fmt.has_min => Some(narrow),
             _ => self.get_pair(fmt.sub, fmt.has_min, fmt.float_scales()),
         }
     }
@@ -222,6 +248,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     blk32_min: igemm_blocks_generic::<32, true>,
     pairs: None,
     unit_pair: None,
+    narrow_pair: None,
     max_code: 255,
     unpack: no_unpack,
     unpack_super: no_unpack_super,
@@ -336,7 +363,9 @@ pub(crate) fn pairs_fit(a: &ABlock) -> bool {
 }
 
 /// Regroups one Q8_K block of column `c` into panel block `a` (levels, sums per `sub` times
-/// `bias` where the weight type has one, scale).
+/// `bias` where the weight type has one, scale). The sums are the block's `bsums`, or with
+/// `from_levels` (`IntFormat::narrow_sums`) the sums of its levels.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_q8k_column(
     a: &mut ABlock,
     c: usize,
@@ -345,13 +374,18 @@ pub(crate) fn pack_q8k_column(
     d: f32,
     sub: usize,
     bias: i32,
+    from_levels: bool,
 ) {
     for g in 0..QK_K / 4 {
         a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].copy_from_slice(&qs[4 * g..4 * g + 4]);
     }
     let per = sub / 16;
     for j in 0..QK_K / sub {
-        let s: i32 = bsums16[j * per..(j + 1) * per].iter().map(|&v| v as i32).sum();
+        let s: i32 = if from_levels {
+            qs[j * sub..(j + 1) * sub].iter().map(|&v| v as i32).sum()
+        } else {
+            bsums16[j * per..(j + 1) * per].iter().map(|&v| v as i32).sum()
+        };
         a.bsums[j * IG_NR + c] = if bias != 0 { s * bias } else { s };
     }
     if bias == 0 {
@@ -415,6 +449,74 @@ mod tests {
         Vec::new()
     }
 
+    /// The narrow pair (`IntFormat::narrow_sums`) against the portable `sub16` on both panels,
+    /// with Q3_K's codes (0..=7, bias 4, scales -32..=31) and IQ1_M's (128 +- 9, bias 128,
+    /// scales 1..=15), and level sums taken from the levels as the packer takes them for such
+    /// formats; `extreme`: the codes farthest from the bias and every level -128.
+    fn narrow_pair_is_sub16(name: &str, narrow: IgemmPairFn, w: &WBand, a: &ABlock, extreme: bool) {
+        for (bias, lo, hi, smin, smax) in [(4i32, 0u8, 7u8, -32i32, 31i32), (128, 119, 137, 1, 15)]
+        {
+            let mut w = *w;
+            for (i, c) in w.codes.iter_mut().enumerate() {
+                let span = (hi - lo) as usize + 1;
+                *c = if extreme { lo } else { lo + ((*c as usize + i) % span) as u8 };
+            }
+            for (i, v) in w.scales.iter_mut().enumerate() {
+                let span = smax - smin + 1;
+                *v = if extreme { smin } else { smin + (v.rem_euclid(span) + i as i32) % span };
+            }
+            for row in 0..IG_MR {
+                w.pair_up(row);
+            }
+            let mut a2 = *a;
+            a2.codes.reverse();
+            let panels: Vec<ABlock> = [*a, a2]
+                .iter()
+                .map(|p| {
+                    let mut p = *p;
+                    if extreme {
+                        p.codes.fill(-128);
+                    }
+                    for c in 0..IG_NR {
+                        for j in 0..16 {
+                            let s: i32 = (4 * j..4 * j + 4)
+                                .flat_map(|g| p.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].to_vec())
+                                .map(|v| v as i32)
+                                .sum();
+                            p.bsums[j * IG_NR + c] = s * bias;
+                        }
+                    }
+                    p
+                })
+                .collect();
+            let mut want = [[[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]];
+            for (p, acc) in panels.iter().zip(want.iter_mut()) {
+                (SCALAR.sub16)(&w, p, acc, 256);
+            }
+            let (mut g1, mut g2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
+            narrow(&w, [&panels[0], &panels[1]], [&mut g1, &mut g2], 256);
+            for (x, y) in want.iter().flatten().flatten().zip(g1.iter().chain(&g2).flatten()) {
+                assert_eq!(x.to_bits(), y.to_bits(), "{name} narrow pair, bias {bias}");
+            }
+        }
+    }
+
+    /// A Q8_K block whose `bsums` disagree with its levels: the narrow formats' panels take the
+    /// levels' sums (the bound their kernels rely on), the others the block's `bsums`.
+    #[test]
+    fn narrow_formats_take_level_sums_from_the_levels() {
+        let qs: [i8; QK_K] = std::array::from_fn(|i| (i as i32 * 37 % 255 - 127) as i8);
+        let wrong = [1000i16; 16];
+        for (from_levels, want) in [(true, None), (false, Some(1000 * 4))] {
+            let mut a: ABlock = bytemuck::Zeroable::zeroed();
+            pack_q8k_column(&mut a, 3, &qs, &wrong, 1.0, 16, 4, from_levels);
+            for j in 0..16 {
+                let levels: i32 = qs[16 * j..16 * j + 16].iter().map(|&v| v as i32).sum();
+                assert_eq!(a.bsums[j * IG_NR + 3], want.unwrap_or(levels * 4), "sub-block {j}");
+            }
+        }
+    }
+
     /// Random bands and panels, with extremes (codes 255, levels -128/127, scales at the format
     /// bound) mixed in; every tier with integer kernels gives the portable kernel's bits.
     #[test]
@@ -429,6 +531,9 @@ mod tests {
             }
             for v in w.scales.iter_mut().chain(w.mins.iter_mut()) {
                 *v = (r.next_u64() % 256) as i32 - 128;
+            }
+            for row in 0..IG_MR {
+                w.pair_up(row);
             }
             for (d, dm) in w.d.iter_mut().zip(w.dmin.iter_mut()) {
                 *d = (r.next_u64() % 1000) as f32 * 1e-4;
@@ -476,6 +581,9 @@ mod tests {
                 if let Some(unit) = k.unit_pair {
                     let mut wu = w;
                     wu.scales.fill(1);
+                    for row in 0..IG_MR {
+                        wu.pair_up(row);
+                    }
                     let mut a2 = a;
                     a2.d.reverse();
                     a2.bsums.reverse();
@@ -491,6 +599,9 @@ mod tests {
                     for (x, y) in all.zip(g1.iter().chain(&g2).flatten()) {
                         assert_eq!(x.to_bits(), y.to_bits(), "{name} unit pair");
                     }
+                }
+                if let Some(narrow) = k.narrow_pair {
+                    narrow_pair_is_sub16(&name, narrow, &w, &a, extreme);
                 }
                 for (sub, min, fl) in IgemmKernels::KINDS {
                     // Whole steps, and (block types) the partial last steps of rows.

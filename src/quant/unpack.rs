@@ -70,6 +70,13 @@ pub(crate) struct IntFormat {
     /// 2-bit codes times 4-bit scales fit a byte), so a kernel may sum a whole step's products
     /// before any scaling; the integers are the same either way.
     pub unit_scales: bool,
+    /// Every sub-block's bias-corrected sum `sum_i (codes[i] - bias) * a[i]` fits 16 bits for
+    /// any weight bytes and any int8 levels (Q3_K: `|code - 4| <= 4`, IQ1_M: `|code - 128| <= 9`,
+    /// times 16 levels of magnitude at most 128), so a kernel may scale two sub-blocks' sums
+    /// with one 16-bit pair product (`vpdpwssd`); the integers are the same. The panels then
+    /// take their level sums from the levels themselves (`igemm::pack_q8k_column`), which
+    /// keeps the bound for Q8_K rows given with other `bsums`.
+    pub narrow_sums: bool,
 }
 
 impl IntFormat {
@@ -89,6 +96,7 @@ impl IntFormat {
             act: DType::Q8_K,
             unpack: Unpack::Super(f),
             unit_scales: false,
+            narrow_sums: false,
         }
     }
 
@@ -108,7 +116,10 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
             unit_scales: true,
             ..IntFormat::superblock(16, 0, true, 45, unpack_q2_K as UnpackFn)
         }),
-        DType::Q3_K => f(16, 4, false, 7, unpack_q3_K),
+        DType::Q3_K => Some(IntFormat {
+            narrow_sums: true,
+            ..IntFormat::superblock(16, 4, false, 7, unpack_q3_K as UnpackFn)
+        }),
         DType::Q4_K => f(32, 0, true, 15, unpack_q4_K),
         DType::Q5_K => f(32, 0, true, 31, unpack_q5_K),
         DType::Q6_K => f(16, 32, false, 63, unpack_q6_K),

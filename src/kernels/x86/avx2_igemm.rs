@@ -132,6 +132,7 @@ macro_rules! kernel_set {
             blk32_min: $wrap::<32, true, true>,
             pairs: None,
             unit_pair: None,
+            narrow_pair: None,
             max_code: $max,
             unpack: super::avx2_unpack::unpack_for,
             unpack_super: super::avx2_unpack::unpack_super_for,

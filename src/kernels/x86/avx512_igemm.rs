@@ -97,8 +97,7 @@ fn mins_pair<const R: usize>(
     // aligned rows of 16).
     let bs = unsafe { _mm512_load_si512(a.bsum_pairs.as_ptr().add(i * IG_NR) as *const __m512i) };
     for (r, s) in s2.iter_mut().enumerate() {
-        let m = &w.mins[(r0 + r) * 16 + 2 * i..];
-        let mn = _mm512_set1_epi32(crate::kernels::igemm::pair_i16(m[0], m[1]));
+        let mn = _mm512_set1_epi32(w.min_pairs[(r0 + r) * 8 + i]);
         *s = _mm512_dpwssd_epi32(*s, bs, mn);
     }
     s2
@@ -114,15 +113,16 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     blk32: vnni_blocks::<32, false>,
     blk32_min: vnni_blocks::<32, true>,
     pairs: Some([
-        vnni_x2::<16, false, false>,
-        vnni_x2::<16, true, false>,
-        vnni_x2::<32, false, false>,
-        vnni_x2::<32, true, false>,
+        vnni_x2::<16, false, false, false>,
+        vnni_x2::<16, true, false, false>,
+        vnni_x2::<32, false, false, false>,
+        vnni_x2::<32, true, false, false>,
         vnni_blocks_x2::<16, false>,
         vnni_blocks_x2::<32, false>,
         vnni_blocks_x2::<32, true>,
     ]),
-    unit_pair: Some(vnni_x2::<16, true, true>),
+    unit_pair: Some(vnni_x2::<16, true, true, false>),
+    narrow_pair: Some(vnni_x2::<16, false, false, true>),
     max_code: 255,
     unpack: super::avx2_unpack::unpack_for,
     unpack_super: super::avx2_unpack::unpack_super_for,
@@ -273,18 +273,22 @@ const X2_ROWS: usize = 4;
 /// of 10; the band's rows are taken [`X2_ROWS`] at a time. The integer sums and the float
 /// steps are those of [`vnni`], per panel and row. `UNIT` (every scale is 1): the whole step's
 /// products go into one sum per row and column, scaled by nothing (the same integers).
-fn vnni_x2<const SUB: usize, const MIN: bool, const UNIT: bool>(
+/// `NARROW` (`IntFormat::narrow_sums`, no mins): sub-blocks in pairs, the two corrected sums of
+/// each row and column put side by side as 16-bit halves and scaled by one `vpdpwssd` against
+/// the row's two scales, where two `vpmulld` took two of the multiply pipes' slots (the same
+/// integers: each corrected sum fits 16 bits).
+fn vnni_x2<const SUB: usize, const MIN: bool, const UNIT: bool, const NARROW: bool>(
     w: &WBand,
     a: [&ABlock; 2],
     acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
     len: usize,
 ) {
     // SAFETY: as `vnni`.
-    unsafe { vnni_x2_kernel::<SUB, MIN, UNIT>(w, a, acc, len) }
+    unsafe { vnni_x2_kernel::<SUB, MIN, UNIT, NARROW>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool>(
+fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool, const NARROW: bool>(
     w: &WBand,
     a: [&ABlock; 2],
     acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
@@ -298,7 +302,35 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool>(
     for r0 in (0..IG_MR).step_by(X2_ROWS) {
         let mut s1 = [[_mm512_setzero_si512(); X2_ROWS]; 2];
         let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-        for j in 0..nsub {
+        if NARROW {
+            debug_assert!(!MIN && !UNIT);
+            for j in (0..nsub).step_by(2) {
+                let mut even = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+                x2_sums!(wc, ac0, ac1, r0, j, SUB, even);
+                let mut odd = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+                x2_sums!(wc, ac0, ac1, r0, j + 1, SUB, odd);
+                for p in 0..2 {
+                    // SAFETY: j + 1 < 16: inside `bsums`.
+                    let (b0, b1) = unsafe {
+                        let bp = a[p].bsums.as_ptr();
+                        (
+                            _mm512_load_si512(bp.add(j * IG_NR) as *const __m512i),
+                            _mm512_load_si512(bp.add((j + 1) * IG_NR) as *const __m512i),
+                        )
+                    };
+                    for r in 0..X2_ROWS {
+                        let (c0, c1) =
+                            (_mm512_sub_epi32(even[p][r], b0), _mm512_sub_epi32(odd[p][r], b1));
+                        // Low halves c0, high halves c1 (each within 16 bits).
+                        let both =
+                            _mm512_mask_blend_epi16(0xAAAA_AAAA, c0, _mm512_slli_epi32::<16>(c1));
+                        let sc = _mm512_set1_epi32(w.scale_pairs[(r0 + r) * 8 + j / 2]);
+                        s1[p][r] = _mm512_dpwssd_epi32(s1[p][r], both, sc);
+                    }
+                }
+            }
+        }
+        for j in 0..if NARROW { 0 } else { nsub } {
             if !UNIT {
                 raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
             }

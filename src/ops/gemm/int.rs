@@ -46,7 +46,7 @@ pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: 
                 let qs: &[i8; QK_K] =
                     bytemuck::cast_slice::<u8, i8>(&q[4..4 + QK_K]).try_into().expect("256 levels");
                 let bsums: [i16; 16] = bytemuck::pod_read_unaligned(&q[4 + QK_K..]);
-                pack_q8k_column(blk, c, qs, &bsums, d, fmt.sub, fmt.bias);
+                pack_q8k_column(blk, c, qs, &bsums, d, fmt.sub, fmt.bias, fmt.narrow_sums);
             }
         }
         DType::Q8_1 => {
@@ -120,6 +120,7 @@ fn unpack_step(
             let (dd, dmin) = unpack(&src[..bsize], codes, scales, mins);
             band.d[rr] = dd;
             band.dmin[rr] = dmin;
+            band.pair_up(rr);
         }
         Unpack::Blocks { elems, f } => {
             let ns = elems / fmt.sub;

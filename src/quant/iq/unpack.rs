@@ -26,7 +26,9 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
         DType::IQ3_S => (32, unpack_iq3_s),
         _ => return None,
     };
-    Some(IntFormat::superblock(sub, BIAS, false, 255, unpack))
+    // IQ1_M's codes are 128 + 8 g + delta (g in -1..=1, delta = +-1): within 9 of the bias.
+    let narrow_sums = d == DType::IQ1_M;
+    Some(IntFormat { narrow_sums, ..IntFormat::superblock(sub, BIAS, false, 255, unpack) })
 }
 
 const BIAS: i32 = 128;

@@ -40,6 +40,7 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
         act,
         unpack: Unpack::Blocks { elems, f },
         unit_scales: false,
+        narrow_sums: false,
     })
 }
 
