@@ -134,7 +134,14 @@ pub(super) const STREAM_PF: usize = 4096;
 /// How many whole blocks of `n / per_block` both slices really hold. The `VecDotFn` contract makes
 /// this `n / per_block`; taking the minimum keeps the kernels in bounds even if it were broken.
 #[inline(always)]
-fn whole_blocks(n: usize, per_block: usize, x: &[u8], xb: usize, y: &[u8], yb: usize) -> usize {
+pub(super) fn whole_blocks(
+    n: usize,
+    per_block: usize,
+    x: &[u8],
+    xb: usize,
+    y: &[u8],
+    yb: usize,
+) -> usize {
     let nb = n / per_block;
     debug_assert!(x.len() >= nb * xb && y.len() >= nb * yb, "vec_dot slices too short");
     nb.min(x.len() / xb).min(y.len() / yb)
@@ -406,7 +413,7 @@ fn hsum_i32_8(a: __m256i) -> i32 {
 /// `kvalues_fp4` plus 12 (so 0..=24, unsigned) as a register.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn kvalues_fp4_plus_12() -> __m128i {
+pub(super) fn kvalues_fp4_plus_12() -> __m128i {
     const K: [i8; 16] = {
         let mut k = KVALUES_MXFP4;
         let mut i = 0;
@@ -443,7 +450,7 @@ static UE4M3_TO_FP32: [f32; 256] = {
 };
 
 /// `GGML_CPU_E8M0_TO_FP32_HALF` as ggml's CPU backend has it: a table of `ggml_e8m0_to_fp32_half`.
-static E8M0_TO_FP32_HALF: [f32; 256] = {
+pub(super) static E8M0_TO_FP32_HALF: [f32; 256] = {
     let mut t = [0.0f32; 256];
     let mut e = 0;
     while e < 256 {
@@ -1090,23 +1097,34 @@ unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 
         accum2 = _mm256_fmadd_ps(scale1, _mm256_cvtepi32_ps(p_2), accum2);
         ib += 2;
     }
-    let mut sumf = hsum_float_8(_mm256_add_ps(accum1, accum2));
-    if ib < nb {
-        // SAFETY: block `ib < nb` of each side is readable, 17 and 34 bytes.
-        let (bx, by) =
-            unsafe { (&*x.add(ib * XB).cast::<[u8; XB]>(), &*y.add(ib * YB).cast::<[u8; YB]>()) };
-        let qs = &bx[offset_of!(BlockMxfp4, qs)..];
-        let q8 = &by[offset_of!(BlockQ8_0, qs)..];
-        let d = fp16_to_fp32(u16::from_le_bytes([by[0], by[1]]))
-            * E8M0_TO_FP32_HALF[bx[offset_of!(BlockMxfp4, e)] as usize];
-        let (mut s1, mut s2) = (0i32, 0i32);
-        for j in 0..16 {
-            s1 += q8[j] as i8 as i32 * KVALUES_MXFP4[(qs[j] & 0x0F) as usize] as i32;
-            s2 += q8[j + 16] as i8 as i32 * KVALUES_MXFP4[(qs[j] >> 4) as usize] as i32;
-        }
-        sumf = d.mul_add((s1 + s2) as f32, sumf);
+    let sumf = hsum_float_8(_mm256_add_ps(accum1, accum2));
+    // SAFETY: the caller's guarantees cover block `ib < nb`.
+    if ib < nb { unsafe { mxfp4_last_block(x, y, ib, sumf) } } else { sumf }
+}
+
+/// `sumf` plus the product of MXFP4 block `ib` of `x` and Q8_0 block `ib` of `y`, as ggml's dot
+/// adds an odd count's last block.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `x` holds at least `ib + 1` MXFP4 blocks and `y`
+/// `ib + 1` Q8_0 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn mxfp4_last_block(x: *const u8, y: *const u8, ib: usize, sumf: f32) -> f32 {
+    const XB: usize = size_of::<BlockMxfp4>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    // SAFETY: block `ib` of each side is readable, 17 and 34 bytes (contract).
+    let (bx, by) =
+        unsafe { (&*x.add(ib * XB).cast::<[u8; XB]>(), &*y.add(ib * YB).cast::<[u8; YB]>()) };
+    let qs = &bx[offset_of!(BlockMxfp4, qs)..];
+    let q8 = &by[offset_of!(BlockQ8_0, qs)..];
+    let d = fp16_to_fp32(u16::from_le_bytes([by[0], by[1]]))
+        * E8M0_TO_FP32_HALF[bx[offset_of!(BlockMxfp4, e)] as usize];
+    let (mut s1, mut s2) = (0i32, 0i32);
+    for j in 0..16 {
+        s1 += q8[j] as i8 as i32 * KVALUES_MXFP4[(qs[j] & 0x0F) as usize] as i32;
+        s2 += q8[j + 16] as i8 as i32 * KVALUES_MXFP4[(qs[j] >> 4) as usize] as i32;
     }
-    sumf
+    d.mul_add((s1 + s2) as f32, sumf)
 }
 
 /// # Safety
