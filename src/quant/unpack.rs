@@ -434,6 +434,35 @@ pub(crate) mod tests {
         }
     }
 
+    /// `IntFormat::narrow_sums` holds for any bytes: every code within `limit` of the bias and
+    /// every scale within 16 bits, so `sub * limit * 128` (the largest corrected sum) fits 16 bits;
+    /// Q3_K and IQ1_M are the narrow forms.
+    #[test]
+    fn narrow_forms_keep_their_sums_within_16_bits_for_any_bytes() {
+        let mut r = crate::testdata::Xorshift64::from_state(0x5DEE_CE66_D1CE_4E5B);
+        let mut narrow = Vec::new();
+        for d in DType::ALL {
+            let Some(f) = int_format(d) else { continue };
+            if !f.narrow_sums {
+                continue;
+            }
+            narrow.push(d);
+            let Unpack::Super(unpack) = f.unpack else {
+                panic!("{d}: narrow form of a block type")
+            };
+            let mut limit = 0i32;
+            for _ in 0..2000 {
+                let b: Vec<u8> = (0..d.type_size()).map(|_| r.next_u64() as u8).collect();
+                let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
+                unpack(&b, &mut codes, &mut sc, &mut mn);
+                limit = codes.iter().fold(limit, |m, &c| m.max((c as i32 - f.bias).abs()));
+                assert!(sc.iter().all(|s| s.unsigned_abs() < 1 << 15), "{d}: scales {sc:?}");
+            }
+            assert!(f.sub as i32 * limit * 128 < 1 << 15, "{d}: codes up to {limit} from the bias");
+        }
+        assert_eq!(narrow, [DType::Q3_K, DType::IQ1_M]);
+    }
+
     #[test]
     fn iq4_xs_and_ternary_integer_forms_rebuild_the_dequantized_weights() {
         for d in [DType::IQ4_XS, DType::TQ1_0, DType::TQ2_0] {

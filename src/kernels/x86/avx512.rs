@@ -39,8 +39,9 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
         t.sgemm_bf16 = Some((sgemm_bf16_6x16, sgemm_bf16_12x16));
         // BF16 mul_mat with few columns by `vdpbf16ps` as well, in the order of ggml's
         // AVX512_BF16 build (`bf16_dp_tile`); the public `vec_dot` keeps ggml's AVX2 order.
-        // 4096 x 1 x 14336 on Zen 4, 2 threads, 3 alternating rounds: the AVX2 dot 5.4-5.6 ms
-        // (22 GB/s of weights), this one 4.1-4.4 ms.
+        // 4096 x 1 x 14336 on Zen 4, 2 threads, 5 alternating rounds, medians: the AVX2 dot
+        // 5.06 ms, this one 4.82 (ggml 4.58); neither a prefetch ahead nor a bit-exact AVX-512
+        // form of the AVX2 order (64-byte loads widened by unpacks) was faster.
         t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_dp);
         t.set_gemm(DType::BF16, gemm_float::<EBF16_DP>);
     }

@@ -18,7 +18,9 @@ const YB: usize = size_of::<BlockQ8_0>();
 
 /// Registers the dots (called by the AVX-512 tier's `plug` on a CPU with AVX512_VNNI).
 pub(super) fn plug_vnni(t: &mut KernelTable) {
-    // 4096 x 1 x 14336 MXFP4 on Zen 4, 2 threads: see `mxfp4_q8_0`.
+    // 4096 x 1 x 14336 MXFP4 on Zen 4, 2 threads, 4 alternating rounds, medians: the AVX2 dot
+    // 2.81 ms, this one 2.11 (ggml 2.77). Reading the Q8_0 scales by F16C rather than the
+    // 256 KiB table mattered: with the table this kernel read 2.47 ms.
     t.set_vec_dot(DType::MXFP4, vec_dot_mxfp4_q8_0);
 }
 
@@ -120,9 +122,10 @@ mod tests {
                         |len: usize| -> Vec<u8> { (0..len).map(|_| r.next_u64() as u8).collect() };
                     let x = bytes(d.row_size(n).unwrap());
                     let mut y = bytes(DType::Q8_0.row_size(n).unwrap());
-                    // Finite Q8_0 scales (f16 exponent below 31), levels of any value.
+                    // Finite Q8_0 scales of either sign (f16 exponent below 31), levels of
+                    // any value.
                     for b in 0..nb {
-                        y[34 * b + 1] &= 0x3B;
+                        y[34 * b + 1] &= 0xBB;
                     }
                     let (a, b) = (k2(n, &x, &y), k5(n, &x, &y));
                     assert_eq!(a.to_bits(), b.to_bits(), "{d} nb={nb}: {a} vs {b}");
