@@ -292,6 +292,9 @@ pub(crate) struct KernelTable {
     /// Variants of `vec_dot` for weight rows read once from memory (decode): the same results,
     /// with software prefetch where it measured faster; `None` means use `vec_dot`.
     vec_dot_stream: [Option<VecDotFn>; N_TYPES],
+    /// Types whose `vec_dot_stream` (and `gemm`) sum in an order of their own instead of
+    /// `vec_dot`'s ([`set_vec_dot_stream_own_order`](Self::set_vec_dot_stream_own_order)).
+    stream_own_order: [bool; N_TYPES],
     from_float: [Option<FromFloatFn>; N_TYPES],
     /// Row dequantizers (ggml's `to_float`): the format's, or a tier's with the same floats.
     to_f32: [Option<crate::quant::DequantizeFn>; N_TYPES],
@@ -360,6 +363,7 @@ impl KernelTable {
             isa: Isa::Scalar,
             vec_dot: [None; N_TYPES],
             vec_dot_stream: [None; N_TYPES],
+            stream_own_order: [false; N_TYPES],
             from_float: [None; N_TYPES],
             to_f32: [None; N_TYPES],
             gemm: [None; N_TYPES],
@@ -432,9 +436,10 @@ impl KernelTable {
     }
 
     /// The kernel for weight rows streamed once from memory (decode), bitwise the same results
-    /// as [`vec_dot`](Self::vec_dot), except BF16 on the AVX-512 tier of a CPU with AVX512_BF16:
-    /// there mul_mat takes `vdpbf16ps` for every batch size (ggml's order on such CPUs), while
-    /// `vec_dot` keeps ggml's AVX2 order.
+    /// as [`vec_dot`](Self::vec_dot) unless it was set by
+    /// [`set_vec_dot_stream_own_order`](Self::set_vec_dot_stream_own_order) (BF16 on the AVX-512
+    /// tier of a CPU with AVX512_BF16: there mul_mat takes `vdpbf16ps` for every batch size,
+    /// ggml's order on such CPUs, while `vec_dot` keeps ggml's AVX2 order).
     pub(crate) fn vec_dot_stream(&self, d: DType) -> Option<VecDotFn> {
         self.vec_dot_stream[d.ggml_id() as usize].or_else(|| self.vec_dot(d))
     }
@@ -477,6 +482,21 @@ impl KernelTable {
 
     pub(crate) fn set_vec_dot_stream(&mut self, d: DType, f: VecDotFn) {
         self.vec_dot_stream[d.ggml_id() as usize] = Some(f);
+        self.stream_own_order[d.ggml_id() as usize] = false;
+    }
+
+    /// A matmul dot for `d` (decode) that sums in an order of its own, not `vec_dot`'s; the
+    /// tier's `gemm` for `d` must then follow the same order (its tiles are compared with it).
+    pub(crate) fn set_vec_dot_stream_own_order(&mut self, d: DType, f: VecDotFn) {
+        self.vec_dot_stream[d.ggml_id() as usize] = Some(f);
+        self.stream_own_order[d.ggml_id() as usize] = true;
+    }
+
+    /// Whether `d`'s streaming dot sums in its own order (see
+    /// [`set_vec_dot_stream_own_order`](Self::set_vec_dot_stream_own_order)); the tests read it.
+    #[cfg(test)]
+    pub(crate) fn stream_own_order(&self, d: DType) -> bool {
+        self.stream_own_order[d.ggml_id() as usize]
     }
 
     pub(crate) fn set_from_float(&mut self, d: DType, f: FromFloatFn) {
@@ -693,8 +713,8 @@ mod stream_tests {
             let Some(t) = table_for(isa) else { continue };
             for d in DType::ALL {
                 let Some(stream) = t.vec_dot_stream[d.ggml_id() as usize] else { continue };
-                if d == DType::BF16 && isa == Isa::Avx512 && CpuFeatures::detect().avx512_bf16 {
-                    // `vdpbf16ps`, in its own order: `avx512_bf16_dots_follow_ggmls_avx512_bf16_order`.
+                if t.stream_own_order(d) {
+                    // Tested by its tier (BF16: `avx512_bf16_dots_follow_ggmls_avx512_bf16_order`).
                     continue;
                 }
                 let plain = t.vec_dot(d).expect("a stream variant has a plain dot");

@@ -42,7 +42,7 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
         // 4096 x 1 x 14336 on Zen 4, 2 threads, 5 alternating rounds, medians: the AVX2 dot
         // 5.06 ms, this one 4.82 (ggml 4.58); neither a prefetch ahead nor a bit-exact AVX-512
         // form of the AVX2 order (64-byte loads widened by unpacks) was faster.
-        t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_dp);
+        t.set_vec_dot_stream_own_order(DType::BF16, vec_dot_bf16_dp);
         t.set_gemm(DType::BF16, gemm_float::<EBF16_DP>);
     }
     super::avx2_quants::plug_stream_8k(t, cpu.avx2());
@@ -1261,9 +1261,9 @@ mod tests {
                 let bytes: Vec<Vec<u8>> = rows.iter().map(|v| enc(v)).collect();
                 let xs: Vec<&[u8]> = bytes[..4].iter().map(|v| &v[..]).collect();
                 let ys: Vec<&[u8]> = bytes[4..].iter().map(|v| &v[..]).collect();
-                // BF16 on a CPU with AVX512_BF16 takes `vdpbf16ps` in its own order (see
+                // A type whose decode dots have their own order (BF16 with AVX512_BF16: see
                 // `avx512_bf16_dots_follow_ggmls_avx512_bf16_order`).
-                if dt == DType::BF16 && std::arch::is_x86_feature_detected!("avx512bf16") {
+                if t5.stream_own_order(dt) {
                     continue;
                 }
                 for r in 1..=4 {
