@@ -813,13 +813,28 @@ unsafe fn bf16_finish(a: [__m256; 4], x: *const u16, y: *const u16, np: usize, n
     let c2 = _mm256_permute2f128_ps::<0x20>(a[2], a[3]);
     let c3 = _mm256_permute2f128_ps::<0x31>(a[2], a[3]);
     let c = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
-    let mut sumf = hsum_float_8(c) as f64;
-    for i in np..n {
+    // SAFETY: x and y hold n elements (contract).
+    unsafe { bf16_tail(x, y, np, n, hsum_float_8(c) as f64) as f32 }
+}
+
+/// `sumf` plus the products of BF16 elements `np..n` of `x` and `y`, each product taken in f32
+/// and added in f64: the scalar tail of ggml's `ggml_vec_dot_bf16` in every build.
+///
+/// # Safety
+/// `x` and `y` are valid for reading `n` BF16 elements.
+pub(super) unsafe fn bf16_tail(
+    x: *const u16,
+    y: *const u16,
+    np: usize,
+    n: usize,
+    sumf: f64,
+) -> f64 {
+    let widen = |v: u16| f32::from_bits((v as u32) << 16);
+    (np..n).fold(sumf, |s, i| {
         // SAFETY: i < n.
         let (a, b) = unsafe { (x.add(i).read_unaligned(), y.add(i).read_unaligned()) };
-        sumf += (f32::from_bits((a as u32) << 16) * f32::from_bits((b as u32) << 16)) as f64;
-    }
-    sumf as f32
+        s + (widen(a) * widen(b)) as f64
+    })
 }
 
 // ------------------------------------------------------------------------------------------------

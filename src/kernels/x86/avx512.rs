@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2_quants::{f32x8_reduce, hsum_float_8};
+use super::avx2_quants::{bf16_tail, f32x8_reduce, hsum_float_8};
 use crate::dtype::DType;
 use crate::kernels::sgemm::{self, SG_MR, SG_NR};
 use crate::kernels::{AttendF16, KernelTable, scalar};
@@ -451,20 +451,10 @@ unsafe fn float_tile<const E: u8, const R: usize, const C: usize>(
             res[c][r] = if E == EBF16 {
                 // avx2_quants::bf16_finish's reduction and f64 tail.
                 let cs = _mm256_add_ps(_mm256_add_ps(c0, c2), _mm256_add_ps(c1, c3));
-                let mut sumf = hsum_float_8(cs) as f64;
-                for t in np..n {
-                    // SAFETY: t < n.
-                    let (a, b) = unsafe {
-                        (
-                            (x[r] as *const u16).add(t).read_unaligned(),
-                            (y[c] as *const u16).add(t).read_unaligned(),
-                        )
-                    };
-                    let (a, b) =
-                        (f32::from_bits((a as u32) << 16), f32::from_bits((b as u32) << 16));
-                    sumf += (a * b) as f64;
+                // SAFETY: x[r] and y[c] hold n elements (contract).
+                unsafe {
+                    bf16_tail(x[r].cast(), y[c].cast(), np, n, hsum_float_8(cs) as f64) as f32
                 }
-                sumf as f32
             } else if E == EF16 {
                 let red = f32x8_reduce([c0, c1, c2, c3]);
                 let mut sumf = red as f64;
@@ -515,25 +505,14 @@ unsafe fn tile<const E: u8, const R: usize, const C: usize>(
     }
 }
 
-/// Sum of the 16 lanes of `v` by halves (lanes `i` and `i + 8`, then `i + 4`, `i + 2`, `i + 1`),
-/// the pairing of the C compilers' `_mm512_reduce_add_ps`.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-#[inline]
-fn reduce_by_halves(v: __m512) -> f32 {
-    let (lo, hi) = halves(v);
-    let s8 = _mm256_add_ps(lo, hi);
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
-}
-
 /// `R x C` BF16 dot products in the order of ggml's `ggml_vec_dot_bf16` built with
 /// `__AVX512BF16__`: per output two 16-lane accumulators, elements `64 k + 0..32` into the first
 /// and `64 k + 32..64` into the second by `vdpbf16ps` (each lane adds the products of its pair of
 /// elements; the instruction reads denormal inputs as zero); each accumulator summed by halves
-/// and added in f64, then the elements past the last whole 64 one by one in f64. One instruction
-/// per 32 elements and no widening: the AVX2-order dot, whose widening takes four more
-/// operations per 32 elements, reads the weights about a fifth slower on Zen 4. The order differs
+/// (the pairing of the C compilers' `_mm512_reduce_add_ps`: its two halves added, then
+/// `hsum_float_8`) and added in f64, then the elements past the last whole 64 one by one in f64
+/// (`bf16_tail`). One instruction per 32 elements and no widening (the AVX2-order dot widens
+/// with four more operations per 32 elements; see `plug` for the timings). The order differs
 /// from the AVX2 dot's, so the results equal the other tiers' within rounding, not bitwise. Each
 /// activation vector is loaded once for the `R` rows. Result `[c][r]`.
 ///
@@ -570,19 +549,12 @@ unsafe fn bf16_dp_tile<const R: usize, const C: usize>(
     let mut res = [[0f32; R]; C];
     for c in 0..C {
         for r in 0..R {
-            let mut sumf = reduce_by_halves(acc[c][r][0]) as f64;
-            sumf += reduce_by_halves(acc[c][r][1]) as f64;
-            for t in np..n {
-                // SAFETY: t < n.
-                let (a, b) = unsafe {
-                    (
-                        (x[r] as *const u16).add(t).read_unaligned(),
-                        (y[c] as *const u16).add(t).read_unaligned(),
-                    )
-                };
-                let (a, b) = (f32::from_bits((a as u32) << 16), f32::from_bits((b as u32) << 16));
-                sumf += (a * b) as f64;
-            }
+            let (lo0, hi0) = halves(acc[c][r][0]);
+            let (lo1, hi1) = halves(acc[c][r][1]);
+            let mut sumf = hsum_float_8(_mm256_add_ps(lo0, hi0)) as f64;
+            sumf += hsum_float_8(_mm256_add_ps(lo1, hi1)) as f64;
+            // SAFETY: x[r] and y[c] hold n elements (contract).
+            let sumf = unsafe { bf16_tail(x[r].cast(), y[c].cast(), np, n, sumf) };
             res[c][r] = sumf as f32;
         }
     }
