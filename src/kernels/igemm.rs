@@ -396,29 +396,35 @@ pub(crate) fn pack_q8k_column(
     a.d[c] = d;
 }
 
-/// Regroups the Q8_0 / Q8_1 blocks of one column's row (`blocks_q`: `(d, s, levels)` per 32
-/// elements, at most 8, from the super-block's start) into column `c` of panel block `a`, with
-/// scales per `sub` (16 or 32) and level sums times `bias`; the rest of the super-block's
-/// column is zeroed (a row's last, partial super-block).
+/// Regroups the Q8_0 / Q8_1 blocks of one column's row into column `c` of panel block `a`:
+/// `q8` holds at most 8 whole blocks of `bsize` bytes from the super-block's start (ggml's
+/// layout: f16 `d`, with `has_s` Q8_1's f16 `s`, then the 32 levels last), packed with scales
+/// per `sub` (16 or 32) and level sums times `bias`; the rest of the super-block's column is
+/// zeroed (a row's last, partial super-block).
 pub(crate) fn pack_q8_blocks_column(
     a: &mut ABlock,
     c: usize,
-    blocks_q: impl ExactSizeIterator<Item = (f32, f32, [i8; 32])>,
+    q8: &[u8],
+    bsize: usize,
+    has_s: bool,
     sub: usize,
     bias: i32,
 ) {
-    let n = blocks_q.len();
-    debug_assert!(n <= QK_K / 32);
+    use crate::quant::util::fp16_to_fp32;
+    let n = (q8.len() / bsize).min(QK_K / 32);
     a.pairs_bad[c] = 0;
     let per = 32 / sub;
-    for (b, (d, s, qs)) in blocks_q.enumerate() {
-        for e in 0..8 {
+    for (b, blk) in q8.chunks_exact(bsize).take(n).enumerate() {
+        let d = fp16_to_fp32(u16::from_le_bytes([blk[0], blk[1]]));
+        let s = if has_s { fp16_to_fp32(u16::from_le_bytes([blk[2], blk[3]])) } else { 0.0 };
+        let qs: &[u8; 32] = blk[bsize - 32..].try_into().expect("32 levels");
+        for (e, four) in qs.chunks_exact(4).enumerate() {
             let g = b * 8 + e;
-            a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].copy_from_slice(&qs[4 * e..4 * e + 4]);
+            a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].copy_from_slice(bytemuck::cast_slice(four));
         }
         for (h, part) in qs.chunks_exact(sub).enumerate() {
             let j = b * per + h;
-            let sum: i32 = part.iter().map(|&v| v as i32).sum();
+            let sum: i32 = part.iter().map(|&v| v as i8 as i32).sum();
             a.bsums[j * IG_NR + c] = sum * bias;
             a.ds[j * IG_NR + c] = d;
             a.ms[j * IG_NR + c] = s;

@@ -10,12 +10,16 @@ pub(crate) fn prefetch_l1(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // Every line the bytes touch: from the line holding the first to the one holding the
+        // last (an unaligned start spans one line more than len / 64).
         let mut off = 0;
-        while off < len {
+        let end = (p as usize % 64) + len;
+        let line = p.wrapping_sub(p as usize % 64);
+        while off < end {
             // SAFETY: a prefetch reads nothing architecturally and never faults, and
             // `wrapping_add` keeps the address computation defined; SSE is part of x86-64's
             // baseline.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(off) as *const i8) };
             off += 64;
         }
     }

@@ -560,10 +560,12 @@ fn conv_nd(
             let (n, oz, oy, ox) = g.unravel(cols.start + c);
             *o = ox * sx + oy * sy + oz * sz + n * sn;
         }
-        let store = |o: usize, c: usize, v: f32| {
-            // SAFETY: (position, channel) indices are below dst's shape; each position and
-            // channel belongs to exactly one task, taken by one worker.
-            unsafe { (d.ptr.add(offs[c] + o * soc) as *mut f32).write_unaligned(v) };
+        let store = |o: usize, c0: usize, run: &[f32]| {
+            for (c, &v) in (c0..).zip(run) {
+                // SAFETY: (position, channel) indices are below dst's shape; each position and
+                // channel belongs to exactly one task, taken by one worker.
+                unsafe { (d.ptr.add(offs[c] + o * soc) as *mut f32).write_unaligned(v) };
+            }
         };
         let (mut fam, tiles) =
             FloatBlock::new(ctx.kt, DType::F32, kn, rows, a_row, panels, used, block)?;

@@ -225,13 +225,12 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         let panels = &packed[base..base + cols.len().div_ceil(SG_NR) * panel_floats(k)];
         // SAFETY: rows i < m of batch (ia2, ia3) exist and hold k elements (plan-time checks).
         let a_row = |i: usize| unsafe { a.row(i, ia2, ia3) as *const u8 };
-        float::block(ctx.kt, a.dtype, k, rows, a_row, panels, cols.len(), scf, |i, c, v| {
-            // SAFETY: (i, j0 + c) is inside this task's block of dst, which only this worker
+        float::block(ctx.kt, a.dtype, k, rows, a_row, panels, cols.len(), scf, |i, c, run| {
+            // SAFETY: (i.., j0 + c) is inside this task's block of dst, which only this worker
             // writes; the indices are below dst's shape.
             unsafe {
-                let e = d.ptr.add(i * d.nb[0] + (j0 + c) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
-                    as *mut f32;
-                e.write_unaligned(v);
+                let e = d.ptr.add(i * d.nb[0] + (j0 + c) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]);
+                super::gemm::write_run(e, d.nb[0], run);
             }
         })
     })

@@ -592,10 +592,13 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 panels,
                 cols.len(),
                 scratch,
-                |i, j, v| {
-                    // SAFETY: i < m and the pair is checked, so the element is inside dst; it
-                    // belongs to this chunk, which only this worker took (pairs are unique).
-                    unsafe { *dst_at(i, cols[j]) = v }
+                |i, j, run| {
+                    for (r, &v) in run.iter().enumerate() {
+                        // SAFETY: i + r < m and the pair is checked, so the element is inside
+                        // dst; it belongs to this chunk, which only this worker took (pairs
+                        // are unique).
+                        unsafe { *dst_at(i + r, cols[j]) = v }
+                    }
                 },
             )?;
             continue;
@@ -728,10 +731,12 @@ fn int_chunk(
         ab,
         cols.len(),
         scratch,
-        |i, j, v| {
-            // SAFETY: i < m and the pair is checked, so the element is inside dst; it belongs to
-            // this chunk, which only this worker took (pairs are unique).
-            unsafe { *dst_at(i, cols[j]) = v }
+        |i, j, run| {
+            for (r, &v) in run.iter().enumerate() {
+                // SAFETY: i + r < m and the pair is checked, so the element is inside dst; it
+                // belongs to this chunk, which only this worker took (pairs are unique).
+                unsafe { *dst_at(i + r, cols[j]) = v }
+            }
         },
     )
 }

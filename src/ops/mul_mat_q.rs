@@ -17,6 +17,7 @@
 
 use super::NodeCtx;
 use super::gemm::int::{self, BLOCK_SCRATCH, MC, NC, Q8K_BYTES, k_steps, pack_column};
+use super::gemm::write_run;
 use super::gemm::{Grid, Task};
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
@@ -236,13 +237,15 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             ab,
             cols.len(),
             sc,
-            |i, j, v| {
-                // SAFETY: i < m, j0 + j < n, (i2, i3) below dst's dims 2 and 3; the element belongs
-                // to this task, which only this worker took.
+            |i, j, run| {
+                // SAFETY: i + run.len() <= m, j0 + j < n, (i2, i3) below dst's dims 2 and 3;
+                // the elements belong to this task, which only this worker took.
                 unsafe {
-                    (d.ptr.add(i * d.nb[0] + (j0 + j) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3])
-                        as *mut f32)
-                        .write_unaligned(v)
+                    write_run(
+                        d.ptr.add(i * d.nb[0] + (j0 + j) * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]),
+                        d.nb[0],
+                        run,
+                    )
                 };
             },
         )

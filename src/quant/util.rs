@@ -11,10 +11,21 @@ pub(crate) fn nearest_int(fval: f32) -> i32 {
     (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
 }
 
-/// ggml's `GGML_FP16_TO_FP32` (exact; every f16 is representable as f32).
+/// ggml's `GGML_FP16_TO_FP32` (exact; every f16 is representable as f32), in plain integer and
+/// float steps that inline anywhere: exponent and mantissa moved into f32's fields and rescaled
+/// by 2^112 (subnormal halves come out of the f32 subnormal range exactly), infinities and NaNs
+/// (quieted, as F16C and the `half` crate give them) set apart.
 #[inline(always)]
 pub(crate) fn fp16_to_fp32(h: u16) -> f32 {
-    half::f16::from_bits(h).to_f32()
+    let sign = ((h & 0x8000) as u32) << 16;
+    let em = (h & 0x7fff) as u32;
+    let bits = if em >= 0x7c00 {
+        let man = em & 0x3ff;
+        0x7f80_0000 | if man != 0 { 0x0040_0000 | (man << 13) } else { 0 }
+    } else {
+        (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits()
+    };
+    f32::from_bits(sign | bits)
 }
 
 /// ggml's portable `ggml_compute_fp32_to_fp16`: round to nearest even, overflow to infinity,
@@ -74,6 +85,15 @@ mod tests {
             assert_eq!(fp32_to_fp16(x), half::f16::from_f32(x).to_bits(), "{x}");
         }
         assert_eq!(fp32_to_fp16(f32::NAN) & 0x7E00, 0x7E00);
+    }
+
+    #[test]
+    fn every_f16_converts_to_the_f32_of_the_half_crate() {
+        // All 65536 halves: normal, subnormal, zeros, infinities and NaNs (quieted).
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32().to_bits();
+            assert_eq!(fp16_to_fp32(h).to_bits(), want, "{h:#06x}");
+        }
     }
 
     #[test]

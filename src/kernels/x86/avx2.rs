@@ -282,14 +282,17 @@ fn from_float_q8_0_avx2(src: &[f32], dst: &mut [u8]) {
 
 /// ggml's AVX2 `quantize_row_q8_1` (Q8_1's CPU `from_float`).
 fn from_float_q8_1(src: &[f32], dst: &mut [u8]) {
+    // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
+    unsafe { from_float_q8_1_avx2(src, dst) }
+}
+
+/// The row loop compiled for AVX2 too, so `q8_block` and the f16 conversion inline into it.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn from_float_q8_1_avx2(src: &[f32], dst: &mut [u8]) {
     use std::arch::x86_64::*;
     for (x, y) in src.chunks_exact(32).zip(dst.chunks_exact_mut(36)) {
-        // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
-        let (dh, q, total, d) = unsafe { q8_block(x) };
-        // SAFETY: as above (F16C).
-        let sh = unsafe {
-            _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(d * total as f32))) as u16
-        };
+        let (dh, q, total, d) = q8_block(x);
+        let sh = _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(d * total as f32))) as u16;
         y[..2].copy_from_slice(&dh.to_le_bytes());
         y[2..4].copy_from_slice(&sh.to_le_bytes());
         y[4..].copy_from_slice(bytemuck::cast_slice(&q));

@@ -119,7 +119,7 @@ fn step<const KIND: u8>(
     unsafe { step_avx2::<KIND>(src.as_ptr(), nblk, codes, scales, mins) }
 }
 
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn step_avx2<const KIND: u8>(
     src: *const u8,
     nblk: usize,
@@ -140,20 +140,23 @@ unsafe fn step_avx2<const KIND: u8>(
     };
     // SAFETY: 16 bytes read from a 16-byte array.
     let lut = unsafe { _mm_loadu_si128(lut.as_ptr() as *const __m128i) };
+    // The blocks' f16 scales and mins, converted 8 at a time after the loop (F16C's
+    // conversion is exact, as `fp16_to_fp32`).
+    let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
     for b in 0..nblk {
         // The caller's bound puts block b's block_bytes(KIND) bytes inside src: every read
         // below is at an offset plus length within them.
         let at = b * block_bytes(KIND);
-        scales[b] = if KIND == MXFP4 {
+        if KIND == MXFP4 {
             // SAFETY: at + 1 <= the block's end (MXFP4 blocks start with their E8M0 scale).
-            e8m0_to_fp32_half(unsafe { *src.add(at) })
+            scales[b] = e8m0_to_fp32_half(unsafe { *src.add(at) });
         } else {
             // SAFETY: at + 2 <= the block's end (the other blocks start with their f16 scale).
-            fp16_to_fp32(unsafe { (src.add(at) as *const u16).read_unaligned() })
-        };
+            dh[b] = unsafe { (src.add(at) as *const u16).read_unaligned() };
+        }
         if KIND == Q4_1 || KIND == Q5_1 {
             // SAFETY: the min is bytes 2..4 of these blocks.
-            mins[b] = fp16_to_fp32(unsafe { (src.add(at + 2) as *const u16).read_unaligned() });
+            mh[b] = unsafe { (src.add(at + 2) as *const u16).read_unaligned() };
         }
         let v = if KIND == Q8_0 {
             // SAFETY: Q8_0's 32 levels are bytes 2..34 of its 34.
@@ -181,6 +184,18 @@ unsafe fn step_avx2<const KIND: u8>(
         };
         // SAFETY: b < nblk <= 8, so codes[32 b..32 b + 32] is inside the 256 codes.
         unsafe { _mm256_storeu_si256(codes.as_mut_ptr().add(b * 32) as *mut __m256i, v) };
+    }
+    // Entries nblk..8 convert the zeros they hold (the caller zeroes a partial step's rest).
+    // SAFETY: 16-byte reads of the 8 halves, 32-byte writes to the first 8 of 16 floats.
+    unsafe {
+        if KIND != MXFP4 {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+            _mm256_storeu_ps(scales.as_mut_ptr(), d);
+        }
+        if KIND == Q4_1 || KIND == Q5_1 {
+            let m = _mm256_cvtph_ps(_mm_loadu_si128(mh.as_ptr() as *const __m128i));
+            _mm256_storeu_ps(mins.as_mut_ptr(), m);
+        }
     }
 }
 

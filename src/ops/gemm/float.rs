@@ -367,8 +367,8 @@ impl<R: Fn(usize) -> *const u8> Family for FloatBlock<'_, R> {
 
 /// One block of the float GEMM: weight rows `rows` (at most [`MC`]; `a_row(i)` is row i's first
 /// byte, `k` elements of `dtype` in whole blocks) times the `ncols` columns packed in `panels`
-/// (at most [`NC`]; panel p at `p * panel_floats(k)`), each result handed to
-/// `store(i, column, value)` once.
+/// (at most [`NC`]; panel p at `p * panel_floats(k)`), the results handed to `store(i, column,
+/// run)` once per strip and column: `run[r]` is output `(i + r, column)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block<R: Fn(usize) -> *const u8>(
     kt: &KernelTable,
@@ -379,7 +379,7 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     panels: &[f32],
     ncols: usize,
     scratch: &mut [f32],
-    store: impl FnMut(usize, usize, f32),
+    store: impl FnMut(usize, usize, &[f32]),
 ) -> Result<()> {
     let (mut fam, tiles) = FloatBlock::new(kt, dtype, k, rows, a_row, panels, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)

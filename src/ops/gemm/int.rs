@@ -36,7 +36,6 @@ pub(crate) fn k_steps(k: usize) -> usize {
 /// into column `c` of a panel's blocks (one per 256 elements).
 pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: usize) {
     use crate::quant::legacy::{BlockQ8_0, BlockQ8_1};
-    use crate::quant::util::fp16_to_fp32;
     match fmt.act {
         DType::Q8_K => {
             // Q8_K's fields read where they lie (d: 4 bytes, qs: 256, bsums: 32), not copied
@@ -50,23 +49,17 @@ pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: 
             }
         }
         DType::Q8_1 => {
-            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * size_of::<BlockQ8_1>())) {
-                let it = q.chunks_exact(size_of::<BlockQ8_1>()).map(|q| {
-                    let qb: BlockQ8_1 = bytemuck::pod_read_unaligned(q);
-                    (fp16_to_fp32(qb.d), fp16_to_fp32(qb.s), qb.qs)
-                });
-                pack_q8_blocks_column(blk, c, it, fmt.sub, fmt.bias);
+            let bs = size_of::<BlockQ8_1>();
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * bs)) {
+                pack_q8_blocks_column(blk, c, q, bs, true, fmt.sub, fmt.bias);
             }
         }
         _ => {
             // The block types' other activation type (`int_format` gives only these three).
             debug_assert_eq!(fmt.act, DType::Q8_0);
-            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * size_of::<BlockQ8_0>())) {
-                let it = q.chunks_exact(size_of::<BlockQ8_0>()).map(|q| {
-                    let qb: BlockQ8_0 = bytemuck::pod_read_unaligned(q);
-                    (fp16_to_fp32(qb.d), 0.0, qb.qs)
-                });
-                pack_q8_blocks_column(blk, c, it, fmt.sub, fmt.bias);
+            let bs = size_of::<BlockQ8_0>();
+            for (blk, q) in blocks.iter_mut().zip(q8.chunks(8 * bs)) {
+                pack_q8_blocks_column(blk, c, q, bs, false, fmt.sub, fmt.bias);
             }
         }
     }
@@ -363,7 +356,8 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
 }
 
 /// One block of the integer GEMM (see [`IntBlock`]; rows at most [`MC`], columns at most
-/// [`NC`]), calling `store(i, j, value)` once per output.
+/// [`NC`]), calling `store(i, j, run)` once per strip and column: `run[r]` is output
+/// `(i + r, j)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block<R: Fn(usize) -> *const u8>(
     fmt: &IntFormat,
@@ -377,7 +371,7 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     ab: &[ABlock],
     ncols: usize,
     scratch: &mut [u8],
-    store: impl FnMut(usize, usize, f32),
+    store: impl FnMut(usize, usize, &[f32]),
 ) -> Result<()> {
     let (mut fam, tiles) =
         IntBlock::new(fmt, dtype, kernels, bsize, repacked, k, rows, a_row, ab, ncols, scratch)?;

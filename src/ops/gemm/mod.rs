@@ -61,13 +61,14 @@ pub(crate) enum Store {
 }
 
 /// Runs one block: every K step packed and multiplied in order, then each result of the block
-/// handed to `store(row, column, value)` once (`column` counted from the block's first), in
-/// `order`.
+/// handed to `store` once, in runs: `store(row, column, run)` gives `run[i]` for `(row + i,
+/// column)` with [`Store::ColumnMajor`], for `(row, column + i)` with [`Store::RowMajor`]
+/// (`column` counted from the block's first).
 pub(crate) fn block<F: Family>(
     fam: &mut F,
     tiles: &mut [f32],
     order: Store,
-    mut store: impl FnMut(usize, usize, f32),
+    mut store: impl FnMut(usize, usize, &[f32]),
 ) -> Result<()> {
     let rows = fam.rows();
     let ncols = fam.ncols();
@@ -84,7 +85,9 @@ pub(crate) fn block<F: Family>(
     let tile = |p: usize, r: usize| &tiles[(p * n_strips + r / F::MR) * t..][..t];
     match order {
         Store::ColumnMajor => {
-            // Tile by tile (each read once, in L1), a column's rows of the strip in a run.
+            // Tile by tile (each read once, in L1), a column's rows of the strip in one run.
+            const { assert!(F::MR <= MAX_MR) };
+            let mut run = [0f32; MAX_MR];
             for p in 0..n_panels {
                 let nc = F::NR.min(ncols - p * F::NR);
                 for st in 0..n_strips {
@@ -92,9 +95,10 @@ pub(crate) fn block<F: Family>(
                     let nr = F::MR.min(rows.len() - r0);
                     let tile = &tiles[(p * n_strips + st) * t..][..t];
                     for c in 0..nc {
-                        for rr in 0..nr {
-                            store(rows.start + r0 + rr, p * F::NR + c, tile[rr * F::NR + c]);
+                        for (rr, v) in run[..nr].iter_mut().enumerate() {
+                            *v = tile[rr * F::NR + c];
                         }
+                        store(rows.start + r0, p * F::NR + c, &run[..nr]);
                     }
                 }
             }
@@ -103,14 +107,43 @@ pub(crate) fn block<F: Family>(
             for (r, i) in rows.clone().enumerate() {
                 for p in 0..n_panels {
                     let run = &tile(p, r)[(r % F::MR) * F::NR..][..F::NR];
-                    for (c, &v) in run.iter().take(ncols - p * F::NR).enumerate() {
-                        store(i, p * F::NR + c, v);
-                    }
+                    store(i, p * F::NR, &run[..F::NR.min(ncols - p * F::NR)]);
                 }
             }
         }
     }
     Ok(())
+}
+
+/// The most rows a family's strip may have (the column runs [`block`] hands out).
+const MAX_MR: usize = 32;
+
+/// Writes `run` to the f32 elements at `p`, `p + stride`, .. (bytes): one copy where they are
+/// contiguous.
+///
+/// # Safety
+/// The `run.len()` elements at `p + i * stride` are writable f32 (any alignment) that nothing
+/// else accesses meanwhile.
+#[inline]
+pub(crate) unsafe fn write_run(p: *mut u8, stride: usize, run: &[f32]) {
+    if stride == 4 {
+        // A whole strip's run (8 or 6 rows) as one fixed-size move rather than a `memcpy` call.
+        if let Ok(r) = <[f32; 8]>::try_from(run) {
+            // SAFETY: the caller's bound, for the run's 32 bytes in one piece.
+            unsafe { (p as *mut [f32; 8]).write_unaligned(r) };
+        } else if let Ok(r) = <[f32; 6]>::try_from(run) {
+            // SAFETY: the caller's bound, for the run's 24 bytes in one piece.
+            unsafe { (p as *mut [f32; 6]).write_unaligned(r) };
+        } else {
+            // SAFETY: the caller's bound, for the run's bytes in one piece.
+            unsafe { std::ptr::copy_nonoverlapping(run.as_ptr() as *const u8, p, run.len() * 4) };
+        }
+    } else {
+        for (i, &v) in run.iter().enumerate() {
+            // SAFETY: the caller's bound, element i.
+            unsafe { (p.add(i * stride) as *mut f32).write_unaligned(v) };
+        }
+    }
 }
 
 /// The blocks of a batched product: `batches` products of `m` rows by `n` columns, cut into
