@@ -126,7 +126,7 @@ unsafe fn scratch<'a>(ctx: &NodeCtx<'_>, ith: usize) -> &'a mut [u8] {
     let off = packed_bytes(b) + ith * sb;
     debug_assert!(off + sb <= ctx.work_len);
     // SAFETY: work_size reserved nth areas of `sb` bytes after the packed blocks; worker `ith`
-    // alone uses area `ith`. Every size before it is a multiple of 64 (ABlock is 5184 bytes,
+    // alone uses area `ith`. Every size before it is a multiple of 64 (ABlock is 7808 bytes,
     // the scratch areas are sums of 64-aligned parts), so the area is 64-byte aligned.
     unsafe { std::slice::from_raw_parts_mut(ctx.work.add(off), sb) }
 }

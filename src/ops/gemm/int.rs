@@ -12,7 +12,7 @@ use crate::kernels::igemm::{
     ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, UnpackStepFn, WBand,
     pack_q8_blocks_column, pack_q8k_column,
 };
-use crate::kernels::prefetch::prefetch_l1;
+use crate::kernels::prefetch::{prefetch_l1, prefetch_l2};
 use crate::quant::unpack::{IntFormat, Unpack, UnpackFn};
 use std::ops::Range;
 
@@ -23,6 +23,9 @@ use std::ops::Range;
 pub(crate) const MC: usize = 256;
 /// Columns per block (32 panels): the block's f32 tile is `MC * NC * 4` = 512 KiB, in L2.
 pub(crate) const NC: usize = 512;
+
+/// Rows ahead whose step [`IntBlock::pack_step`] asks for while unpacking one.
+const AHEAD: usize = 4;
 
 /// Bytes of one Q8_K block.
 pub(crate) const Q8K_BYTES: usize = 292;
@@ -139,6 +142,15 @@ fn unpack_step(
             scales[nblk * ns..].fill(0.0);
             mins[nblk * ns..].fill(0.0);
         }
+    }
+}
+
+/// Asks for slice `part` of `parts` of `blk`'s bytes in L2 (whole lines).
+fn prefetch_slice_l2(blk: &ABlock, part: usize, parts: usize) {
+    let per = size_of::<ABlock>().div_ceil(64 * parts) * 64;
+    let at = (blk as *const ABlock).cast::<u8>();
+    for off in (part * per..((part + 1) * per).min(size_of::<ABlock>())).step_by(64) {
+        prefetch_l2(at.wrapping_add(off));
     }
 }
 
@@ -311,6 +323,12 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                         )
                     }
                 };
+                if self.repacked.is_none() && r0 + rr + AHEAD < i1 {
+                    // This step of a row a few ahead: the next-step hint below is often
+                    // evicted again before its step comes.
+                    let ahead = (self.a_row)(r0 + rr + AHEAD).wrapping_add(kb * per * bsize);
+                    prefetch_l1(ahead, step_bytes);
+                }
                 if self.repacked.is_none() && next_bytes > 0 {
                     // The row's next step, asked for now: a step reads MC rows a little each,
                     // more streams than the hardware prefetcher follows, and the unpacking
@@ -340,7 +358,13 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
             while p + 1 < np {
                 let (a0, a1) = (&self.ab[p * nkb + kb], &self.ab[(p + 1) * nkb + kb]);
                 let (lo, hi) = tiles.split_at_mut((p + 1) * nbands);
+                // The next pair's blocks (from L3 or memory), asked for in L2 a slice per band
+                // while this pair's bands run.
+                let next = [(p + 2) * nkb + kb, (p + 3) * nkb + kb].map(|i| self.ab.get(i));
                 for (bi, band) in self.bands.iter().enumerate() {
+                    for blk in next.into_iter().flatten() {
+                        prefetch_slice_l2(blk, bi, nbands);
+                    }
                     pair(band, [a0, a1], [&mut lo[p * nbands + bi], &mut hi[bi]], len);
                 }
                 p += 2;
