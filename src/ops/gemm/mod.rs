@@ -147,7 +147,8 @@ pub(crate) unsafe fn write_run(p: *mut u8, stride: usize, run: &[f32]) {
 }
 
 /// The blocks of a batched product: `batches` products of `m` rows by `n` columns, cut into
-/// blocks of `mc` rows by `nc` columns, numbered row block fastest, then column block, then batch.
+/// blocks of `mc` rows by `nc` columns, numbered row block fastest, then column block, then batch;
+/// the last `tail` blocks are each cut in two by columns ([`Grid::split_tail`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grid {
     pub m: usize,
@@ -155,6 +156,10 @@ pub(crate) struct Grid {
     pub batches: usize,
     pub mc: usize,
     pub nc: usize,
+    /// Blocks at the end cut in two (0: none).
+    pub tail: usize,
+    /// Multiple of which a cut block's second half starts (panel width).
+    pub align: usize,
 }
 
 /// One block of a [`Grid`].
@@ -174,13 +179,40 @@ impl Grid {
         self.blocks_m() * self.n.div_ceil(self.nc)
     }
 
-    /// Number of blocks.
+    /// Number of tasks: the blocks, with each of the last `tail` counted twice.
     pub(crate) fn tasks(&self) -> usize {
-        self.per_batch() * self.batches
+        self.per_batch() * self.batches + self.tail
     }
 
-    /// Block `t` (below [`Grid::tasks`]).
+    /// Task `t` (below [`Grid::tasks`]): a block, or a column half of one of the last `tail`.
     pub(crate) fn task(&self, t: usize) -> Task {
+        let whole = self.per_batch() * self.batches - self.tail;
+        if t < whole {
+            return self.block(t);
+        }
+        let (u, half) = ((t - whole) / 2, (t - whole) % 2);
+        let mut task = self.block(whole + u);
+        let mid = task.cols.start + (task.cols.len() / 2).div_ceil(self.align) * self.align;
+        task.cols = if half == 0 { task.cols.start..mid } else { mid..task.cols.end };
+        task
+    }
+
+    /// Cuts each of the last `k` blocks in two by columns (the second half starting at a multiple
+    /// of `align` columns), where the last column block is at least `2 * align` wide: the workers'
+    /// last tasks are then shorter, so one slowed worker leaves the others less time idle at the
+    /// end. A cut block's weights are unpacked once per half; its results keep their bits (each
+    /// output is still one task's, summed in K order).
+    pub(crate) fn split_tail(mut self, k: usize, align: usize) -> Grid {
+        let last = self.n - (self.n.div_ceil(self.nc) - 1) * self.nc;
+        if align > 0 && last >= 2 * align {
+            self.tail = k.min(self.blocks_m());
+            self.align = align;
+        }
+        self
+    }
+
+    /// Block `t` of the grid's numbering.
+    fn block(&self, t: usize) -> Task {
         let (pb, bm) = (self.per_batch(), self.blocks_m());
         let (batch, local) = (t / pb, t % pb);
         let (tm, tn) = (local % bm, local / bm);
@@ -226,26 +258,29 @@ mod tests {
         for (m, n, batches, mc, nc) in
             [(1, 1, 1, 96, 512), (97, 513, 2, 96, 512), (8, 40, 3, 4, 16)]
         {
-            let g = Grid { m, n, batches, mc, nc };
-            let mut seen = vec![0u8; m * n * batches];
-            for t in 0..g.tasks() {
-                let task = g.task(t);
-                for i in task.rows.clone() {
-                    for j in task.cols.clone() {
-                        seen[(task.batch * n + j) * m + i] += 1;
+            for (k, align) in [(0, 0), (2, 16), (5, 4)] {
+                let g = Grid { m, n, batches, mc, nc, tail: 0, align: 0 }.split_tail(k, align);
+                let mut seen = vec![0u8; m * n * batches];
+                for t in 0..g.tasks() {
+                    let task = g.task(t);
+                    for i in task.rows.clone() {
+                        for j in task.cols.clone() {
+                            seen[(task.batch * n + j) * m + i] += 1;
+                        }
                     }
                 }
+                assert!(seen.iter().all(|&s| s == 1), "{g:?}");
             }
-            assert!(seen.iter().all(|&s| s == 1), "{g:?}");
         }
     }
 
     #[test]
     fn balanced_grid_keeps_blocks_on_multiples() {
-        let g = Grid { m: 200, n: 8, batches: 1, mc: 64, nc: 512 }.balanced(8, 2);
+        let g =
+            Grid { m: 200, n: 8, batches: 1, mc: 64, nc: 512, tail: 0, align: 0 }.balanced(8, 2);
         assert_eq!(g.mc, 16);
         assert!(g.tasks() >= 8);
-        let g = Grid { m: 8, n: 8, batches: 1, mc: 64, nc: 512 }.balanced(8, 4);
+        let g = Grid { m: 8, n: 8, batches: 1, mc: 64, nc: 512, tail: 0, align: 0 }.balanced(8, 4);
         assert_eq!(g.mc, 8);
     }
 }
