@@ -145,12 +145,12 @@ fn unpack_step(
     }
 }
 
-/// Asks for slice `part` of `parts` of `blk`'s bytes in L2 (whole lines).
-fn prefetch_slice_l2(blk: &ABlock, part: usize, parts: usize) {
-    let per = size_of::<ABlock>().div_ceil(64 * parts) * 64;
-    let at = (blk as *const ABlock).cast::<u8>();
-    for off in (part * per..((part + 1) * per).min(size_of::<ABlock>())).step_by(64) {
-        prefetch_l2(at.wrapping_add(off));
+/// Asks for the lines of `blk`'s bytes `at..at + len` (clamped to the block) in L2.
+#[inline]
+fn prefetch_slice_l2(blk: &ABlock, at: usize, len: usize) {
+    let base = (blk as *const ABlock).cast::<u8>();
+    for off in (at..(at + len).min(size_of::<ABlock>())).step_by(64) {
+        prefetch_l2(base.wrapping_add(off));
     }
 }
 
@@ -361,9 +361,10 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                 // The next pair's blocks (from L3 or memory), asked for in L2 a slice per band
                 // while this pair's bands run.
                 let next = [(p + 2) * nkb + kb, (p + 3) * nkb + kb].map(|i| self.ab.get(i));
+                let slice = size_of::<ABlock>().div_ceil(64 * nbands) * 64;
                 for (bi, band) in self.bands.iter().enumerate() {
                     for blk in next.into_iter().flatten() {
-                        prefetch_slice_l2(blk, bi, nbands);
+                        prefetch_slice_l2(blk, bi * slice, slice);
                     }
                     pair(band, [a0, a1], [&mut lo[p * nbands + bi], &mut hi[bi]], len);
                 }
