@@ -203,6 +203,9 @@ impl Grid {
     /// end. A cut block's weights are unpacked once per half; its results keep their bits (each
     /// output is still one task's, summed in K order).
     pub(crate) fn split_tail(mut self, k: usize, align: usize) -> Grid {
+        if self.tasks() == 0 {
+            return self;
+        }
         let last = self.n - (self.n.div_ceil(self.nc) - 1) * self.nc;
         if align > 0 && last >= 2 * align {
             self.tail = k.min(self.blocks_m());
@@ -271,6 +274,14 @@ mod tests {
                 }
                 assert!(seen.iter().all(|&s| s == 1), "{g:?}");
             }
+        }
+    }
+
+    #[test]
+    fn an_empty_grid_stays_empty_when_its_tail_is_split() {
+        for (m, n, batches) in [(0, 512, 1), (64, 0, 1), (64, 512, 0)] {
+            let g = Grid { m, n, batches, mc: 32, nc: 512, tail: 0, align: 0 }.split_tail(2, 16);
+            assert_eq!(g.tasks(), 0, "{g:?}");
         }
     }
 
