@@ -12,7 +12,7 @@ use crate::kernels::igemm::{
     ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, UnpackStepFn, WBand,
     pack_q8_blocks_column, pack_q8k_column,
 };
-use crate::kernels::prefetch::{prefetch_l1, prefetch_l2};
+use crate::kernels::prefetch::{prefetch_l1, prefetch_l2_range};
 use crate::quant::unpack::{IntFormat, Unpack, UnpackFn};
 use std::ops::Range;
 
@@ -145,13 +145,12 @@ fn unpack_step(
     }
 }
 
-/// Asks for the lines of `blk`'s bytes `at..at + len` (clamped to the block) in L2.
+/// Asks for `blk`'s bytes `at..at + len` (clamped to the block) in L2.
 #[inline]
 fn prefetch_slice_l2(blk: &ABlock, at: usize, len: usize) {
-    let base = (blk as *const ABlock).cast::<u8>();
-    for off in (at..(at + len).min(size_of::<ABlock>())).step_by(64) {
-        prefetch_l2(base.wrapping_add(off));
-    }
+    let at = at.min(size_of::<ABlock>());
+    let len = len.min(size_of::<ABlock>() - at);
+    prefetch_l2_range((blk as *const ABlock).cast::<u8>().wrapping_add(at), len);
 }
 
 /// Bytes of scratch a [`block`] needs: the bands, then the tiles.
