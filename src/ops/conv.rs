@@ -531,7 +531,7 @@ fn conv_nd(
         kernel_ptr.wrapping_add(i * kn) as *const u8
     };
     let [sx, sy, sz, soc, sn] = out_strides;
-    let grid = Grid { m: oc, n: g.positions(), batches: 1, mc: float::MC, nc, tail: 0, align: 0 };
+    let grid = Grid::new(oc, g.positions(), 1, float::MC, nc);
     grid.run(ctx.counter, |Task { rows, cols, .. }| {
         let used = cols.len();
         // Padding columns of the last panel are zero (their results are not stored).

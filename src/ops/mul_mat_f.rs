@@ -210,7 +210,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
     let n16 = n.div_ceil(SG_NR);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-    let grid = Grid { m, n, batches: d.ne[2] * d.ne[3], mc: MC, nc: NC, tail: 0, align: 0 };
+    let grid = Grid::new(m, n, d.ne[2] * d.ne[3], MC, NC);
     // SAFETY: this worker ith, in its one call for phase 1.
     let sc = unsafe { scratch(ctx, ith) };
     let scf: &mut [f32] = bytemuck::cast_slice_mut(&mut sc[..BLOCK_SCRATCH * 4]);

@@ -206,7 +206,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let np = panels(n);
     let batches = d.ne[2] * d.ne[3];
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-    let grid = Grid { m, n, batches, mc: MC, nc: NC, tail: 0, align: 0 }
+    let grid = Grid::new(m, n, batches, MC, NC)
         .balanced(IG_MR, ctx.nth)
         .split_tail(if ctx.nth > 1 { ctx.nth } else { 0 }, IG_NR);
     let bsize = a.dtype.type_size();

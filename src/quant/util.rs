@@ -15,8 +15,9 @@ pub(crate) fn nearest_int(fval: f32) -> i32 {
 /// float steps that inline anywhere: exponent and mantissa moved into f32's fields and rescaled
 /// by 2^112 (subnormal halves come out of the f32 subnormal range exactly), infinities and NaNs
 /// (quieted, as F16C and the `half` crate give them) set apart.
+/// A `const fn`, so tables of it are built at compile time (`avx2_quants::F16_TO_F32`).
 #[inline(always)]
-pub(crate) fn fp16_to_fp32(h: u16) -> f32 {
+pub(crate) const fn fp16_to_fp32(h: u16) -> f32 {
     let sign = ((h & 0x8000) as u32) << 16;
     let em = (h & 0x7fff) as u32;
     let bits = if em >= 0x7c00 {

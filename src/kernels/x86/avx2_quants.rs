@@ -291,19 +291,7 @@ pub(super) static F16_TO_F32: [f32; 1 << 16] = {
     let mut t = [0.0f32; 1 << 16];
     let mut h = 0usize;
     while h < 1 << 16 {
-        let sign = ((h as u32) & 0x8000) << 16;
-        let exp = (h >> 10) & 0x1F;
-        let man = (h & 0x3FF) as u32;
-        t[h] = if exp == 0 {
-            // Zero or subnormal: man * 2^-24, exact in f32.
-            let v = man as f32 * (1.0 / 16_777_216.0);
-            f32::from_bits(v.to_bits() | sign)
-        } else if exp == 0x1F {
-            let quiet = if man != 0 { 0x0040_0000 } else { 0 };
-            f32::from_bits(sign | 0x7F80_0000 | man << 13 | quiet)
-        } else {
-            f32::from_bits(sign | ((exp as u32 + 112) << 23) | man << 13)
-        };
+        t[h] = crate::quant::util::fp16_to_fp32(h as u16);
         h += 1;
     }
     t

@@ -157,9 +157,9 @@ pub(crate) struct Grid {
     pub mc: usize,
     pub nc: usize,
     /// Blocks at the end cut in two (0: none).
-    pub tail: usize,
+    tail: usize,
     /// Multiple of which a cut block's second half starts (panel width).
-    pub align: usize,
+    align: usize,
 }
 
 /// One block of a [`Grid`].
@@ -171,6 +171,11 @@ pub(crate) struct Task {
 }
 
 impl Grid {
+    /// `batches` products of `m x n` in blocks of `mc x nc`, none cut.
+    pub(crate) fn new(m: usize, n: usize, batches: usize, mc: usize, nc: usize) -> Grid {
+        Grid { m, n, batches, mc, nc, tail: 0, align: 0 }
+    }
+
     fn blocks_m(&self) -> usize {
         self.m.div_ceil(self.mc)
     }
@@ -262,7 +267,7 @@ mod tests {
             [(1, 1, 1, 96, 512), (97, 513, 2, 96, 512), (8, 40, 3, 4, 16)]
         {
             for (k, align) in [(0, 0), (2, 16), (5, 4)] {
-                let g = Grid { m, n, batches, mc, nc, tail: 0, align: 0 }.split_tail(k, align);
+                let g = Grid::new(m, n, batches, mc, nc).split_tail(k, align);
                 let mut seen = vec![0u8; m * n * batches];
                 for t in 0..g.tasks() {
                     let task = g.task(t);
@@ -278,20 +283,42 @@ mod tests {
     }
 
     #[test]
+    fn write_run_writes_contiguous_and_strided_runs() {
+        for (stride, len) in [(4usize, 8usize), (4, 6), (4, 3), (12, 8), (8, 5)] {
+            let mut buf = [-1.0f32; 3 * 8 + 1];
+            let run: Vec<f32> = (0..len).map(|i| i as f32 + 0.5).collect();
+            // One float in, so the run starts unaligned for the 8-float move.
+            let p = buf[1..].as_mut_ptr() as *mut u8;
+            // SAFETY: the run's elements lie at p + i * stride, i < len, inside buf[1..] (at most
+            // 7 * 12 bytes = 21 floats in, of 24); nothing else touches buf meanwhile.
+            unsafe { write_run(p, stride, &run) };
+            let step = stride / 4;
+            for (i, v) in buf[1..].iter().enumerate() {
+                let want = if i % step == 0 && i / step < len {
+                    i as f32 / step as f32 + 0.5
+                } else {
+                    -1.0
+                };
+                assert_eq!(*v, want, "stride {stride}, len {len}, element {i}");
+            }
+            assert_eq!(buf[0], -1.0);
+        }
+    }
+
+    #[test]
     fn an_empty_grid_stays_empty_when_its_tail_is_split() {
         for (m, n, batches) in [(0, 512, 1), (64, 0, 1), (64, 512, 0)] {
-            let g = Grid { m, n, batches, mc: 32, nc: 512, tail: 0, align: 0 }.split_tail(2, 16);
+            let g = Grid::new(m, n, batches, 32, 512).split_tail(2, 16);
             assert_eq!(g.tasks(), 0, "{g:?}");
         }
     }
 
     #[test]
     fn balanced_grid_keeps_blocks_on_multiples() {
-        let g =
-            Grid { m: 200, n: 8, batches: 1, mc: 64, nc: 512, tail: 0, align: 0 }.balanced(8, 2);
+        let g = Grid::new(200, 8, 1, 64, 512).balanced(8, 2);
         assert_eq!(g.mc, 16);
         assert!(g.tasks() >= 8);
-        let g = Grid { m: 8, n: 8, batches: 1, mc: 64, nc: 512, tail: 0, align: 0 }.balanced(8, 4);
+        let g = Grid::new(8, 8, 1, 64, 512).balanced(8, 4);
         assert_eq!(g.mc, 8);
     }
 }
