@@ -66,7 +66,7 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
     p.output::<f32>(y).unwrap().to_vec()
 }
 
-/// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 512-column task blocks
+/// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 256-column task blocks
 /// and the 256-value K block.
 fn shapes() -> Vec<([usize; 4], [usize; 4])> {
     let mut v = Vec::new();
@@ -145,6 +145,35 @@ fn float_gemm_is_bitwise_identical_for_1_2_3_threads() {
                 }
             }
         }
+    }
+}
+
+/// A product tall enough that the task blocks take 384 rows on one thread, 192 on two and 96 on
+/// three (`gemm::float::block_rows`), each with a partial last block: the same bits on every
+/// thread count and the f64 reference's values.
+#[test]
+fn float_gemm_tall_blocks_give_the_same_bits() {
+    for ty in TYPES {
+        let (ane, bne) = ([300, 3100, 1, 1], [300, 20, 1, 1]);
+        let c = case(ty, ane, bne, 11);
+        let one = run(&c, Isa::best(), 1);
+        for threads in [2, 3] {
+            let got = run(&c, Isa::best(), threads);
+            let same = one.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{ty} {ane:?} x {bne:?}: {threads} threads");
+        }
+        let b_ref: Vec<f32> = match ty {
+            DType::F32 => c.b.clone(),
+            _ => {
+                let mut q = vec![0u8; ty.row_size(c.b.len()).unwrap()];
+                quantize_for_dot(ty, &c.b, &mut q).unwrap();
+                let mut r = vec![0f32; c.b.len()];
+                dequantize(ty, &q, &mut r).unwrap();
+                r
+            }
+        };
+        let e = nmse(&one, &matmul_f64(&c.a_val, ane, &b_ref, bne));
+        assert!(e < 1e-10, "{ty} {ane:?} x {bne:?}: nmse {e}");
     }
 }
 
