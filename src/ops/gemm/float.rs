@@ -25,7 +25,7 @@ pub(crate) const KC: usize = 256;
 /// 178 (every round faster for f32: the busier the machine's memory, the larger the gain).
 pub(crate) const MC: usize = 384;
 /// Fewest rows per block ([`block_rows`] halves [`MC`] down to this for small products).
-const MC_MIN: usize = 96;
+pub(crate) const MC_MIN: usize = 96;
 /// Columns per block (16 panels).
 pub(crate) const NC: usize = 256;
 
