@@ -32,8 +32,8 @@ pub(crate) const NC: usize = 256;
 /// Rows per block for an `m`-row product with `col_blocks` column blocks (all batches) on
 /// `nth` workers: [`MC`], halved (down to [`MC_MIN`]) while that would leave fewer than eight
 /// blocks per worker, so the last blocks leave little idle time and small products still
-/// spread over every worker. The rows per block
-/// do not change any result (each output is still summed over K blocks in K order).
+/// spread over every worker. The rows per block do not change any result (each output is still
+/// summed over K blocks in K order).
 pub(crate) fn block_rows(m: usize, col_blocks: usize, nth: usize) -> usize {
     let mut mc = MC;
     while mc > MC_MIN && m.div_ceil(mc) * col_blocks < 8 * nth {
