@@ -66,20 +66,7 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
     p.output::<f32>(y).unwrap().to_vec()
 }
 
-/// The activations the reference multiplies: F16/BF16 weights round them to their own
-/// precision, as ggml does.
-fn b_reference(c: &Case) -> Vec<f32> {
-    if c.ty == DType::F32 {
-        return c.b.clone();
-    }
-    let mut q = vec![0u8; c.ty.row_size(c.b.len()).unwrap()];
-    quantize_for_dot(c.ty, &c.b, &mut q).unwrap();
-    let mut r = vec![0f32; c.b.len()];
-    dequantize(c.ty, &q, &mut r).unwrap();
-    r
-}
-
-/// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 256-column task blocks
+/// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 512-column task blocks
 /// and the 256-value K block.
 fn shapes() -> Vec<([usize; 4], [usize; 4])> {
     let mut v = Vec::new();
@@ -107,7 +94,18 @@ fn float_gemm_matches_f64_reference() {
     for ty in TYPES {
         for (s, (ane, bne)) in shapes().into_iter().enumerate() {
             let c = case(ty, ane, bne, 100 + s as u64);
-            let want = matmul_f64(&c.a_val, ane, &b_reference(&c), bne);
+            // F16/BF16 weights round the activations to their own precision, as ggml does.
+            let b_ref: Vec<f32> = match ty {
+                DType::F32 => c.b.clone(),
+                _ => {
+                    let mut q = vec![0u8; ty.row_size(c.b.len()).unwrap()];
+                    quantize_for_dot(ty, &c.b, &mut q).unwrap();
+                    let mut r = vec![0f32; c.b.len()];
+                    dequantize(ty, &q, &mut r).unwrap();
+                    r
+                }
+            };
+            let want = matmul_f64(&c.a_val, ane, &b_ref, bne);
             for isa in tiers() {
                 let got = run(&c, isa, 2);
                 let e = nmse(&got, &want);
@@ -147,25 +145,6 @@ fn float_gemm_is_bitwise_identical_for_1_2_3_threads() {
                 }
             }
         }
-    }
-}
-
-/// A product tall enough that the task blocks take 384 rows on one thread, 192 on two and 96 on
-/// three (`gemm::float::block_rows`), each with a partial last block: the same bits on every
-/// thread count and the f64 reference's values.
-#[test]
-fn float_gemm_tall_blocks_give_the_same_bits() {
-    for ty in TYPES {
-        let (ane, bne) = ([300, 3100, 1, 1], [300, 20, 1, 1]);
-        let c = case(ty, ane, bne, 11);
-        let one = run(&c, Isa::best(), 1);
-        for threads in [2, 3] {
-            let got = run(&c, Isa::best(), threads);
-            let same = one.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{ty} {ane:?} x {bne:?}: {threads} threads");
-        }
-        let e = nmse(&one, &matmul_f64(&c.a_val, ane, &b_reference(&c), bne));
-        assert!(e < 1e-10, "{ty} {ane:?} x {bne:?}: nmse {e}");
     }
 }
 

@@ -531,8 +531,7 @@ fn conv_nd(
         kernel_ptr.wrapping_add(i * kn) as *const u8
     };
     let [sx, sy, sz, soc, sn] = out_strides;
-    let mc = float::block_rows(oc, g.positions().div_ceil(nc), ctx.nth);
-    let grid = Grid::new(oc, g.positions(), 1, mc, nc);
+    let grid = Grid::new(oc, g.positions(), 1, float::MC, nc);
     grid.run(ctx.counter, |Task { rows, cols, .. }| {
         let used = cols.len();
         // Padding columns of the last panel are zero (their results are not stored).

@@ -8,12 +8,12 @@
 //! few f32 roundings).
 //!
 //! Phase 0 packs the activations (all threads) into the GEMM engine's f32 panels of 16 columns
-//! (`gemm::float::panel_column`). Phase 1 runs the engine's float blocks (`gemm::float`): up to `MC`
+//! (`gemm::float::panel_column`). Phase 1 runs the engine's float blocks (`gemm::float`): `MC`
 //! weight rows by `NC` columns per task, K in steps of `KC`, the weight rows dequantized into
 //! strips of 6. Every output is the sum over K blocks, in K order, of the kernel's partial sums:
 //! the same operations whatever the thread count.
 
-use super::gemm::float::{self, BLOCK_SCRATCH, KC, NC, bf16_pairs, panel_column, panel_floats};
+use super::gemm::float::{self, BLOCK_SCRATCH, KC, MC, NC, bf16_pairs, panel_column, panel_floats};
 use super::gemm::{Grid, Task};
 use super::{NodeCtx, split};
 use crate::dtype::DType;
@@ -210,9 +210,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (k, m, n) = (a.ne[0], d.ne[0], d.ne[1]);
     let n16 = n.div_ceil(SG_NR);
     let (r2, r3) = (b.ne[2] / a.ne[2], b.ne[3] / a.ne[3]);
-    let batches = d.ne[2] * d.ne[3];
-    let mc = float::block_rows(m, n.div_ceil(NC) * batches, ctx.nth);
-    let grid = Grid::new(m, n, batches, mc, NC);
+    let grid = Grid::new(m, n, d.ne[2] * d.ne[3], MC, NC);
     // SAFETY: this worker ith, in its one call for phase 1.
     let sc = unsafe { scratch(ctx, ith) };
     let scf: &mut [f32] = bytemuck::cast_slice_mut(&mut sc[..BLOCK_SCRATCH * 4]);

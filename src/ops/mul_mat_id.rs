@@ -394,7 +394,7 @@ fn chunks_of(l: &Layout, m: usize, count: usize) -> usize {
     } else if l.repack {
         (m / REPACK_ROWS).div_ceil(mmr::TASK_GROUPS) * count.div_ceil(mmr::TASK_COLS)
     } else if gemm_expert(l, count) {
-        m.div_ceil(float::MC_MIN) * count.div_ceil(float::NC)
+        m.div_ceil(float::MC) * count.div_ceil(float::NC)
     } else {
         m.div_ceil(row_tile(count)) * count.div_ceil(TILE)
     }
@@ -560,11 +560,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             continue;
         }
         if gemm_expert(&l, group.len()) {
-            // The smallest row blocks: an expert's chunks are claimed with the other
-            // experts', so many small ones balance the workers.
-            let blocks_m = m.div_ceil(float::MC_MIN);
+            let blocks_m = m.div_ceil(float::MC);
             let (tm, tn) = (local % blocks_m, local / blocks_m);
-            let (i0, i1) = (tm * float::MC_MIN, ((tm + 1) * float::MC_MIN).min(m));
+            let (i0, i1) = (tm * float::MC, ((tm + 1) * float::MC).min(m));
             let cols = &group[tn * float::NC..((tn + 1) * float::NC).min(group.len())];
             let pf = float::panel_floats(k);
             let p0 = first_panel(&l, offsets, e) + tn * float::NC / SG_NR;

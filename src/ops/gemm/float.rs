@@ -15,32 +15,13 @@ use crate::kernels::sgemm::{SG_MR, SG_NR, Sgemm2Fn, Sgemm22Fn, SgemmFn};
 use crate::quant::DequantizeFn;
 use std::ops::Range;
 
-/// K values per block (a 16-column panel slice of 16 KiB stays in L1 while the task's strips
-/// come from L2); a multiple of every block size.
+/// K values per block (a 16-column panel slice of 16 KiB stays in L1 while the task's strips,
+/// 96 KiB, come from L2); a multiple of every block size.
 pub(crate) const KC: usize = 256;
-/// Most rows per block (64 strips of 6, 384 KiB of strips per K block, in L2). Every block
-/// reads all its columns' packed panels once per K block, so taller blocks read the panels
-/// (from L3 or memory) fewer times: 4096 x 512 x 14336 f32 on a 2-core Ice Lake, 2 threads,
-/// 5 alternating rounds against 96 x 512 blocks, medians: f32 172 -> 180 GFLOPS, f16 165 ->
-/// 178 (every round faster for f32: the busier the machine's memory, the larger the gain).
-pub(crate) const MC: usize = 384;
-/// Fewest rows per block ([`block_rows`] halves [`MC`] down to this for small products).
-pub(crate) const MC_MIN: usize = 96;
-/// Columns per block (16 panels).
-pub(crate) const NC: usize = 256;
-
-/// Rows per block for an `m`-row product with `col_blocks` column blocks (all batches) on
-/// `nth` workers: [`MC`], halved (down to [`MC_MIN`]) while that would leave fewer than eight
-/// blocks per worker, so the last blocks leave little idle time and small products still
-/// spread over every worker. The rows per block do not change any result (each output is still
-/// summed over K blocks in K order).
-pub(crate) fn block_rows(m: usize, col_blocks: usize, nth: usize) -> usize {
-    let mut mc = MC;
-    while mc > MC_MIN && m.div_ceil(mc) * col_blocks < 8 * nth {
-        mc /= 2;
-    }
-    mc
-}
+/// Rows per block (16 strips of 6).
+pub(crate) const MC: usize = 96;
+/// Columns per block (32 panels).
+pub(crate) const NC: usize = 512;
 /// Tile accumulators per block.
 const C_TILES: usize = (MC / SG_MR) * (NC / SG_NR);
 /// Per-thread scratch of a [`block`] in f32: strips, six converted rows, tile accumulators.
@@ -402,25 +383,4 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
 ) -> Result<()> {
     let (mut fam, tiles) = FloatBlock::new(kt, dtype, k, rows, a_row, panels, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn block_rows_leave_every_worker_eight_blocks_where_they_can() {
-        // 4096 x 512: 11 blocks of 384 rows by 2 column blocks, 22 for 2 workers.
-        assert_eq!(block_rows(4096, 2, 2), MC);
-        // One column block: 11 blocks of 384 are too few for 2 workers, 22 of 192 are not.
-        assert_eq!(block_rows(4096, 1, 2), MC / 2);
-        // Small products keep the smallest blocks even when they leave fewer.
-        assert_eq!(block_rows(576, 2, 2), MC_MIN);
-        assert_eq!(block_rows(5, 1, 4), MC_MIN);
-        assert_eq!(block_rows(0, 0, 1), MC_MIN);
-        for (m, cb, nth) in [(3100, 1, 1), (3100, 1, 2), (3100, 1, 3), (100_000, 3, 7)] {
-            let mc = block_rows(m, cb, nth);
-            assert!(mc.is_multiple_of(SG_MR) && (MC_MIN..=MC).contains(&mc), "{m} {cb} {nth}");
-        }
-    }
 }
