@@ -1,4 +1,4 @@
-//! The integer GEMM's data layouts and its portable micro-kernel.
+//! The integer GEMM's data layouts and its portable micro-kernels.
 //!
 //! Weights of the Q8_K-family types are unpacked (see `quant::unpack`) into bands of
 //! [`IG_MR`] rows of one 256-element super-block: unsigned codes, integer sub-block scales and
@@ -7,30 +7,39 @@
 //! each of the 16 columns side by side (64 bytes, one `vpdpbusd` operand), plus per-sub-block
 //! level sums, already multiplied by the weight type's code bias where it has one.
 //!
-//! A micro-kernel adds one band x one panel x one super-block to an 8 x 16 f32 tile:
+//! A micro-kernel adds one band x one panel x one super-block to an 8 x 16 f32 tile. Each
+//! sub-block's bias-corrected product sum is an exact int32 (wrapping arithmetic, which the
+//! format bounds keep from wrapping):
 //!
 //! ```text
-//! s1[r][c] = sum_j scales[r][j] * (sum_{i in j} codes[r][i] * a[c][i] - bias * bsum[j][c])
-//! s2[r][c] = sum_j mins[r][j] * bsum[j][c]                          (types with mins)
-//! acc[r][c] += (d[r] * s1 - dmin[r] * s2) * da[c]                  (f32, one fused step)
+//! raw[r][c][j] = sum_{i in j} codes[r][i] * a[c][i] - bias * bsum[j][c]
+//! s2[r][c]     = sum_j mins[r][j] * bsum[j][c]                      (types with mins, exact)
 //! ```
 //!
-//! The integer sums are exact (wrapping arithmetic, which the format bounds keep from wrapping),
-//! so every tier that forms the same float expression gives the same bits: `f = s1 * d`, then
-//! `f = fma(-dmin, s2, f)` for types with mins, then `acc = acc + f * da` with the product rounded
-//! first. The K walk is in super-block order whatever the thread count.
-//!
-//! Block types (Q8_0 / Q8_1 activations) have float scales per sub-block `j` of 16 or 32 on both
-//! sides (`fscales`, `ds`), so their kernels scale every sub-block's integer sum in f32:
+//! and the kernel's [`Kind`] says how the scales are applied. Most super-block formats
+//! (`Kind::Flt*`) scale each sub-block's sum in f32, one fused step per sub-block, which costs
+//! two vector instructions where an int32 multiply and add cost three:
 //!
 //! ```text
-//! f = (sum_{i in j} codes[r][i] * a[c][i] - bias * bsum[j][c]) * ds[j][c]
+//! s[r][c] = fma(raw[r][c][j] as f32, scales[r][j] as f32, s[r][c])   (j in order, s from 0)
+//! f = s * d[r];  f = fma(-dmin[r], s2 as f32, f)  (types with mins);  acc[r][c] += f * da[c]
+//! ```
+//!
+//! The formats whose sums allow exact 16-bit tricks (`Kind::Int*`: `IntFormat::narrow_sums`,
+//! `IntFormat::unit_scales`) keep the scaled sum in int32, `s1 = sum_j scales[r][j] * raw[j]`,
+//! and take `f = s1 as f32 * d[r]` in its place. Block types (Q8_0 / Q8_1 activations,
+//! `Kind::Blk*`) have float scales per sub-block `j` of 16 or 32 on both sides (`fscales`, `ds`):
+//!
+//! ```text
+//! f = raw[r][c][j] as f32 * ds[j][c]
 //! acc[r][c] = fma(f, fscales[r][j], acc[r][c])
 //! acc[r][c] = fma(ms[j][c], fmins[r][j], acc[r][c])                (Q4_1, Q5_1: Q8_1's s)
 //! ```
 //!
-//! A row shorter than a whole number of super-blocks ends in a padded one: codes, scales and
-//! sums 0, which adds exactly 0.
+//! Every tier forms the same float expression in the same order, so every tier gives the same
+//! bits; the K walk is in super-block order whatever the thread count. A row shorter than a
+//! whole number of super-blocks ends in a padded one: codes, scales and sums 0, which adds
+//! exactly 0.
 
 use crate::dtype::{DType, QK_K};
 
@@ -51,7 +60,8 @@ pub(crate) struct WBand {
     pub mins: [i32; IG_MR * 16],
     pub d: [f32; IG_MR],
     pub dmin: [f32; IG_MR],
-    /// Float scale of sub-block `j` of row `r` at `fscales[r * 16 + j]` (block types).
+    /// Float scale of sub-block `j` of row `r` at `fscales[r * 16 + j]`: the block types' own,
+    /// or a super-block type's integer `scales` as f32 ([`WBand::pair_up`]).
     pub fscales: [f32; IG_MR * 16],
     /// Float min of sub-block `j` of row `r` at `fmins[r * 16 + j]` (block types with mins).
     pub fmins: [f32; IG_MR * 16],
@@ -66,9 +76,14 @@ pub(crate) struct WBand {
 const _: () = assert!(size_of::<WBand>() == 4672);
 
 impl WBand {
-    /// Writes row `r`'s `scale_pairs` and `min_pairs` from its `scales` and `mins` (once per
-    /// unpacked row, so the kernels, which run once per panel, read them ready).
+    /// Writes row `r`'s `scale_pairs`, `min_pairs` and (super-block types) `fscales` from its
+    /// `scales` and `mins` (once per unpacked row, so the kernels, which run once per panel,
+    /// read them ready).
     pub(crate) fn pair_up(&mut self, r: usize) {
+        for j in r * 16..r * 16 + 16 {
+            // Exact: the scales are at most 8 bits.
+            self.fscales[j] = self.scales[j] as f32;
+        }
         for i in 0..8 {
             let (j, o) = (r * 16 + 2 * i, r * 8 + i);
             self.scale_pairs[o] = pair_i16(self.scales[j], self.scales[j + 1]);
@@ -104,15 +119,21 @@ pub(crate) struct ABlock {
 }
 const _: () = assert!(size_of::<ABlock>() == 7808);
 
+/// An 8 x 16 f32 tile of the output.
+pub(crate) type Tile = [[f32; IG_NR]; IG_MR];
+
 /// One band x one panel x one super-block into `acc[r][c]` (see the module notes), of which the
 /// first `len` K values (a multiple of 32, at most 256) are not padding: the block-type kernels
-/// skip the sub-blocks past [`used_subs`] (super-block types always pass 256). Every tier's kernel gives the same bits as [`igemm_generic`].
-pub(crate) type IgemmFn = fn(w: &WBand, a: &ABlock, acc: &mut [[f32; IG_NR]; IG_MR], len: usize);
+/// skip the sub-blocks past [`used_subs`] (super-block types always pass 256). Every tier's
+/// kernel of a [`Kind`] gives the same bits as the portable one ([`SCALAR`]).
+pub(crate) type IgemmFn = fn(w: &WBand, a: &ABlock, acc: &mut Tile, len: usize);
 
 /// One band x two panels: the same as [`IgemmFn`] on `(a[0], acc[0])` then `(a[1], acc[1])`, bit
 /// for bit (a tier with the registers reads the band's codes once for both panels).
-pub(crate) type IgemmPairFn =
-    fn(w: &WBand, a: [&ABlock; 2], acc: [&mut [[f32; IG_NR]; IG_MR]; 2], len: usize);
+pub(crate) type IgemmPairFn = fn(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize);
+
+/// One band x three panels, the same way as [`IgemmPairFn`].
+pub(crate) type IgemmTripleFn = fn(w: &WBand, a: [&ABlock; 3], acc: [&mut Tile; 3], len: usize);
 
 /// Sub-blocks of `sub` elements a kernel walks for `len` K values: those holding data, rounded
 /// up to a pair (the SIMD kernels take two at a time; a padding sub-block adds exact zeros).
@@ -121,27 +142,87 @@ pub(crate) fn used_subs(len: usize, sub: usize) -> usize {
     len.div_ceil(sub).next_multiple_of(2).min(QK_K / sub)
 }
 
-/// The kernels of one tier, for the four (sub-block size, mins) combinations with integer
-/// scales and the three with float scales (no block type has mins per 16).
+/// How a micro-kernel applies the scales (module notes), with the sub-block size and whether
+/// the format has mins; [`Kind::of`] picks a format's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
+    /// Super-block formats with `IntFormat::narrow_sums` (sub-blocks of 16, no mins): integer
+    /// scaled sums.
+    Int16,
+    /// Super-block formats with `IntFormat::unit_scales` (sub-blocks of 16, mins): integer
+    /// scaled sums.
+    Int16Min,
+    /// The other super-block formats: sums scaled in f32 per sub-block.
+    Flt16,
+    Flt16Min,
+    Flt32,
+    Flt32Min,
+    /// Block formats (float scales on both sides).
+    Blk16,
+    Blk32,
+    Blk32Min,
+}
+
+impl Kind {
+    /// Every kind, in the order of the kernel tables.
+    #[cfg(test)]
+    pub(crate) const ALL: [Kind; 9] = [
+        Kind::Int16,
+        Kind::Int16Min,
+        Kind::Flt16,
+        Kind::Flt16Min,
+        Kind::Flt32,
+        Kind::Flt32Min,
+        Kind::Blk16,
+        Kind::Blk32,
+        Kind::Blk32Min,
+    ];
+
+    /// The kind of a format's kernels. The integer kinds only where their pair kernels' 16-bit
+    /// tricks hold (`narrow_sums` without mins, `unit_scales` with them, sub-blocks of 16).
+    pub(crate) fn of(fmt: &crate::quant::unpack::IntFormat) -> Kind {
+        let (sub16, min) = (fmt.sub == 16, fmt.has_min);
+        if fmt.float_scales() {
+            debug_assert!(!(sub16 && min), "no block format has mins per 16");
+            return match (sub16, min) {
+                (true, _) => Kind::Blk16,
+                (false, false) => Kind::Blk32,
+                (false, true) => Kind::Blk32Min,
+            };
+        }
+        match (sub16, min) {
+            (true, false) if fmt.narrow_sums => Kind::Int16,
+            (true, true) if fmt.unit_scales => Kind::Int16Min,
+            (true, false) => Kind::Flt16,
+            (true, true) => Kind::Flt16Min,
+            (false, false) => Kind::Flt32,
+            (false, true) => Kind::Flt32Min,
+        }
+    }
+
+    /// Whether the scales are floats on both sides (the block family).
+    #[cfg(test)]
+    pub(crate) fn blocks(self) -> bool {
+        matches!(self, Kind::Blk16 | Kind::Blk32 | Kind::Blk32Min)
+    }
+
+    /// The kind's index in the kernel tables.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The kernels of one tier, by [`Kind`] (`Kind::index`).
 #[derive(Clone, Copy)]
 pub(crate) struct IgemmKernels {
-    pub sub16: IgemmFn,
-    pub sub16_min: IgemmFn,
-    pub sub32: IgemmFn,
-    pub sub32_min: IgemmFn,
-    pub blk16: IgemmFn,
-    pub blk32: IgemmFn,
-    pub blk32_min: IgemmFn,
-    /// Two-panel forms of the seven kernels (`sub16`, `sub16_min`, `sub32`, `sub32_min`,
-    /// `blk16`, `blk32`, `blk32_min`), where the tier has them.
-    pub pairs: Option<[IgemmPairFn; 7]>,
-    /// A two-panel form of `sub16_min` for bands whose scales are all 1 (`IntFormat::unit_scales`):
-    /// a whole step's products summed before the mins, where the tier has one.
-    pub unit_pair: Option<IgemmPairFn>,
-    /// A two-panel form of `sub16` for formats whose corrected sub-block sums fit 16 bits
-    /// (`IntFormat::narrow_sums`): two sub-blocks scaled by one 16-bit pair product, where the
-    /// tier has one.
-    pub narrow_pair: Option<IgemmPairFn>,
+    pub one: [IgemmFn; 9],
+    /// Two-panel forms, where the tier has them. The integer kinds' are the 16-bit forms
+    /// (`Kind::Int16`: two sub-blocks' corrected sums scaled by one `vpdpwssd` against the
+    /// row's two scales; `Kind::Int16Min`: a whole step's products summed before the mins), valid
+    /// for the formats [`Kind::of`] gives those kinds.
+    pub two: [Option<IgemmPairFn>; 9],
+    /// Three-panel forms, where the tier has them.
+    pub three: [Option<IgemmTripleFn>; 9],
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
@@ -176,79 +257,22 @@ pub(crate) fn no_unpack_super(_: DType) -> Option<crate::quant::unpack::UnpackFn
     None
 }
 
-impl IgemmKernels {
-    /// The kernel for sub-blocks of `sub` elements, with or without mins, with integer or float
-    /// (`float_scales`) sub-block scales.
-    pub(crate) fn get(&self, sub: usize, has_min: bool, float_scales: bool) -> IgemmFn {
-        match (float_scales, sub, has_min) {
-            (false, 16, false) => self.sub16,
-            (false, 16, true) => self.sub16_min,
-            (false, _, false) => self.sub32,
-            (false, _, true) => self.sub32_min,
-            (true, 16, _) => self.blk16,
-            (true, _, false) => self.blk32,
-            (true, _, true) => self.blk32_min,
-        }
-    }
-
-    /// The two-panel kernel for weights of format `fmt`, where the tier has one: the unit-scale
-    /// pair for `IntFormat::unit_scales` forms, the narrow pair for `IntFormat::narrow_sums`
-    /// forms, else [`IgemmKernels::get_pair`]'s.
-    pub(crate) fn pair_for(&self, fmt: &crate::quant::unpack::IntFormat) -> Option<IgemmPairFn> {
-        let int16 = fmt.sub == 16 && !fmt.float_scales();
-        match (self.unit_pair, self.narrow_pair) {
-            (Some(unit), _) if fmt.unit_scales && int16 && fmt.has_min => Some(unit),
-            (_, Some(narrow)) if fmt.narrow_sums && int16 && !fmt.has_min => Some(narrow),
-            _ => self.get_pair(fmt.sub, fmt.has_min, fmt.float_scales()),
-        }
-    }
-
-    /// The two-panel form of [`IgemmKernels::get`]'s kernel, where the tier has one.
-    pub(crate) fn get_pair(
-        &self,
-        sub: usize,
-        has_min: bool,
-        float_scales: bool,
-    ) -> Option<IgemmPairFn> {
-        let p = self.pairs?;
-        Some(match (float_scales, sub, has_min) {
-            (false, 16, false) => p[0],
-            (false, 16, true) => p[1],
-            (false, _, false) => p[2],
-            (false, _, true) => p[3],
-            (true, 16, _) => p[4],
-            (true, _, false) => p[5],
-            (true, _, true) => p[6],
-        })
-    }
-
-    /// Every (sub, has_min, float_scales) combination `get` distinguishes, in the order of
-    /// `pairs`.
-    #[cfg(test)]
-    pub(crate) const KINDS: [(usize, bool, bool); 7] = [
-        (16, false, false),
-        (16, true, false),
-        (32, false, false),
-        (32, true, false),
-        (16, false, true),
-        (32, false, true),
-        (32, true, true),
-    ];
-}
-
 /// The portable kernels: the reference every SIMD kernel is tested against bit for bit.
 #[cfg(test)]
 pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
-    sub16: igemm_generic::<16, false>,
-    sub16_min: igemm_generic::<16, true>,
-    sub32: igemm_generic::<32, false>,
-    sub32_min: igemm_generic::<32, true>,
-    blk16: igemm_blocks_generic::<16, false>,
-    blk32: igemm_blocks_generic::<32, false>,
-    blk32_min: igemm_blocks_generic::<32, true>,
-    pairs: None,
-    unit_pair: None,
-    narrow_pair: None,
+    one: [
+        igemm_generic::<16, false>,
+        igemm_generic::<16, true>,
+        igemm_float_generic::<16, false>,
+        igemm_float_generic::<16, true>,
+        igemm_float_generic::<32, false>,
+        igemm_float_generic::<32, true>,
+        igemm_blocks_generic::<16, false>,
+        igemm_blocks_generic::<32, false>,
+        igemm_blocks_generic::<32, true>,
+    ],
+    two: [None; 9],
+    three: [None; 9],
     max_code: 255,
     unpack: no_unpack,
     unpack_super: no_unpack_super,
@@ -279,7 +303,7 @@ fn raw_sums<const SUB: usize>(w: &WBand, a: &ABlock, r: usize, j: usize) -> [i32
 pub(crate) fn igemm_blocks_generic<const SUB: usize, const MIN: bool>(
     w: &WBand,
     a: &ABlock,
-    acc: &mut [[f32; IG_NR]; IG_MR],
+    acc: &mut Tile,
     len: usize,
 ) {
     for (r, row) in acc.iter_mut().enumerate() {
@@ -298,7 +322,7 @@ pub(crate) fn igemm_blocks_generic<const SUB: usize, const MIN: bool>(
     }
 }
 
-/// The micro-kernel in plain Rust: the definition every SIMD kernel is tested against.
+/// The integer kinds' micro-kernel in plain Rust (module notes).
 #[cfg(test)]
 pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
     w: &WBand,
@@ -328,6 +352,41 @@ pub(crate) fn igemm_generic<const SUB: usize, const MIN: bool>(
         let (d, dmin) = (w.d[r], w.dmin[r]);
         for c in 0..IG_NR {
             let mut f = s1[c] as f32 * d;
+            if MIN {
+                f = (-dmin).mul_add(s2[c] as f32, f);
+            }
+            acc[r][c] += f * a.d[c];
+        }
+    }
+}
+
+/// The float-scaled super-block kinds' micro-kernel in plain Rust (module notes).
+#[cfg(test)]
+pub(crate) fn igemm_float_generic<const SUB: usize, const MIN: bool>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut Tile,
+    len: usize,
+) {
+    debug_assert_eq!(len, QK_K);
+    for r in 0..IG_MR {
+        let mut s = [0f32; IG_NR];
+        let mut s2 = [0i32; IG_NR];
+        for j in 0..QK_K / SUB {
+            let raw = raw_sums::<SUB>(w, a, r, j);
+            let bs = &a.bsums[j * IG_NR..(j + 1) * IG_NR];
+            let (sc, mn) = (w.fscales[r * 16 + j], w.mins[r * 16 + j]);
+            for c in 0..IG_NR {
+                let corr = if MIN { raw[c] } else { raw[c].wrapping_sub(bs[c]) };
+                s[c] = (corr as f32).mul_add(sc, s[c]);
+                if MIN {
+                    s2[c] = s2[c].wrapping_add(mn.wrapping_mul(bs[c]));
+                }
+            }
+        }
+        let (d, dmin) = (w.d[r], w.dmin[r]);
+        for c in 0..IG_NR {
+            let mut f = s[c] * d;
             if MIN {
                 f = (-dmin).mul_add(s2[c] as f32, f);
             }
@@ -497,7 +556,7 @@ mod tests {
                 .collect();
             let mut want = [[[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]];
             for (p, acc) in panels.iter().zip(want.iter_mut()) {
-                (SCALAR.sub16)(&w, p, acc, 256);
+                (SCALAR.one[Kind::Int16.index()])(&w, p, acc, 256);
             }
             let (mut g1, mut g2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
             narrow(&w, [&panels[0], &panels[1]], [&mut g1, &mut g2], 256);
@@ -583,8 +642,8 @@ mod tests {
                 for c in w.codes.iter_mut() {
                     *c &= k.max_code;
                 }
-                // The unit-scale pair: sub16_min's integers when every scale is 1.
-                if let Some(unit) = k.unit_pair {
+                // The unit-scale pair: Int16Min's integers when every scale is 1.
+                if let Some(unit) = k.two[Kind::Int16Min.index()] {
                     let mut wu = w;
                     wu.scales.fill(1);
                     for row in 0..IG_MR {
@@ -596,9 +655,10 @@ mod tests {
                     for c in 0..IG_NR {
                         pack_pairs(&mut a2, c, 8);
                     }
+                    let one = SCALAR.one[Kind::Int16Min.index()];
                     let (mut w1, mut w2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
-                    (SCALAR.sub16_min)(&wu, &a, &mut w1, 256);
-                    (SCALAR.sub16_min)(&wu, &a2, &mut w2, 256);
+                    one(&wu, &a, &mut w1, 256);
+                    one(&wu, &a2, &mut w2, 256);
                     let (mut g1, mut g2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
                     unit(&wu, [&a, &a2], [&mut g1, &mut g2], 256);
                     let all = w1.iter().chain(&w2).flatten();
@@ -606,46 +666,64 @@ mod tests {
                         assert_eq!(x.to_bits(), y.to_bits(), "{name} unit pair");
                     }
                 }
-                if let Some(narrow) = k.narrow_pair {
+                if let Some(narrow) = k.two[Kind::Int16.index()] {
                     narrow_pair_is_sub16(&name, narrow, &w, &a, extreme);
                 }
-                for (sub, min, fl) in IgemmKernels::KINDS {
+                // The second and third panels: the first with its columns reversed, and with
+                // its levels rotated by one group.
+                let mut a2 = a;
+                a2.d.reverse();
+                a2.ds.reverse();
+                a2.ms.reverse();
+                a2.bsums.reverse();
+                a2.codes.reverse();
+                let mut a3 = a;
+                a3.codes.rotate_left(64);
+                a3.d.rotate_left(5);
+                a3.ds.rotate_left(3);
+                for c in 0..IG_NR {
+                    pack_pairs(&mut a2, c, 8);
+                    pack_pairs(&mut a3, c, 8);
+                }
+                let panels = [a, a2, a3];
+                for kind in Kind::ALL {
+                    let i = kind.index();
                     // Whole steps, and (block types) the partial last steps of rows.
-                    let lens: &[usize] = if fl { &[256, 32, 64, 160] } else { &[256] };
+                    let lens: &[usize] = if kind.blocks() { &[256, 32, 64, 160] } else { &[256] };
                     for &len in lens {
-                        let mut want = [[0.5f32; IG_NR]; IG_MR];
-                        let mut got = want;
-                        (SCALAR.get(sub, min, fl))(&w, &a, &mut want, len);
-                        (k.get(sub, min, fl))(&w, &a, &mut got, len);
-                        let same = want.iter().flatten().zip(got.iter().flatten());
-                        for (x, y) in same {
-                            assert_eq!(x.to_bits(), y.to_bits(), "{name} {sub} {min} {fl} {len}");
+                        let start = [0.5f32, 0.25, -1.0].map(|v| [[v; IG_NR]; IG_MR]);
+                        let mut want = start;
+                        for (p, acc) in panels.iter().zip(want.iter_mut()) {
+                            (SCALAR.one[i])(&w, p, acc, len);
                         }
-                        // The two-panel form: each panel as the one-panel kernel gives it
-                        // (the second panel is the first with its columns reversed).
-                        if let Some(pair) = k.get_pair(sub, min, fl) {
-                            let mut a2 = a;
-                            a2.d.reverse();
-                            a2.ds.reverse();
-                            a2.ms.reverse();
-                            a2.bsums.reverse();
-                            for c in 0..IG_NR {
-                                pack_pairs(&mut a2, c, 8);
-                            }
-                            a2.codes.reverse();
-                            let mut want2 = [[0.25f32; IG_NR]; IG_MR];
-                            (SCALAR.get(sub, min, fl))(&w, &a2, &mut want2, len);
-                            let (mut g1, mut g2) =
-                                ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
-                            pair(&w, [&a, &a2], [&mut g1, &mut g2], len);
-                            let all = want.iter().chain(&want2).flatten();
-                            for (x, y) in all.zip(g1.iter().chain(&g2).flatten()) {
+                        let mut got = start[0];
+                        (k.one[i])(&w, &a, &mut got, len);
+                        for (x, y) in want[0].iter().flatten().zip(got.iter().flatten()) {
+                            assert_eq!(x.to_bits(), y.to_bits(), "{name} {kind:?} {len}");
+                        }
+                        let check = |got: &[Tile], what: &str| {
+                            let all = want.iter().flatten().flatten();
+                            for (x, y) in all.zip(got.iter().flatten().flatten()) {
                                 assert_eq!(
                                     x.to_bits(),
                                     y.to_bits(),
-                                    "{name} pair {sub} {min} {len}"
+                                    "{name} {what} {kind:?} {len}"
                                 );
                             }
+                        };
+                        // The multi-panel forms: each panel as the one-panel kernel gives it
+                        // (the integer kinds' pairs take shaped data, above).
+                        if let (Some(pair), false) =
+                            (k.two[i], matches!(kind, Kind::Int16 | Kind::Int16Min))
+                        {
+                            let [mut g1, mut g2, _] = start;
+                            pair(&w, [&a, &a2], [&mut g1, &mut g2], len);
+                            check(&[g1, g2], "pair");
+                        }
+                        if let Some(three) = k.three[i] {
+                            let [mut g1, mut g2, mut g3] = start;
+                            three(&w, [&a, &a2, &a3], [&mut g1, &mut g2, &mut g3], len);
+                            check(&[g1, g2, g3], "triple");
                         }
                     }
                 }

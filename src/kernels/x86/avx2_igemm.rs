@@ -17,7 +17,8 @@ use std::arch::x86_64::*;
 use crate::dtype::QK_K;
 use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, used_subs};
 
-/// The kernel body for one (sub-block size `SUB`, mins `MIN`, float scales `FL`) combination,
+/// The kernel body for one (sub-block size `SUB`, mins `MIN`, block kind `FL`, float-scaled
+/// super-block kind `SF`) combination (`igemm::Kind`),
 /// expanded inside each form's `#[target_feature]` function; `$dot(sum, codes, levels)` adds,
 /// per int32 lane, the 4 products of unsigned codes and signed levels.
 macro_rules! body {
@@ -30,8 +31,10 @@ macro_rules! body {
         let wc = w.codes.as_ptr();
         let ac = a.codes.as_ptr();
         let zero = _mm256_setzero_si256();
-        // Integer scales: block sums and mins' sums per row and half; float scales: the tile.
+        // Integer kinds: scaled sums and mins' sums per row and half; float-scaled kinds: the
+        // scaled sums in f32; block kinds: the tile.
         let mut s1 = [[zero; 2]; IG_MR];
+        let mut sf = [[_mm256_setzero_ps(); 2]; IG_MR];
         let mut s2 = [[zero; 2]; IG_MR];
         let ld_i = |p: &[i32], off: usize| {
             debug_assert!(off + 8 <= p.len());
@@ -83,6 +86,10 @@ macro_rules! body {
                             }
                             // SAFETY: as the load.
                             unsafe { _mm256_storeu_ps(p, o) };
+                        } else if SF {
+                            let sc = _mm256_set1_ps(w.fscales[rr * 16 + j]);
+                            let c = _mm256_cvtepi32_ps(corr);
+                            sf[rr][h] = _mm256_fmadd_ps(c, sc, sf[rr][h]);
                         } else {
                             let sc = _mm256_set1_epi32(w.scales[rr * 16 + j]);
                             s1[rr][h] = _mm256_add_epi32(s1[rr][h], _mm256_mullo_epi32(corr, sc));
@@ -104,7 +111,8 @@ macro_rules! body {
         }
         for (r, row) in acc.iter_mut().enumerate().filter(|_| !FL) {
             for h in 0..2 {
-                let mut f = _mm256_mul_ps(_mm256_cvtepi32_ps(s1[r][h]), _mm256_set1_ps(w.d[r]));
+                let sum = if SF { sf[r][h] } else { _mm256_cvtepi32_ps(s1[r][h]) };
+                let mut f = _mm256_mul_ps(sum, _mm256_set1_ps(w.d[r]));
                 if MIN {
                     let m = _mm256_cvtepi32_ps(s2[r][h]);
                     f = _mm256_fnmadd_ps(_mm256_set1_ps(w.dmin[r]), m, f);
@@ -123,16 +131,19 @@ macro_rules! body {
 macro_rules! kernel_set {
     ($name:ident, $wrap:ident, $max:expr) => {
         pub(crate) const $name: IgemmKernels = IgemmKernels {
-            sub16: $wrap::<16, false, false>,
-            sub16_min: $wrap::<16, true, false>,
-            sub32: $wrap::<32, false, false>,
-            sub32_min: $wrap::<32, true, false>,
-            blk16: $wrap::<16, false, true>,
-            blk32: $wrap::<32, false, true>,
-            blk32_min: $wrap::<32, true, true>,
-            pairs: None,
-            unit_pair: None,
-            narrow_pair: None,
+            one: [
+                $wrap::<16, false, false, false>,
+                $wrap::<16, true, false, false>,
+                $wrap::<16, false, false, true>,
+                $wrap::<16, true, false, true>,
+                $wrap::<32, false, false, true>,
+                $wrap::<32, true, false, true>,
+                $wrap::<16, false, true, false>,
+                $wrap::<32, false, true, false>,
+                $wrap::<32, true, true, false>,
+            ],
+            two: [None; 9],
+            three: [None; 9],
             max_code: $max,
             unpack: super::avx2_unpack::unpack_for,
             unpack_super: super::avx2_unpack::unpack_super_for,
@@ -143,18 +154,18 @@ macro_rules! kernel_set {
 kernel_set!(AVX_VNNI, avx_vnni, 255);
 kernel_set!(MADDUBS, maddubs, 127);
 
-fn avx_vnni<const SUB: usize, const MIN: bool, const FL: bool>(
+fn avx_vnni<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
     // SAFETY: `plug` installs AVX_VNNI only on a CPU with AVX2, FMA and AVX-VNNI.
-    unsafe { avx_vnni_kernel::<SUB, MIN, FL>(w, a, acc, len) }
+    unsafe { avx_vnni_kernel::<SUB, MIN, FL, SF>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx2,fma,avxvnni")]
-fn avx_vnni_kernel<const SUB: usize, const MIN: bool, const FL: bool>(
+fn avx_vnni_kernel<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
@@ -163,7 +174,7 @@ fn avx_vnni_kernel<const SUB: usize, const MIN: bool, const FL: bool>(
     body!(w, a, acc, len, |s, c, l| _mm256_dpbusd_avx_epi32(s, c, l))
 }
 
-fn maddubs<const SUB: usize, const MIN: bool, const FL: bool>(
+fn maddubs<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
@@ -171,11 +182,11 @@ fn maddubs<const SUB: usize, const MIN: bool, const FL: bool>(
 ) {
     // SAFETY: `plug` installs MADDUBS only on a CPU with AVX2 and FMA; the table's `max_code`
     // (127) keeps formats with larger codes away, so no int16 pair sum saturates.
-    unsafe { maddubs_kernel::<SUB, MIN, FL>(w, a, acc, len) }
+    unsafe { maddubs_kernel::<SUB, MIN, FL, SF>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx2,fma")]
-fn maddubs_kernel<const SUB: usize, const MIN: bool, const FL: bool>(
+fn maddubs_kernel<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],

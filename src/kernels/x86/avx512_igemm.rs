@@ -1,19 +1,20 @@
 //! Integer GEMM micro-kernels (`kernels::igemm`) with AVX-512 VNNI (`vpdpbusd`). Needs AVX-512
 //! F, BW, DQ, VL and VNNI; `plug` installs them only where the CPU has those.
 //!
-//! One zmm lane per activation column: for each 4 K values, one load of the panel's 64 level
-//! bytes serves the 8 weight rows, each row's 4 codes broadcast into a `vpdpbusd` (unsigned codes
-//! times signed levels, summed in int32 without saturation). Per sub-block the 8 raw sums are
-//! corrected by the bias sums and multiplied by the row's integer scale into the block sums
-//! (`vpmulld`); the float scales are applied once per super-block. The integer sums equal the
-//! portable kernel's, and the float steps are the same operations, so the bits are the same.
-//! The block types' kernels (`vnni_blocks`) share the product loop and scale every sub-block's
-//! sums in f32 instead.
+//! One zmm lane per activation column: for each 4 K values, one load of a panel's 64 level
+//! bytes serves the band's rows, each row's 4 codes broadcast into a `vpdpbusd` (unsigned codes
+//! times signed levels, summed in int32 without saturation). The float kinds' kernels
+//! ([`vnni_multi`]) take one, two or three panels at once (8, 8 or 12 independent `vpdpbusd`
+//! chains, which hide the instruction's latency), start every chain from minus the panel's bias
+//! sums (so the corrected sums need no subtraction per row) and scale each sub-block's sums in
+//! f32; the integer kinds' ([`vnni`], [`vnni_x2`]) keep the scaled sums in int32. The integer
+//! sums equal the portable kernels', and the float steps are the same operations in the same
+//! order, so the bits are the same.
 
 use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
-use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, used_subs};
+use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, Tile, WBand, used_subs};
 
 /// The raw int32 sums of sub-blocks `j` and `j + 1` (of `SUB` elements) for the band's 8 rows x
 /// the panel's 16 columns: `[sub-block][row]`, one lane per column. Two sub-blocks at a time give
@@ -50,79 +51,78 @@ macro_rules! pair_sums {
     }};
 }
 
-/// The mins' sums `sum_j mins[r][j] * bsums[j][c]` of the `nsub` sub-blocks added to `s2` for
-/// rows `r0..r0 + R`: by sub-block pairs ([`mins_pair`]) when the panel's level sums fit 16
-/// bits, else one `vpmulld` per sub-block; the same integers either way.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-#[inline]
-fn mins_sums<const R: usize>(
-    w: &WBand,
-    a: &ABlock,
-    nsub: usize,
-    r0: usize,
-    mut s2: [__m512i; R],
-) -> [__m512i; R] {
-    if crate::kernels::igemm::pairs_fit(a) {
-        for i in 0..nsub / 2 {
-            s2 = mins_pair(w, a, i, r0, s2);
+/// Adds the mins' sums `sum_j mins[r][j] * bsums[j][c]` of the `nsub` sub-blocks to `s2` (an
+/// array of `R` sums) for rows `r0..r0 + R`: by sub-block pairs when the panel's level sums fit
+/// 16 bits (one `vpdpwssd` per row on the panel's level-sum pairs and the row's two mins; mins
+/// are at most 6 bits), else one `vpmulld` per sub-block; the same integers either way.
+/// Expanded inside the kernels (it needs their target features, and a call would take the
+/// sums through memory).
+macro_rules! mins_sums {
+    ($w:expr, $a:expr, $nsub:expr, $r0:expr, $s2:ident) => {
+        let (w, a): (&WBand, &ABlock) = ($w, $a);
+        if crate::kernels::igemm::pairs_fit(a) {
+            for i in 0..$nsub / 2 {
+                // SAFETY: i < 8: the 16 entries at i * 16 are inside `a.bsum_pairs` (128
+                // entries, 64-byte aligned rows of 16).
+                let bs = unsafe {
+                    _mm512_load_si512(a.bsum_pairs.as_ptr().add(i * IG_NR) as *const __m512i)
+                };
+                for (r, s) in $s2.iter_mut().enumerate() {
+                    let mn = _mm512_set1_epi32(w.min_pairs[($r0 + r) * 8 + i]);
+                    *s = _mm512_dpwssd_epi32(*s, bs, mn);
+                }
+            }
+        } else {
+            for j in 0..$nsub {
+                // SAFETY: j < 16: the 16 sums at j * 16 are inside `a.bsums` (256 entries,
+                // 64-byte aligned rows of 16).
+                let bp = unsafe { a.bsums.as_ptr().add(j * IG_NR) };
+                // SAFETY: as above.
+                let bs = unsafe { _mm512_load_si512(bp as *const __m512i) };
+                for (r, s) in $s2.iter_mut().enumerate() {
+                    let mn = _mm512_set1_epi32(w.mins[($r0 + r) * 16 + j]);
+                    *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(bs, mn));
+                }
+            }
         }
-        return s2;
-    }
-    for j in 0..nsub {
-        // SAFETY: j < 16: the 16 sums at j * 16 are inside `a.bsums` (256 entries, 64-byte
-        // aligned rows of 16).
-        let bs = unsafe { _mm512_load_si512(a.bsums.as_ptr().add(j * IG_NR) as *const __m512i) };
-        for (r, s) in s2.iter_mut().enumerate() {
-            let mn = _mm512_set1_epi32(w.mins[(r0 + r) * 16 + j]);
-            *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(bs, mn));
-        }
-    }
-    s2
+    };
 }
 
-/// The mins' sums of sub-blocks `2 i` and `2 i + 1` added to `s2` for rows `r0..r0 + R`: one
-/// `vpdpwssd` per row on the panel's level-sum pairs and the row's two mins (mins are at most 6
-/// bits; the caller checked that the sums fit 16 bits), the same integers as two `vpmulld` and
-/// two adds.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-#[inline]
-fn mins_pair<const R: usize>(
-    w: &WBand,
-    a: &ABlock,
-    i: usize,
-    r0: usize,
-    mut s2: [__m512i; R],
-) -> [__m512i; R] {
-    // SAFETY: i < 8: the 16 entries at i * 16 are inside `a.bsum_pairs` (128 entries, 64-byte
-    // aligned rows of 16).
-    let bs = unsafe { _mm512_load_si512(a.bsum_pairs.as_ptr().add(i * IG_NR) as *const __m512i) };
-    for (r, s) in s2.iter_mut().enumerate() {
-        let mn = _mm512_set1_epi32(w.min_pairs[(r0 + r) * 8 + i]);
-        *s = _mm512_dpwssd_epi32(*s, bs, mn);
-    }
-    s2
-}
-
-/// The AVX-512 VNNI kernels.
+/// The AVX-512 VNNI kernels, by `igemm::Kind`.
 pub(crate) const VNNI: IgemmKernels = IgemmKernels {
-    sub16: vnni::<16, false>,
-    sub16_min: vnni::<16, true>,
-    sub32: vnni::<32, false>,
-    sub32_min: vnni::<32, true>,
-    blk16: vnni_blocks::<16, false>,
-    blk32: vnni_blocks::<32, false>,
-    blk32_min: vnni_blocks::<32, true>,
-    pairs: Some([
-        vnni_x2::<16, false, false, false>,
-        vnni_x2::<16, true, false, false>,
-        vnni_x2::<32, false, false, false>,
-        vnni_x2::<32, true, false, false>,
-        vnni_blocks_x2::<16, false>,
-        vnni_blocks_x2::<32, false>,
-        vnni_blocks_x2::<32, true>,
-    ]),
-    unit_pair: Some(vnni_x2::<16, true, true, false>),
-    narrow_pair: Some(vnni_x2::<16, false, false, true>),
+    one: [
+        vnni::<16, false>,
+        vnni::<16, true>,
+        multi1::<16, false, false>,
+        multi1::<16, true, false>,
+        multi1::<32, false, false>,
+        multi1::<32, true, false>,
+        multi1::<16, false, true>,
+        multi1::<32, false, true>,
+        multi1::<32, true, true>,
+    ],
+    two: [
+        Some(vnni_x2::<false>),
+        Some(vnni_x2::<true>),
+        Some(vnni_multi::<2, 4, 16, false, false>),
+        Some(vnni_multi::<2, 4, 16, true, false>),
+        Some(vnni_multi::<2, 4, 32, false, false>),
+        Some(vnni_multi::<2, 4, 32, true, false>),
+        Some(vnni_multi::<2, 4, 16, false, true>),
+        Some(vnni_multi::<2, 4, 32, false, true>),
+        Some(vnni_multi::<2, 4, 32, true, true>),
+    ],
+    three: [
+        None,
+        None,
+        Some(vnni_multi::<3, 4, 16, false, false>),
+        Some(vnni_multi::<3, 4, 16, true, false>),
+        Some(vnni_multi::<3, 4, 32, false, false>),
+        Some(vnni_multi::<3, 4, 32, true, false>),
+        Some(vnni_multi::<3, 4, 16, false, true>),
+        Some(vnni_multi::<3, 4, 32, false, true>),
+        Some(vnni_multi::<3, 4, 32, true, true>),
+    ],
     max_code: 255,
     unpack: super::avx2_unpack::unpack_for,
     unpack_super: super::avx2_unpack::unpack_super_for,
@@ -170,7 +170,7 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
     // The mins' sums do not depend on the products: a second pass keeps the first one's
     // register set to the raw and block sums.
     if MIN {
-        s2 = mins_sums::<IG_MR>(w, a, nsub, 0, s2);
+        mins_sums!(w, a, nsub, 0, s2);
     }
     // SAFETY: `a.d` holds 16 floats.
     let da = unsafe { _mm512_loadu_ps(a.d.as_ptr()) };
@@ -182,58 +182,6 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
         let p = row.as_mut_ptr();
         // SAFETY: `row` holds 16 floats.
         unsafe { _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(f, da))) };
-    }
-}
-
-fn vnni_blocks<const SUB: usize, const MIN: bool>(
-    w: &WBand,
-    a: &ABlock,
-    acc: &mut [[f32; IG_NR]; IG_MR],
-    len: usize,
-) {
-    // SAFETY: as `vnni`.
-    unsafe { vnni_blocks_kernel::<SUB, MIN>(w, a, acc, len) }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn vnni_blocks_kernel<const SUB: usize, const MIN: bool>(
-    w: &WBand,
-    a: &ABlock,
-    acc: &mut [[f32; IG_NR]; IG_MR],
-    len: usize,
-) {
-    let nsub = used_subs(len, SUB);
-    let mut out = [_mm512_setzero_ps(); IG_MR];
-    for (o, row) in out.iter_mut().zip(acc.iter()) {
-        // SAFETY: `row` holds 16 floats.
-        *o = unsafe { _mm512_loadu_ps(row.as_ptr()) };
-    }
-    for j in (0..nsub).step_by(2) {
-        let raw = pair_sums!(w, a, j, SUB);
-        for (h, raw) in raw.iter().enumerate() {
-            let jh = j + h;
-            // SAFETY: jh < 16: the 16 entries at jh * 16 are inside `a.bsums`, `a.ds` and
-            // `a.ms` (256 entries each).
-            let (bs, ds, ms) = unsafe {
-                (
-                    _mm512_loadu_si512(a.bsums.as_ptr().add(jh * IG_NR) as *const __m512i),
-                    _mm512_loadu_ps(a.ds.as_ptr().add(jh * IG_NR)),
-                    _mm512_loadu_ps(a.ms.as_ptr().add(jh * IG_NR)),
-                )
-            };
-            for r in 0..IG_MR {
-                let corr = if MIN { raw[r] } else { _mm512_sub_epi32(raw[r], bs) };
-                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(corr), ds);
-                out[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(w.fscales[r * 16 + jh]), out[r]);
-                if MIN {
-                    out[r] = _mm512_fmadd_ps(ms, _mm512_set1_ps(w.fmins[r * 16 + jh]), out[r]);
-                }
-            }
-        }
-    }
-    for (o, row) in out.iter().zip(acc.iter_mut()) {
-        // SAFETY: `row` holds 16 floats.
-        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), *o) };
     }
 }
 
@@ -265,35 +213,25 @@ macro_rules! x2_sums {
 }
 
 /// Rows of the band [`vnni_x2`] takes per pass: 4 rows x 2 panels of raw sums and of
-/// integer block sums stay in registers (8 rows would need 32 and spill).
+/// integer scaled sums stay in registers (8 rows would need 32 and spill).
 const X2_ROWS: usize = 4;
 
-/// See `igemm::IgemmPairFn`: one sub-block at a time, each of the band's 4-code broadcasts
-/// feeds both panels' `vpdpbusd`, so a group of 4 K values needs 6 loads for 8 products instead
-/// of 10; the band's rows are taken [`X2_ROWS`] at a time. The integer sums and the float
-/// steps are those of [`vnni`], per panel and row. `UNIT` (every scale is 1): the whole step's
-/// products go into one sum per row and column, scaled by nothing (the same integers).
-/// `NARROW` (`IntFormat::narrow_sums`, no mins): sub-blocks in pairs, the two corrected sums of
-/// each row and column put side by side as 16-bit halves and scaled by one `vpdpwssd` against
-/// the row's two scales, where two `vpmulld` took two of the multiply pipes' slots (the same
-/// integers: each corrected sum fits 16 bits).
-fn vnni_x2<const SUB: usize, const MIN: bool, const UNIT: bool, const NARROW: bool>(
-    w: &WBand,
-    a: [&ABlock; 2],
-    acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
-    len: usize,
-) {
+/// The integer kinds' two-panel kernels (see `igemm::IgemmPairFn`), sub-blocks of 16: each of
+/// the band's 4-code broadcasts feeds both panels' `vpdpbusd`, the band's rows [`X2_ROWS`] at
+/// a time. `UNIT` (`Kind::Int16Min`, `IntFormat::unit_scales`: every scale 1, no bias): the
+/// whole step's products go into one sum per row and column, scaled by nothing (the same
+/// integers). Else `Kind::Int16` (`IntFormat::narrow_sums`, no mins): sub-blocks in pairs, the
+/// two corrected sums of each row and column put side by side as 16-bit halves and scaled by
+/// one `vpdpwssd` against the row's two scales (the same integers: each corrected sum fits 16
+/// bits). The float steps are those of [`vnni`], per panel and row.
+fn vnni_x2<const UNIT: bool>(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
     // SAFETY: as `vnni`.
-    unsafe { vnni_x2_kernel::<SUB, MIN, UNIT, NARROW>(w, a, acc, len) }
+    unsafe { vnni_x2_kernel::<UNIT>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool, const NARROW: bool>(
-    w: &WBand,
-    a: [&ABlock; 2],
-    acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
-    len: usize,
-) {
+fn vnni_x2_kernel<const UNIT: bool>(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
+    const SUB: usize = 16;
     debug_assert_eq!(len, QK_K);
     let nsub = QK_K / SUB;
     let wc = w.codes.as_ptr();
@@ -301,9 +239,11 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool, const NAR
     let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
     for r0 in (0..IG_MR).step_by(X2_ROWS) {
         let mut s1 = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-        let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-        if NARROW {
-            debug_assert!(!MIN && !UNIT);
+        if UNIT {
+            for j in 0..nsub {
+                x2_sums!(wc, ac0, ac1, r0, j, SUB, s1);
+            }
+        } else {
             for j in (0..nsub).step_by(2) {
                 let mut even = [[_mm512_setzero_si512(); X2_ROWS]; 2];
                 x2_sums!(wc, ac0, ac1, r0, j, SUB, even);
@@ -330,42 +270,17 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool, const NAR
                 }
             }
         }
-        for j in 0..if NARROW { 0 } else { nsub } {
-            if !UNIT {
-                raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-            }
-            x2_sums!(wc, ac0, ac1, r0, j, SUB, raw);
-            if UNIT {
-                continue;
-            }
-            for p in 0..2 {
-                // SAFETY: j < 16: inside `bsums`.
-                let bs = unsafe {
-                    _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i)
-                };
-                for r in 0..X2_ROWS {
-                    let sc = _mm512_set1_epi32(w.scales[(r0 + r) * 16 + j]);
-                    let corr = if MIN { raw[p][r] } else { _mm512_sub_epi32(raw[p][r], bs) };
-                    s1[p][r] = _mm512_add_epi32(s1[p][r], _mm512_mullo_epi32(corr, sc));
-                }
-            }
-        }
-        if UNIT {
-            // Scales of 1 and no bias (`unit_scales` types have mins): the sums as they are.
-            debug_assert!(MIN);
-            s1 = raw;
-        }
         for p in 0..2 {
             let mut s2 = [_mm512_setzero_si512(); X2_ROWS];
-            if MIN {
-                s2 = mins_sums::<X2_ROWS>(w, a[p], nsub, r0, s2);
+            if UNIT {
+                mins_sums!(w, a[p], nsub, r0, s2);
             }
             // SAFETY: `a.d` holds 16 floats.
             let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
             for r in 0..X2_ROWS {
                 let ri = r0 + r;
                 let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[ri]));
-                if MIN {
+                if UNIT {
                     f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps(s2[r]), f);
                 }
                 // SAFETY: out[p] points at acc[p]'s 8 rows of 16 floats; ri < 8.
@@ -379,69 +294,152 @@ fn vnni_x2_kernel<const SUB: usize, const MIN: bool, const UNIT: bool, const NAR
     }
 }
 
-/// See `igemm::IgemmPairFn`: the block types' [`vnni_blocks`] for two panels, the band's rows
-/// [`X2_ROWS`] at a time. One sub-block at a time, each 4-code broadcast of the band feeds both
-/// panels' `vpdpbusd` (8 chains); the rows' f32 sums stay in registers for the whole step and
-/// take every sub-block's scaled sums in sub-block order, the same float steps as the
-/// one-panel kernel.
-fn vnni_blocks_x2<const SUB: usize, const MIN: bool>(
+/// The one-panel form of [`vnni_multi`] (all 8 rows per pass: 8 chains).
+fn multi1<const SUB: usize, const MIN: bool, const BLK: bool>(
     w: &WBand,
-    a: [&ABlock; 2],
-    acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
+    a: &ABlock,
+    acc: &mut Tile,
+    len: usize,
+) {
+    vnni_multi::<1, IG_MR, SUB, MIN, BLK>(w, [a], [acc], len)
+}
+
+/// The float kinds' kernel for `P` panels (`igemm::IgemmFn`, `IgemmPairFn`, `IgemmTripleFn`),
+/// the band's rows `R` at a time: `P x R` raw sums and as many f32 sums stay in registers (at
+/// most 24 of the 32). Per group of 4 K values, `P` panel loads and `R` code broadcasts feed
+/// `P x R` `vpdpbusd`. `BLK`: the block kinds (the tile's rows take every sub-block's scaled
+/// sums in sub-block order); else the super-block float kinds (each sub-block's sum times its
+/// float scale, then the row and column scales once per step).
+fn vnni_multi<
+    const P: usize,
+    const R: usize,
+    const SUB: usize,
+    const MIN: bool,
+    const BLK: bool,
+>(
+    w: &WBand,
+    a: [&ABlock; P],
+    acc: [&mut Tile; P],
     len: usize,
 ) {
     // SAFETY: as `vnni`.
-    unsafe { vnni_blocks_x2_kernel::<SUB, MIN>(w, a, acc, len) }
+    unsafe { vnni_multi_kernel::<P, R, SUB, MIN, BLK>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn vnni_blocks_x2_kernel<const SUB: usize, const MIN: bool>(
+fn vnni_multi_kernel<
+    const P: usize,
+    const R: usize,
+    const SUB: usize,
+    const MIN: bool,
+    const BLK: bool,
+>(
     w: &WBand,
-    a: [&ABlock; 2],
-    acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
+    a: [&ABlock; P],
+    acc: [&mut Tile; P],
     len: usize,
 ) {
-    let nsub = used_subs(len, SUB);
+    debug_assert!(IG_MR.is_multiple_of(R) && (BLK || len == QK_K));
+    let nsub = if BLK { used_subs(len, SUB) } else { QK_K / SUB };
     let wc = w.codes.as_ptr();
-    let (ac0, ac1) = (a[0].codes.as_ptr(), a[1].codes.as_ptr());
-    let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
-    for r0 in (0..IG_MR).step_by(X2_ROWS) {
-        let mut f = [[_mm512_setzero_ps(); X2_ROWS]; 2];
-        for p in 0..2 {
-            for r in 0..X2_ROWS {
-                // SAFETY: out[p] points at 8 rows of 16 floats (acc[p]); r0 + r < 8.
-                f[p][r] = unsafe { _mm512_loadu_ps(out[p].add((r0 + r) * IG_NR)) };
+    let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
+    for r0 in (0..IG_MR).step_by(R) {
+        let mut s = [[_mm512_setzero_ps(); R]; P];
+        if BLK {
+            for p in 0..P {
+                for r in 0..R {
+                    // SAFETY: out[p] points at a tile's 8 rows of 16 floats; r0 + r < 8.
+                    s[p][r] = unsafe { _mm512_loadu_ps(out[p].add((r0 + r) * IG_NR)) };
+                }
             }
         }
         for j in 0..nsub {
-            let mut raw = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-            x2_sums!(wc, ac0, ac1, r0, j, SUB, raw);
-            for p in 0..2 {
-                // SAFETY: j < 16: the 16 entries at j * 16 are inside `bsums`, `ds` and `ms`
-                // (256 entries each).
-                let (bs, ds, ms) = unsafe {
-                    (
-                        _mm512_loadu_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i),
-                        _mm512_loadu_ps(a[p].ds.as_ptr().add(j * IG_NR)),
-                        _mm512_loadu_ps(a[p].ms.as_ptr().add(j * IG_NR)),
-                    )
-                };
-                for r in 0..X2_ROWS {
-                    let ri = r0 + r;
-                    let corr = if MIN { raw[p][r] } else { _mm512_sub_epi32(raw[p][r], bs) };
-                    let v = _mm512_mul_ps(_mm512_cvtepi32_ps(corr), ds);
-                    f[p][r] = _mm512_fmadd_ps(v, _mm512_set1_ps(w.fscales[ri * 16 + j]), f[p][r]);
-                    if MIN {
-                        f[p][r] =
-                            _mm512_fmadd_ps(ms, _mm512_set1_ps(w.fmins[ri * 16 + j]), f[p][r]);
+            let mut raw = [[_mm512_setzero_si512(); R]; P];
+            if !MIN {
+                for (p, raw) in raw.iter_mut().enumerate() {
+                    // SAFETY: j < 16: the 16 sums at j * 16 are inside `bsums` (256 entries,
+                    // 64-byte aligned rows of 16).
+                    let bs = unsafe {
+                        _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i)
+                    };
+                    *raw = [_mm512_sub_epi32(_mm512_setzero_si512(), bs); R];
+                }
+            }
+            for g in j * SUB / 4..(j + 1) * SUB / 4 {
+                let mut av = [_mm512_setzero_si512(); P];
+                for (p, av) in av.iter_mut().enumerate() {
+                    // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside the
+                    // panel's codes (4096 bytes, 64-byte aligned).
+                    *av = unsafe { _mm512_load_si512(a[p].codes.as_ptr().add(g * 64).cast()) };
+                }
+                for r in 0..R {
+                    // SAFETY: r0 + r < 8 and 4 * g + 4 <= 256: inside row r0 + r's codes.
+                    let w0 =
+                        unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
+                    let wv = _mm512_set1_epi32(w0);
+                    for p in 0..P {
+                        raw[p][r] = _mm512_dpbusd_epi32(raw[p][r], wv, av[p]);
+                    }
+                }
+            }
+            if BLK {
+                for p in 0..P {
+                    // SAFETY: j < 16: the 16 entries at j * 16 are inside `ds` and `ms` (256
+                    // entries each).
+                    let (ds, ms) = unsafe {
+                        (
+                            _mm512_loadu_ps(a[p].ds.as_ptr().add(j * IG_NR)),
+                            _mm512_loadu_ps(a[p].ms.as_ptr().add(j * IG_NR)),
+                        )
+                    };
+                    for r in 0..R {
+                        let ri = r0 + r;
+                        let f = _mm512_mul_ps(_mm512_cvtepi32_ps(raw[p][r]), ds);
+                        let sc = _mm512_set1_ps(w.fscales[ri * 16 + j]);
+                        s[p][r] = _mm512_fmadd_ps(f, sc, s[p][r]);
+                        if MIN {
+                            let mn = _mm512_set1_ps(w.fmins[ri * 16 + j]);
+                            s[p][r] = _mm512_fmadd_ps(ms, mn, s[p][r]);
+                        }
+                    }
+                }
+            } else {
+                for r in 0..R {
+                    let sc = _mm512_set1_ps(w.fscales[(r0 + r) * 16 + j]);
+                    for p in 0..P {
+                        s[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(raw[p][r]), sc, s[p][r]);
                     }
                 }
             }
         }
-        for p in 0..2 {
-            for r in 0..X2_ROWS {
+        for p in 0..P {
+            if BLK {
+                for r in 0..R {
+                    // SAFETY: as the loads above.
+                    unsafe { _mm512_storeu_ps(out[p].add((r0 + r) * IG_NR), s[p][r]) };
+                }
+                continue;
+            }
+            // The mins' sums do not depend on the products: a pass of their own keeps the
+            // product loop's register set to the raw and scaled sums.
+            let mut s2 = [_mm512_setzero_si512(); R];
+            if MIN {
+                mins_sums!(w, a[p], nsub, r0, s2);
+            }
+            // SAFETY: `a.d` holds 16 floats.
+            let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
+            for (r, &sum) in s[p].iter().enumerate() {
+                let ri = r0 + r;
+                let mut f = _mm512_mul_ps(sum, _mm512_set1_ps(w.d[ri]));
+                if MIN {
+                    f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps(s2[r]), f);
+                }
+                // SAFETY: out[p] points at a tile's 8 rows of 16 floats; ri < 8.
+                let row = unsafe { out[p].add(ri * IG_NR) };
                 // SAFETY: as above.
-                unsafe { _mm512_storeu_ps(out[p].add((r0 + r) * IG_NR), f[p][r]) };
+                unsafe {
+                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
+                };
             }
         }
     }

@@ -9,8 +9,8 @@ use super::Family;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::kernels::igemm::{
-    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, UnpackStepFn, WBand,
-    pack_q8_blocks_column, pack_q8k_column,
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, IgemmTripleFn, Kind, UnpackStepFn,
+    WBand, pack_q8_blocks_column, pack_q8k_column,
 };
 use crate::kernels::prefetch::{prefetch_l1, prefetch_l2_range};
 use crate::quant::unpack::{IntFormat, Unpack, UnpackFn};
@@ -174,6 +174,7 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     fast_super: Option<UnpackFn>,
     kernel: IgemmFn,
     pair: Option<IgemmPairFn>,
+    triple: Option<IgemmTripleFn>,
     bsize: usize,
     repacked: Option<DType>,
     k: usize,
@@ -223,8 +224,8 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         if !rows.len().is_multiple_of(IG_MR) {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
-        let kernel = kernels.get(fmt.sub, fmt.has_min, fmt.float_scales());
-        let pair = kernels.pair_for(fmt);
+        let kind = Kind::of(fmt).index();
+        let (kernel, pair, triple) = (kernels.one[kind], kernels.two[kind], kernels.three[kind]);
         let (fast, fast_super) = ((kernels.unpack)(dtype), (kernels.unpack_super)(dtype));
         let blk = IntBlock {
             fmt,
@@ -232,6 +233,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
             fast_super,
             kernel,
             pair,
+            triple,
             bsize,
             repacked,
             k,
@@ -351,16 +353,31 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
             tiles.fill([[0.0; IG_NR]; IG_MR]);
         }
         let np = self.ncols.div_ceil(IG_NR);
+        // Each band's slice of the next panels' blocks (from L3 or memory), asked for in L2
+        // while this group's bands run.
+        let slice = size_of::<ABlock>().div_ceil(64 * nbands) * 64;
         let mut p = 0;
-        // Panels in pairs where the tier has a two-panel kernel (same bits).
+        // Panels in threes, then in pairs, where the tier has those forms (same bits).
+        if let Some(three) = self.triple {
+            while p + 2 < np {
+                let a = [p, p + 1, p + 2].map(|q| &self.ab[q * nkb + kb]);
+                let next = [p + 3, p + 4, p + 5].map(|q| self.ab.get(q * nkb + kb));
+                let (lo, rest) = tiles.split_at_mut((p + 1) * nbands);
+                let (mid, hi) = rest.split_at_mut(nbands);
+                for (bi, band) in self.bands.iter().enumerate() {
+                    for blk in next.into_iter().flatten() {
+                        prefetch_slice_l2(blk, bi * slice, slice);
+                    }
+                    three(band, a, [&mut lo[p * nbands + bi], &mut mid[bi], &mut hi[bi]], len);
+                }
+                p += 3;
+            }
+        }
         if let Some(pair) = self.pair {
             while p + 1 < np {
                 let (a0, a1) = (&self.ab[p * nkb + kb], &self.ab[(p + 1) * nkb + kb]);
                 let (lo, hi) = tiles.split_at_mut((p + 1) * nbands);
-                // The next pair's blocks (from L3 or memory), asked for in L2 a slice per band
-                // while this pair's bands run.
                 let next = [(p + 2) * nkb + kb, (p + 3) * nkb + kb].map(|i| self.ab.get(i));
-                let slice = size_of::<ABlock>().div_ceil(64 * nbands) * 64;
                 for (bi, band) in self.bands.iter().enumerate() {
                     for blk in next.into_iter().flatten() {
                         prefetch_slice_l2(blk, bi * slice, slice);
