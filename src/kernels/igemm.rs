@@ -642,28 +642,45 @@ mod tests {
                 for c in w.codes.iter_mut() {
                     *c &= k.max_code;
                 }
-                // The unit-scale pair: Int16Min's integers when every scale is 1.
-                if let Some(unit) = k.two[Kind::Int16Min.index()] {
+                // The unit-scale forms: Int16Min's integers when every scale is 1 (the second
+                // and third panels: the first with its scales and sums reversed, rotated).
+                let unit = Kind::Int16Min.index();
+                if k.two[unit].is_some() || k.three[unit].is_some() {
                     let mut wu = w;
                     wu.scales.fill(1);
                     for row in 0..IG_MR {
                         wu.pair_up(row);
                     }
-                    let mut a2 = a;
+                    let (mut a2, mut a3) = (a, a);
                     a2.d.reverse();
                     a2.bsums.reverse();
+                    a3.d.rotate_left(3);
+                    a3.bsums.rotate_left(5);
+                    a3.codes.rotate_left(64);
                     for c in 0..IG_NR {
                         pack_pairs(&mut a2, c, 8);
+                        pack_pairs(&mut a3, c, 8);
                     }
-                    let one = SCALAR.one[Kind::Int16Min.index()];
-                    let (mut w1, mut w2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
-                    one(&wu, &a, &mut w1, 256);
-                    one(&wu, &a2, &mut w2, 256);
-                    let (mut g1, mut g2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
-                    unit(&wu, [&a, &a2], [&mut g1, &mut g2], 256);
-                    let all = w1.iter().chain(&w2).flatten();
-                    for (x, y) in all.zip(g1.iter().chain(&g2).flatten()) {
-                        assert_eq!(x.to_bits(), y.to_bits(), "{name} unit pair");
+                    let start = [0.5f32, 0.25, -1.0].map(|v| [[v; IG_NR]; IG_MR]);
+                    let mut want = start;
+                    for (p, acc) in [&a, &a2, &a3].into_iter().zip(want.iter_mut()) {
+                        (SCALAR.one[unit])(&wu, p, acc, 256);
+                    }
+                    let check = |got: &[Tile], what: &str| {
+                        let all = want.iter().flatten().flatten();
+                        for (x, y) in all.zip(got.iter().flatten().flatten()) {
+                            assert_eq!(x.to_bits(), y.to_bits(), "{name} unit {what}");
+                        }
+                    };
+                    if let Some(two) = k.two[unit] {
+                        let [mut g1, mut g2, _] = start;
+                        two(&wu, [&a, &a2], [&mut g1, &mut g2], 256);
+                        check(&[g1, g2], "pair");
+                    }
+                    if let Some(three) = k.three[unit] {
+                        let [mut g1, mut g2, mut g3] = start;
+                        three(&wu, [&a, &a2, &a3], [&mut g1, &mut g2, &mut g3], 256);
+                        check(&[g1, g2, g3], "triple");
                     }
                 }
                 if let Some(narrow) = k.two[Kind::Int16.index()] {
@@ -720,7 +737,8 @@ mod tests {
                             pair(&w, [&a, &a2], [&mut g1, &mut g2], len);
                             check(&[g1, g2], "pair");
                         }
-                        if let Some(three) = k.three[i] {
+                        let int = matches!(kind, Kind::Int16 | Kind::Int16Min);
+                        if let (Some(three), false) = (k.three[i], int) {
                             let [mut g1, mut g2, mut g3] = start;
                             three(&w, [&a, &a2, &a3], [&mut g1, &mut g2, &mut g3], len);
                             check(&[g1, g2, g3], "triple");

@@ -7,7 +7,7 @@
 //! ([`vnni_multi`]) take one, two or three panels at once (8, 8 or 12 independent `vpdpbusd`
 //! chains, which hide the instruction's latency), start every chain from minus the panel's bias
 //! sums (so the corrected sums need no subtraction per row) and scale each sub-block's sums in
-//! f32; the integer kinds' ([`vnni`], [`vnni_x2`]) keep the scaled sums in int32. The integer
+//! f32; the integer kinds' ([`vnni`], [`vnni_narrow`], [`vnni_unit`]) keep the scaled sums in int32. The integer
 //! sums equal the portable kernels', and the float steps are the same operations in the same
 //! order, so the bits are the same.
 
@@ -102,8 +102,8 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
         multi1::<32, true, true>,
     ],
     two: [
-        Some(vnni_x2::<false>),
-        Some(vnni_x2::<true>),
+        Some(vnni_narrow),
+        Some(vnni_unit::<2>),
         Some(vnni_multi::<2, 4, 16, false, false>),
         Some(vnni_multi::<2, 4, 16, true, false>),
         Some(vnni_multi::<2, 4, 32, false, false>),
@@ -114,7 +114,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     ],
     three: [
         None,
-        None,
+        Some(vnni_unit::<3>),
         Some(vnni_multi::<3, 4, 16, false, false>),
         Some(vnni_multi::<3, 4, 16, true, false>),
         Some(vnni_multi::<3, 4, 32, false, false>),
@@ -212,25 +212,23 @@ macro_rules! x2_sums {
     };
 }
 
-/// Rows of the band [`vnni_x2`] takes per pass: 4 rows x 2 panels of raw sums and of
+/// Rows of the band [`vnni_narrow`] takes per pass: 4 rows x 2 panels of raw sums and of
 /// integer scaled sums stay in registers (8 rows would need 32 and spill).
 const X2_ROWS: usize = 4;
 
-/// The integer kinds' two-panel kernels (see `igemm::IgemmPairFn`), sub-blocks of 16: each of
-/// the band's 4-code broadcasts feeds both panels' `vpdpbusd`, the band's rows [`X2_ROWS`] at
-/// a time. `UNIT` (`Kind::Int16Min`, `IntFormat::unit_scales`: every scale 1, no bias): the
-/// whole step's products go into one sum per row and column, scaled by nothing (the same
-/// integers). Else `Kind::Int16` (`IntFormat::narrow_sums`, no mins): sub-blocks in pairs, the
-/// two corrected sums of each row and column put side by side as 16-bit halves and scaled by
-/// one `vpdpwssd` against the row's two scales (the same integers: each corrected sum fits 16
-/// bits). The float steps are those of [`vnni`], per panel and row.
-fn vnni_x2<const UNIT: bool>(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
+/// `Kind::Int16`'s two-panel kernel (see `igemm::IgemmPairFn`; `IntFormat::narrow_sums`, no
+/// mins): each of the band's 4-code broadcasts feeds both panels' `vpdpbusd`, the band's rows
+/// [`X2_ROWS`] at a time; sub-blocks in pairs, the two corrected sums of each row and column put
+/// side by side as 16-bit halves and scaled by one `vpdpwssd` against the row's two scales (the
+/// same integers: each corrected sum fits 16 bits). The float steps are those of [`vnni`], per
+/// panel and row.
+fn vnni_narrow(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
     // SAFETY: as `vnni`.
-    unsafe { vnni_x2_kernel::<UNIT>(w, a, acc, len) }
+    unsafe { vnni_narrow_kernel(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn vnni_x2_kernel<const UNIT: bool>(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
+fn vnni_narrow_kernel(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
     const SUB: usize = 16;
     debug_assert_eq!(len, QK_K);
     let nsub = QK_K / SUB;
@@ -239,51 +237,93 @@ fn vnni_x2_kernel<const UNIT: bool>(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile;
     let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
     for r0 in (0..IG_MR).step_by(X2_ROWS) {
         let mut s1 = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-        if UNIT {
-            for j in 0..nsub {
-                x2_sums!(wc, ac0, ac1, r0, j, SUB, s1);
-            }
-        } else {
-            for j in (0..nsub).step_by(2) {
-                let mut even = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-                x2_sums!(wc, ac0, ac1, r0, j, SUB, even);
-                let mut odd = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-                x2_sums!(wc, ac0, ac1, r0, j + 1, SUB, odd);
-                for p in 0..2 {
-                    // SAFETY: j + 1 < 16: inside `bsums`.
-                    let (b0, b1) = unsafe {
-                        let bp = a[p].bsums.as_ptr();
-                        (
-                            _mm512_load_si512(bp.add(j * IG_NR) as *const __m512i),
-                            _mm512_load_si512(bp.add((j + 1) * IG_NR) as *const __m512i),
-                        )
-                    };
-                    for r in 0..X2_ROWS {
-                        let (c0, c1) =
-                            (_mm512_sub_epi32(even[p][r], b0), _mm512_sub_epi32(odd[p][r], b1));
-                        // Low halves c0, high halves c1 (each within 16 bits).
-                        let both =
-                            _mm512_mask_blend_epi16(0xAAAA_AAAA, c0, _mm512_slli_epi32::<16>(c1));
-                        let sc = _mm512_set1_epi32(w.scale_pairs[(r0 + r) * 8 + j / 2]);
-                        s1[p][r] = _mm512_dpwssd_epi32(s1[p][r], both, sc);
-                    }
+        for j in (0..nsub).step_by(2) {
+            let mut even = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+            x2_sums!(wc, ac0, ac1, r0, j, SUB, even);
+            let mut odd = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+            x2_sums!(wc, ac0, ac1, r0, j + 1, SUB, odd);
+            for p in 0..2 {
+                // SAFETY: j + 1 < 16: inside `bsums`.
+                let (b0, b1) = unsafe {
+                    let bp = a[p].bsums.as_ptr();
+                    (
+                        _mm512_load_si512(bp.add(j * IG_NR) as *const __m512i),
+                        _mm512_load_si512(bp.add((j + 1) * IG_NR) as *const __m512i),
+                    )
+                };
+                for r in 0..X2_ROWS {
+                    let (c0, c1) =
+                        (_mm512_sub_epi32(even[p][r], b0), _mm512_sub_epi32(odd[p][r], b1));
+                    // Low halves c0, high halves c1 (each within 16 bits).
+                    let both =
+                        _mm512_mask_blend_epi16(0xAAAA_AAAA, c0, _mm512_slli_epi32::<16>(c1));
+                    let sc = _mm512_set1_epi32(w.scale_pairs[(r0 + r) * 8 + j / 2]);
+                    s1[p][r] = _mm512_dpwssd_epi32(s1[p][r], both, sc);
                 }
             }
         }
         for p in 0..2 {
-            let mut s2 = [_mm512_setzero_si512(); X2_ROWS];
-            if UNIT {
-                mins_sums!(w, a[p], nsub, r0, s2);
-            }
             // SAFETY: `a.d` holds 16 floats.
             let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
             for r in 0..X2_ROWS {
                 let ri = r0 + r;
-                let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[ri]));
-                if UNIT {
-                    f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps(s2[r]), f);
-                }
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[ri]));
                 // SAFETY: out[p] points at acc[p]'s 8 rows of 16 floats; ri < 8.
+                let row = unsafe { out[p].add(ri * IG_NR) };
+                // SAFETY: as above.
+                unsafe {
+                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
+                };
+            }
+        }
+    }
+}
+
+/// `Kind::Int16Min`'s kernel for `P` (two or three) panels (`IntFormat::unit_scales`: every
+/// scale 1, no bias): the whole step's products go into one int32 sum per row and column,
+/// scaled by nothing (the same integers as [`vnni`]'s), the band's rows 4 at a time (`4 P`
+/// chains); then the mins' sums and the float steps of [`vnni`], per panel and row.
+fn vnni_unit<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+    // SAFETY: as `vnni`.
+    unsafe { vnni_unit_kernel::<P>(w, a, acc, len) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+fn vnni_unit_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+    const R: usize = 4;
+    debug_assert_eq!(len, QK_K);
+    let nsub = QK_K / 16;
+    let wc = w.codes.as_ptr();
+    let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
+    for r0 in (0..IG_MR).step_by(R) {
+        let mut s1 = [[_mm512_setzero_si512(); R]; P];
+        for g in 0..QK_K / 4 {
+            let mut av = [_mm512_setzero_si512(); P];
+            for (p, av) in av.iter_mut().enumerate() {
+                // SAFETY: g < 64: the 64 bytes at g * 64 are inside the panel's codes (4096
+                // bytes, 64-byte aligned).
+                *av = unsafe { _mm512_load_si512(a[p].codes.as_ptr().add(g * 64).cast()) };
+            }
+            for r in 0..R {
+                // SAFETY: r0 + r < 8 and 4 * g + 4 <= 256: inside row r0 + r's codes.
+                let w0 =
+                    unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
+                let wv = _mm512_set1_epi32(w0);
+                for p in 0..P {
+                    s1[p][r] = _mm512_dpbusd_epi32(s1[p][r], wv, av[p]);
+                }
+            }
+        }
+        for p in 0..P {
+            let mut s2 = [_mm512_setzero_si512(); R];
+            mins_sums!(w, a[p], nsub, r0, s2);
+            // SAFETY: `a.d` holds 16 floats.
+            let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
+            for r in 0..R {
+                let ri = r0 + r;
+                let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[ri]));
+                f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps(s2[r]), f);
+                // SAFETY: out[p] points at a tile's 8 rows of 16 floats; ri < 8.
                 let row = unsafe { out[p].add(ri * IG_NR) };
                 // SAFETY: as above.
                 unsafe {
