@@ -1,9 +1,9 @@
 //! `mul_mat` with several columns as an integer GEMM, for weights with an integer form
 //! (`quant::unpack`): the K-quants, IQ and ternary types against Q8_K activations, the legacy
 //! types, IQ4_NL, MXFP4, NVFP4, Q1_0 and Q2_0 against Q8_0 / Q8_1. int8 products are summed
-//! exactly in int32 per sub-block; the sub-block scales are applied in int32 and the block scales
-//! in f32 (super-block types), or all scales in f32 per sub-block (block types)
-//! (`kernels::igemm`). It runs where the tier has integer kernels for the type's codes
+//! exactly in int32 per sub-block; the scales are applied in f32 per sub-block (block types and
+//! most super-block types), or in int32 with the block scales in f32 (Q2_K, Q3_K, IQ1_M, whose
+//! formats allow exact 16-bit forms) (`kernels::igemm::Kind`). It runs where the tier has integer kernels for the type's codes
 //! (`KernelTable::igemm`: AVX-512 VNNI, AVX-VNNI, or AVX2 `vpmaddubsw` for codes up to 127); the
 //! others keep the f32 GEMM of `mul_mat_f`, which is faster there.
 //!

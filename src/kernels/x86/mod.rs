@@ -134,8 +134,6 @@ mod avx512_gemm;
 mod avx512_igemm;
 mod avx512_quants;
 mod avx512_repack;
-#[cfg(test)]
-mod micro_tmp;
 
 use super::{Isa, KernelTable};
 
