@@ -642,24 +642,29 @@ mod tests {
                 for c in w.codes.iter_mut() {
                     *c &= k.max_code;
                 }
-                // The unit-scale forms: Int16Min's integers when every scale is 1 (the second
-                // and third panels: the first with its scales and sums reversed, rotated).
+                // The second and third panels: the first with its columns reversed, and with
+                // its levels rotated by one group.
+                let mut a2 = a;
+                a2.d.reverse();
+                a2.ds.reverse();
+                a2.ms.reverse();
+                a2.bsums.reverse();
+                a2.codes.reverse();
+                let mut a3 = a;
+                a3.codes.rotate_left(64);
+                a3.d.rotate_left(5);
+                a3.ds.rotate_left(3);
+                for c in 0..IG_NR {
+                    pack_pairs(&mut a2, c, 8);
+                    pack_pairs(&mut a3, c, 8);
+                }
+                // The unit-scale forms: Int16Min's integers when every scale is 1.
                 let unit = Kind::Int16Min.index();
                 if k.two[unit].is_some() || k.three[unit].is_some() {
                     let mut wu = w;
                     wu.scales.fill(1);
                     for row in 0..IG_MR {
                         wu.pair_up(row);
-                    }
-                    let (mut a2, mut a3) = (a, a);
-                    a2.d.reverse();
-                    a2.bsums.reverse();
-                    a3.d.rotate_left(3);
-                    a3.bsums.rotate_left(5);
-                    a3.codes.rotate_left(64);
-                    for c in 0..IG_NR {
-                        pack_pairs(&mut a2, c, 8);
-                        pack_pairs(&mut a3, c, 8);
                     }
                     let start = [0.5f32, 0.25, -1.0].map(|v| [[v; IG_NR]; IG_MR]);
                     let mut want = start;
@@ -685,22 +690,6 @@ mod tests {
                 }
                 if let Some(narrow) = k.two[Kind::Int16.index()] {
                     narrow_pair_is_sub16(&name, narrow, &w, &a, extreme);
-                }
-                // The second and third panels: the first with its columns reversed, and with
-                // its levels rotated by one group.
-                let mut a2 = a;
-                a2.d.reverse();
-                a2.ds.reverse();
-                a2.ms.reverse();
-                a2.bsums.reverse();
-                a2.codes.reverse();
-                let mut a3 = a;
-                a3.codes.rotate_left(64);
-                a3.d.rotate_left(5);
-                a3.ds.rotate_left(3);
-                for c in 0..IG_NR {
-                    pack_pairs(&mut a2, c, 8);
-                    pack_pairs(&mut a3, c, 8);
                 }
                 let panels = [a, a2, a3];
                 for kind in Kind::ALL {

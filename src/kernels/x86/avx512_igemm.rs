@@ -212,6 +212,30 @@ macro_rules! x2_sums {
     };
 }
 
+/// Adds the products of K group `g` (4 values; `g < 64`) for band rows `r0..r0 + R` and the
+/// `P` panels `a` into `sums` (`[panel][row]`, `R` and `P` from its shape): one load of each
+/// panel's 64 level bytes and one broadcast of each row's 4 codes feed `P x R` `vpdpbusd`.
+/// Expanded inside the multi-panel kernels (it needs their target features); `wc` points at
+/// the band's codes.
+macro_rules! group_products {
+    ($a:expr, $wc:expr, $r0:expr, $g:expr, $sums:ident) => {
+        let mut av = [_mm512_setzero_si512(); P];
+        for (p, av) in av.iter_mut().enumerate() {
+            // SAFETY: g < 64: the 64 bytes at g * 64 are inside the panel's codes (4096 bytes,
+            // 64-byte aligned).
+            *av = unsafe { _mm512_load_si512($a[p].codes.as_ptr().add($g * 64).cast()) };
+        }
+        for r in 0..R {
+            // SAFETY: r0 + r < 8 and 4 * g + 4 <= 256: inside row r0 + r's codes.
+            let w0 = unsafe { ($wc.add(($r0 + r) * QK_K + 4 * $g) as *const i32).read_unaligned() };
+            let wv = _mm512_set1_epi32(w0);
+            for p in 0..P {
+                $sums[p][r] = _mm512_dpbusd_epi32($sums[p][r], wv, av[p]);
+            }
+        }
+    };
+}
+
 /// Rows of the band [`vnni_narrow`] takes per pass: 4 rows x 2 panels of raw sums and of
 /// integer scaled sums stay in registers (8 rows would need 32 and spill).
 const X2_ROWS: usize = 4;
@@ -298,21 +322,7 @@ fn vnni_unit_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile;
     for r0 in (0..IG_MR).step_by(R) {
         let mut s1 = [[_mm512_setzero_si512(); R]; P];
         for g in 0..QK_K / 4 {
-            let mut av = [_mm512_setzero_si512(); P];
-            for (p, av) in av.iter_mut().enumerate() {
-                // SAFETY: g < 64: the 64 bytes at g * 64 are inside the panel's codes (4096
-                // bytes, 64-byte aligned).
-                *av = unsafe { _mm512_load_si512(a[p].codes.as_ptr().add(g * 64).cast()) };
-            }
-            for r in 0..R {
-                // SAFETY: r0 + r < 8 and 4 * g + 4 <= 256: inside row r0 + r's codes.
-                let w0 =
-                    unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
-                let wv = _mm512_set1_epi32(w0);
-                for p in 0..P {
-                    s1[p][r] = _mm512_dpbusd_epi32(s1[p][r], wv, av[p]);
-                }
-            }
+            group_products!(a, wc, r0, g, s1);
         }
         for p in 0..P {
             let mut s2 = [_mm512_setzero_si512(); R];
@@ -406,21 +416,7 @@ fn vnni_multi_kernel<
                 }
             }
             for g in j * SUB / 4..(j + 1) * SUB / 4 {
-                let mut av = [_mm512_setzero_si512(); P];
-                for (p, av) in av.iter_mut().enumerate() {
-                    // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside the
-                    // panel's codes (4096 bytes, 64-byte aligned).
-                    *av = unsafe { _mm512_load_si512(a[p].codes.as_ptr().add(g * 64).cast()) };
-                }
-                for r in 0..R {
-                    // SAFETY: r0 + r < 8 and 4 * g + 4 <= 256: inside row r0 + r's codes.
-                    let w0 =
-                        unsafe { (wc.add((r0 + r) * QK_K + 4 * g) as *const i32).read_unaligned() };
-                    let wv = _mm512_set1_epi32(w0);
-                    for p in 0..P {
-                        raw[p][r] = _mm512_dpbusd_epi32(raw[p][r], wv, av[p]);
-                    }
-                }
+                group_products!(a, wc, r0, g, raw);
             }
             if BLK {
                 for p in 0..P {
