@@ -215,13 +215,15 @@ impl Kind {
 /// The kernels of one tier, by [`Kind`] (`Kind::index`).
 #[derive(Clone, Copy)]
 pub(crate) struct IgemmKernels {
+    /// One-panel forms, valid for any data of the kind.
     pub one: [IgemmFn; 9],
     /// Two-panel forms, where the tier has them. The integer kinds' are the 16-bit forms
     /// (`Kind::Int16`: two sub-blocks' corrected sums scaled by one `vpdpwssd` against the
     /// row's two scales; `Kind::Int16Min`: a whole step's products summed before the mins), valid
     /// for the formats [`Kind::of`] gives those kinds.
     pub two: [Option<IgemmPairFn>; 9],
-    /// Three-panel forms, where the tier has them.
+    /// Three-panel forms, where the tier has them (`Kind::Int16Min`'s, like its pair, valid for
+    /// unit-scale formats only).
     pub three: [Option<IgemmTripleFn>; 9],
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
