@@ -568,6 +568,41 @@ mod tests {
         }
     }
 
+    /// The formats' kinds: the integer kinds (whose pair and triple kernels rely on the 16-bit
+    /// bounds) only for the formats that have those bounds.
+    #[test]
+    fn formats_take_their_kinds() {
+        use crate::quant::unpack::int_format;
+        let want = [
+            (DType::Q2_K, Kind::Int16Min),
+            (DType::Q3_K, Kind::Int16),
+            (DType::IQ1_M, Kind::Int16),
+            (DType::Q4_K, Kind::Flt32Min),
+            (DType::Q5_K, Kind::Flt32Min),
+            (DType::Q6_K, Kind::Flt16),
+            (DType::IQ2_S, Kind::Flt16),
+            (DType::IQ4_XS, Kind::Flt32),
+            (DType::IQ3_XXS, Kind::Flt32),
+            (DType::TQ2_0, Kind::Flt32),
+            (DType::Q4_0, Kind::Blk32),
+            (DType::Q4_1, Kind::Blk32Min),
+            (DType::Q8_0, Kind::Blk32),
+            (DType::MXFP4, Kind::Blk32),
+        ];
+        for (dt, kind) in want {
+            let fmt = int_format(dt).expect("an integer form");
+            assert_eq!(Kind::of(&fmt), kind, "{dt}");
+        }
+        for dt in DType::ALL.iter().copied() {
+            if let Some(fmt) = int_format(dt) {
+                let kind = Kind::of(&fmt);
+                let int = matches!(kind, Kind::Int16 | Kind::Int16Min);
+                assert_eq!(int, fmt.narrow_sums || fmt.unit_scales, "{dt}");
+                assert_eq!(kind.blocks(), fmt.float_scales(), "{dt}");
+            }
+        }
+    }
+
     /// A Q8_K block whose `bsums` disagree with its levels: the narrow formats' panels take the
     /// levels' sums (the bound their kernels rely on), the others the block's `bsums`.
     #[test]

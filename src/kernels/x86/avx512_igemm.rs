@@ -7,9 +7,9 @@
 //! ([`vnni_multi`]) take one, two or three panels at once (8, 8 or 12 independent `vpdpbusd`
 //! chains, which hide the instruction's latency), start every chain from minus the panel's bias
 //! sums (so the corrected sums need no subtraction per row) and scale each sub-block's sums in
-//! f32; the integer kinds' ([`vnni`], [`vnni_narrow`], [`vnni_unit`]) keep the scaled sums in int32. The integer
-//! sums equal the portable kernels', and the float steps are the same operations in the same
-//! order, so the bits are the same.
+//! f32; the integer kinds' ([`vnni`], [`vnni_narrow`], [`vnni_unit`]) keep the scaled sums in
+//! int32. The integer sums equal the portable kernels', and the float steps are the same
+//! operations in the same order (`add_rows`), so the bits are the same.
 
 use std::arch::x86_64::*;
 
@@ -84,6 +84,31 @@ macro_rules! mins_sums {
                     *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(bs, mn));
                 }
             }
+        }
+    };
+}
+
+/// Adds `(sums[r] * d[r] - dmin[r] * s2[r]) * da` (with `MIN`; else `sums[r] * d[r] * da`,
+/// each product rounded) to tile rows `r0..r0 + R` at `out`, for `R` f32 `sums` and int32
+/// mins' sums `s2` of panel `a`: the super-block kinds' float steps (`igemm` module notes).
+/// Expanded inside the kernels (it needs their target features).
+macro_rules! add_rows {
+    ($w:expr, $a:expr, $out:expr, $r0:expr, $sums:expr, $s2:expr, $min:expr) => {
+        let (w, a, out): (&WBand, &ABlock, *mut f32) = ($w, $a, $out);
+        // SAFETY: `a.d` holds 16 floats.
+        let da = unsafe { _mm512_loadu_ps(a.d.as_ptr()) };
+        for (r, &sum) in $sums.iter().enumerate() {
+            let ri = $r0 + r;
+            let mut f = _mm512_mul_ps(sum, _mm512_set1_ps(w.d[ri]));
+            if $min {
+                f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps($s2[r]), f);
+            }
+            // SAFETY: `out` points at a tile's 8 rows of 16 floats; ri < 8.
+            let row = unsafe { out.add(ri * IG_NR) };
+            // SAFETY: as above.
+            unsafe {
+                _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
+            };
         }
     };
 }
@@ -172,51 +197,18 @@ fn vnni_kernel<const SUB: usize, const MIN: bool>(
     if MIN {
         mins_sums!(w, a, nsub, 0, s2);
     }
-    // SAFETY: `a.d` holds 16 floats.
-    let da = unsafe { _mm512_loadu_ps(a.d.as_ptr()) };
-    for (r, row) in acc.iter_mut().enumerate() {
-        let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[r]), _mm512_set1_ps(w.d[r]));
-        if MIN {
-            f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[r]), _mm512_cvtepi32_ps(s2[r]), f);
-        }
-        let p = row.as_mut_ptr();
-        // SAFETY: `row` holds 16 floats.
-        unsafe { _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_mul_ps(f, da))) };
+    let mut sums = [_mm512_setzero_ps(); IG_MR];
+    for (f, &v) in sums.iter_mut().zip(&s1) {
+        *f = _mm512_cvtepi32_ps(v);
     }
-}
-
-/// Adds sub-block `j`'s products (of `SUB` elements) for band rows `r0..r0 + X2_ROWS` and both
-/// panels into `raw` (`[panel][row]`, one lane per column): each 4-code broadcast of a row feeds
-/// both panels' `vpdpbusd`. Expanded inside the two-panel kernels (it needs their target
-/// features); `wc` points at the band's codes, `ac0` / `ac1` at the panels' (64-byte aligned).
-macro_rules! x2_sums {
-    ($wc:expr, $ac0:expr, $ac1:expr, $r0:expr, $j:expr, $sub:expr, $raw:ident) => {
-        for g in $j * $sub / 4..($j + 1) * $sub / 4 {
-            // SAFETY: g < 64 (j < 256 / SUB): the 64 bytes at g * 64 are inside both panels'
-            // codes (4096 bytes, 64-byte aligned).
-            let (av0, av1) = unsafe {
-                (
-                    _mm512_load_si512($ac0.add(g * 64) as *const __m512i),
-                    _mm512_load_si512($ac1.add(g * 64) as *const __m512i),
-                )
-            };
-            for r in 0..X2_ROWS {
-                let wp = $wc.wrapping_add(($r0 + r) * QK_K + 4 * g) as *const i32;
-                // SAFETY: r0 + r < 8, 4 * g + 4 <= 256: inside row r0 + r's codes.
-                let w0 = unsafe { wp.read_unaligned() };
-                let wv = _mm512_set1_epi32(w0);
-                $raw[0][r] = _mm512_dpbusd_epi32($raw[0][r], wv, av0);
-                $raw[1][r] = _mm512_dpbusd_epi32($raw[1][r], wv, av1);
-            }
-        }
-    };
+    add_rows!(w, a, acc.as_mut_ptr() as *mut f32, 0, sums, s2, MIN);
 }
 
 /// Adds the products of K group `g` (4 values; `g < 64`) for band rows `r0..r0 + R` and the
 /// `P` panels `a` into `sums` (`[panel][row]`, `R` and `P` from its shape): one load of each
 /// panel's 64 level bytes and one broadcast of each row's 4 codes feed `P x R` `vpdpbusd`.
-/// Expanded inside the multi-panel kernels (it needs their target features); `wc` points at
-/// the band's codes.
+/// Expanded inside the two- and three-panel kernels (it needs their target features); `wc`
+/// points at the band's codes.
 macro_rules! group_products {
     ($a:expr, $wc:expr, $r0:expr, $g:expr, $sums:ident) => {
         let mut av = [_mm512_setzero_si512(); P];
@@ -236,8 +228,8 @@ macro_rules! group_products {
     };
 }
 
-/// Rows of the band [`vnni_narrow`] takes per pass: 4 rows x 2 panels of raw sums and of
-/// integer scaled sums stay in registers (8 rows would need 32 and spill).
+/// Rows of the band [`vnni_narrow`] takes per pass: 4 rows x 2 panels of even and odd raw
+/// sums and of integer scaled sums stay in registers (8 rows would need 48 and spill).
 const X2_ROWS: usize = 4;
 
 /// `Kind::Int16`'s two-panel kernel (see `igemm::IgemmPairFn`; `IntFormat::narrow_sums`, no
@@ -254,19 +246,25 @@ fn vnni_narrow(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 fn vnni_narrow_kernel(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usize) {
     const SUB: usize = 16;
+    // Panels and rows per pass (read by `group_products`).
+    const P: usize = 2;
+    const R: usize = X2_ROWS;
     debug_assert_eq!(len, QK_K);
     let nsub = QK_K / SUB;
     let wc = w.codes.as_ptr();
-    let (ac0, ac1) = (a[0].codes.as_ptr(), a[1].codes.as_ptr());
-    let out = [acc[0].as_mut_ptr() as *mut f32, acc[1].as_mut_ptr() as *mut f32];
-    for r0 in (0..IG_MR).step_by(X2_ROWS) {
-        let mut s1 = [[_mm512_setzero_si512(); X2_ROWS]; 2];
+    let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
+    for r0 in (0..IG_MR).step_by(R) {
+        let mut s1 = [[_mm512_setzero_si512(); R]; P];
         for j in (0..nsub).step_by(2) {
-            let mut even = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-            x2_sums!(wc, ac0, ac1, r0, j, SUB, even);
-            let mut odd = [[_mm512_setzero_si512(); X2_ROWS]; 2];
-            x2_sums!(wc, ac0, ac1, r0, j + 1, SUB, odd);
-            for p in 0..2 {
+            let mut even = [[_mm512_setzero_si512(); R]; P];
+            for g in j * SUB / 4..(j + 1) * SUB / 4 {
+                group_products!(a, wc, r0, g, even);
+            }
+            let mut odd = [[_mm512_setzero_si512(); R]; P];
+            for g in (j + 1) * SUB / 4..(j + 2) * SUB / 4 {
+                group_products!(a, wc, r0, g, odd);
+            }
+            for p in 0..P {
                 // SAFETY: j + 1 < 16: inside `bsums`.
                 let (b0, b1) = unsafe {
                     let bp = a[p].bsums.as_ptr();
@@ -275,7 +273,7 @@ fn vnni_narrow_kernel(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usiz
                         _mm512_load_si512(bp.add((j + 1) * IG_NR) as *const __m512i),
                     )
                 };
-                for r in 0..X2_ROWS {
+                for r in 0..R {
                     let (c0, c1) =
                         (_mm512_sub_epi32(even[p][r], b0), _mm512_sub_epi32(odd[p][r], b1));
                     // Low halves c0, high halves c1 (each within 16 bits).
@@ -286,19 +284,13 @@ fn vnni_narrow_kernel(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usiz
                 }
             }
         }
-        for p in 0..2 {
-            // SAFETY: `a.d` holds 16 floats.
-            let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
-            for r in 0..X2_ROWS {
-                let ri = r0 + r;
-                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[ri]));
-                // SAFETY: out[p] points at acc[p]'s 8 rows of 16 floats; ri < 8.
-                let row = unsafe { out[p].add(ri * IG_NR) };
-                // SAFETY: as above.
-                unsafe {
-                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
-                };
+        for p in 0..P {
+            let mut sums = [_mm512_setzero_ps(); R];
+            for (f, &v) in sums.iter_mut().zip(&s1[p]) {
+                *f = _mm512_cvtepi32_ps(v);
             }
+            let no_mins = [_mm512_setzero_si512(); R];
+            add_rows!(w, a[p], out[p], r0, sums, no_mins, false);
         }
     }
 }
@@ -327,19 +319,11 @@ fn vnni_unit_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile;
         for p in 0..P {
             let mut s2 = [_mm512_setzero_si512(); R];
             mins_sums!(w, a[p], nsub, r0, s2);
-            // SAFETY: `a.d` holds 16 floats.
-            let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
-            for r in 0..R {
-                let ri = r0 + r;
-                let mut f = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[p][r]), _mm512_set1_ps(w.d[ri]));
-                f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps(s2[r]), f);
-                // SAFETY: out[p] points at a tile's 8 rows of 16 floats; ri < 8.
-                let row = unsafe { out[p].add(ri * IG_NR) };
-                // SAFETY: as above.
-                unsafe {
-                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
-                };
+            let mut sums = [_mm512_setzero_ps(); R];
+            for (f, &v) in sums.iter_mut().zip(&s1[p]) {
+                *f = _mm512_cvtepi32_ps(v);
             }
+            add_rows!(w, a[p], out[p], r0, sums, s2, true);
         }
     }
 }
@@ -462,21 +446,7 @@ fn vnni_multi_kernel<
             if MIN {
                 mins_sums!(w, a[p], nsub, r0, s2);
             }
-            // SAFETY: `a.d` holds 16 floats.
-            let da = unsafe { _mm512_loadu_ps(a[p].d.as_ptr()) };
-            for (r, &sum) in s[p].iter().enumerate() {
-                let ri = r0 + r;
-                let mut f = _mm512_mul_ps(sum, _mm512_set1_ps(w.d[ri]));
-                if MIN {
-                    f = _mm512_fnmadd_ps(_mm512_set1_ps(w.dmin[ri]), _mm512_cvtepi32_ps(s2[r]), f);
-                }
-                // SAFETY: out[p] points at a tile's 8 rows of 16 floats; ri < 8.
-                let row = unsafe { out[p].add(ri * IG_NR) };
-                // SAFETY: as above.
-                unsafe {
-                    _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), _mm512_mul_ps(f, da)))
-                };
-            }
+            add_rows!(w, a[p], out[p], r0, s[p], s2, MIN);
         }
     }
 }
