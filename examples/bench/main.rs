@@ -135,6 +135,9 @@ fn main() {
             if let Some(g) = peaks::int8_peak(t) {
                 println!("quantgraph int8_peak threads={t} gops={g:.1}");
             }
+            if let Some(g) = peaks::amx_peak(t) {
+                println!("quantgraph amx_int8_peak threads={t} gops={g:.1}");
+            }
             Ok(())
         }
         Some("bandwidth") => {

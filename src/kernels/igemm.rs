@@ -72,8 +72,14 @@ pub(crate) struct WBand {
     /// Mins of sub-blocks `2 i` and `2 i + 1` of row `r` at `min_pairs[r * 8 + i]`, the same way
     /// (read by kernels for types with mins, whose mins are at most 6 bits).
     pub min_pairs: [i32; IG_MR * 8],
+    /// The codes of each 64 K values `t` as a block-diagonal 16-row matrix, written only for
+    /// tiers that read it (`IgemmKernels::expand_codes`, [`WBand::expand_row`]): row `h * 8 + r`
+    /// of block `t` (64 bytes at `xcodes[(t * 16 + h * 8 + r) * 64..]`) holds row `r`'s codes
+    /// `64 t + 32 h..64 t + 32 h + 32` at bytes `32 h..32 h + 32` and zeros elsewhere, so one
+    /// product over the 64 K values against it keeps the two 32-element sub-blocks apart.
+    pub xcodes: [u8; QK_K / 64 * 2 * IG_MR * 64],
 }
-const _: () = assert!(size_of::<WBand>() == 4672);
+const _: () = assert!(size_of::<WBand>() == 4672 + 4096);
 
 impl WBand {
     /// Writes row `r`'s `scale_pairs`, `min_pairs` and (super-block types) `fscales` from its
@@ -88,6 +94,21 @@ impl WBand {
             let (j, o) = (r * 16 + 2 * i, r * 8 + i);
             self.scale_pairs[o] = pair_i16(self.scales[j], self.scales[j + 1]);
             self.min_pairs[o] = pair_i16(self.mins[j], self.mins[j + 1]);
+        }
+    }
+}
+
+impl WBand {
+    /// Writes row `r`'s block-diagonal codes ([`WBand::xcodes`]) from its `codes`.
+    pub(crate) fn expand_row(&mut self, r: usize) {
+        for t in 0..QK_K / 64 {
+            for h in 0..2 {
+                let at = (t * 16 + h * 8 + r) * 64;
+                let row = &mut self.xcodes[at..at + 64];
+                row.fill(0);
+                let src = r * QK_K + 64 * t + 32 * h;
+                row[32 * h..32 * h + 32].copy_from_slice(&self.codes[src..src + 32]);
+            }
         }
     }
 }
@@ -207,7 +228,7 @@ impl Kind {
     }
 
     /// The kind's index in the kernel tables.
-    pub(crate) fn index(self) -> usize {
+    pub(crate) const fn index(self) -> usize {
         self as usize
     }
 }
@@ -234,6 +255,12 @@ pub(crate) struct IgemmKernels {
     /// The tier's unpacker of a super-block type, where it has one (the same codes, scales and
     /// mins as the type's `quant::unpack` function).
     pub unpack_super: fn(DType) -> Option<crate::quant::unpack::UnpackFn>,
+    /// Gives back the per-thread state the kernels keep (the AMX tier's tile configuration),
+    /// where they keep any: the integer GEMM calls it on the worker's thread when a block
+    /// starts and when it ends.
+    pub release: Option<fn()>,
+    /// Whether the kernels read [`WBand::xcodes`] (the unpacker then writes them).
+    pub expand_codes: bool,
 }
 
 /// Unpacks a row's step of `nblk` (at most 8) weight blocks of 32 elements in ggml's layout
@@ -278,6 +305,8 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     max_code: 255,
     unpack: no_unpack,
     unpack_super: no_unpack_super,
+    release: None,
+    expand_codes: false,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,
@@ -516,11 +545,18 @@ mod tests {
         Vec::new()
     }
 
-    /// The narrow pair (`IntFormat::narrow_sums`) against the portable `sub16` on both panels,
+    /// The narrow pair and triple (`IntFormat::narrow_sums`; the triple where the tier has one)
+    /// against the portable `sub16` on each panel,
     /// with Q3_K's codes (0..=7, bias 4, scales -32..=31) and IQ1_M's (128 +- 9, bias 128,
     /// scales 1..=15), and level sums taken from the levels as the packer takes them for such
     /// formats; `extreme`: the codes farthest from the bias and every level -128.
-    fn narrow_pair_is_sub16(name: &str, narrow: IgemmPairFn, w: &WBand, a: &ABlock, extreme: bool) {
+    fn narrow_pair_is_sub16(
+        name: &str,
+        (narrow, triple): (IgemmPairFn, Option<IgemmTripleFn>),
+        w: &WBand,
+        a: &ABlock,
+        extreme: bool,
+    ) {
         for (bias, lo, hi, smin, smax) in [(4i32, 0u8, 7u8, -32i32, 31i32), (128, 119, 137, 1, 15)]
         {
             let mut w = *w;
@@ -534,10 +570,13 @@ mod tests {
             }
             for row in 0..IG_MR {
                 w.pair_up(row);
+                w.expand_row(row);
             }
             let mut a2 = *a;
             a2.codes.reverse();
-            let panels: Vec<ABlock> = [*a, a2]
+            let mut a3 = *a;
+            a3.codes.rotate_left(64);
+            let panels: Vec<ABlock> = [*a, a2, a3]
                 .iter()
                 .map(|p| {
                     let mut p = *p;
@@ -556,14 +595,48 @@ mod tests {
                     p
                 })
                 .collect();
-            let mut want = [[[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]];
+            let start = [0.5f32, 0.25, -1.0].map(|v| [[v; IG_NR]; IG_MR]);
+            let mut want = start;
             for (p, acc) in panels.iter().zip(want.iter_mut()) {
                 (SCALAR.one[Kind::Int16.index()])(&w, p, acc, 256);
             }
-            let (mut g1, mut g2) = ([[0.5f32; IG_NR]; IG_MR], [[0.25f32; IG_NR]; IG_MR]);
+            let [mut g1, mut g2, mut g3] = start;
             narrow(&w, [&panels[0], &panels[1]], [&mut g1, &mut g2], 256);
             for (x, y) in want.iter().flatten().flatten().zip(g1.iter().chain(&g2).flatten()) {
                 assert_eq!(x.to_bits(), y.to_bits(), "{name} narrow pair, bias {bias}");
+            }
+            if let Some(triple) = triple {
+                let [mut g1, mut g2, _] = start;
+                triple(&w, [&panels[0], &panels[1], &panels[2]], [&mut g1, &mut g2, &mut g3], 256);
+                let got = g1.iter().chain(&g2).chain(&g3).flatten();
+                for (x, y) in want.iter().flatten().flatten().zip(got) {
+                    assert_eq!(x.to_bits(), y.to_bits(), "{name} narrow triple, bias {bias}");
+                }
+            }
+        }
+    }
+
+    /// The block-diagonal codes: each 64 K values as two 16-row halves, a row's first 32 codes
+    /// in the first half's row, its last 32 in the second's, zeros elsewhere.
+    #[test]
+    fn expanded_codes_are_block_diagonal() {
+        let mut w: WBand = bytemuck::Zeroable::zeroed();
+        w.xcodes.fill(0xAA);
+        for (i, c) in w.codes.iter_mut().enumerate() {
+            *c = (i % 251) as u8 + 1;
+        }
+        for r in 0..IG_MR {
+            w.expand_row(r);
+        }
+        for t in 0..QK_K / 64 {
+            for h in 0..2 {
+                for r in 0..IG_MR {
+                    let row = &w.xcodes[(t * 16 + h * 8 + r) * 64..][..64];
+                    for (e, &v) in row.iter().enumerate() {
+                        let want = if e / 32 == h { w.codes[r * QK_K + 64 * t + e] } else { 0 };
+                        assert_eq!(v, want, "t {t} h {h} r {r} e {e}");
+                    }
+                }
             }
         }
     }
@@ -679,6 +752,11 @@ mod tests {
                 for c in w.codes.iter_mut() {
                     *c &= k.max_code;
                 }
+                // As the unpacker leaves them (stale block-diagonal codes would fail the tile
+                // kernels).
+                for row in 0..IG_MR {
+                    w.expand_row(row);
+                }
                 // The second and third panels: the first with its columns reversed, and with
                 // its levels rotated by one group.
                 let mut a2 = a;
@@ -726,7 +804,8 @@ mod tests {
                     }
                 }
                 if let Some(narrow) = k.two[Kind::Int16.index()] {
-                    narrow_pair_is_sub16(&name, narrow, &w, &a, extreme);
+                    let triple = k.three[Kind::Int16.index()];
+                    narrow_pair_is_sub16(&name, (narrow, triple), &w, &a, extreme);
                 }
                 let panels = [a, a2, a3];
                 for kind in Kind::ALL {

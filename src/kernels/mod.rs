@@ -9,7 +9,7 @@
 //!
 //! A plan runs the table of its backend's tier: the one given to `CpuBackend::with_isa`, or the
 //! process-wide default, which is the best tier this CPU has, lowered by the environment variable
-//! `QUANTGRAPH_ISA=scalar|avx2|avx512` (read once) or by [`set_isa`].
+//! `QUANTGRAPH_ISA=scalar|avx2|avx512|amx` (read once) or by [`set_isa`].
 
 pub(crate) mod conv;
 pub(crate) mod gemm;
@@ -40,11 +40,16 @@ pub enum Isa {
     Avx2 = 1,
     /// x86-64 with AVX-512 F, BW, DQ and VL on top of AVX2 (Skylake-X, Ice Lake, Zen 4, Zen 5).
     Avx512 = 2,
+    /// x86-64 with AMX-INT8 tiles on top of the AVX-512 tier with AVX-512 VNNI (Intel Xeon from
+    /// Sapphire Rapids on), where the operating system lets the process use the tile data
+    /// (Linux): the AVX-512 tier with the integer GEMM (quantized matmul with several activation
+    /// columns) on the tile unit.
+    Amx = 3,
 }
 
 impl Isa {
     /// Every tier this crate knows, lowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx];
 
     /// Lower-case name as accepted by `QUANTGRAPH_ISA`.
     pub fn name(self) -> &'static str {
@@ -52,10 +57,11 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
-    /// Parses a tier name (`scalar`, `avx2`, `avx512`).
+    /// Parses a tier name (`scalar`, `avx2`, `avx512`, `amx`).
     pub fn from_name(s: &str) -> Option<Isa> {
         Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
     }
@@ -67,6 +73,7 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => f.avx2 && f.fma && f.f16c,
             Isa::Avx512 => Isa::Avx2.is_supported() && avx512_tier_features(),
+            Isa::Amx => Isa::Avx512.is_supported() && f.avx512_vnni && f.amx_int8,
         }
     }
 
@@ -126,7 +133,9 @@ pub struct CpuFeatures {
     pub avx512_vnni: bool,
     /// AVX-512 BF16, `vdpbf16ps` (x86): the AVX-512 tier's BF16 matmul kernels.
     pub avx512_bf16: bool,
-    /// AMX-INT8 tile instructions (x86). Always false: it is not probed and no kernel uses AMX.
+    /// AMX-TILE and AMX-INT8, the tile unit's int8 products (x86), with the operating system's
+    /// permission to use the tile data (asked for here, once; Linux only, false elsewhere).
+    /// With AVX-512 VNNI it enables [`Isa::Amx`].
     pub amx_int8: bool,
     /// NEON (aarch64). Reported only: aarch64 runs the portable scalar tier.
     pub neon: bool,
@@ -188,7 +197,7 @@ fn detect_features() -> CpuFeatures {
         avx512_vbmi: has!("avx512vbmi"),
         avx512_vnni: has!("avx512vnni"),
         avx512_bf16: has!("avx512bf16"),
-        amx_int8: false,
+        amx_int8: x86::amx_usable(),
         brand: brand_string(),
         ..Default::default()
     }
@@ -426,6 +435,10 @@ impl KernelTable {
         if let Some(cpu) = x86::Avx512::detect().filter(|_| isa >= Isa::Avx512) {
             x86::avx512::plug(&mut t, cpu);
         }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(cpu) = x86::Amx::detect().filter(|_| isa >= Isa::Amx) {
+            x86::plug_amx(&mut t, cpu);
+        }
         t.isa = isa;
         t
     }
@@ -567,7 +580,7 @@ static SELECTED: AtomicU8 = AtomicU8::new(u8::MAX);
 
 fn slot(isa: Isa) -> &'static OnceLock<KernelTable> {
     static TABLES: [OnceLock<KernelTable>; Isa::ALL.len()] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
     &TABLES[isa as usize]
 }
 
@@ -595,6 +608,7 @@ pub fn selected_isa() -> Isa {
         0 => Isa::Scalar,
         1 => Isa::Avx2,
         2 => Isa::Avx512,
+        3 => Isa::Amx,
         _ => select_initial_isa(),
     }
 }

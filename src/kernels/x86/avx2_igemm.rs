@@ -147,6 +147,8 @@ macro_rules! kernel_set {
             max_code: $max,
             unpack: super::avx2_unpack::unpack_for,
             unpack_super: super::avx2_unpack::unpack_super_for,
+            release: None,
+            expand_codes: false,
         };
     };
 }

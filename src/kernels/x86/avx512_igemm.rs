@@ -88,6 +88,8 @@ macro_rules! mins_sums {
     };
 }
 
+pub(super) use mins_sums;
+
 /// Adds `(sums[r] * d[r] - dmin[r] * s2[r]) * da` (with `MIN`; else `sums[r] * d[r] * da`,
 /// each product rounded) to tile rows `r0..r0 + R` at `out`, for `R` f32 `sums` and int32
 /// mins' sums `s2` of panel `a`: the super-block kinds' float steps (`igemm` module notes).
@@ -112,6 +114,103 @@ macro_rules! add_rows {
         }
     };
 }
+pub(super) use add_rows;
+
+/// Minus panel `a`'s bias sums of sub-block `j` (`j < 16`), one lane per column: where a
+/// corrected sum's chain starts (or what is added to a raw sum). Expanded inside the kernels.
+macro_rules! neg_bsums {
+    ($a:expr, $j:expr) => {{
+        // SAFETY: j < 16: the 16 sums at j * 16 are inside `bsums` (256 entries, 64-byte
+        // aligned rows of 16).
+        let bs = unsafe { _mm512_load_si512($a.bsums.as_ptr().add($j * IG_NR) as *const __m512i) };
+        _mm512_sub_epi32(_mm512_setzero_si512(), bs)
+    }};
+}
+pub(super) use neg_bsums;
+
+/// The f32 sums a float kind's pass over rows `r0..r0 + R` of `P` panels starts from (`P`, `R`
+/// from the kernel): the tiles' rows at `out` for the block kinds (which add every sub-block
+/// to the tile), else zero. Expanded inside the kernels.
+macro_rules! start_sums {
+    ($out:expr, $r0:expr, $blk:expr) => {{
+        let mut s = [[_mm512_setzero_ps(); R]; P];
+        if $blk {
+            for p in 0..P {
+                for r in 0..R {
+                    // SAFETY: out[p] points at a tile's 8 rows of 16 floats; r0 + r < 8.
+                    s[p][r] = unsafe { _mm512_loadu_ps($out[p].add(($r0 + r) * IG_NR)) };
+                }
+            }
+        }
+        s
+    }};
+}
+pub(super) use start_sums;
+
+/// Adds sub-block `j`'s corrected int32 sums `raw` (`[panel][row]`, rows `r0..r0 + R`) to the
+/// f32 sums `s` in the float kinds' order (`igemm` module notes): the block kinds scale by the
+/// panel's `ds` and fma the row's float scale (and with `MIN`, Q8_1's `ms` times the row's float
+/// min); the super-block float kinds fma the row's float scale. Expanded inside the kernels.
+macro_rules! scale_sub {
+    ($w:expr, $a:expr, $j:expr, $r0:expr, $raw:expr, $s:expr, $min:expr, $blk:expr) => {
+        let (w, j) = ($w, $j);
+        if $blk {
+            for p in 0..P {
+                // SAFETY: j < 16: the 16 entries at j * 16 are inside `ds` and `ms` (256
+                // entries each).
+                let (ds, ms) = unsafe {
+                    (
+                        _mm512_loadu_ps($a[p].ds.as_ptr().add(j * IG_NR)),
+                        _mm512_loadu_ps($a[p].ms.as_ptr().add(j * IG_NR)),
+                    )
+                };
+                for r in 0..R {
+                    let ri = $r0 + r;
+                    let f = _mm512_mul_ps(_mm512_cvtepi32_ps($raw[p][r]), ds);
+                    let sc = _mm512_set1_ps(w.fscales[ri * 16 + j]);
+                    $s[p][r] = _mm512_fmadd_ps(f, sc, $s[p][r]);
+                    if $min {
+                        let mn = _mm512_set1_ps(w.fmins[ri * 16 + j]);
+                        $s[p][r] = _mm512_fmadd_ps(ms, mn, $s[p][r]);
+                    }
+                }
+            }
+        } else {
+            for r in 0..R {
+                let sc = _mm512_set1_ps(w.fscales[($r0 + r) * 16 + j]);
+                for p in 0..P {
+                    $s[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps($raw[p][r]), sc, $s[p][r]);
+                }
+            }
+        }
+    };
+}
+pub(super) use scale_sub;
+
+/// Ends a float kind's pass over rows `r0..r0 + R`: the block kinds store their sums back to
+/// the tiles; the super-block float kinds take the mins' sums (with `MIN`) and add their float
+/// steps (`add_rows`). Expanded inside the kernels.
+macro_rules! finish_sums {
+    ($w:expr, $a:expr, $out:expr, $r0:expr, $s:expr, $nsub:expr, $min:expr, $blk:expr) => {
+        for p in 0..P {
+            if $blk {
+                for r in 0..R {
+                    // SAFETY: out[p] points at a tile's 8 rows of 16 floats; r0 + r < 8.
+                    unsafe { _mm512_storeu_ps($out[p].add(($r0 + r) * IG_NR), $s[p][r]) };
+                }
+                continue;
+            }
+            // The mins' sums do not depend on the products: a pass of their own keeps the
+            // product loop's register set to the raw and scaled sums.
+            let mut s2 = [_mm512_setzero_si512(); R];
+            if $min {
+                mins_sums!($w, $a[p], $nsub, $r0, s2);
+            }
+            add_rows!($w, $a[p], $out[p], $r0, $s[p], s2, $min);
+        }
+    };
+}
+pub(super) use finish_sums;
 
 /// The AVX-512 VNNI kernels, by `igemm::Kind`.
 pub(crate) const VNNI: IgemmKernels = IgemmKernels {
@@ -151,6 +250,8 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     max_code: 255,
     unpack: super::avx2_unpack::unpack_for,
     unpack_super: super::avx2_unpack::unpack_super_for,
+    release: None,
+    expand_codes: false,
 };
 
 fn vnni<const SUB: usize, const MIN: bool>(
@@ -378,75 +479,19 @@ fn vnni_multi_kernel<
     let wc = w.codes.as_ptr();
     let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
     for r0 in (0..IG_MR).step_by(R) {
-        let mut s = [[_mm512_setzero_ps(); R]; P];
-        if BLK {
-            for p in 0..P {
-                for r in 0..R {
-                    // SAFETY: out[p] points at a tile's 8 rows of 16 floats; r0 + r < 8.
-                    s[p][r] = unsafe { _mm512_loadu_ps(out[p].add((r0 + r) * IG_NR)) };
-                }
-            }
-        }
+        let mut s = start_sums!(out, r0, BLK);
         for j in 0..nsub {
             let mut raw = [[_mm512_setzero_si512(); R]; P];
             if !MIN {
                 for (p, raw) in raw.iter_mut().enumerate() {
-                    // SAFETY: j < 16: the 16 sums at j * 16 are inside `bsums` (256 entries,
-                    // 64-byte aligned rows of 16).
-                    let bs = unsafe {
-                        _mm512_load_si512(a[p].bsums.as_ptr().add(j * IG_NR) as *const __m512i)
-                    };
-                    *raw = [_mm512_sub_epi32(_mm512_setzero_si512(), bs); R];
+                    *raw = [neg_bsums!(a[p], j); R];
                 }
             }
             for g in j * SUB / 4..(j + 1) * SUB / 4 {
                 group_products!(a, wc, r0, g, raw);
             }
-            if BLK {
-                for p in 0..P {
-                    // SAFETY: j < 16: the 16 entries at j * 16 are inside `ds` and `ms` (256
-                    // entries each).
-                    let (ds, ms) = unsafe {
-                        (
-                            _mm512_loadu_ps(a[p].ds.as_ptr().add(j * IG_NR)),
-                            _mm512_loadu_ps(a[p].ms.as_ptr().add(j * IG_NR)),
-                        )
-                    };
-                    for r in 0..R {
-                        let ri = r0 + r;
-                        let f = _mm512_mul_ps(_mm512_cvtepi32_ps(raw[p][r]), ds);
-                        let sc = _mm512_set1_ps(w.fscales[ri * 16 + j]);
-                        s[p][r] = _mm512_fmadd_ps(f, sc, s[p][r]);
-                        if MIN {
-                            let mn = _mm512_set1_ps(w.fmins[ri * 16 + j]);
-                            s[p][r] = _mm512_fmadd_ps(ms, mn, s[p][r]);
-                        }
-                    }
-                }
-            } else {
-                for r in 0..R {
-                    let sc = _mm512_set1_ps(w.fscales[(r0 + r) * 16 + j]);
-                    for p in 0..P {
-                        s[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(raw[p][r]), sc, s[p][r]);
-                    }
-                }
-            }
+            scale_sub!(w, a, j, r0, raw, s, MIN, BLK);
         }
-        for p in 0..P {
-            if BLK {
-                for r in 0..R {
-                    // SAFETY: as the loads above.
-                    unsafe { _mm512_storeu_ps(out[p].add((r0 + r) * IG_NR), s[p][r]) };
-                }
-                continue;
-            }
-            // The mins' sums do not depend on the products: a pass of their own keeps the
-            // product loop's register set to the raw and scaled sums.
-            let mut s2 = [_mm512_setzero_si512(); R];
-            if MIN {
-                mins_sums!(w, a[p], nsub, r0, s2);
-            }
-            add_rows!(w, a[p], out[p], r0, s[p], s2, MIN);
-        }
+        finish_sums!(w, a, out, r0, s, nsub, MIN, BLK);
     }
 }

@@ -118,6 +118,7 @@ macro_rules! q0_tile_driver {
     };
 }
 
+mod amx_igemm;
 pub(crate) mod avx2;
 mod avx2_conv;
 pub(crate) mod avx2_elementwise; // swiglu, gelu gather, rope rotation, attention scores
@@ -165,6 +166,68 @@ impl Avx512 {
     pub(crate) fn avx2(self) -> Avx2 {
         Avx2(())
     }
+}
+
+/// Proof that this CPU runs the AMX tier (AMX-INT8 with the tile data permitted, on top of the
+/// AVX-512 tier with AVX-512 VNNI). Only [`Amx::detect`] makes one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Amx(());
+
+impl Amx {
+    /// `Some` exactly when this CPU supports the AMX tier.
+    pub(crate) fn detect() -> Option<Amx> {
+        Isa::Amx.is_supported().then_some(Amx(()))
+    }
+}
+
+/// Overwrites the table entries that the AMX tier implements (over the AVX-512 tier's).
+pub(crate) fn plug_amx(t: &mut KernelTable, _cpu: Amx) {
+    t.igemm = Some(amx_igemm::AMX);
+}
+
+/// Whether this CPU has AMX-TILE and AMX-INT8 and the operating system lets this process use
+/// the tile data. On Linux the permission is asked for (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`), which is process-wide and is asked for once, by
+/// `CpuFeatures::detect`.
+pub(crate) fn amx_usable() -> bool {
+    // CPUID leaf 7 sub-leaf 0, EDX bit 24: AMX-TILE; bit 25: AMX-INT8.
+    let max = std::arch::x86_64::__cpuid(0).eax;
+    if max < 7 {
+        return false;
+    }
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    if edx & (3 << 24) != 3 << 24 {
+        return false;
+    }
+    request_tile_data()
+}
+
+#[cfg(target_os = "linux")]
+fn request_tile_data() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the arch_prctl system call with ARCH_REQ_XCOMP_PERM only extends the set of
+    // extended-state components the process may use; it reads and writes no user memory. The
+    // kernel clobbers rcx and r11 (declared) and returns in rax.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_data() -> bool {
+    false
 }
 
 /// Overwrites the table entries that the AVX2 (+FMA, F16C) tier implements.

@@ -175,6 +175,10 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     kernel: IgemmFn,
     pair: Option<IgemmPairFn>,
     triple: Option<IgemmTripleFn>,
+    /// The tier's per-thread kernel state release (`IgemmKernels::release`).
+    release: Option<fn()>,
+    /// Whether the kernels read the bands' block-diagonal codes (`IgemmKernels::expand_codes`).
+    expand: bool,
     bsize: usize,
     repacked: Option<DType>,
     k: usize,
@@ -227,6 +231,11 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         let kind = Kind::of(fmt).index();
         let (kernel, pair, triple) = (kernels.one[kind], kernels.two[kind], kernels.three[kind]);
         let (fast, fast_super) = ((kernels.unpack)(dtype), (kernels.unpack_super)(dtype));
+        // A block starts from no kernel state of this thread's (the AMX tier's tile
+        // configuration is loaded anew by its first kernel call).
+        if let Some(release) = kernels.release {
+            release();
+        }
         let blk = IntBlock {
             fmt,
             fast,
@@ -234,6 +243,8 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
             kernel,
             pair,
             triple,
+            release: kernels.release,
+            expand: kernels.expand_codes,
             bsize,
             repacked,
             k,
@@ -249,6 +260,15 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
     /// K values of step `s` that are not padding (a block-type row's last step is partial).
     fn step_len(&self, s: usize) -> usize {
         (self.k - s * QK_K).min(QK_K)
+    }
+}
+
+impl<R: Fn(usize) -> *const u8> Drop for IntBlock<'_, R> {
+    /// Gives back the kernels' per-thread state on every way out of the block.
+    fn drop(&mut self) {
+        if let Some(release) = self.release {
+            release();
+        }
     }
 }
 
@@ -338,6 +358,9 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                     prefetch_l1(next, next_bytes);
                 }
                 unpack_step(fmt, (self.fast, self.fast_super), src, bsize, nblk, band, rr);
+                if self.expand {
+                    band.expand_row(rr);
+                }
             }
         }
         Ok(())

@@ -1,0 +1,346 @@
+//! Integer GEMM micro-kernels (`kernels::igemm`) with AMX-INT8 tiles and AVX-512. Needs
+//! AMX-TILE and AMX-INT8 with the operating system's permission to use the tile data (asked
+//! for once by `CpuFeatures::detect`) on top of the AVX-512 tier with VNNI; `plug` installs
+//! them only where [`Amx::detect`](super::Amx::detect) finds all of that.
+//!
+//! A panel block's level groups are a `tdpbusd` B tile as they lie (`ABlock::codes` is the
+//! VNNI layout: the 4 levels of the 16 columns per 64-byte row, 16 rows per 64 K values). The A
+//! tile is the band's block-diagonal codes (`WBand::xcodes`, written by the unpacker for this
+//! tier): for 64 K values, rows 0..8 hold the first 32 codes of the band's rows and zeros,
+//! rows 8..16 zeros and the last 32, so one `tdpbusd` (16 x 16 x 64, the unit's full shape)
+//! gives two sub-blocks' raw sums apart: unsigned codes times signed levels summed in int32
+//! without saturation, the integers of the portable `raw_sums`. A tile product costs about the
+//! same whatever its shape, and storing the sums for the vector unit costs as much again, so
+//! the full shape halves both against a product per sub-block (8 x 16 x 32). The sums go
+//! through a buffer on the stack, then AVX-512 applies the scales with the float steps of the
+//! VNNI kernels (`scale_sub`, `finish_sums`, `add_rows`: the same operations in the same
+//! order), so the bits are the portable kernels'.
+//!
+//! Tile configurations are per thread: each kernel loads its own (one per product shape) unless
+//! the thread already holds it ([`ensure_config`]); [`release`], which the integer GEMM calls
+//! when a block starts and ends, gives the tile state back, so a block never runs on a
+//! configuration that other code of the thread loaded in between.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::Cell;
+use std::mem::MaybeUninit;
+
+use super::avx512_igemm::{add_rows, finish_sums, mins_sums, neg_bsums, scale_sub, start_sums};
+use crate::dtype::QK_K;
+use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, Kind, Tile, WBand, used_subs};
+
+/// The AMX tier's kernels, by `igemm::Kind`: the tile unit for the kinds with sub-blocks of 32
+/// and for `Kind::Int16Min`'s two- and three-panel forms (unit scales: the whole step in one
+/// sum); the AVX-512 VNNI kernels for the other sub-blocks of 16. A product with sub-blocks of
+/// 16 would keep a tile product to a quarter of its 64 K values and store four times the sums,
+/// which measured no faster than `vpdpbusd`.
+pub(crate) const AMX: IgemmKernels = {
+    let mut k = super::avx512_igemm::VNNI;
+    k.one[Kind::Flt32.index()] = one::<false, false>;
+    k.one[Kind::Flt32Min.index()] = one::<true, false>;
+    k.one[Kind::Blk32.index()] = one::<false, true>;
+    k.one[Kind::Blk32Min.index()] = one::<true, true>;
+    k.two[Kind::Int16Min.index()] = Some(amx_unit::<2>);
+    k.two[Kind::Flt32.index()] = Some(amx_multi::<2, false, false>);
+    k.two[Kind::Flt32Min.index()] = Some(amx_multi::<2, true, false>);
+    k.two[Kind::Blk32.index()] = Some(amx_multi::<2, false, true>);
+    k.two[Kind::Blk32Min.index()] = Some(amx_multi::<2, true, true>);
+    k.three[Kind::Int16Min.index()] = Some(amx_unit::<3>);
+    k.three[Kind::Flt32.index()] = Some(amx_multi::<3, false, false>);
+    k.three[Kind::Flt32Min.index()] = Some(amx_multi::<3, true, false>);
+    k.three[Kind::Blk32.index()] = Some(amx_multi::<3, false, true>);
+    k.three[Kind::Blk32Min.index()] = Some(amx_multi::<3, true, true>);
+    k.release = Some(release);
+    k.expand_codes = true;
+    k
+};
+
+/// A tile configuration (palette 1) as `ldtilecfg` reads it.
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+/// The configuration with `a_rows` rows of 64 bytes in tmm3 (the band's codes) and in the sums
+/// tmm0..tmm2 (up to three panels' int32), and 16 rows of 64 bytes (64 K values of a panel's
+/// levels) in tmm4..tmm6.
+const fn config(a_rows: usize) -> TileConfig {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 7 {
+        c[16 + 2 * t] = 64;
+        c[48 + t] = if t < 4 { a_rows as u8 } else { 16 };
+        t += 1;
+    }
+    TileConfig(c)
+}
+
+/// The configurations, by [`ensure_config`]'s index: the block-diagonal codes (16 rows) and
+/// the plain codes of a band (8 rows).
+static CONFIGS: [TileConfig; 2] = [config(2 * IG_MR), config(IG_MR)];
+/// [`CONFIGS`] index of the block-diagonal products ([`tile_sums`]).
+const DIAGONAL: usize = 0;
+/// [`CONFIGS`] index of the whole-step products ([`tile_step_sums`]).
+const PLAIN: usize = 1;
+
+thread_local! {
+    /// One more than the [`CONFIGS`] index this thread's tiles hold (0: none of ours).
+    static LOADED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Loads configuration `CFG` of [`CONFIGS`] unless this thread holds it.
+#[inline(always)]
+fn ensure_config<const CFG: usize>() {
+    if LOADED.get() != CFG + 1 {
+        let cfg = &CONFIGS[CFG];
+        // SAFETY: `plug` installs the kernels that call this only where `Amx::detect` found
+        // AMX-TILE with the tile data permitted; the 64 bytes at `cfg` are a valid palette-1
+        // configuration (at most 16 rows of at most 64 bytes, reserved bytes zero).
+        unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+        LOADED.set(CFG + 1);
+    }
+}
+
+/// Gives this thread's tile state back (`tilerelease`); the next kernel call loads its
+/// configuration anew.
+fn release() {
+    if LOADED.get() != 0 {
+        // SAFETY: as in `ensure_config`; `tilerelease` only returns the tiles to their initial
+        // state.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        LOADED.set(0);
+    }
+}
+
+/// Raw sums of one band's sub-blocks of 32, `[panel][sub-block][row]` rows of 16 int32,
+/// written by the tile unit before they are read (left uninitialised: zeroing 12 KiB per call
+/// would cost about as much as the products).
+#[repr(C, align(64))]
+struct RawSums<const P: usize>([[[[i32; IG_NR]; IG_MR]; 8]; P]);
+
+/// Where row `r` of panel `p`'s sums of sub-block `j` lies in a [`RawSums`] at `raw`.
+#[inline(always)]
+fn raw_at(raw: *mut i32, p: usize, j: usize, r: usize) -> *mut i32 {
+    raw.wrapping_add(((p * 8 + j) * IG_MR + r) * IG_NR)
+}
+
+/// One tile product per panel (`P` of 1..=3): with `ZERO` the sums tmm0.. start from zero; A
+/// (tmm3) is loaded from `$w` with row stride `$ws`, panel `p`'s 16 level rows from `$a[p]`
+/// (stride 64); with `STORE` the sums are stored to `$c[p]` (stride 64). Expanded inside the
+/// kernels' `unsafe` blocks.
+macro_rules! tile_products {
+    ($w:expr, $ws:expr, $a:expr, $c:expr, $zero:expr, $store:expr) => {
+        let (w, ws, a, c) = ($w, $ws, $a, $c);
+        match P {
+            1 => {
+                if $zero { asm!("tilezero tmm0", options(nostack, nomem)) }
+                asm!(
+                    "tileloadd tmm3, [{w} + {ws}]",
+                    "tileloadd tmm4, [{a0} + {s}]",
+                    "tdpbusd tmm0, tmm3, tmm4",
+                    w = in(reg) w, ws = in(reg) ws, s = in(reg) 64usize, a0 = in(reg) a[0],
+                    options(nostack, readonly),
+                );
+                if $store {
+                    asm!(
+                        "tilestored [{c0} + {s}], tmm0",
+                        s = in(reg) 64usize, c0 = in(reg) c[0], options(nostack),
+                    );
+                }
+            }
+            2 => {
+                if $zero { asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem)) }
+                asm!(
+                    "tileloadd tmm3, [{w} + {ws}]",
+                    "tileloadd tmm4, [{a0} + {s}]",
+                    "tileloadd tmm5, [{a1} + {s}]",
+                    "tdpbusd tmm0, tmm3, tmm4",
+                    "tdpbusd tmm1, tmm3, tmm5",
+                    w = in(reg) w, ws = in(reg) ws, s = in(reg) 64usize,
+                    a0 = in(reg) a[0], a1 = in(reg) a[1 % P],
+                    options(nostack, readonly),
+                );
+                if $store {
+                    asm!(
+                        "tilestored [{c0} + {s}], tmm0",
+                        "tilestored [{c1} + {s}], tmm1",
+                        s = in(reg) 64usize, c0 = in(reg) c[0], c1 = in(reg) c[1 % P],
+                        options(nostack),
+                    );
+                }
+            }
+            _ => {
+                if $zero {
+                    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", options(nostack, nomem))
+                }
+                asm!(
+                    "tileloadd tmm3, [{w} + {ws}]",
+                    "tileloadd tmm4, [{a0} + {s}]",
+                    "tileloadd tmm5, [{a1} + {s}]",
+                    "tileloadd tmm6, [{a2} + {s}]",
+                    "tdpbusd tmm0, tmm3, tmm4",
+                    "tdpbusd tmm1, tmm3, tmm5",
+                    "tdpbusd tmm2, tmm3, tmm6",
+                    w = in(reg) w, ws = in(reg) ws, s = in(reg) 64usize,
+                    a0 = in(reg) a[0], a1 = in(reg) a[1 % P], a2 = in(reg) a[2 % P],
+                    options(nostack, readonly),
+                );
+                if $store {
+                    asm!(
+                        "tilestored [{c0} + {s}], tmm0",
+                        "tilestored [{c1} + {s}], tmm1",
+                        "tilestored [{c2} + {s}], tmm2",
+                        s = in(reg) 64usize,
+                        c0 = in(reg) c[0], c1 = in(reg) c[1 % P], c2 = in(reg) c[2 % P],
+                        options(nostack),
+                    );
+                }
+            }
+        }
+    };
+}
+
+/// The raw sums of sub-blocks `2 t` and `2 t + 1` (of 32 K values; `t < 4`) of band `w`
+/// against the `P` panels `a` into `raw`: one product of the band's block-diagonal codes of the
+/// 64 K values `t` (`WBand::xcodes`, 16 rows) and each panel's 16 level rows gives sub-block
+/// `2 t` in rows 0..8 and `2 t + 1` in rows 8..16, stored as they are.
+#[inline(always)]
+fn tile_sums<const P: usize>(
+    w: &WBand,
+    a: [&ABlock; P],
+    t: usize,
+    raw: &mut MaybeUninit<RawSums<P>>,
+) {
+    ensure_config::<DIAGONAL>();
+    debug_assert!(t < QK_K / 64 && (1..=3).contains(&P));
+    {
+        let ap: [*const i8; P] = a.map(|p| p.codes[t * 1024..].as_ptr());
+        let cp: [*mut i32; P] =
+            std::array::from_fn(|p| raw_at(raw.as_mut_ptr().cast(), p, 2 * t, 0));
+        let wp = w.xcodes[t * 1024..].as_ptr();
+        // SAFETY: the tiles are configured for these shapes (`ensure_config`) on a CPU with
+        // AMX-INT8 (`plug`). A reads 16 rows of 64 bytes at `xcodes[t * 1024..]` and each B 16
+        // rows of 64 bytes at the panel's `codes[t * 1024..]`: inside both (4096 bytes, t < 4).
+        // Each store writes 16 rows of 64 bytes from `raw_at(.., p, 2 t, 0)`, the rows of
+        // sub-blocks 2 t and 2 t + 1 (p < P, 2 t + 1 < 8: inside the buffer, 64-byte
+        // aligned). Compiled code does not use the tile registers.
+        unsafe {
+            tile_products!(wp, 64usize, ap, cp, true, true);
+        }
+    }
+}
+
+/// The raw sums of the whole step (256 K values) of band `w` against the `P` panels `a`, into
+/// sub-block 0's rows of `raw`: four products of 64 K values of the band's codes (8 rows, 256
+/// bytes apart) summed in the tile, then stored.
+#[inline(always)]
+fn tile_step_sums<const P: usize>(w: &WBand, a: [&ABlock; P], raw: &mut MaybeUninit<RawSums<P>>) {
+    ensure_config::<PLAIN>();
+    debug_assert!((2..=3).contains(&P));
+    let cp: [*mut i32; P] = std::array::from_fn(|p| raw_at(raw.as_mut_ptr().cast(), p, 0, 0));
+    for t in 0..QK_K / 64 {
+        let ap: [*const i8; P] = a.map(|p| p.codes[t * 1024..].as_ptr());
+        let wp = w.codes[64 * t..].as_ptr();
+        // SAFETY: as in `tile_sums`; A reads 8 rows of 64 bytes at `codes[64 t..]`, 256 bytes
+        // apart: inside the band's 8 x 256 codes (t < 4). The stores after the last product
+        // write 8 rows of 64 bytes from `raw_at(.., p, 0, 0)`.
+        unsafe {
+            tile_products!(wp, QK_K, ap, cp, t == 0, t == QK_K / 64 - 1);
+        }
+    }
+}
+
+/// Row `r` of panel `p`'s raw sums of sub-block `j`, one lane per column, from sums that
+/// [`tile_sums`] wrote (`p < P`, `j` below its `nsub`, `r < 8`).
+#[inline(always)]
+fn raw_row<const P: usize>(raw: &MaybeUninit<RawSums<P>>, p: usize, j: usize, r: usize) -> __m512i {
+    debug_assert!(p < P && j < 8 && r < IG_MR);
+    let at = raw_at(raw.as_ptr().cast_mut().cast(), p, j, r);
+    // SAFETY: the row is 16 int32 inside the 64-byte aligned buffer (rows of 64 bytes), which
+    // `tile_sums` wrote for this panel and sub-block.
+    unsafe { _mm512_load_si512(at.cast()) }
+}
+
+/// The one-panel form of [`amx_multi`].
+fn one<const MIN: bool, const BLK: bool>(w: &WBand, a: &ABlock, acc: &mut Tile, len: usize) {
+    amx_multi::<1, MIN, BLK>(w, [a], [acc], len)
+}
+
+/// The float kinds' kernel with sub-blocks of 32 for `P` panels (see `vnni_multi` of the
+/// AVX-512 tier, whose float steps this repeats): the tile unit's raw sums of every sub-block,
+/// then, the band's rows 4 at a time, each sub-block's bias correction (types without mins) and
+/// scaling.
+fn amx_multi<const P: usize, const MIN: bool, const BLK: bool>(
+    w: &WBand,
+    a: [&ABlock; P],
+    acc: [&mut Tile; P],
+    len: usize,
+) {
+    // SAFETY: `plug` installs this kernel only where `Amx::detect` found AMX-INT8 with the tile
+    // data permitted and the AVX-512 tier with VNNI; the references cover every byte the
+    // kernel reads and writes (fixed-size arrays).
+    unsafe { amx_multi_kernel::<P, MIN, BLK>(w, a, acc, len) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+fn amx_multi_kernel<const P: usize, const MIN: bool, const BLK: bool>(
+    w: &WBand,
+    a: [&ABlock; P],
+    acc: [&mut Tile; P],
+    len: usize,
+) {
+    // Rows per pass (read by the shared macros).
+    const R: usize = 4;
+    debug_assert!(BLK || len == QK_K);
+    let nsub = if BLK { used_subs(len, 32) } else { QK_K / 32 };
+    let mut raw = MaybeUninit::<RawSums<P>>::uninit();
+    // Every product first: computing the next chunk's products while scaling this chunk's
+    // sums measured 10-18% slower (6 alternating rounds).
+    for t in 0..nsub / 2 {
+        tile_sums::<P>(w, a, t, &mut raw);
+    }
+    let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
+    for r0 in (0..IG_MR).step_by(R) {
+        let mut s = start_sums!(out, r0, BLK);
+        for j in 0..nsub {
+            let mut sums = [[_mm512_setzero_si512(); R]; P];
+            for (p, sums) in sums.iter_mut().enumerate() {
+                let nb = if MIN { _mm512_setzero_si512() } else { neg_bsums!(a[p], j) };
+                for (r, v) in sums.iter_mut().enumerate() {
+                    *v = _mm512_add_epi32(raw_row(&raw, p, j, r0 + r), nb);
+                }
+            }
+            scale_sub!(w, a, j, r0, sums, s, MIN, BLK);
+        }
+        finish_sums!(w, a, out, r0, s, nsub, MIN, BLK);
+    }
+}
+
+/// `Kind::Int16Min`'s kernel for `P` (two or three) panels (`IntFormat::unit_scales`: every
+/// scale 1, no bias; the contract of the VNNI `vnni_unit`): the whole step's products summed
+/// in the tile (the same wrapping integers as the portable kernel's with unit scales), then the
+/// mins' sums and the float steps.
+fn amx_unit<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+    // SAFETY: as `amx_multi`.
+    unsafe { amx_unit_kernel::<P>(w, a, acc, len) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+fn amx_unit_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+    const R: usize = 4;
+    debug_assert_eq!(len, QK_K);
+    let mut raw = MaybeUninit::<RawSums<P>>::uninit();
+    tile_step_sums::<P>(w, a, &mut raw);
+    let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
+    for p in 0..P {
+        for r0 in (0..IG_MR).step_by(R) {
+            let mut sums = [_mm512_setzero_ps(); R];
+            for (r, f) in sums.iter_mut().enumerate() {
+                *f = _mm512_cvtepi32_ps(raw_row(&raw, p, 0, r0 + r));
+            }
+            let mut s2 = [_mm512_setzero_si512(); R];
+            mins_sums!(w, a[p], QK_K / 16, r0, s2);
+            add_rows!(w, a[p], out[p], r0, sums, s2, true);
+        }
+    }
+}
