@@ -43,7 +43,8 @@ pub enum Isa {
     /// x86-64 with AMX-INT8 tiles on top of the AVX-512 tier with AVX-512 VNNI (Intel Xeon from
     /// Sapphire Rapids on), where the operating system lets the process use the tile data
     /// (Linux): the AVX-512 tier with the integer GEMM (quantized matmul with several activation
-    /// columns) on the tile unit.
+    /// columns) on the tile unit, and BF16 weights' GEMM on the f32 kernels (these cores run
+    /// `vdpbf16ps` at half their FMA rate).
     Amx = 3,
 }
 
