@@ -113,8 +113,8 @@ fn release() {
 }
 
 /// Raw sums of one band's sub-blocks of 32, `[panel][sub-block][row]` rows of 16 int32,
-/// written by the tile unit before they are read (left uninitialised: zeroing 12 KiB per call
-/// would cost about as much as the products).
+/// written by the tile unit before they are read (left uninitialised: nothing reads a row the
+/// tile unit did not store, and zeroing 12 KiB per call would be pure overhead).
 #[repr(C, align(64))]
 struct RawSums<const P: usize>([[[[i32; IG_NR]; IG_MR]; 8]; P]);
 
@@ -341,6 +341,35 @@ fn amx_unit_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; 
             let mut s2 = [_mm512_setzero_si512(); R];
             mins_sums!(w, a[p], QK_K / 16, r0, s2);
             add_rows!(w, a[p], out[p], r0, sums, s2, true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{Isa, table_for};
+
+    /// The tier's table: the tile kernels for the kinds with sub-blocks of 32 and Q2_K's pair
+    /// and triple, the VNNI kernels for the other kinds, the block-diagonal codes asked for and
+    /// the tile state released; and the AMX tier's table holds it where the CPU runs the tier.
+    #[test]
+    fn amx_table_puts_the_sub_block_32_kinds_on_tiles() {
+        let vnni = super::super::avx512_igemm::VNNI;
+        let tiles = [Kind::Flt32, Kind::Flt32Min, Kind::Blk32, Kind::Blk32Min];
+        for kind in Kind::ALL {
+            let i = kind.index();
+            let own = tiles.contains(&kind);
+            assert_eq!(AMX.one[i] as usize != vnni.one[i] as usize, own, "{kind:?} one");
+            let three = |k: &IgemmKernels| k.three[i].map(|f| f as usize);
+            let own3 = own || kind == Kind::Int16Min;
+            assert_eq!(three(&AMX) != three(&vnni), own3, "{kind:?} three");
+        }
+        assert!(AMX.expand_codes && AMX.release.is_some());
+        if let Some(t) = table_for(Isa::Amx) {
+            let k = t.igemm.expect("the AMX tier has integer kernels");
+            assert!(k.expand_codes, "the AMX tier's table holds the tile kernels");
+            assert!(t.sgemm_bf16.is_none(), "BF16 on the f32 kernels");
         }
     }
 }
