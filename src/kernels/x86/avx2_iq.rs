@@ -135,8 +135,8 @@ macro_rules! unroll {
 }
 
 // Byte offsets inside the blocks (the structs are `repr(C)` copies of ggml-common.h).
-const Q8K_SIZE: usize = size_of::<BlockQ8K>();
-const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
+pub(super) const Q8K_SIZE: usize = size_of::<BlockQ8K>();
+pub(super) const Q8K_QS: usize = offset_of!(BlockQ8K, qs);
 const Q8K_BSUMS: usize = offset_of!(BlockQ8K, bsums);
 const Q8_0_SIZE: usize = size_of::<BlockQ8_0>();
 
@@ -165,7 +165,7 @@ const fn keven_signs() -> [u64; 128] {
 /// 32 bytes of `b` from `off` as a vector (any alignment).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load256(b: &[u8], off: usize) -> __m256i {
+pub(super) fn load256(b: &[u8], off: usize) -> __m256i {
     let s = &b[off..off + 32];
     // SAFETY: `s` is 32 readable bytes (the slice index checked it); `loadu` needs no alignment.
     unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
@@ -182,7 +182,7 @@ fn store256(dst: &mut [u16; 16], v: __m256i) {
 /// 16 bytes of `b` from `off` as a vector (any alignment).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn load128(b: &[u8], off: usize) -> __m128i {
+pub(super) fn load128(b: &[u8], off: usize) -> __m128i {
     let s = &b[off..off + 16];
     // SAFETY: `s` is 16 readable bytes (the slice index checked it); `loadu` needs no alignment.
     unsafe { _mm_loadu_si128(s.as_ptr().cast()) }
@@ -198,21 +198,21 @@ fn rd_u16(b: &[u8], off: usize) -> u16 {
 }
 
 #[inline(always)]
-fn rd_u32(b: &[u8], off: usize) -> u32 {
+pub(super) fn rd_u32(b: &[u8], off: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[off..off + 4]);
     u32::from_le_bytes(a)
 }
 
 #[inline(always)]
-fn rd_u64(b: &[u8], off: usize) -> u64 {
+pub(super) fn rd_u64(b: &[u8], off: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[off..off + 8]);
     u64::from_le_bytes(a)
 }
 
 #[inline(always)]
-fn rd_f32(b: &[u8], off: usize) -> f32 {
+pub(super) fn rd_f32(b: &[u8], off: usize) -> f32 {
     f32::from_bits(rd_u32(b, off))
 }
 
@@ -221,7 +221,7 @@ fn rd_f32(b: &[u8], off: usize) -> f32 {
 /// instead of a `vmovd` and a `vcvtph2ps` on the vector ports these kernels are short of (IQ4_NL
 /// converts four scales per 64 weights).
 #[inline(always)]
-fn fp16(w: u32) -> f32 {
+pub(super) fn fp16(w: u32) -> f32 {
     F16_TO_F32[w as u16 as usize]
 }
 
@@ -637,7 +637,7 @@ fn iq3_s_avx2_bmi2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
 // IQ1_S
 
 /// ggml's `IQ1S_DELTA` / `IQ1M_DELTA`.
-const IQ1_DELTA: f32 = 0.125;
+pub(super) const IQ1_DELTA: f32 = 0.125;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq1_s_avx2(n: usize, x: &[u8], y: &[u8]) -> f32 {

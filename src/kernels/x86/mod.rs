@@ -133,6 +133,7 @@ mod avx2_unpack;
 pub(crate) mod avx512;
 mod avx512_gemm;
 mod avx512_igemm;
+mod avx512_iq;
 mod avx512_quants;
 mod avx512_repack;
 
