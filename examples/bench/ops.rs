@@ -54,6 +54,13 @@ pub fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
             let b = input(&mut g, &[4096, 512])?;
             (if name == "add" { g.add(a, b)? } else { g.mul(a, b)? }, 3 * 4096 * 512 * 4)
         }
+        // The sum written over `a`, as a graph allocator that reuses a dead operand's memory
+        // runs a residual add.
+        "add_inplace" => {
+            let a = input(&mut g, &[4096, 512])?;
+            let b = input(&mut g, &[4096, 512])?;
+            (g.add_inplace(a, b)?, 3 * 4096 * 512 * 4)
+        }
         "silu" | "gelu" => {
             let a = input(&mut g, &[4096, 512])?;
             (if name == "silu" { g.silu(a)? } else { g.gelu(a)? }, 2 * 4096 * 512 * 4)
