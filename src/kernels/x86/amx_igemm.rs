@@ -34,7 +34,10 @@ use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, Kind, Tile, WBan
 /// and for `Kind::Int16Min`'s two- and three-panel forms (unit scales: the whole step in one
 /// sum); the AVX-512 VNNI kernels for the other sub-blocks of 16. A product with sub-blocks of
 /// 16 would keep a tile product to a quarter of its 64 K values and store four times the sums,
-/// which measured no faster than `vpdpbusd`.
+/// which measured no faster than `vpdpbusd`; block-diagonal codes for them (four rows' four
+/// quarters per 16-row product, two products per 64 K values) measured 0.50-0.73x the VNNI
+/// kernels (Q3_K, Q6_K, IQ2_S prefill, 4 alternating rounds): each product's 1 KiB of sums
+/// stored for the vector unit costs more than the `vpdpbusd` it saves.
 pub(crate) const AMX: IgemmKernels = {
     let mut k = super::avx512_igemm::VNNI;
     k.one[Kind::Flt32.index()] = one::<false, false>;
