@@ -147,6 +147,13 @@ pub(super) fn whole_blocks(
     nb.min(x.len() / xb).min(y.len() / yb)
 }
 
+/// Puts back this tier's BF16 matmul dots (the GEMM tiles and the streaming dot, ggml's AVX2
+/// order) over a later tier's.
+pub(super) fn plug_bf16(t: &mut KernelTable, _: super::Avx2) {
+    t.set_gemm(DType::BF16, gemm_bf16);
+    t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_stream);
+}
+
 macro_rules! wrappers {
     ($($(#[$doc:meta])* $name:ident => $kernel:path, $per_block:expr, $xb:expr, $yb:expr;)*) => {$(
         $(#[$doc])*

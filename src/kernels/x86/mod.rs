@@ -179,15 +179,23 @@ impl Amx {
     pub(crate) fn detect() -> Option<Amx> {
         Isa::Amx.is_supported().then_some(Amx(()))
     }
+
+    /// The AMX tier includes the AVX2 tier.
+    pub(crate) fn avx2(self) -> Avx2 {
+        Avx2(())
+    }
 }
 
 /// Overwrites the table entries that the AMX tier implements (over the AVX-512 tier's).
-pub(crate) fn plug_amx(t: &mut KernelTable, _cpu: Amx) {
+pub(crate) fn plug_amx(t: &mut KernelTable, cpu: Amx) {
     t.igemm = Some(amx_igemm::AMX);
     // The Intel cores with AMX run `vdpbf16ps` at about half their f32 FMA rate, so BF16
     // weights take the f32 GEMM kernels (BF16 widened exactly) here: 4096 x 512 x 14336 BF16
     // prefill on 2 Emerald Rapids cores, 4 alternating rounds, 112 -> 147 GFLOPS (1.43).
     t.sgemm_bf16 = None;
+    // And the AVX2 tier's widening dots for few columns: 4096 x 1 x 14336 BF16 there, 4
+    // interleaved rounds, medians: `vdpbf16ps` 6.65 ms, widening 3.77 (ggml 5.87).
+    avx2_quants::plug_bf16(t, cpu.avx2());
 }
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 and the operating system lets this process use
