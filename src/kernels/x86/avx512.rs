@@ -28,6 +28,7 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
     t.mad_f16 = mad_f16;
     t.mad_f32 = mad_f32;
     t.set_vec_dot(DType::F32, vec_dot_f32);
+    t.set_vec_dot_stream(DType::F32, vec_dot_f32_stream);
     t.set_vec_dot(DType::F16, vec_dot_f16);
     t.set_gemm(DType::F32, gemm_float::<EF32>);
     t.set_gemm(DType::F16, gemm_float::<EF16>);
@@ -340,12 +341,21 @@ fn dot_paired(
 /// # Safety
 /// The CPU supports the AVX-512 tier; `x` and `y` are valid for reading `4 * n` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn vec_dot_f32_avx512(n: usize, x: *const f32, y: *const f32) -> f32 {
+unsafe fn vec_dot_f32_avx512<const PF: usize>(n: usize, x: *const f32, y: *const f32) -> f32 {
     let np = n & !31;
     // SAFETY: dot_paired loads 16 elements at i and i + 16 for i + 32 <= np <= n.
     let mut sumf = dot_paired(
         np,
-        |i| unsafe { _mm512_loadu_ps(x.add(i)) },
+        |i| unsafe {
+            // Once per 32 elements (`dot_paired` loads at i and i + 16).
+            if PF > 0 && i % 32 == 0 {
+                // A hint only: never faults, and `wrapping_add` keeps the address defined.
+                let p = x.add(i).cast::<u8>().wrapping_add(PF);
+                _mm_prefetch::<_MM_HINT_T0>(p.cast());
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
+            }
+            _mm512_loadu_ps(x.add(i))
+        },
         |i| unsafe { _mm512_loadu_ps(y.add(i)) },
     );
     for i in np..n {
@@ -374,11 +384,20 @@ unsafe fn vec_dot_f16_avx512(n: usize, x: *const u16, y: *const u16) -> f32 {
     sumf as f32
 }
 
+/// `vec_dot_f32` prefetching each weight row 2 KiB ahead (`KernelTable::vec_dot_stream`: rows
+/// read once, from L3 or memory). 4096 x 1 x 14336 F32 on 2 Emerald Rapids cores, 3
+/// interleaved rounds: 11.1-13.7 ms without, 9.5-11.6 at 2 KiB (1, 4 and 8 KiB in between);
+/// the same bits (a prefetch changes no arithmetic).
+fn vec_dot_f32_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let n = n.min(x.len() / 4).min(y.len() / 4);
+    // SAFETY: as `vec_dot_f32`.
+    unsafe { vec_dot_f32_avx512::<2048>(n, x.as_ptr().cast(), y.as_ptr().cast()) }
+}
 /// `ggml_vec_dot_f32`, bitwise the AVX2 tier's.
 fn vec_dot_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let n = n.min(x.len() / 4).min(y.len() / 4);
     // SAFETY: both slices hold n f32; installed only when the AVX-512 tier is supported.
-    unsafe { vec_dot_f32_avx512(n, x.as_ptr().cast(), y.as_ptr().cast()) }
+    unsafe { vec_dot_f32_avx512::<0>(n, x.as_ptr().cast(), y.as_ptr().cast()) }
 }
 
 /// `ggml_vec_dot_f16`, bitwise the AVX2 tier's.
