@@ -1943,7 +1943,8 @@ mod tests {
         // Every type whose AVX2 (or AVX-512) table has a decode (stream) variant, IQ kernels
         // included.
         let mut checked = Vec::new();
-        let tiers = [crate::kernels::Isa::Avx2, crate::kernels::Isa::Avx512];
+        let tiers =
+            [crate::kernels::Isa::Avx2, crate::kernels::Isa::Avx512, crate::kernels::Isa::Amx];
         for (t, ty) in tiers
             .iter()
             .filter_map(|&i| crate::kernels::table_for(i))
