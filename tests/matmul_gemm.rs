@@ -147,3 +147,34 @@ fn gemm_matches_one_vec_dot_per_element() {
         }
     }
 }
+
+/// Decode (one column) of F32 rows of 32 KiB, which runs the register tiles rather than one dot
+/// per row, and of F16 rows as long, which keeps the dots: the same bits as `vec_dot` on every
+/// tier and for 1, 2 and 3 threads.
+#[test]
+fn long_float_rows_decode_gives_one_vec_dot_per_row() {
+    for (ty, k) in [(DType::F32, 8192), (DType::F16, 16384)] {
+        let (m, ane, bne) = (19, [k, 19, 1, 1], [k, 1, 1, 1]);
+        let a_f32 = rand_f32(k * m, 900);
+        let mut a = vec![0u8; ty.row_size(k).unwrap() * m];
+        quantize(ty, &a_f32, &mut a).unwrap();
+        let b = rand_f32(k, 901);
+        let mut b_v = vec![0u8; ty.row_size(k).unwrap()];
+        quantize_for_dot(ty, &b, &mut b_v).unwrap();
+        let ra = ty.row_size(k).unwrap();
+        for isa in tiers() {
+            for threads in [1, 2, 3] {
+                let got = common::mul_mat_guarded(isa, threads, ty, ane, &a, bne, &b);
+                for (i, g) in got.iter().enumerate() {
+                    let want = vec_dot_with(isa, ty, k, &a[i * ra..][..ra], &b_v).unwrap();
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{ty} {} t{threads} row {i}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -186,8 +186,13 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     // Decode (n == 1) keeps the plain dot products, one weight row after another: the tile
     // kernels pay off only when columns share weight loads, and with one column their several
     // concurrent row streams read memory slower (q8_0 49152 x 1 x 576 on 2 threads: 2.9 ms with
-    // 4-row tiles, 1.7 ms row by row). The results are the same bits either way.
-    let gemm = if n > 1 { table.gemm(a.dtype) } else { None };
+    // 4-row tiles, 1.7 ms row by row). The results are the same bits either way. Long F32 rows
+    // (32 KiB and more) are the exception: there a 4-row tile's streams read faster (4096 x 1 x
+    // 14336 on 2 Emerald Rapids cores, alternating, medians of 5 rounds: 11.71 ms row by row,
+    // 10.28 tiles), where rows of 576 did not gain (f32 49152 x 1 x 576: 2.6 / 2.9-3.2 ms) and
+    // F16 rows of 28 KiB measured both ways (1.3-1.6x in 3 rounds, 0.98x in 5).
+    let long_float = a.dtype == DType::F32 && a_row_bytes >= 32 << 10;
+    let gemm = if n > 1 || long_float { table.gemm(a.dtype) } else { None };
     // Decode: one contiguous run of tasks per worker (`Claims`), one memory stream per core.
     // Each output is still one dot product, so the bits do not change.
     // q8_0 262144 x 1 x 640 (Gemma 3's output), 2 threads, alternating: 7.3-10.7 ms with claims
