@@ -357,26 +357,23 @@ fn vnni_narrow_kernel(w: &WBand, a: [&ABlock; 2], acc: [&mut Tile; 2], len: usiz
     for r0 in (0..IG_MR).step_by(R) {
         let mut s1 = [[_mm512_setzero_si512(); R]; P];
         for j in (0..nsub).step_by(2) {
+            // The chains start from minus the bias sums, so they end as the corrected sums.
             let mut even = [[_mm512_setzero_si512(); R]; P];
+            let mut odd = [[_mm512_setzero_si512(); R]; P];
+            for p in 0..P {
+                let (nb0, nb1) = (neg_bsums!(a[p], j), neg_bsums!(a[p], j + 1));
+                even[p] = [nb0; R];
+                odd[p] = [nb1; R];
+            }
             for g in j * SUB / 4..(j + 1) * SUB / 4 {
                 group_products!(a, wc, r0, g, even);
             }
-            let mut odd = [[_mm512_setzero_si512(); R]; P];
             for g in (j + 1) * SUB / 4..(j + 2) * SUB / 4 {
                 group_products!(a, wc, r0, g, odd);
             }
             for p in 0..P {
-                // SAFETY: j + 1 < 16: inside `bsums`.
-                let (b0, b1) = unsafe {
-                    let bp = a[p].bsums.as_ptr();
-                    (
-                        _mm512_load_si512(bp.add(j * IG_NR) as *const __m512i),
-                        _mm512_load_si512(bp.add((j + 1) * IG_NR) as *const __m512i),
-                    )
-                };
                 for r in 0..R {
-                    let (c0, c1) =
-                        (_mm512_sub_epi32(even[p][r], b0), _mm512_sub_epi32(odd[p][r], b1));
+                    let (c0, c1) = (even[p][r], odd[p][r]);
                     // Low halves c0, high halves c1 (each within 16 bits).
                     let both =
                         _mm512_mask_blend_epi16(0xAAAA_AAAA, c0, _mm512_slli_epi32::<16>(c1));
