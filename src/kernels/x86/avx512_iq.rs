@@ -80,6 +80,24 @@ fn fold_halves(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
+/// One step's products of 64 weights added to `sumi`: the activations `q8` negated where `neg`
+/// has a bit, times the unsigned grid codes in pairs (`vpmaddubsw`, exact: at most 2 x 62 x
+/// 128), times the scale words `sc` (`vpdpwssd`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn signed_step(sumi: __m512i, q8: __m512i, neg: u64, grid: __m512i, sc: __m512i) -> __m512i {
+    let q8s = _mm512_mask_sub_epi8(q8, neg, _mm512_setzero_si512(), q8);
+    _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(grid, q8s), sc)
+}
+
+/// A block's end: its integer sums (the AVX2 kernel's `sumi1 + sumi2`) converted and
+/// multiplied by the block's scale `d` into the eight float lanes `acc`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx2,fma")]
+fn end_block(acc: __m256, d: f32, sumi: __m512i) -> __m256 {
+    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(fold_halves(sumi)), acc)
+}
+
 /// A 16-lane `vpermd` index repeating lane `a` in the low eight lanes and `b` in the high.
 const fn pair_index(a: i32, b: i32) -> [i32; 16] {
     [a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b]
@@ -149,7 +167,6 @@ fn iq3_xxs_avx512<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const GAS: usize = QS + QK_K / 4;
     const STEP: [[i32; 16]; 4] =
         [pair_index(0, 1), pair_index(2, 3), pair_index(4, 5), pair_index(6, 7)];
-    let zero = _mm512_setzero_si512();
     let mut accumf = _mm256_setzero_ps();
     for (xb, yb) in x.chunks_exact(XS).zip(y.chunks_exact(Q8K_SIZE)).take(n / QK_K) {
         if PF > 0 {
@@ -167,13 +184,10 @@ fn iq3_xxs_avx512<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
             // SAFETY: every index is a byte, below 256 = IQ3XXS_GRID.len(); scale 4 steps u32s.
             let grid = unsafe { _mm512_i32gather_epi32::<4>(idx, IQ3XXS_GRID.as_ptr().cast()) };
             let neg = keven_mask(rd_u64(xb, GAS + 8 * k));
-            let q8s = _mm512_mask_sub_epi8(q8, neg, zero, q8);
-            let dot = _mm512_maddubs_epi16(grid, q8s);
             let sc = _mm512_permutexvar_epi32(index32(&STEP[k]), ls);
-            sumi = _mm512_dpwssd_epi32(sumi, dot, sc);
+            sumi = signed_step(sumi, q8, neg, grid, sc);
         });
-        let sumi = _mm256_cvtepi32_ps(fold_halves(sumi));
-        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
+        accumf = end_block(accumf, d, sumi);
     }
     0.25 * hsum_float_8(accumf)
 }
@@ -197,7 +211,6 @@ fn iq2_s_avx512<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
         quad_index(6, 14, 7, 15),
     ];
     let m4 = _mm_set1_epi8(0xf);
-    let zero = _mm512_setzero_si512();
     let hshift = _mm256_set_epi32(14, 12, 10, 8, 6, 4, 2, 0);
     let m3 = _mm256_set1_epi32(3);
     let mut accumf = _mm256_setzero_ps();
@@ -224,13 +237,10 @@ fn iq2_s_avx512<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
             // it); scale 8 steps u64s.
             let grid = unsafe { _mm512_i32gather_epi64::<8>(idx, IQ2S_GRID.as_ptr().cast()) };
             let neg = rd_u64(xb, SIGNS + 4 * ib32);
-            let q8s = _mm512_mask_sub_epi8(q8, neg, zero, q8);
-            let dot = _mm512_maddubs_epi16(grid, q8s);
             let sc = _mm512_permutexvar_epi16(index16(&STEP[s]), scales16);
-            sumi = _mm512_dpwssd_epi32(sumi, dot, sc);
+            sumi = signed_step(sumi, q8, neg, grid, sc);
         });
-        let sumi = _mm256_cvtepi32_ps(fold_halves(sumi));
-        accumf = _mm256_fmadd_ps(_mm256_set1_ps(d), sumi, accumf);
+        accumf = end_block(accumf, d, sumi);
     }
     0.125 * hsum_float_8(accumf)
 }
@@ -294,9 +304,9 @@ fn iq1_m_avx512(n: usize, x: &[u8], y: &[u8]) -> f32 {
             sumi1 = _mm512_dpwssd_epi32(sumi1, dot1, sc);
             sumi2 = _mm512_dpwssd_epi32(sumi2, dot2, sc);
         });
-        let d = _mm256_set1_ps(rd_f32(yb, 0) * fp16(scale as u32));
-        accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi1)), accum1);
-        accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(fold_halves(sumi2)), accum2);
+        let d = rd_f32(yb, 0) * fp16(scale as u32);
+        accum1 = end_block(accum1, d, sumi1);
+        accum2 = end_block(accum2, d, sumi2);
     }
     hsum_float_8(accum1) + IQ1_DELTA * hsum_float_8(accum2)
 }
