@@ -385,9 +385,11 @@ unsafe fn vec_dot_f16_avx512(n: usize, x: *const u16, y: *const u16) -> f32 {
 }
 
 /// `vec_dot_f32` prefetching each weight row 2 KiB ahead (`KernelTable::vec_dot_stream`: rows
-/// read once, from L3 or memory). 4096 x 1 x 14336 F32 on 2 Emerald Rapids cores, 3
-/// interleaved rounds: 11.1-13.7 ms without, 9.5-11.6 at 2 KiB (1, 4 and 8 KiB in between);
-/// the same bits (a prefetch changes no arithmetic).
+/// read once, from L3 or memory; the same bits, a prefetch changes no arithmetic). On 2 Emerald
+/// Rapids cores, interleaved rounds: 4096 x 1 x 14336 11.1-13.7 ms without, 9.5-11.6 at 2 KiB
+/// (1, 4 and 8 KiB in between; such long rows now decode on the register tiles, see
+/// `ops::mul_mat`); for the rows it still serves, 4096 x 1 x 4096 1.58-2.79 ms without,
+/// 1.45-2.77 with (4 rounds, 1.01-1.09x), and 49152 x 1 x 576 within the noise (0.87-1.46x).
 fn vec_dot_f32_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let n = n.min(x.len() / 4).min(y.len() / 4);
     // SAFETY: as `vec_dot_f32`.

@@ -250,7 +250,10 @@ fn iq2_s_avx512<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_iq1_m_q8_K`, bitwise the AVX2 tier's. The grid's levels -1, 0, 1 are shifted to
 /// 0, 1, 2 for `vpmaddubsw` and the pair sums of the activations taken off again; those pair sums,
-/// negated by the groups' delta signs, are the delta part.
+/// negated by the groups' delta signs, are the delta part. For activation levels -127..=127 (all
+/// that ggml's and this crate's Q8_K quantizers write) the integers are the AVX2 kernel's; a
+/// level of -128 against a grid level of -1 gives +128 here (the exact product, as the portable
+/// kernel), where the AVX2 kernel's `vpsignb` trick wraps to -128.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c,bmi2")]
 fn iq1_m_avx512(n: usize, x: &[u8], y: &[u8]) -> f32 {
     const XS: usize = size_of::<BlockIQ1M>();
