@@ -111,6 +111,26 @@ impl WBand {
             }
         }
     }
+
+    /// Writes row `r`'s scaled signed weights into [`WBand::xcodes`] in place of the
+    /// block-diagonal codes, for the tile kernels of `Kind::Int16` (`IgemmKernels::fold_narrow`; the reference of the tiers' writers):
+    /// `v = (codes[i] - bias) * scales[i / 16]` split as `v = 128 * hi + lo` with `lo` in
+    /// `0..128`, row `r` of block `t` (64 bytes at `xcodes[(t * 16 + r) * 64..]`) holding the
+    /// `hi` bytes of K values `64 t..64 t + 64` and row `8 + r` the `lo` bytes. One signed
+    /// product over 64 K values against it gives `sum hi * a` in rows 0..8 and `sum lo * a` in
+    /// rows 8..16, and `128 * hi_sum + lo_sum` summed over a step is the kernel's
+    /// `sum_j scales[j] * (raw[j] - bias * levels[j])` exactly (the narrow formats' bound
+    /// `|v| <= 9 * 15` keeps every `hi` within a byte: any `|v| < 2^14` would).
+    #[cfg(test)]
+    pub(crate) fn fold_row(&mut self, r: usize, bias: i32) {
+        for i in 0..QK_K {
+            let v = (self.codes[r * QK_K + i] as i32 - bias) * self.scales[r * 16 + i / 16];
+            debug_assert!(v.abs() < 1 << 14, "folded weight {v} outside the split's range");
+            let (t, e) = (i / 64, i % 64);
+            self.xcodes[(t * 16 + r) * 64 + e] = (v >> 7) as u8;
+            self.xcodes[(t * 16 + IG_MR + r) * 64 + e] = (v & 127) as u8;
+        }
+    }
 }
 
 /// One panel of [`IG_NR`] activation columns over one super-block.
@@ -261,7 +281,15 @@ pub(crate) struct IgemmKernels {
     pub release: Option<fn()>,
     /// Whether the kernels read [`WBand::xcodes`] (the unpacker then writes them).
     pub expand_codes: bool,
+    /// Where `Kind::Int16`'s two- and three-panel forms read [`WBand::xcodes`] as the folded
+    /// weights of [`WBand::fold_row`], the tier's writer of them (the same bytes; the unpacker
+    /// then calls it for that kind's formats instead of writing the block-diagonal codes).
+    pub fold_narrow: Option<FoldFn>,
 }
+
+/// Writes row `r` of a band's folded weights for code bias `bias` (see `WBand::fold_row`, the
+/// portable reference the tiers' writers are tested against).
+pub(crate) type FoldFn = fn(w: &mut WBand, r: usize, bias: i32);
 
 /// Unpacks a row's step of `nblk` (at most 8) weight blocks of 32 elements in ggml's layout
 /// (`src`) into codes `32 b..32 b + 32`, `scales[b]` and (types with mins) `mins[b]` of block
@@ -307,6 +335,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     unpack_super: no_unpack_super,
     release: None,
     expand_codes: false,
+    fold_narrow: None,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,
@@ -546,13 +575,14 @@ mod tests {
     }
 
     /// The narrow pair and triple (`IntFormat::narrow_sums`; the triple where the tier has one)
-    /// against the portable `sub16` on each panel,
+    /// against the portable `sub16` on each panel (on the tiers that fold, `fold_narrow`, on the
+    /// band's folded weights, whose writer is checked against `WBand::fold_row`),
     /// with Q3_K's codes (0..=7, bias 4, scales -32..=31) and IQ1_M's (128 +- 9, bias 128,
     /// scales 1..=15), and level sums taken from the levels as the packer takes them for such
     /// formats; `extreme`: the codes farthest from the bias and every level -128.
     fn narrow_pair_is_sub16(
         name: &str,
-        (narrow, triple): (IgemmPairFn, Option<IgemmTripleFn>),
+        (narrow, triple, fold): (IgemmPairFn, Option<IgemmTripleFn>, Option<FoldFn>),
         w: &WBand,
         a: &ABlock,
         extreme: bool,
@@ -570,7 +600,16 @@ mod tests {
             }
             for row in 0..IG_MR {
                 w.pair_up(row);
-                w.expand_row(row);
+                match fold {
+                    // The writer the tier names, checked against the reference.
+                    Some(fold) => {
+                        let mut want = w;
+                        want.fold_row(row, bias);
+                        fold(&mut w, row, bias);
+                        assert_eq!(w.xcodes, want.xcodes, "{name} folded row {row}");
+                    }
+                    None => w.expand_row(row),
+                }
             }
             let mut a2 = *a;
             a2.codes.reverse();
@@ -805,7 +844,8 @@ mod tests {
                 }
                 if let Some(narrow) = k.two[Kind::Int16.index()] {
                     let triple = k.three[Kind::Int16.index()];
-                    narrow_pair_is_sub16(&name, (narrow, triple), &w, &a, extreme);
+                    let fold = k.fold_narrow;
+                    narrow_pair_is_sub16(&name, (narrow, triple, fold), &w, &a, extreme);
                 }
                 let panels = [a, a2, a3];
                 for kind in Kind::ALL {

@@ -16,6 +16,12 @@
 //! VNNI kernels (`scale_sub`, `finish_sums`, `add_rows`: the same operations in the same
 //! order), so the bits are the portable kernels'.
 //!
+//! `Kind::Int16`'s formats (Q3_K, IQ1_M) take another layout in the same buffer: their scales
+//! fold into the weights, `(code - bias) * scale` within 9 * 15, written as a `hi` and a `lo`
+//! byte (`v = 128 hi + lo`) in rows 0..8 and 8..16 of each 64 K values, so four signed products
+//! (`tdpbssd`) sum a whole step with one store, and `128 hi + lo` is the portable kernel's
+//! scaled int32 sum exactly.
+//!
 //! Tile configurations are per thread: each kernel loads its own (one per product shape) unless
 //! the thread already holds it ([`ensure_config`]); [`release`], which the integer GEMM calls
 //! when a block starts and ends, gives the tile state back, so a block never runs on a
@@ -30,9 +36,11 @@ use super::avx512_igemm::{add_rows, finish_sums, mins_sums, neg_bsums, scale_sub
 use crate::dtype::QK_K;
 use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, Kind, Tile, WBand, used_subs};
 
-/// The AMX tier's kernels, by `igemm::Kind`: the tile unit for the kinds with sub-blocks of 32
-/// and for `Kind::Int16Min`'s two- and three-panel forms (unit scales: the whole step in one
-/// sum); the AVX-512 VNNI kernels for the other sub-blocks of 16. A product with sub-blocks of
+/// The AMX tier's kernels, by `igemm::Kind`: the tile unit for the kinds with sub-blocks of 32,
+/// for `Kind::Int16Min`'s two- and three-panel forms (unit scales: the whole step in one sum)
+/// and for `Kind::Int16`'s (Q3_K, IQ1_M: the scales folded into signed weights split in two
+/// bytes, [`fold_row`], so the whole step again sums in the tile: 1.7x the VNNI pair kernel for
+/// q3_K prefill); the AVX-512 VNNI kernels for the float-scaled sub-blocks of 16. A product with sub-blocks of
 /// 16 would keep a tile product to a quarter of its 64 K values and store four times the sums,
 /// which measured no faster than `vpdpbusd`; block-diagonal codes for them (four rows' four
 /// quarters per 16-row product, two products per 64 K values) measured 0.50-0.73x the VNNI
@@ -50,12 +58,15 @@ pub(crate) const AMX: IgemmKernels = {
     k.two[Kind::Blk32.index()] = Some(amx_multi::<2, false, true>);
     k.two[Kind::Blk32Min.index()] = Some(amx_multi::<2, true, true>);
     k.three[Kind::Int16Min.index()] = Some(amx_unit::<3>);
+    k.two[Kind::Int16.index()] = Some(amx_fold::<2>);
+    k.three[Kind::Int16.index()] = Some(amx_fold::<3>);
     k.three[Kind::Flt32.index()] = Some(amx_multi::<3, false, false>);
     k.three[Kind::Flt32Min.index()] = Some(amx_multi::<3, true, false>);
     k.three[Kind::Blk32.index()] = Some(amx_multi::<3, false, true>);
     k.three[Kind::Blk32Min.index()] = Some(amx_multi::<3, true, true>);
     k.release = Some(release);
     k.expand_codes = true;
+    k.fold_narrow = Some(fold_row);
     k
 };
 
@@ -127,12 +138,13 @@ fn raw_at(raw: *mut i32, p: usize, j: usize, r: usize) -> *mut i32 {
     raw.wrapping_add(((p * 8 + j) * IG_MR + r) * IG_NR)
 }
 
-/// One tile product per panel (`P` of 1..=3): with `ZERO` the sums tmm0.. start from zero; A
+/// One tile product per panel (`P` of 1..=3), `$op` (`tdpbusd`: unsigned A, or `tdpbssd`:
+/// signed A, both times signed B): with `ZERO` the sums tmm0.. start from zero; A
 /// (tmm3) is loaded from `$w` with row stride `$ws`, panel `p`'s 16 level rows from `$a[p]`
 /// (stride 64); with `STORE` the sums are stored to `$c[p]` (stride 64). Expanded inside the
 /// kernels' `unsafe` blocks.
 macro_rules! tile_products {
-    ($w:expr, $ws:expr, $a:expr, $c:expr, $zero:expr, $store:expr) => {
+    ($op:literal, $w:expr, $ws:expr, $a:expr, $c:expr, $zero:expr, $store:expr) => {
         let (w, ws, a, c) = ($w, $ws, $a, $c);
         match P {
             1 => {
@@ -140,7 +152,7 @@ macro_rules! tile_products {
                 asm!(
                     "tileloadd tmm3, [{w} + {ws}]",
                     "tileloadd tmm4, [{a0} + {s}]",
-                    "tdpbusd tmm0, tmm3, tmm4",
+                    concat!($op, " tmm0, tmm3, tmm4"),
                     w = in(reg) w, ws = in(reg) ws, s = in(reg) 64usize, a0 = in(reg) a[0],
                     options(nostack, readonly),
                 );
@@ -157,8 +169,8 @@ macro_rules! tile_products {
                     "tileloadd tmm3, [{w} + {ws}]",
                     "tileloadd tmm4, [{a0} + {s}]",
                     "tileloadd tmm5, [{a1} + {s}]",
-                    "tdpbusd tmm0, tmm3, tmm4",
-                    "tdpbusd tmm1, tmm3, tmm5",
+                    concat!($op, " tmm0, tmm3, tmm4"),
+                    concat!($op, " tmm1, tmm3, tmm5"),
                     w = in(reg) w, ws = in(reg) ws, s = in(reg) 64usize,
                     a0 = in(reg) a[0], a1 = in(reg) a[1 % P],
                     options(nostack, readonly),
@@ -181,9 +193,9 @@ macro_rules! tile_products {
                     "tileloadd tmm4, [{a0} + {s}]",
                     "tileloadd tmm5, [{a1} + {s}]",
                     "tileloadd tmm6, [{a2} + {s}]",
-                    "tdpbusd tmm0, tmm3, tmm4",
-                    "tdpbusd tmm1, tmm3, tmm5",
-                    "tdpbusd tmm2, tmm3, tmm6",
+                    concat!($op, " tmm0, tmm3, tmm4"),
+                    concat!($op, " tmm1, tmm3, tmm5"),
+                    concat!($op, " tmm2, tmm3, tmm6"),
                     w = in(reg) w, ws = in(reg) ws, s = in(reg) 64usize,
                     a0 = in(reg) a[0], a1 = in(reg) a[1 % P], a2 = in(reg) a[2 % P],
                     options(nostack, readonly),
@@ -228,7 +240,7 @@ fn tile_sums<const P: usize>(
         // sub-blocks 2 t and 2 t + 1 (p < P, 2 t + 1 < 8: inside the buffer, 64-byte
         // aligned). Compiled code does not use the tile registers.
         unsafe {
-            tile_products!(wp, 64usize, ap, cp, true, true);
+            tile_products!("tdpbusd", wp, 64usize, ap, cp, true, true);
         }
     }
 }
@@ -248,7 +260,28 @@ fn tile_step_sums<const P: usize>(w: &WBand, a: [&ABlock; P], raw: &mut MaybeUni
         // apart: inside the band's 8 x 256 codes (t < 4). The stores after the last product
         // write 8 rows of 64 bytes from `raw_at(.., p, 0, 0)`.
         unsafe {
-            tile_products!(wp, QK_K, ap, cp, t == 0, t == QK_K / 64 - 1);
+            tile_products!("tdpbusd", wp, QK_K, ap, cp, t == 0, t == QK_K / 64 - 1);
+        }
+    }
+}
+
+/// The folded sums of the whole step (256 K values) of band `w` against the `P` panels `a`,
+/// into sub-blocks 0 and 1's rows of `raw`: four signed products of 64 K values of the band's
+/// folded weights (`WBand::fold_row`: 16 rows, the `hi` bytes then the `lo` bytes) summed in
+/// the tile, then stored (`hi` sums as sub-block 0, `lo` sums as sub-block 1).
+#[inline(always)]
+fn tile_fold_sums<const P: usize>(w: &WBand, a: [&ABlock; P], raw: &mut MaybeUninit<RawSums<P>>) {
+    ensure_config::<DIAGONAL>();
+    debug_assert!((2..=3).contains(&P));
+    let cp: [*mut i32; P] = std::array::from_fn(|p| raw_at(raw.as_mut_ptr().cast(), p, 0, 0));
+    for t in 0..QK_K / 64 {
+        let ap: [*const i8; P] = a.map(|p| p.codes[t * 1024..].as_ptr());
+        let wp = w.xcodes[t * 1024..].as_ptr();
+        // SAFETY: as in `tile_sums` (the same 16-row shapes and the same bytes read); the
+        // stores after the last product write 16 rows of 64 bytes from `raw_at(.., p, 0, 0)`,
+        // the rows of sub-blocks 0 and 1.
+        unsafe {
+            tile_products!("tdpbssd", wp, 64usize, ap, cp, t == 0, t == QK_K / 64 - 1);
         }
     }
 }
@@ -348,13 +381,88 @@ fn amx_unit_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; 
     }
 }
 
+/// Writes row `r` of the band's folded weights (`WBand::fold_row`, the same bytes) with
+/// AVX-512: per 64 codes, two 32-lane 16-bit products of the bias-corrected codes and their
+/// sub-blocks' scales, split by a shift and a mask and narrowed to bytes.
+fn fold_row(w: &mut WBand, r: usize, bias: i32) {
+    // SAFETY: `plug` installs the AMX table (which names this writer) only where the AVX-512
+    // tier with BW runs.
+    unsafe { fold_row_avx512(w, r, bias) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+fn fold_row_avx512(w: &mut WBand, r: usize, bias: i32) {
+    assert!(r < IG_MR);
+    // The narrow formats' scales and bias are far inside 16 bits; the products stay exact
+    // below 2^14 in magnitude (`fold_row`'s bound).
+    let (b16, low7) = (_mm512_set1_epi16(bias as i16), _mm512_set1_epi16(127));
+    for t in 0..QK_K / 64 {
+        let codes: &[u8; 64] = w.codes[r * QK_K + 64 * t..][..64].try_into().expect("64 codes");
+        // SAFETY: `codes` is 64 bytes.
+        let c = unsafe { _mm512_loadu_si512(codes.as_ptr().cast()) };
+        let sc = &w.scales[r * 16 + 4 * t..][..4];
+        for half in 0..2 {
+            let bytes = if half == 0 {
+                _mm512_castsi512_si256(c)
+            } else {
+                _mm512_extracti64x4_epi64::<1>(c)
+            };
+            let x = _mm512_sub_epi16(_mm512_cvtepu8_epi16(bytes), b16);
+            let s = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * half] as i16)),
+                _mm256_set1_epi16(sc[2 * half + 1] as i16),
+            );
+            let v = _mm512_mullo_epi16(x, s);
+            let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<7>(v));
+            let lo = _mm512_cvtepi16_epi8(_mm512_and_si512(v, low7));
+            let (rh, rl) = ((t * 16 + r) * 64 + 32 * half, (t * 16 + IG_MR + r) * 64 + 32 * half);
+            // SAFETY: each destination is a 32-byte slice of `xcodes`.
+            unsafe {
+                _mm256_storeu_si256(w.xcodes[rh..rh + 32].as_mut_ptr().cast(), hi);
+                _mm256_storeu_si256(w.xcodes[rl..rl + 32].as_mut_ptr().cast(), lo);
+            }
+        }
+    }
+}
+
+/// `Kind::Int16`'s kernel for `P` (two or three) panels on the band's folded weights (the
+/// contract of the VNNI `vnni_narrow`; `IgemmKernels::fold_narrow`): the tile unit sums the
+/// whole step's `hi` and `lo` products, and `128 * hi + lo` is the scaled, bias-corrected
+/// int32 sum `s1` of the portable kernel exactly, so the float steps that follow give its
+/// bits.
+fn amx_fold<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+    // SAFETY: as `amx_multi`.
+    unsafe { amx_fold_kernel::<P>(w, a, acc, len) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+fn amx_fold_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+    const R: usize = 4;
+    debug_assert_eq!(len, QK_K);
+    let mut raw = MaybeUninit::<RawSums<P>>::uninit();
+    tile_fold_sums::<P>(w, a, &mut raw);
+    let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
+    for p in 0..P {
+        for r0 in (0..IG_MR).step_by(R) {
+            let mut sums = [_mm512_setzero_ps(); R];
+            for (r, f) in sums.iter_mut().enumerate() {
+                let (hi, lo) = (raw_row(&raw, p, 0, r0 + r), raw_row(&raw, p, 1, r0 + r));
+                *f = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32::<7>(hi), lo));
+            }
+            let no_mins = [_mm512_setzero_si512(); R];
+            add_rows!(w, a[p], out[p], r0, sums, no_mins, false);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::{Isa, table_for};
 
-    /// The tier's table: the tile kernels for the kinds with sub-blocks of 32 and Q2_K's pair
-    /// and triple, the VNNI kernels for the other kinds, the block-diagonal codes asked for and
+    /// The tier's table: the tile kernels for the kinds with sub-blocks of 32 and the integer
+    /// kinds' pairs and triples (Q2_K's; Q3_K's and IQ1_M's on folded weights), the VNNI kernels
+    /// for the other kinds, the block-diagonal codes asked for and
     /// the tile state released; and the AMX tier's table holds it where the CPU runs the tier.
     #[test]
     fn amx_table_puts_the_sub_block_32_kinds_on_tiles() {
@@ -365,10 +473,12 @@ mod tests {
             let own = tiles.contains(&kind);
             assert_eq!(AMX.one[i] as usize != vnni.one[i] as usize, own, "{kind:?} one");
             let three = |k: &IgemmKernels| k.three[i].map(|f| f as usize);
-            let own3 = own || kind == Kind::Int16Min;
+            let two = |k: &IgemmKernels| k.two[i].map(|f| f as usize);
+            let own3 = own || matches!(kind, Kind::Int16Min | Kind::Int16);
             assert_eq!(three(&AMX) != three(&vnni), own3, "{kind:?} three");
+            assert_eq!(two(&AMX) != two(&vnni), own3, "{kind:?} two");
         }
-        assert!(AMX.expand_codes && AMX.release.is_some());
+        assert!(AMX.expand_codes && AMX.release.is_some() && AMX.fold_narrow.is_some());
         if let Some(t) = table_for(Isa::Amx) {
             let k = t.igemm.expect("the AMX tier has integer kernels");
             assert!(k.expand_codes, "the AMX tier's table holds the tile kernels");

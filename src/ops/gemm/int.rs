@@ -9,8 +9,8 @@ use super::Family;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::kernels::igemm::{
-    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, IgemmTripleFn, Kind, UnpackStepFn,
-    WBand, pack_q8_blocks_column, pack_q8k_column,
+    ABlock, FoldFn, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, IgemmTripleFn, Kind,
+    UnpackStepFn, WBand, pack_q8_blocks_column, pack_q8k_column,
 };
 use crate::kernels::prefetch::{prefetch_l1, prefetch_l2_range};
 use crate::quant::unpack::{IntFormat, Unpack, UnpackFn};
@@ -179,6 +179,9 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     release: Option<fn()>,
     /// Whether the kernels read the bands' block-diagonal codes (`IgemmKernels::expand_codes`).
     expand: bool,
+    /// The tier's writer of the bands' folded weights, where its kernels read those instead
+    /// (`IgemmKernels::fold_narrow`, for `Kind::Int16`).
+    fold: Option<FoldFn>,
     bsize: usize,
     repacked: Option<DType>,
     k: usize,
@@ -228,7 +231,9 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         if !rows.len().is_multiple_of(IG_MR) {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
-        let kind = Kind::of(fmt).index();
+        let kind = Kind::of(fmt);
+        let fold = kernels.fold_narrow.filter(|_| kind == Kind::Int16);
+        let kind = kind.index();
         let (kernel, pair, triple) = (kernels.one[kind], kernels.two[kind], kernels.three[kind]);
         let (fast, fast_super) = ((kernels.unpack)(dtype), (kernels.unpack_super)(dtype));
         // A block starts from no kernel state of this thread's (the AMX tier's tile
@@ -244,7 +249,8 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
             pair,
             triple,
             release: kernels.release,
-            expand: kernels.expand_codes,
+            expand: kernels.expand_codes && fold.is_none(),
+            fold,
             bsize,
             repacked,
             k,
@@ -358,7 +364,9 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                     prefetch_l1(next, next_bytes);
                 }
                 unpack_step(fmt, (self.fast, self.fast_super), src, bsize, nblk, band, rr);
-                if self.expand {
+                if let Some(fold) = self.fold {
+                    fold(band, rr, fmt.bias);
+                } else if self.expand {
                     band.expand_row(rr);
                 }
             }
