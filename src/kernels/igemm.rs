@@ -36,8 +36,11 @@
 //! acc[r][c] = fma(ms[j][c], fmins[r][j], acc[r][c])                (Q4_1, Q5_1: Q8_1's s)
 //! ```
 //!
-//! Every tier forms the same float expression in the same order, so every tier gives the same
-//! bits; the K walk is in super-block order whatever the thread count. A row shorter than a
+//! Every tier forms the same float expression in the same order for a kind, so every tier gives
+//! its portable kernel's bits. The kind is the format's ([`Kind::of`]) on every tier but one:
+//! the AMX tier, which folds sub-block scales into its weights, sums the formats with integer
+//! scales and sub-blocks of 16 (Q6_K, IQ2_XS, IQ2_S) as `Kind::Int16` ([`Kind::for_tier`]), so
+//! its results for those formats round once per step where the others round per sub-block; the K walk is in super-block order whatever the thread count. A row shorter than a
 //! whole number of super-blocks ends in a padded one: codes, scales and sums 0, which adds
 //! exactly 0.
 
@@ -239,6 +242,17 @@ impl Kind {
             (false, false) => Kind::Flt32,
             (false, true) => Kind::Flt32Min,
         }
+    }
+
+    /// The kind a tier's kernels run format `fmt` as: [`Kind::of`], except that a tier that
+    /// folds scales into its weights (`IgemmKernels::fold_narrow`) sums every folding format
+    /// (`IntFormat::folds`: Q6_K, IQ2_XS and IQ2_S besides the narrow Q3_K and IQ1_M) as
+    /// integers, `Kind::Int16`. Its results for Q6_K, IQ2_XS and IQ2_S are then those of the
+    /// portable `Kind::Int16` kernel (one rounding of an exact int32 sum per step) where the
+    /// other tiers give the portable `Kind::Flt16` kernel's (a rounding per sub-block): each
+    /// tier is bitwise its portable twin, and the two agree within the f32 rounding.
+    pub(crate) fn for_tier(fmt: &crate::quant::unpack::IntFormat, k: &IgemmKernels) -> Kind {
+        if k.fold_narrow.is_some() && fmt.folds { Kind::Int16 } else { Kind::of(fmt) }
     }
 
     /// Whether the scales are floats on both sides (the block family).
@@ -578,7 +592,7 @@ mod tests {
     /// against the portable `sub16` on each panel (on the tiers that fold, `fold_narrow`, on the
     /// band's folded weights, whose writer is checked against `WBand::fold_row`),
     /// with Q3_K's codes (0..=7, bias 4, scales -32..=31) and IQ1_M's (128 +- 9, bias 128,
-    /// scales 1..=15), and level sums taken from the levels as the packer takes them for such
+    /// scales 1..=15) (and where the tier folds, Q6_K's and IQ2_S's), and level sums taken from the levels as the packer takes them for such
     /// formats; `extreme`: the codes farthest from the bias and every level -128.
     fn narrow_pair_is_sub16(
         name: &str,
@@ -587,8 +601,14 @@ mod tests {
         a: &ABlock,
         extreme: bool,
     ) {
-        for (bias, lo, hi, smin, smax) in [(4i32, 0u8, 7u8, -32i32, 31i32), (128, 119, 137, 1, 15)]
-        {
+        // Q3_K's and IQ1_M's shapes; on the tiers that fold, also the other folding formats'
+        // (Q6_K: codes 0..=63, bias 32, scales -128..=127; IQ2_S: 128 +- 43, scales 1..=31),
+        // whose sums are past the 16-bit tricks but which those tiers run as this kind.
+        let mut shapes = vec![(4i32, 0u8, 7u8, -32i32, 31i32), (128, 119, 137, 1, 15)];
+        if fold.is_some() {
+            shapes.extend([(32, 0, 63, -128, 127), (128, 85, 171, 1, 31)]);
+        }
+        for (bias, lo, hi, smin, smax) in shapes {
             let mut w = *w;
             for (i, c) in w.codes.iter_mut().enumerate() {
                 let span = (hi - lo) as usize + 1;

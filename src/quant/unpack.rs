@@ -77,6 +77,12 @@ pub(crate) struct IntFormat {
     /// take their level sums from the levels themselves (`igemm::pack_q8k_column`), which
     /// keeps the bound for Q8_K rows given with other `bsums`.
     pub narrow_sums: bool,
+    /// Every `(codes[i] - bias) * scales[i / 16]` lies within `2^14` in magnitude for any weight
+    /// bytes (sub-blocks of 16, no mins: Q3_K, Q6_K, IQ1_M, IQ2_XS, IQ2_S), so a tier may fold
+    /// the scales into two signed weight bytes and sum a whole step as integers
+    /// (`igemm::Kind::for_tier`). The panels then take their level sums from the levels, as for
+    /// `narrow_sums`.
+    pub folds: bool,
 }
 
 impl IntFormat {
@@ -97,6 +103,7 @@ impl IntFormat {
             unpack: Unpack::Super(f),
             unit_scales: false,
             narrow_sums: false,
+            folds: false,
         }
     }
 
@@ -118,11 +125,15 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
         }),
         DType::Q3_K => Some(IntFormat {
             narrow_sums: true,
+            folds: true,
             ..IntFormat::superblock(16, 4, false, 7, unpack_q3_K as UnpackFn)
         }),
         DType::Q4_K => f(32, 0, true, 15, unpack_q4_K),
         DType::Q5_K => f(32, 0, true, 31, unpack_q5_K),
-        DType::Q6_K => f(16, 32, false, 63, unpack_q6_K),
+        DType::Q6_K => Some(IntFormat {
+            folds: true,
+            ..IntFormat::superblock(16, 32, false, 63, unpack_q6_K as UnpackFn)
+        }),
         DType::IQ4_XS => f(32, 128, false, 255, unpack_iq4_xs),
         DType::TQ1_0 => f(32, 1, false, 2, unpack_tq1_0),
         DType::TQ2_0 => f(32, 1, false, 3, unpack_tq2_0),
@@ -461,6 +472,40 @@ pub(crate) mod tests {
             assert!(f.sub as i32 * limit * 128 < 1 << 15, "{d}: codes up to {limit} from the bias");
         }
         assert_eq!(narrow, [DType::Q3_K, DType::IQ1_M]);
+    }
+
+    /// `IntFormat::folds` holds for any bytes: every scaled, bias-corrected code within 2^14;
+    /// and the folding forms are the ones with sub-blocks of 16 and no mins.
+    #[test]
+    fn folding_forms_keep_their_scaled_codes_within_14_bits_for_any_bytes() {
+        let mut r = crate::testdata::Xorshift64::from_state(0x9E37_79B9_7F4A_7C15);
+        let mut folding = Vec::new();
+        for d in DType::ALL {
+            let Some(f) = int_format(d) else { continue };
+            let eligible = f.sub == 16 && !f.has_min && !f.float_scales() && !f.unit_scales;
+            assert_eq!(f.folds, eligible, "{d}");
+            if !f.folds {
+                continue;
+            }
+            folding.push(d);
+            let Unpack::Super(unpack) = f.unpack else { panic!("{d}: folds a block type") };
+            for case in 0..2000 {
+                let b: Vec<u8> = (0..d.type_size())
+                    .map(|_| match case % 4 {
+                        0 => 0xFF,
+                        1 => 0,
+                        _ => r.next_u64() as u8,
+                    })
+                    .collect();
+                let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
+                unpack(&b, &mut codes, &mut sc, &mut mn);
+                for (i, &c) in codes.iter().enumerate() {
+                    let v = (c as i32 - f.bias) * sc[i / 16];
+                    assert!(v.abs() < 1 << 14, "{d}: folded weight {v}");
+                }
+            }
+        }
+        assert_eq!(folding, [DType::Q3_K, DType::Q6_K, DType::IQ2_XS, DType::IQ2_S, DType::IQ1_M]);
     }
 
     #[test]

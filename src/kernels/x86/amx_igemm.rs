@@ -16,8 +16,9 @@
 //! VNNI kernels (`scale_sub`, `finish_sums`, `add_rows`: the same operations in the same
 //! order), so the bits are the portable kernels'.
 //!
-//! `Kind::Int16`'s formats (Q3_K, IQ1_M) take another layout in the same buffer: their scales
-//! fold into the weights, `(code - bias) * scale` within 9 * 15, written as a `hi` and a `lo`
+//! The formats this tier runs as `Kind::Int16` (Q3_K, Q6_K, IQ1_M, IQ2_XS, IQ2_S:
+//! `IntFormat::folds`) take another layout in the same buffer: their scales fold into the
+//! weights, `(code - bias) * scale` within 2^14 in magnitude, written as a `hi` and a `lo`
 //! byte (`v = 128 hi + lo`) in rows 0..8 and 8..16 of each 64 K values, so four signed products
 //! (`tdpbssd`) sum a whole step with one store, and `128 hi + lo` is the portable kernel's
 //! scaled int32 sum exactly.
@@ -38,9 +39,10 @@ use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, Kind, Tile, WBan
 
 /// The AMX tier's kernels, by `igemm::Kind`: the tile unit for the kinds with sub-blocks of 32,
 /// for `Kind::Int16Min`'s two- and three-panel forms (unit scales: the whole step in one sum)
-/// and for `Kind::Int16`'s (Q3_K, IQ1_M: the scales folded into signed weights split in two
-/// bytes, [`fold_row`], so the whole step again sums in the tile: 1.7x the VNNI pair kernel for
-/// q3_K prefill); the AVX-512 VNNI kernels for the float-scaled sub-blocks of 16. A product with sub-blocks of
+/// and for `Kind::Int16`'s (Q3_K and IQ1_M, and Q6_K, IQ2_XS and IQ2_S, which this tier runs
+/// as that kind, `Kind::for_tier`: the scales folded into signed weights split in two bytes,
+/// [`fold_row`], so the whole step again sums in the tile); the AVX-512 VNNI kernels for the
+/// one-panel forms of the sub-blocks of 16. Unfolded, a product with sub-blocks of
 /// 16 would keep a tile product to a quarter of its 64 K values and store four times the sums,
 /// which measured no faster than `vpdpbusd`; block-diagonal codes for them (four rows' four
 /// quarters per 16-row product, two products per 64 K values) measured 0.50-0.73x the VNNI
@@ -479,6 +481,13 @@ mod tests {
             assert_eq!(two(&AMX) != two(&vnni), own3, "{kind:?} two");
         }
         assert!(AMX.expand_codes && AMX.release.is_some() && AMX.fold_narrow.is_some());
+        // Every folding format runs as the integer kind here, as its own kind elsewhere.
+        for dt in crate::dtype::DType::ALL.iter().copied() {
+            let Some(fmt) = crate::quant::unpack::int_format(dt) else { continue };
+            let want = if fmt.folds { Kind::Int16 } else { Kind::of(&fmt) };
+            assert_eq!(Kind::for_tier(&fmt, &AMX), want, "{dt}");
+            assert_eq!(Kind::for_tier(&fmt, &vnni), Kind::of(&fmt), "{dt}");
+        }
         if let Some(t) = table_for(Isa::Amx) {
             let k = t.igemm.expect("the AMX tier has integer kernels");
             assert!(k.expand_codes, "the AMX tier's table holds the tile kernels");

@@ -48,7 +48,8 @@ pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: 
                 let qs: &[i8; QK_K] =
                     bytemuck::cast_slice::<u8, i8>(&q[4..4 + QK_K]).try_into().expect("256 levels");
                 let bsums: [i16; 16] = bytemuck::pod_read_unaligned(&q[4 + QK_K..]);
-                pack_q8k_column(blk, c, qs, &bsums, d, fmt.sub, fmt.bias, fmt.narrow_sums);
+                let from_levels = fmt.narrow_sums || fmt.folds;
+                pack_q8k_column(blk, c, qs, &bsums, d, fmt.sub, fmt.bias, from_levels);
             }
         }
         DType::Q8_1 => {
@@ -231,7 +232,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         if !rows.len().is_multiple_of(IG_MR) {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
-        let kind = Kind::of(fmt);
+        let kind = Kind::for_tier(fmt, kernels);
         let fold = kernels.fold_narrow.filter(|_| kind == Kind::Int16);
         let kind = kind.index();
         let (kernel, pair, triple) = (kernels.one[kind], kernels.two[kind], kernels.three[kind]);

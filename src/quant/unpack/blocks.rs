@@ -41,6 +41,7 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
         unpack: Unpack::Blocks { elems, f },
         unit_scales: false,
         narrow_sums: false,
+        folds: false,
     })
 }
 
