@@ -37,10 +37,11 @@
 //! ```
 //!
 //! Every tier forms the same float expression in the same order for a kind, so every tier gives
-//! its portable kernel's bits. The kind is the format's ([`Kind::of`]) on every tier but one:
-//! the AMX tier, which folds sub-block scales into its weights, sums the formats with integer
-//! scales and sub-blocks of 16 (Q6_K, IQ2_XS, IQ2_S) as `Kind::Int16` ([`Kind::for_tier`]), so
-//! its results for those formats round once per step where the others round per sub-block; the K walk is in super-block order whatever the thread count. A row shorter than a
+//! its portable kernel's bits. The kind is the format's on every tier but one: the AMX tier
+//! folds the sub-block scales of every super-block format into its weights
+//! (`IntFormat::for_tier`: sub-blocks of 32 repeat their scales per 16) and sums them as the
+//! integer kinds, so its results for the formats that are `Kind::Flt*` elsewhere round once per
+//! step where the others round per sub-block; the K walk is in super-block order whatever the thread count. A row shorter than a
 //! whole number of super-blocks ends in a padded one: codes, scales and sums 0, which adds
 //! exactly 0.
 
@@ -116,7 +117,7 @@ impl WBand {
     }
 
     /// Writes row `r`'s scaled signed weights into [`WBand::xcodes`] in place of the
-    /// block-diagonal codes, for the tile kernels of `Kind::Int16` (`IgemmKernels::fold_narrow`; the reference of the tiers' writers):
+    /// block-diagonal codes, for the tile kernels of `Kind::Int16` (`IgemmKernels::fold_scales`; the reference of the tiers' writers):
     /// `v = (codes[i] - bias) * scales[i / 16]` split as `v = 128 * hi + lo` with `lo` in
     /// `0..128`, row `r` of block `t` (64 bytes at `xcodes[(t * 16 + r) * 64..]`) holding the
     /// `hi` bytes of K values `64 t..64 t + 64` and row `8 + r` the `lo` bytes. One signed
@@ -223,9 +224,15 @@ impl Kind {
     ];
 
     /// The kind of a format's kernels. The integer kinds only where their pair kernels' 16-bit
-    /// tricks hold (`narrow_sums` without mins, `unit_scales` with them, sub-blocks of 16).
+    /// tricks hold (`narrow_sums` without mins, `unit_scales` with them, sub-blocks of 16), or
+    /// where the tier folds the scales into its weights (`IntFormat::fold`, the form of
+    /// `IntFormat::for_tier`: every super-block format).
     pub(crate) fn of(fmt: &crate::quant::unpack::IntFormat) -> Kind {
         let (sub16, min) = (fmt.sub == 16, fmt.has_min);
+        if fmt.fold {
+            debug_assert!(sub16, "folded forms have sub-blocks of 16");
+            return if min { Kind::Int16Min } else { Kind::Int16 };
+        }
         if fmt.float_scales() {
             debug_assert!(!(sub16 && min), "no block format has mins per 16");
             return match (sub16, min) {
@@ -242,17 +249,6 @@ impl Kind {
             (false, false) => Kind::Flt32,
             (false, true) => Kind::Flt32Min,
         }
-    }
-
-    /// The kind a tier's kernels run format `fmt` as: [`Kind::of`], except that a tier that
-    /// folds scales into its weights (`IgemmKernels::fold_narrow`) sums every folding format
-    /// (`IntFormat::folds`: Q6_K, IQ2_XS and IQ2_S besides the narrow Q3_K and IQ1_M) as
-    /// integers, `Kind::Int16`. Its results for Q6_K, IQ2_XS and IQ2_S are then those of the
-    /// portable `Kind::Int16` kernel (one rounding of an exact int32 sum per step) where the
-    /// other tiers give the portable `Kind::Flt16` kernel's (a rounding per sub-block): each
-    /// tier is bitwise its portable twin, and the two agree within the f32 rounding.
-    pub(crate) fn for_tier(fmt: &crate::quant::unpack::IntFormat, k: &IgemmKernels) -> Kind {
-        if k.fold_narrow.is_some() && fmt.folds { Kind::Int16 } else { Kind::of(fmt) }
     }
 
     /// Whether the scales are floats on both sides (the block family).
@@ -298,7 +294,7 @@ pub(crate) struct IgemmKernels {
     /// Where `Kind::Int16`'s two- and three-panel forms read [`WBand::xcodes`] as the folded
     /// weights of [`WBand::fold_row`], the tier's writer of them (the same bytes; the unpacker
     /// then calls it for that kind's formats instead of writing the block-diagonal codes).
-    pub fold_narrow: Option<FoldFn>,
+    pub fold_scales: Option<FoldFn>,
 }
 
 /// Writes row `r` of a band's folded weights for code bias `bias` (see `WBand::fold_row`, the
@@ -349,7 +345,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     unpack_super: no_unpack_super,
     release: None,
     expand_codes: false,
-    fold_narrow: None,
+    fold_scales: None,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,
@@ -589,7 +585,7 @@ mod tests {
     }
 
     /// The narrow pair and triple (`IntFormat::narrow_sums`; the triple where the tier has one)
-    /// against the portable `sub16` on each panel (on the tiers that fold, `fold_narrow`, on the
+    /// against the portable `sub16` on each panel (on the tiers that fold, `fold_scales`, on the
     /// band's folded weights, whose writer is checked against `WBand::fold_row`),
     /// with Q3_K's codes (0..=7, bias 4, scales -32..=31) and IQ1_M's (128 +- 9, bias 128,
     /// scales 1..=15) (and where the tier folds, Q6_K's and IQ2_S's), and level sums taken from the levels as the packer takes them for such
@@ -832,13 +828,38 @@ mod tests {
                     pack_pairs(&mut a2, c, 8);
                     pack_pairs(&mut a3, c, 8);
                 }
-                // The unit-scale forms: Int16Min's integers when every scale is 1.
+                // The unit-scale forms: Int16Min's integers when every scale is 1; on the tiers
+                // that fold, also Q4_K's and Q5_K's shapes (codes 0..=31, scales and mins
+                // 0..=63, each repeated over two sub-blocks of 16) on the folded weights.
                 let unit = Kind::Int16Min.index();
-                if k.two[unit].is_some() || k.three[unit].is_some() {
+                let mut mins_shapes = vec![false];
+                if k.fold_scales.is_some() {
+                    mins_shapes.push(true);
+                }
+                for wide in mins_shapes {
+                    if k.two[unit].is_none() && k.three[unit].is_none() {
+                        break;
+                    }
                     let mut wu = w;
-                    wu.scales.fill(1);
+                    if wide {
+                        for c in wu.codes.iter_mut() {
+                            *c &= 31;
+                        }
+                        for r in 0..IG_MR {
+                            for j in 0..16 {
+                                let at = r * 16 + j;
+                                wu.scales[at] = w.scales[r * 16 + j / 2].rem_euclid(64);
+                                wu.mins[at] = w.mins[r * 16 + j / 2].rem_euclid(64);
+                            }
+                        }
+                    } else {
+                        wu.scales.fill(1);
+                    }
                     for row in 0..IG_MR {
                         wu.pair_up(row);
+                        if let Some(fold) = k.fold_scales {
+                            fold(&mut wu, row, 0);
+                        }
                     }
                     let start = [0.5f32, 0.25, -1.0].map(|v| [[v; IG_NR]; IG_MR]);
                     let mut want = start;
@@ -848,7 +869,7 @@ mod tests {
                     let check = |got: &[Tile], what: &str| {
                         let all = want.iter().flatten().flatten();
                         for (x, y) in all.zip(got.iter().flatten().flatten()) {
-                            assert_eq!(x.to_bits(), y.to_bits(), "{name} unit {what}");
+                            assert_eq!(x.to_bits(), y.to_bits(), "{name} unit {what} {wide}");
                         }
                     };
                     if let Some(two) = k.two[unit] {
@@ -864,7 +885,7 @@ mod tests {
                 }
                 if let Some(narrow) = k.two[Kind::Int16.index()] {
                     let triple = k.three[Kind::Int16.index()];
-                    let fold = k.fold_narrow;
+                    let fold = k.fold_scales;
                     narrow_pair_is_sub16(&name, (narrow, triple, fold), &w, &a, extreme);
                 }
                 let panels = [a, a2, a3];

@@ -100,8 +100,14 @@ fn layout(e: bytemuck::PodCastError) -> Error {
     Error::Buffer(format!("mul_mat: integer GEMM scratch layout: {e}"))
 }
 
-fn format_of(a: DType) -> Result<IntFormat> {
-    int_format(a).ok_or_else(|| unsupported(format!("no integer form of {a}")))
+/// The integer form of weight type `a` that table `kt` runs (`IntFormat::for_tier`): the packer
+/// and the kernels of one node take the same.
+fn format_of(kt: &KernelTable, a: DType) -> Result<IntFormat> {
+    let fmt = int_format(a).ok_or_else(|| unsupported(format!("no integer form of {a}")))?;
+    Ok(match kernels_for(kt, &fmt) {
+        Some(k) => fmt.for_tier(k.fold_scales.is_some()),
+        None => fmt,
+    })
 }
 
 /// The packed activation blocks as typed values.
@@ -136,7 +142,7 @@ unsafe fn scratch<'a>(ctx: &NodeCtx<'_>, ith: usize) -> &'a mut [u8] {
 /// activation blocks do not depend on each other, so the bytes are the same however it is cut.
 pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
-    let fmt = format_of(a.dtype)?;
+    let fmt = format_of(ctx.kt, a.dtype)?;
     let from = ctx
         .kt
         .activation_converter(fmt.act)
@@ -197,7 +203,7 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 /// than four per thread) by `NC` columns.
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let fmt = format_of(a.dtype)?;
+    let fmt = format_of(ctx.kt, a.dtype)?;
     let kernels = kernels_for(ctx.kt, &fmt).ok_or_else(|| {
         unsupported(format!("no integer GEMM kernels for {} in this tier", a.dtype))
     })?;

@@ -77,12 +77,18 @@ pub(crate) struct IntFormat {
     /// take their level sums from the levels themselves (`igemm::pack_q8k_column`), which
     /// keeps the bound for Q8_K rows given with other `bsums`.
     pub narrow_sums: bool,
-    /// Every `(codes[i] - bias) * scales[i / 16]` lies within `2^14` in magnitude for any weight
-    /// bytes (sub-blocks of 16, no mins: Q3_K, Q6_K, IQ1_M, IQ2_XS, IQ2_S), so a tier may fold
-    /// the scales into two signed weight bytes and sum a whole step as integers
-    /// (`igemm::Kind::for_tier`). The panels then take their level sums from the levels, as for
-    /// `narrow_sums`.
+    /// Every `(codes[i] - bias) * scales[i / sub]` lies within `2^14` in magnitude for any
+    /// weight bytes (every super-block form), so a tier may fold the scales into two signed
+    /// weight bytes and sum a whole step as integers ([`IntFormat::for_tier`]). The panels then
+    /// take their level sums from the levels, as for `narrow_sums`.
     pub folds: bool,
+    /// The form a folding tier runs ([`IntFormat::for_tier`]): the kernels read the folded
+    /// weights, and the format's kind is an integer one (`igemm::Kind::of`).
+    pub fold: bool,
+    /// The unpacker writes one scale (and min) per 32 elements, which the integer GEMM repeats
+    /// per 16 after unpacking (the folded form of a format with sub-blocks of 32, whose `sub`
+    /// is then 16).
+    pub widen: bool,
 }
 
 impl IntFormat {
@@ -103,8 +109,22 @@ impl IntFormat {
             unpack: Unpack::Super(f),
             unit_scales: false,
             narrow_sums: false,
-            folds: false,
+            // Every super-block form's scaled codes are within the bound (tested).
+            folds: true,
+            fold: false,
+            widen: false,
         }
+    }
+
+    /// The form a tier runs: where it folds scales into its weights (`folding`: the integer
+    /// kernels' `fold_scales`), every folding format as sub-blocks of 16 with integer scaled
+    /// sums (`fold`; a format with sub-blocks of 32 has its scales repeated, `widen`); else the
+    /// format as it is.
+    pub(crate) fn for_tier(self, folding: bool) -> IntFormat {
+        if !(self.folds && folding) {
+            return self;
+        }
+        IntFormat { fold: true, widen: self.sub == 32, sub: 16, ..self }
     }
 
     /// Whether the scales are floats (the block family).
@@ -125,15 +145,11 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
         }),
         DType::Q3_K => Some(IntFormat {
             narrow_sums: true,
-            folds: true,
             ..IntFormat::superblock(16, 4, false, 7, unpack_q3_K as UnpackFn)
         }),
         DType::Q4_K => f(32, 0, true, 15, unpack_q4_K),
         DType::Q5_K => f(32, 0, true, 31, unpack_q5_K),
-        DType::Q6_K => Some(IntFormat {
-            folds: true,
-            ..IntFormat::superblock(16, 32, false, 63, unpack_q6_K as UnpackFn)
-        }),
+        DType::Q6_K => f(16, 32, false, 63, unpack_q6_K),
         DType::IQ4_XS => f(32, 128, false, 255, unpack_iq4_xs),
         DType::TQ1_0 => f(32, 1, false, 2, unpack_tq1_0),
         DType::TQ2_0 => f(32, 1, false, 3, unpack_tq2_0),
@@ -475,15 +491,14 @@ pub(crate) mod tests {
     }
 
     /// `IntFormat::folds` holds for any bytes: every scaled, bias-corrected code within 2^14;
-    /// and the folding forms are the ones with sub-blocks of 16 and no mins.
+    /// every super-block form folds.
     #[test]
     fn folding_forms_keep_their_scaled_codes_within_14_bits_for_any_bytes() {
         let mut r = crate::testdata::Xorshift64::from_state(0x9E37_79B9_7F4A_7C15);
         let mut folding = Vec::new();
         for d in DType::ALL {
             let Some(f) = int_format(d) else { continue };
-            let eligible = f.sub == 16 && !f.has_min && !f.float_scales() && !f.unit_scales;
-            assert_eq!(f.folds, eligible, "{d}");
+            assert_eq!(f.folds, !f.float_scales(), "{d}");
             if !f.folds {
                 continue;
             }
@@ -500,12 +515,12 @@ pub(crate) mod tests {
                 let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
                 unpack(&b, &mut codes, &mut sc, &mut mn);
                 for (i, &c) in codes.iter().enumerate() {
-                    let v = (c as i32 - f.bias) * sc[i / 16];
+                    let v = (c as i32 - f.bias) * sc[i / f.sub];
                     assert!(v.abs() < 1 << 14, "{d}: folded weight {v}");
                 }
             }
         }
-        assert_eq!(folding, [DType::Q3_K, DType::Q6_K, DType::IQ2_XS, DType::IQ2_S, DType::IQ1_M]);
+        assert!(folding.contains(&DType::Q4_K) && folding.contains(&DType::IQ1_M), "{folding:?}");
     }
 
     #[test]

@@ -5,23 +5,25 @@
 //!
 //! A panel block's level groups are a `tdpbusd` B tile as they lie (`ABlock::codes` is the
 //! VNNI layout: the 4 levels of the 16 columns per 64-byte row, 16 rows per 64 K values). The A
-//! tile is the band's block-diagonal codes (`WBand::xcodes`, written by the unpacker for this
-//! tier): for 64 K values, rows 0..8 hold the first 32 codes of the band's rows and zeros,
-//! rows 8..16 zeros and the last 32, so one `tdpbusd` (16 x 16 x 64, the unit's full shape)
-//! gives two sub-blocks' raw sums apart: unsigned codes times signed levels summed in int32
-//! without saturation, the integers of the portable `raw_sums`. A tile product costs about the
-//! same whatever its shape, and storing the sums for the vector unit costs as much again, so
-//! the full shape halves both against a product per sub-block (8 x 16 x 32). The sums go
-//! through a buffer on the stack, then AVX-512 applies the scales with the float steps of the
-//! VNNI kernels (`scale_sub`, `finish_sums`, `add_rows`: the same operations in the same
-//! order), so the bits are the portable kernels'.
+//! tile is 16 rows of the band (`WBand::xcodes`, written by the unpacker for this tier), in one
+//! of two layouts:
 //!
-//! The formats this tier runs as `Kind::Int16` (Q3_K, Q6_K, IQ1_M, IQ2_XS, IQ2_S:
-//! `IntFormat::folds`) take another layout in the same buffer: their scales fold into the
-//! weights, `(code - bias) * scale` within 2^14 in magnitude, written as a `hi` and a `lo`
-//! byte (`v = 128 hi + lo`) in rows 0..8 and 8..16 of each 64 K values, so four signed products
-//! (`tdpbssd`) sum a whole step with one store, and `128 hi + lo` is the portable kernel's
-//! scaled int32 sum exactly.
+//! - Super-block formats (`IntFormat::for_tier`, the integer kinds) fold their sub-block scales
+//!   into the weights: `v = (code - bias) * scale`, within 2^14 in magnitude, written as a `hi`
+//!   and a `lo` byte (`v = 128 hi + lo`, [`fold_row`]) in rows 0..8 and 8..16 of each 64 K
+//!   values. Four signed products (`tdpbssd`, 16 x 16 x 64, the unit's full shape) sum a whole
+//!   step, one store per panel, and `128 hi + lo` is the portable kernel's scaled int32 sum
+//!   exactly; the mins' sums and the float steps follow on AVX-512.
+//! - Block formats with sub-blocks of 32, whose float scales cannot fold, take block-diagonal
+//!   codes: for 64 K values, rows 0..8 hold the first 32 codes of the band's rows and zeros, rows
+//!   8..16 zeros and the last 32, so one `tdpbusd` gives two sub-blocks' raw sums apart
+//!   (unsigned codes times signed levels, the integers of the portable `raw_sums`). A tile
+//!   product costs about the same whatever its shape, and storing the sums for the vector unit
+//!   costs as much again, so the full shape halves both against a product per sub-block.
+//!
+//! The sums go through a buffer on the stack, then AVX-512 applies the scales with the float
+//! steps of the VNNI kernels (`scale_sub`, `finish_sums`, `add_rows`, `mins_sums`: the same
+//! operations in the same order), so the bits are the portable kernels'.
 //!
 //! Tile configurations are per thread: each kernel loads its own (one per product shape) unless
 //! the thread already holds it ([`ensure_config`]); [`release`], which the integer GEMM calls
@@ -37,38 +39,32 @@ use super::avx512_igemm::{add_rows, finish_sums, mins_sums, neg_bsums, scale_sub
 use crate::dtype::QK_K;
 use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, Kind, Tile, WBand, used_subs};
 
-/// The AMX tier's kernels, by `igemm::Kind`: the tile unit for the kinds with sub-blocks of 32,
-/// for `Kind::Int16Min`'s two- and three-panel forms (unit scales: the whole step in one sum)
-/// and for `Kind::Int16`'s (Q3_K and IQ1_M, and Q6_K, IQ2_XS and IQ2_S, which this tier runs
-/// as that kind, `Kind::for_tier`: the scales folded into signed weights split in two bytes,
-/// [`fold_row`], so the whole step again sums in the tile); the AVX-512 VNNI kernels for the
-/// one-panel forms of the sub-blocks of 16. Unfolded, a product with sub-blocks of
-/// 16 would keep a tile product to a quarter of its 64 K values and store four times the sums,
-/// which measured no faster than `vpdpbusd`; block-diagonal codes for them (four rows' four
-/// quarters per 16-row product, two products per 64 K values) measured 0.50-0.73x the VNNI
-/// kernels (Q3_K, Q6_K, IQ2_S prefill, 4 alternating rounds): each product's 1 KiB of sums
-/// stored for the vector unit costs more than the `vpdpbusd` it saves.
+/// The AMX tier's kernels, by `igemm::Kind`: the tile unit for the two- and three-panel forms
+/// of the integer kinds, which this tier runs every super-block format as (`IntFormat::for_tier`:
+/// the scales folded into signed weights split in two bytes, [`fold_row`], so a whole step sums
+/// in the tile with one store), and for the block kinds with sub-blocks of 32 (block-diagonal
+/// codes, the sums of every sub-block stored and scaled in f32); the AVX-512 VNNI kernels for
+/// the rest (one-panel forms of the integer kinds, `Kind::Blk16`, and the float-scaled
+/// super-block kinds, which no format takes here). Before the folding, the block-diagonal
+/// products served the float-scaled kinds with sub-blocks of 32 (1.05-1.37x the VNNI kernels);
+/// for sub-blocks of 16 they measured 0.50-0.73x the VNNI kernels (Q3_K, Q6_K, IQ2_S prefill, 4
+/// alternating rounds: each product's 1 KiB of sums stored for the vector unit costs more than
+/// the `vpdpbusd` it saves), which the folded products, one store per step, do not pay.
 pub(crate) const AMX: IgemmKernels = {
     let mut k = super::avx512_igemm::VNNI;
-    k.one[Kind::Flt32.index()] = one::<false, false>;
-    k.one[Kind::Flt32Min.index()] = one::<true, false>;
     k.one[Kind::Blk32.index()] = one::<false, true>;
     k.one[Kind::Blk32Min.index()] = one::<true, true>;
-    k.two[Kind::Int16Min.index()] = Some(amx_unit::<2>);
-    k.two[Kind::Flt32.index()] = Some(amx_multi::<2, false, false>);
-    k.two[Kind::Flt32Min.index()] = Some(amx_multi::<2, true, false>);
+    k.two[Kind::Int16.index()] = Some(amx_fold::<2, false>);
+    k.two[Kind::Int16Min.index()] = Some(amx_fold::<2, true>);
     k.two[Kind::Blk32.index()] = Some(amx_multi::<2, false, true>);
     k.two[Kind::Blk32Min.index()] = Some(amx_multi::<2, true, true>);
-    k.three[Kind::Int16Min.index()] = Some(amx_unit::<3>);
-    k.two[Kind::Int16.index()] = Some(amx_fold::<2>);
-    k.three[Kind::Int16.index()] = Some(amx_fold::<3>);
-    k.three[Kind::Flt32.index()] = Some(amx_multi::<3, false, false>);
-    k.three[Kind::Flt32Min.index()] = Some(amx_multi::<3, true, false>);
+    k.three[Kind::Int16.index()] = Some(amx_fold::<3, false>);
+    k.three[Kind::Int16Min.index()] = Some(amx_fold::<3, true>);
     k.three[Kind::Blk32.index()] = Some(amx_multi::<3, false, true>);
     k.three[Kind::Blk32Min.index()] = Some(amx_multi::<3, true, true>);
     k.release = Some(release);
     k.expand_codes = true;
-    k.fold_narrow = Some(fold_row);
+    k.fold_scales = Some(fold_row);
     k
 };
 
@@ -91,13 +87,11 @@ const fn config(a_rows: usize) -> TileConfig {
     TileConfig(c)
 }
 
-/// The configurations, by [`ensure_config`]'s index: the block-diagonal codes (16 rows) and
-/// the plain codes of a band (8 rows).
-static CONFIGS: [TileConfig; 2] = [config(2 * IG_MR), config(IG_MR)];
-/// [`CONFIGS`] index of the block-diagonal products ([`tile_sums`]).
-const DIAGONAL: usize = 0;
-/// [`CONFIGS`] index of the whole-step products ([`tile_step_sums`]).
-const PLAIN: usize = 1;
+/// The configurations, by [`ensure_config`]'s index: 16-row products (the band's
+/// block-diagonal codes or its folded weights).
+static CONFIGS: [TileConfig; 1] = [config(2 * IG_MR)];
+/// [`CONFIGS`] index of the 16-row products ([`tile_sums`], [`tile_fold_sums`]).
+const FULL: usize = 0;
 
 thread_local! {
     /// One more than the [`CONFIGS`] index this thread's tiles hold (0: none of ours).
@@ -228,7 +222,7 @@ fn tile_sums<const P: usize>(
     t: usize,
     raw: &mut MaybeUninit<RawSums<P>>,
 ) {
-    ensure_config::<DIAGONAL>();
+    ensure_config::<FULL>();
     debug_assert!(t < QK_K / 64 && (1..=3).contains(&P));
     {
         let ap: [*const i8; P] = a.map(|p| p.codes[t * 1024..].as_ptr());
@@ -247,33 +241,13 @@ fn tile_sums<const P: usize>(
     }
 }
 
-/// The raw sums of the whole step (256 K values) of band `w` against the `P` panels `a`, into
-/// sub-block 0's rows of `raw`: four products of 64 K values of the band's codes (8 rows, 256
-/// bytes apart) summed in the tile, then stored.
-#[inline(always)]
-fn tile_step_sums<const P: usize>(w: &WBand, a: [&ABlock; P], raw: &mut MaybeUninit<RawSums<P>>) {
-    ensure_config::<PLAIN>();
-    debug_assert!((2..=3).contains(&P));
-    let cp: [*mut i32; P] = std::array::from_fn(|p| raw_at(raw.as_mut_ptr().cast(), p, 0, 0));
-    for t in 0..QK_K / 64 {
-        let ap: [*const i8; P] = a.map(|p| p.codes[t * 1024..].as_ptr());
-        let wp = w.codes[64 * t..].as_ptr();
-        // SAFETY: as in `tile_sums`; A reads 8 rows of 64 bytes at `codes[64 t..]`, 256 bytes
-        // apart: inside the band's 8 x 256 codes (t < 4). The stores after the last product
-        // write 8 rows of 64 bytes from `raw_at(.., p, 0, 0)`.
-        unsafe {
-            tile_products!("tdpbusd", wp, QK_K, ap, cp, t == 0, t == QK_K / 64 - 1);
-        }
-    }
-}
-
 /// The folded sums of the whole step (256 K values) of band `w` against the `P` panels `a`,
 /// into sub-blocks 0 and 1's rows of `raw`: four signed products of 64 K values of the band's
 /// folded weights (`WBand::fold_row`: 16 rows, the `hi` bytes then the `lo` bytes) summed in
 /// the tile, then stored (`hi` sums as sub-block 0, `lo` sums as sub-block 1).
 #[inline(always)]
 fn tile_fold_sums<const P: usize>(w: &WBand, a: [&ABlock; P], raw: &mut MaybeUninit<RawSums<P>>) {
-    ensure_config::<DIAGONAL>();
+    ensure_config::<FULL>();
     debug_assert!((2..=3).contains(&P));
     let cp: [*mut i32; P] = std::array::from_fn(|p| raw_at(raw.as_mut_ptr().cast(), p, 0, 0));
     for t in 0..QK_K / 64 {
@@ -354,35 +328,6 @@ fn amx_multi_kernel<const P: usize, const MIN: bool, const BLK: bool>(
     }
 }
 
-/// `Kind::Int16Min`'s kernel for `P` (two or three) panels (`IntFormat::unit_scales`: every
-/// scale 1, no bias; the contract of the VNNI `vnni_unit`): the whole step's products summed
-/// in the tile (the same wrapping integers as the portable kernel's with unit scales), then the
-/// mins' sums and the float steps.
-fn amx_unit<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
-    // SAFETY: as `amx_multi`.
-    unsafe { amx_unit_kernel::<P>(w, a, acc, len) }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn amx_unit_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
-    const R: usize = 4;
-    debug_assert_eq!(len, QK_K);
-    let mut raw = MaybeUninit::<RawSums<P>>::uninit();
-    tile_step_sums::<P>(w, a, &mut raw);
-    let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
-    for p in 0..P {
-        for r0 in (0..IG_MR).step_by(R) {
-            let mut sums = [_mm512_setzero_ps(); R];
-            for (r, f) in sums.iter_mut().enumerate() {
-                *f = _mm512_cvtepi32_ps(raw_row(&raw, p, 0, r0 + r));
-            }
-            let mut s2 = [_mm512_setzero_si512(); R];
-            mins_sums!(w, a[p], QK_K / 16, r0, s2);
-            add_rows!(w, a[p], out[p], r0, sums, s2, true);
-        }
-    }
-}
-
 /// Writes row `r` of the band's folded weights (`WBand::fold_row`, the same bytes) with
 /// AVX-512: per 64 codes, two 32-lane 16-bit products of the bias-corrected codes and their
 /// sub-blocks' scales, split by a shift and a mask and narrowed to bytes.
@@ -427,18 +372,28 @@ fn fold_row_avx512(w: &mut WBand, r: usize, bias: i32) {
     }
 }
 
-/// `Kind::Int16`'s kernel for `P` (two or three) panels on the band's folded weights (the
-/// contract of the VNNI `vnni_narrow`; `IgemmKernels::fold_narrow`): the tile unit sums the
-/// whole step's `hi` and `lo` products, and `128 * hi + lo` is the scaled, bias-corrected
-/// int32 sum `s1` of the portable kernel exactly, so the float steps that follow give its
-/// bits.
-fn amx_fold<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+/// The integer kinds' kernel for `P` (two or three) panels on the band's folded weights
+/// (`IgemmKernels::fold_scales`; `Kind::Int16`, with `MIN` `Kind::Int16Min`): the tile unit
+/// sums the whole step's `hi` and `lo` products, and `128 * hi + lo` is the scaled,
+/// bias-corrected int32 sum `s1` of the portable kernel exactly; then the mins' sums (with
+/// `MIN`) and the float steps of the VNNI kernels, so the bits are the portable kernel's.
+fn amx_fold<const P: usize, const MIN: bool>(
+    w: &WBand,
+    a: [&ABlock; P],
+    acc: [&mut Tile; P],
+    len: usize,
+) {
     // SAFETY: as `amx_multi`.
-    unsafe { amx_fold_kernel::<P>(w, a, acc, len) }
+    unsafe { amx_fold_kernel::<P, MIN>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn amx_fold_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; P], len: usize) {
+fn amx_fold_kernel<const P: usize, const MIN: bool>(
+    w: &WBand,
+    a: [&ABlock; P],
+    acc: [&mut Tile; P],
+    len: usize,
+) {
     const R: usize = 4;
     debug_assert_eq!(len, QK_K);
     let mut raw = MaybeUninit::<RawSums<P>>::uninit();
@@ -451,8 +406,11 @@ fn amx_fold_kernel<const P: usize>(w: &WBand, a: [&ABlock; P], acc: [&mut Tile; 
                 let (hi, lo) = (raw_row(&raw, p, 0, r0 + r), raw_row(&raw, p, 1, r0 + r));
                 *f = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32::<7>(hi), lo));
             }
-            let no_mins = [_mm512_setzero_si512(); R];
-            add_rows!(w, a[p], out[p], r0, sums, no_mins, false);
+            let mut s2 = [_mm512_setzero_si512(); R];
+            if MIN {
+                mins_sums!(w, a[p], QK_K / 16, r0, s2);
+            }
+            add_rows!(w, a[p], out[p], r0, sums, s2, MIN);
         }
     }
 }
@@ -462,14 +420,15 @@ mod tests {
     use super::*;
     use crate::kernels::{Isa, table_for};
 
-    /// The tier's table: the tile kernels for the kinds with sub-blocks of 32 and the integer
-    /// kinds' pairs and triples (Q2_K's; Q3_K's and IQ1_M's on folded weights), the VNNI kernels
-    /// for the other kinds, the block-diagonal codes asked for and
-    /// the tile state released; and the AMX tier's table holds it where the CPU runs the tier.
+    /// The tier's table: the tile kernels for the block kinds with sub-blocks of 32 and the
+    /// integer kinds' pairs and triples (on folded weights), the VNNI kernels for the other
+    /// kinds, both the block-diagonal codes and the folded weights asked for and the tile state
+    /// released; every super-block format runs as an integer kind here and as its own kind on
+    /// the VNNI tier; and the AMX tier's table holds it where the CPU runs the tier.
     #[test]
-    fn amx_table_puts_the_sub_block_32_kinds_on_tiles() {
+    fn amx_table_puts_the_block_kinds_and_folded_formats_on_tiles() {
         let vnni = super::super::avx512_igemm::VNNI;
-        let tiles = [Kind::Flt32, Kind::Flt32Min, Kind::Blk32, Kind::Blk32Min];
+        let tiles = [Kind::Blk32, Kind::Blk32Min];
         for kind in Kind::ALL {
             let i = kind.index();
             let own = tiles.contains(&kind);
@@ -480,13 +439,18 @@ mod tests {
             assert_eq!(three(&AMX) != three(&vnni), own3, "{kind:?} three");
             assert_eq!(two(&AMX) != two(&vnni), own3, "{kind:?} two");
         }
-        assert!(AMX.expand_codes && AMX.release.is_some() && AMX.fold_narrow.is_some());
-        // Every folding format runs as the integer kind here, as its own kind elsewhere.
+        assert!(AMX.expand_codes && AMX.release.is_some() && AMX.fold_scales.is_some());
         for dt in crate::dtype::DType::ALL.iter().copied() {
             let Some(fmt) = crate::quant::unpack::int_format(dt) else { continue };
-            let want = if fmt.folds { Kind::Int16 } else { Kind::of(&fmt) };
-            assert_eq!(Kind::for_tier(&fmt, &AMX), want, "{dt}");
-            assert_eq!(Kind::for_tier(&fmt, &vnni), Kind::of(&fmt), "{dt}");
+            let here = fmt.for_tier(AMX.fold_scales.is_some());
+            let want = match (fmt.float_scales(), fmt.has_min) {
+                (true, _) => Kind::of(&fmt),
+                (false, false) => Kind::Int16,
+                (false, true) => Kind::Int16Min,
+            };
+            assert_eq!(Kind::of(&here), want, "{dt}");
+            assert_eq!(here.widen, !fmt.float_scales() && fmt.sub == 32, "{dt}");
+            assert_eq!(Kind::of(&fmt.for_tier(vnni.fold_scales.is_some())), Kind::of(&fmt), "{dt}");
         }
         if let Some(t) = table_for(Isa::Amx) {
             let k = t.igemm.expect("the AMX tier has integer kernels");

@@ -149,7 +149,7 @@ macro_rules! kernel_set {
             unpack_super: super::avx2_unpack::unpack_super_for,
             release: None,
             expand_codes: false,
-            fold_narrow: None,
+            fold_scales: None,
         };
     };
 }

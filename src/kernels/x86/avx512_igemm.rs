@@ -252,7 +252,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     unpack_super: super::avx2_unpack::unpack_super_for,
     release: None,
     expand_codes: false,
-    fold_narrow: None,
+    fold_scales: None,
 };
 
 fn vnni<const SUB: usize, const MIN: bool>(

@@ -115,6 +115,13 @@ fn unpack_step(
             let mins: &mut [i32; 16] =
                 (&mut band.mins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
             let (dd, dmin) = unpack(&src[..bsize], codes, scales, mins);
+            if fmt.widen {
+                // Sub-block j of 32 is sub-blocks 2 j and 2 j + 1 of 16 (from the top, in place).
+                for j in (0..16).rev() {
+                    scales[j] = scales[j / 2];
+                    mins[j] = mins[j / 2];
+                }
+            }
             band.d[rr] = dd;
             band.dmin[rr] = dmin;
             band.pair_up(rr);
@@ -181,7 +188,7 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     /// Whether the kernels read the bands' block-diagonal codes (`IgemmKernels::expand_codes`).
     expand: bool,
     /// The tier's writer of the bands' folded weights, where its kernels read those instead
-    /// (`IgemmKernels::fold_narrow`, for `Kind::Int16`).
+    /// (`IgemmKernels::fold_scales`, for the folded forms, `IntFormat::fold`).
     fold: Option<FoldFn>,
     bsize: usize,
     repacked: Option<DType>,
@@ -232,8 +239,8 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         if !rows.len().is_multiple_of(IG_MR) {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
-        let kind = Kind::for_tier(fmt, kernels);
-        let fold = kernels.fold_narrow.filter(|_| kind == Kind::Int16);
+        let kind = Kind::of(fmt);
+        let fold = kernels.fold_scales.filter(|_| fmt.fold);
         let kind = kind.index();
         let (kernel, pair, triple) = (kernels.one[kind], kernels.two[kind], kernels.three[kind]);
         let (fast, fast_super) = ((kernels.unpack)(dtype), (kernels.unpack_super)(dtype));

@@ -28,9 +28,7 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
     };
     // IQ1_M's codes are 128 + 8 g + delta (g in -1..=1, delta = +-1): within 9 of the bias.
     let narrow_sums = d == DType::IQ1_M;
-    // The sub-blocks of 16: grid values within 43 of the bias times scales of at most 31.
-    let folds = sub == 16;
-    Some(IntFormat { narrow_sums, folds, ..IntFormat::superblock(sub, BIAS, false, 255, unpack) })
+    Some(IntFormat { narrow_sums, ..IntFormat::superblock(sub, BIAS, false, 255, unpack) })
 }
 
 const BIAS: i32 = 128;

@@ -42,6 +42,8 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
         unit_scales: false,
         narrow_sums: false,
         folds: false,
+        fold: false,
+        widen: false,
     })
 }
 
