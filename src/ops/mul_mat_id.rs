@@ -114,12 +114,7 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
     let iblock_bytes = n_ipanels.saturating_mul(nkb).saturating_mul(size_of::<ABlock>());
     // Repacked experts take it too, quantizing their F32 activations while packing (phase 0
     // converts b into the repacked kernels' format for the experts with fewer tokens).
-    // The form the tier runs (`IntFormat::for_tier`), for the packer and the kernels alike.
-    let on_tier = |f: IntFormat| match mul_mat_q::kernels_for(kt, &f) {
-        Some(k) => f.for_tier(k.fold_scales.is_some()),
-        None => f,
-    };
-    let int = int_format(a.dtype).map(on_tier).filter(|f| {
+    let int = int_format(a.dtype).map(|f| mul_mat_q::tier_form(kt, f)).filter(|f| {
         (!repack || b.dtype == DType::F32)
             && n_pairs >= mul_mat_q::MIN_N
             && f.act == vd

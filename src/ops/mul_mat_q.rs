@@ -100,14 +100,18 @@ fn layout(e: bytemuck::PodCastError) -> Error {
     Error::Buffer(format!("mul_mat: integer GEMM scratch layout: {e}"))
 }
 
-/// The integer form of weight type `a` that table `kt` runs (`IntFormat::for_tier`): the packer
-/// and the kernels of one node take the same.
-fn format_of(kt: &KernelTable, a: DType) -> Result<IntFormat> {
-    let fmt = int_format(a).ok_or_else(|| unsupported(format!("no integer form of {a}")))?;
-    Ok(match kernels_for(kt, &fmt) {
+/// The form of integer format `fmt` that table `kt` runs (`IntFormat::for_tier`): the packer and
+/// the kernels of one node (`mul_mat`, `mul_mat_id`) take the same.
+pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat) -> IntFormat {
+    match kernels_for(kt, &fmt) {
         Some(k) => fmt.for_tier(k.fold_scales.is_some()),
         None => fmt,
-    })
+    }
+}
+
+fn format_of(kt: &KernelTable, a: DType) -> Result<IntFormat> {
+    let fmt = int_format(a).ok_or_else(|| unsupported(format!("no integer form of {a}")))?;
+    Ok(tier_form(kt, fmt))
 }
 
 /// The packed activation blocks as typed values.

@@ -79,11 +79,12 @@ pub(crate) struct IntFormat {
     pub narrow_sums: bool,
     /// Every `(codes[i] - bias) * scales[i / sub]` lies within `2^14` in magnitude for any
     /// weight bytes (every super-block form), so a tier may fold the scales into two signed
-    /// weight bytes and sum a whole step as integers ([`IntFormat::for_tier`]). The panels then
-    /// take their level sums from the levels, as for `narrow_sums`.
+    /// weight bytes and sum a whole step as integers ([`IntFormat::for_tier`]).
     pub folds: bool,
     /// The form a folding tier runs ([`IntFormat::for_tier`]): the kernels read the folded
-    /// weights, and the format's kind is an integer one (`igemm::Kind::of`).
+    /// weights, and the format's kind is an integer one (`igemm::Kind::of`). The panels then
+    /// take their level sums from the levels, as for `narrow_sums` (the folded products have
+    /// no `bsums` to disagree with, the one-panel kernels do).
     pub fold: bool,
     /// The unpacker writes one scale (and min) per 32 elements, which the integer GEMM repeats
     /// per 16 after unpacking (the folded form of a format with sub-blocks of 32, whose `sub`

@@ -48,7 +48,7 @@ pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: 
                 let qs: &[i8; QK_K] =
                     bytemuck::cast_slice::<u8, i8>(&q[4..4 + QK_K]).try_into().expect("256 levels");
                 let bsums: [i16; 16] = bytemuck::pod_read_unaligned(&q[4 + QK_K..]);
-                let from_levels = fmt.narrow_sums || fmt.folds;
+                let from_levels = fmt.narrow_sums || fmt.fold;
                 pack_q8k_column(blk, c, qs, &bsums, d, fmt.sub, fmt.bias, from_levels);
             }
         }
@@ -239,9 +239,15 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         if !rows.len().is_multiple_of(IG_MR) {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
-        let kind = Kind::of(fmt);
+        // A folded form only on kernels that fold (`mul_mat_q::tier_form` makes it so): the
+        // other tiers' integer pairs rely on the narrow formats' 16-bit bounds.
         let fold = kernels.fold_scales.filter(|_| fmt.fold);
-        let kind = kind.index();
+        if fmt.fold && fold.is_none() {
+            return Err(Error::Buffer(
+                "mul_mat: folded integer form on kernels that do not fold".into(),
+            ));
+        }
+        let kind = Kind::of(fmt).index();
         let (kernel, pair, triple) = (kernels.one[kind], kernels.two[kind], kernels.three[kind]);
         let (fast, fast_super) = ((kernels.unpack)(dtype), (kernels.unpack_super)(dtype));
         // A block starts from no kernel state of this thread's (the AMX tier's tile
