@@ -191,11 +191,12 @@ pub(crate) fn used_subs(len: usize, sub: usize) -> usize {
 /// the format has mins; [`Kind::of`] picks a format's.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kind {
-    /// Super-block formats with `IntFormat::narrow_sums` (sub-blocks of 16, no mins): integer
-    /// scaled sums.
+    /// Super-block formats with `IntFormat::narrow_sums` (sub-blocks of 16, no mins), and on a
+    /// folding tier every super-block format without mins (`IntFormat::fold`): integer scaled
+    /// sums.
     Int16,
-    /// Super-block formats with `IntFormat::unit_scales` (sub-blocks of 16, mins): integer
-    /// scaled sums.
+    /// Super-block formats with `IntFormat::unit_scales` (sub-blocks of 16, mins), and on a
+    /// folding tier every super-block format with mins: integer scaled sums.
     Int16Min,
     /// The other super-block formats: sums scaled in f32 per sub-block.
     Flt16,
@@ -588,7 +589,8 @@ mod tests {
     /// against the portable `sub16` on each panel (on the tiers that fold, `fold_scales`, on the
     /// band's folded weights, whose writer is checked against `WBand::fold_row`),
     /// with Q3_K's codes (0..=7, bias 4, scales -32..=31) and IQ1_M's (128 +- 9, bias 128,
-    /// scales 1..=15) (and where the tier folds, Q6_K's and IQ2_S's), and level sums taken from the levels as the packer takes them for such
+    /// scales 1..=15) (and where the tier folds, Q6_K's and IQ2_S's), and level sums taken
+    /// from the levels as the packer takes them for such
     /// formats; `extreme`: the codes farthest from the bias and every level -128.
     fn narrow_pair_is_sub16(
         name: &str,

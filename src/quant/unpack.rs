@@ -77,10 +77,6 @@ pub(crate) struct IntFormat {
     /// take their level sums from the levels themselves (`igemm::pack_q8k_column`), which
     /// keeps the bound for Q8_K rows given with other `bsums`.
     pub narrow_sums: bool,
-    /// Every `(codes[i] - bias) * scales[i / sub]` lies within `2^14` in magnitude for any
-    /// weight bytes (every super-block form), so a tier may fold the scales into two signed
-    /// weight bytes and sum a whole step as integers ([`IntFormat::for_tier`]).
-    pub folds: bool,
     /// The form a folding tier runs ([`IntFormat::for_tier`]): the kernels read the folded
     /// weights, and the format's kind is an integer one (`igemm::Kind::of`). The panels then
     /// take their level sums from the levels, as for `narrow_sums` (the folded products have
@@ -110,19 +106,19 @@ impl IntFormat {
             unpack: Unpack::Super(f),
             unit_scales: false,
             narrow_sums: false,
-            // Every super-block form's scaled codes are within the bound (tested).
-            folds: true,
             fold: false,
             widen: false,
         }
     }
 
     /// The form a tier runs: where it folds scales into its weights (`folding`: the integer
-    /// kernels' `fold_scales`), every folding format as sub-blocks of 16 with integer scaled
+    /// kernels' `fold_scales`), every super-block format as sub-blocks of 16 with integer scaled
     /// sums (`fold`; a format with sub-blocks of 32 has its scales repeated, `widen`); else the
-    /// format as it is.
+    /// format as it is. Every super-block format's `(codes[i] - bias) * scales[i / sub]` lies
+    /// within 2^14 in magnitude for any weight bytes (tested), the bound of the folded weights'
+    /// two bytes; the block formats' float scales do not fold.
     pub(crate) fn for_tier(self, folding: bool) -> IntFormat {
-        if !(self.folds && folding) {
+        if !folding || self.float_scales() {
             return self;
         }
         IntFormat { fold: true, widen: self.sub == 32, sub: 16, ..self }
@@ -462,12 +458,31 @@ pub(crate) mod tests {
         }
     }
 
+    /// Calls `check(codes, scales)` on 2000 unpacked blocks of super-block format `d`: random
+    /// bytes, with every fourth block all ones and every fourth all zeros.
+    fn for_unpacked_blocks(d: DType, seed: u64, mut check: impl FnMut(&[u8; QK_K], &[i32; 16])) {
+        let f = int_format(d).expect("an integer form");
+        let Unpack::Super(unpack) = f.unpack else { panic!("{d}: not a super-block form") };
+        let mut r = crate::testdata::Xorshift64::from_state(seed);
+        for case in 0..2000 {
+            let b: Vec<u8> = (0..d.type_size())
+                .map(|_| match case % 4 {
+                    0 => 0xFF,
+                    1 => 0,
+                    _ => r.next_u64() as u8,
+                })
+                .collect();
+            let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
+            unpack(&b, &mut codes, &mut sc, &mut mn);
+            check(&codes, &sc);
+        }
+    }
+
     /// `IntFormat::narrow_sums` holds for any bytes: every code within `limit` of the bias and
     /// every scale within 16 bits, so `sub * limit * 128` (the largest corrected sum) fits 16 bits;
     /// Q3_K and IQ1_M are the narrow forms.
     #[test]
     fn narrow_forms_keep_their_sums_within_16_bits_for_any_bytes() {
-        let mut r = crate::testdata::Xorshift64::from_state(0x5DEE_CE66_D1CE_4E5B);
         let mut narrow = Vec::new();
         for d in DType::ALL {
             let Some(f) = int_format(d) else { continue };
@@ -475,53 +490,39 @@ pub(crate) mod tests {
                 continue;
             }
             narrow.push(d);
-            let Unpack::Super(unpack) = f.unpack else {
-                panic!("{d}: narrow form of a block type")
-            };
             let mut limit = 0i32;
-            for _ in 0..2000 {
-                let b: Vec<u8> = (0..d.type_size()).map(|_| r.next_u64() as u8).collect();
-                let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
-                unpack(&b, &mut codes, &mut sc, &mut mn);
+            for_unpacked_blocks(d, 0x5DEE_CE66_D1CE_4E5B, |codes, sc| {
                 limit = codes.iter().fold(limit, |m, &c| m.max((c as i32 - f.bias).abs()));
                 assert!(sc.iter().all(|s| s.unsigned_abs() < 1 << 15), "{d}: scales {sc:?}");
-            }
+            });
             assert!(f.sub as i32 * limit * 128 < 1 << 15, "{d}: codes up to {limit} from the bias");
         }
         assert_eq!(narrow, [DType::Q3_K, DType::IQ1_M]);
     }
 
-    /// `IntFormat::folds` holds for any bytes: every scaled, bias-corrected code within 2^14;
-    /// every super-block form folds.
+    /// The folded forms' bound (`IntFormat::for_tier`) holds for any bytes: every super-block
+    /// form's scaled, bias-corrected codes within 2^14; the folding tier's form of each.
     #[test]
-    fn folding_forms_keep_their_scaled_codes_within_14_bits_for_any_bytes() {
-        let mut r = crate::testdata::Xorshift64::from_state(0x9E37_79B9_7F4A_7C15);
-        let mut folding = Vec::new();
+    fn super_block_forms_keep_their_scaled_codes_within_14_bits_for_any_bytes() {
+        let mut folded = 0;
         for d in DType::ALL {
             let Some(f) = int_format(d) else { continue };
-            assert_eq!(f.folds, !f.float_scales(), "{d}");
-            if !f.folds {
+            let t = f.for_tier(true);
+            assert_eq!(t.fold, !f.float_scales(), "{d}");
+            assert!(!f.for_tier(false).fold, "{d}");
+            if !t.fold {
                 continue;
             }
-            folding.push(d);
-            let Unpack::Super(unpack) = f.unpack else { panic!("{d}: folds a block type") };
-            for case in 0..2000 {
-                let b: Vec<u8> = (0..d.type_size())
-                    .map(|_| match case % 4 {
-                        0 => 0xFF,
-                        1 => 0,
-                        _ => r.next_u64() as u8,
-                    })
-                    .collect();
-                let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
-                unpack(&b, &mut codes, &mut sc, &mut mn);
+            assert_eq!((t.sub, t.widen), (16, f.sub == 32), "{d}");
+            folded += 1;
+            for_unpacked_blocks(d, 0x9E37_79B9_7F4A_7C15, |codes, sc| {
                 for (i, &c) in codes.iter().enumerate() {
                     let v = (c as i32 - f.bias) * sc[i / f.sub];
                     assert!(v.abs() < 1 << 14, "{d}: folded weight {v}");
                 }
-            }
+            });
         }
-        assert!(folding.contains(&DType::Q4_K) && folding.contains(&DType::IQ1_M), "{folding:?}");
+        assert!(folded >= 15, "{folded} folded forms");
     }
 
     #[test]

@@ -52,16 +52,16 @@ use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, Kind, Tile, WBan
 /// the `vpdpbusd` it saves), which the folded products, one store per step, do not pay.
 pub(crate) const AMX: IgemmKernels = {
     let mut k = super::avx512_igemm::VNNI;
-    k.one[Kind::Blk32.index()] = one::<false, true>;
-    k.one[Kind::Blk32Min.index()] = one::<true, true>;
+    k.one[Kind::Blk32.index()] = one::<false>;
+    k.one[Kind::Blk32Min.index()] = one::<true>;
     k.two[Kind::Int16.index()] = Some(amx_fold::<2, false>);
     k.two[Kind::Int16Min.index()] = Some(amx_fold::<2, true>);
-    k.two[Kind::Blk32.index()] = Some(amx_multi::<2, false, true>);
-    k.two[Kind::Blk32Min.index()] = Some(amx_multi::<2, true, true>);
+    k.two[Kind::Blk32.index()] = Some(amx_multi::<2, false>);
+    k.two[Kind::Blk32Min.index()] = Some(amx_multi::<2, true>);
     k.three[Kind::Int16.index()] = Some(amx_fold::<3, false>);
     k.three[Kind::Int16Min.index()] = Some(amx_fold::<3, true>);
-    k.three[Kind::Blk32.index()] = Some(amx_multi::<3, false, true>);
-    k.three[Kind::Blk32Min.index()] = Some(amx_multi::<3, true, true>);
+    k.three[Kind::Blk32.index()] = Some(amx_multi::<3, false>);
+    k.three[Kind::Blk32Min.index()] = Some(amx_multi::<3, true>);
     k.release = Some(release);
     k.expand_codes = true;
     k.fold_scales = Some(fold_row);
@@ -274,15 +274,15 @@ fn raw_row<const P: usize>(raw: &MaybeUninit<RawSums<P>>, p: usize, j: usize, r:
 }
 
 /// The one-panel form of [`amx_multi`].
-fn one<const MIN: bool, const BLK: bool>(w: &WBand, a: &ABlock, acc: &mut Tile, len: usize) {
-    amx_multi::<1, MIN, BLK>(w, [a], [acc], len)
+fn one<const MIN: bool>(w: &WBand, a: &ABlock, acc: &mut Tile, len: usize) {
+    amx_multi::<1, MIN>(w, [a], [acc], len)
 }
 
-/// The float kinds' kernel with sub-blocks of 32 for `P` panels (see `vnni_multi` of the
-/// AVX-512 tier, whose float steps this repeats): the tile unit's raw sums of every sub-block,
-/// then, the band's rows 4 at a time, each sub-block's bias correction (types without mins) and
-/// scaling.
-fn amx_multi<const P: usize, const MIN: bool, const BLK: bool>(
+/// The block kinds' kernel with sub-blocks of 32 (`Kind::Blk32`, with `MIN` `Kind::Blk32Min`)
+/// for `P` panels (see `vnni_multi` of the AVX-512 tier, whose float steps this repeats): the
+/// tile unit's raw sums of every sub-block that holds data, then, the band's rows 4 at a time,
+/// each sub-block's bias correction (types without mins) and scaling into the tile.
+fn amx_multi<const P: usize, const MIN: bool>(
     w: &WBand,
     a: [&ABlock; P],
     acc: [&mut Tile; P],
@@ -291,11 +291,11 @@ fn amx_multi<const P: usize, const MIN: bool, const BLK: bool>(
     // SAFETY: `plug` installs this kernel only where `Amx::detect` found AMX-INT8 with the tile
     // data permitted and the AVX-512 tier with VNNI; the references cover every byte the
     // kernel reads and writes (fixed-size arrays).
-    unsafe { amx_multi_kernel::<P, MIN, BLK>(w, a, acc, len) }
+    unsafe { amx_multi_kernel::<P, MIN>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-fn amx_multi_kernel<const P: usize, const MIN: bool, const BLK: bool>(
+fn amx_multi_kernel<const P: usize, const MIN: bool>(
     w: &WBand,
     a: [&ABlock; P],
     acc: [&mut Tile; P],
@@ -303,8 +303,7 @@ fn amx_multi_kernel<const P: usize, const MIN: bool, const BLK: bool>(
 ) {
     // Rows per pass (read by the shared macros).
     const R: usize = 4;
-    debug_assert!(BLK || len == QK_K);
-    let nsub = if BLK { used_subs(len, 32) } else { QK_K / 32 };
+    let nsub = used_subs(len, 32);
     let mut raw = MaybeUninit::<RawSums<P>>::uninit();
     // Every product first: computing the next chunk's products while scaling this chunk's
     // sums measured 10-18% slower (6 alternating rounds).
@@ -313,7 +312,7 @@ fn amx_multi_kernel<const P: usize, const MIN: bool, const BLK: bool>(
     }
     let out: [*mut f32; P] = acc.map(|t| t.as_mut_ptr() as *mut f32);
     for r0 in (0..IG_MR).step_by(R) {
-        let mut s = start_sums!(out, r0, BLK);
+        let mut s = start_sums!(out, r0, true);
         for j in 0..nsub {
             let mut sums = [[_mm512_setzero_si512(); R]; P];
             for (p, sums) in sums.iter_mut().enumerate() {
@@ -322,9 +321,9 @@ fn amx_multi_kernel<const P: usize, const MIN: bool, const BLK: bool>(
                     *v = _mm512_add_epi32(raw_row(&raw, p, j, r0 + r), nb);
                 }
             }
-            scale_sub!(w, a, j, r0, sums, s, MIN, BLK);
+            scale_sub!(w, a, j, r0, sums, s, MIN, true);
         }
-        finish_sums!(w, a, out, r0, s, nsub, MIN, BLK);
+        finish_sums!(w, a, out, r0, s, nsub, MIN, true);
     }
 }
 

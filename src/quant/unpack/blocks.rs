@@ -41,7 +41,6 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
         unpack: Unpack::Blocks { elems, f },
         unit_scales: false,
         narrow_sums: false,
-        folds: false,
         fold: false,
         widen: false,
     })
