@@ -67,7 +67,8 @@ fn run(c: &Case, isa: Isa, threads: usize) -> Vec<f32> {
 }
 
 /// Odd tails around the 6-row strip, the 16-column panel, the 96-row and 512-column task blocks
-/// and the 256-value K block.
+/// and the 256-value K block (and, for BF16 on the tile unit, the 16-row strip and the
+/// 32-value step: odd numbers of strips and panels, a K block of one step).
 fn shapes() -> Vec<([usize; 4], [usize; 4])> {
     let mut v = Vec::new();
     for (k, m, n) in [
@@ -80,6 +81,7 @@ fn shapes() -> Vec<([usize; 4], [usize; 4])> {
         (96, 50, 300),
         (32, 7, 520),
         (64, 100, 7),
+        (544, 37, 40),
     ] {
         v.push(([k, m, 1, 1], [k, n, 1, 1]));
     }
@@ -134,7 +136,11 @@ fn float_gemm_takes_strided_and_half_precision_activations() {
 #[test]
 fn float_gemm_is_bitwise_identical_for_1_2_3_threads() {
     for ty in TYPES {
-        for (ane, bne) in [([600, 67, 1, 1], [600, 37, 1, 1]), ([64, 17, 2, 1], [64, 9, 4, 1])] {
+        for (ane, bne) in [
+            ([600, 67, 1, 1], [600, 37, 1, 1]),
+            ([64, 17, 2, 1], [64, 9, 4, 1]),
+            ([544, 37, 1, 1], [544, 40, 1, 1]),
+        ] {
             let c = case(ty, ane, bne, 7);
             for isa in tiers() {
                 let one = run(&c, isa, 1);

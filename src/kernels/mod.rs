@@ -332,6 +332,10 @@ pub(crate) struct KernelTable {
     /// BF16 weights against BF16 activations in pairs of K values (see `kernels::sgemm`), one
     /// strip and two strips per call, where the CPU has a BF16 dot-product instruction.
     pub(crate) sgemm_bf16: Option<(sgemm::SgemmFn, sgemm::Sgemm2Fn)>,
+    /// BF16 weights against BF16 activations on a tile unit (16 x 16 tiles, steps of 32 K
+    /// values; see `sgemm::TileBf16Fn`), with the function that gives the tile state back
+    /// when a block ends.
+    pub(crate) tile_bf16: Option<(sgemm::TileBf16Fn, fn())>,
     /// Weight strip packer of the float GEMM (a 6-row transpose).
     pub(crate) sgemm_pack: sgemm::PackStripFn,
     pub(crate) sgemm_pack_f16: sgemm::PackStripF16Fn,
@@ -395,6 +399,7 @@ impl KernelTable {
             sgemm2: None,
             sgemm22: None,
             sgemm_bf16: None,
+            tile_bf16: None,
             sgemm_pack: sgemm::pack_strip,
             sgemm_pack_f16: sgemm::pack_strip_f16,
             round_f16: sgemm::round_f16,

@@ -129,3 +129,82 @@ pub(crate) fn sgemm_6x16(
         *o = if acc { *o + v } else { v };
     }
 }
+
+/// Rows of a BF16 tile strip and columns of a BF16 tile panel (`KernelTable::tile_bf16`).
+pub(crate) const TB_MR: usize = 16;
+/// K values per step of the BF16 tile kernels (one A tile row: 32 BF16 values).
+pub(crate) const TB_K: usize = 32;
+/// BF16 values of one strip step: 16 rows of [`TB_K`].
+pub(crate) const TB_STRIP_STEP: usize = TB_MR * TB_K;
+/// f32 slots of one panel step: [`TB_K`] / 2 rows of BF16 pairs, 16 columns each.
+pub(crate) const TB_PANEL_STEP: usize = TB_K / 2 * SG_NR;
+
+/// BF16 tile products (`KernelTable::tile_bf16`): `a.len()` strips (1 or 2) by `b.len()`
+/// panels (1 or 2) over `steps` steps of [`TB_K`] K values into the 16 x 16 f32 tiles `out`
+/// (tile `s * b.len() + p` is strip `s` by panel `p`, element `(r, c)` at `r * 16 + c`).
+///
+/// A strip step is [`TB_STRIP_STEP`] BF16 values (raw bits), row `r` of the step's 32 K values
+/// at `r * 32`; a panel step [`TB_PANEL_STEP`] f32 slots, BF16 pair `j` of column `c` at `j *
+/// 16 + c` (element 2j in the low half, 2j + 1 in the high half: `float::panel_column` with
+/// pairs). Each tile starts from `out` (`acc`) or zero and every product is added to it in f32
+/// (each BF16 product is exact in f32); the order and intermediate precision of the sums are
+/// the tile unit's (AMX `tdpbf16ps` documents neither exactly), so a kernel is held to the f32
+/// error bound of its sums around [`tile_bf16_portable`], which adds the products one at a
+/// time in K order.
+pub(crate) type TileBf16Fn =
+    fn(steps: usize, a: &[&[u16]], b: &[&[f32]], out: &mut [&mut [f32; 256]], acc: bool);
+
+/// Checks the shapes every BF16 tile kernel relies on.
+#[inline(always)]
+pub(crate) fn check_tile_bf16(steps: usize, a: &[&[u16]], b: &[&[f32]], out: &[&mut [f32; 256]]) {
+    assert!((1..=2).contains(&a.len()) && (1..=2).contains(&b.len()), "tile_bf16: 1 or 2");
+    assert_eq!(out.len(), a.len() * b.len(), "tile_bf16: one tile per strip and panel");
+    assert!(a.iter().all(|s| s.len() >= steps * TB_STRIP_STEP), "tile_bf16: strip too short");
+    assert!(b.iter().all(|p| p.len() >= steps * TB_PANEL_STEP), "tile_bf16: panel too short");
+}
+
+/// A BF16 value as f32, subnormals as (signed) zero.
+#[cfg(test)]
+fn bf16_daz(bits: u16) -> f32 {
+    let b = if bits & 0x7F80 == 0 { bits & 0x8000 } else { bits };
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// An f32 with subnormals as (signed) zero.
+#[cfg(test)]
+fn f32_ftz(x: f32) -> f32 {
+    if x.is_subnormal() { f32::from_bits(x.to_bits() & 0x8000_0000) } else { x }
+}
+
+/// The portable twin of the BF16 tile kernels ([`TileBf16Fn`]): the products of each tile
+/// element added one at a time in K order (the tests' reference; no tier runs it).
+#[cfg(test)]
+pub(crate) fn tile_bf16_portable(
+    steps: usize,
+    a: &[&[u16]],
+    b: &[&[f32]],
+    out: &mut [&mut [f32; 256]],
+    acc: bool,
+) {
+    check_tile_bf16(steps, a, b, out);
+    let np = b.len();
+    for (t, tile) in out.iter_mut().enumerate() {
+        let (sa, pb) = (a[t / np], b[t % np]);
+        for r in 0..TB_MR {
+            for c in 0..SG_NR {
+                let mut x = if acc { tile[r * SG_NR + c] } else { 0.0 };
+                for j in 0..steps {
+                    let (ar, bp) = (&sa[j * TB_STRIP_STEP + r * TB_K..], &pb[j * TB_PANEL_STEP..]);
+                    for kp in 0..TB_K / 2 {
+                        let pair = bp[kp * SG_NR + c].to_bits();
+                        for h in 0..2 {
+                            let bv = bf16_daz((pair >> (16 * h)) as u16);
+                            x = f32_ftz(bf16_daz(ar[2 * kp + h]).mul_add(bv, x));
+                        }
+                    }
+                }
+                tile[r * SG_NR + c] = x;
+            }
+        }
+    }
+}

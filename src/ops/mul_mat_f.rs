@@ -13,7 +13,7 @@
 //! strips of 6. Every output is the sum over K blocks, in K order, of the kernel's partial sums:
 //! the same operations whatever the thread count.
 
-use super::gemm::float::{self, BLOCK_SCRATCH, KC, MC, NC, bf16_pairs, panel_column, panel_floats};
+use super::gemm::float::{self, BLOCK_SCRATCH, KC, MC, NC, panel_column, panel_floats};
 use super::gemm::{Grid, Task};
 use super::{NodeCtx, split};
 use crate::dtype::DType;
@@ -147,7 +147,7 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         DType::BF16 => Some(table.round_bf16),
         _ => None,
     };
-    let pairs = bf16_pairs(ctx.kt, a.dtype, k).is_some();
+    let pairs = float::pair_panels(ctx.kt, a.dtype, k);
     // SAFETY: this is worker ith, in its one call for phase 0.
     let sc = unsafe { scratch(ctx, ith) };
     let (rowb, vdb) = sc.split_at_mut(align_up(k * 4, 64));

@@ -254,7 +254,7 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let vd = a.dtype.vec_dot_type();
     let from = mul_mat_f::vd_to_f32(vd).ok_or_else(|| unsupported(format!("no {vd} -> f32")))?;
     let pf = float::panel_floats(k);
-    let bf16_pairs = float::bf16_pairs(ctx.kt, a.dtype, k).is_some();
+    let bf16_pairs = float::pair_panels(ctx.kt, a.dtype, k);
     // SAFETY: pack_panels runs in phase 1, after phase 0's grouping.
     let (offsets, pairs) = unsafe { grouping(ctx, l) };
     // SAFETY: this worker's scratch lies inside the work buffer (layout) and only it uses it.

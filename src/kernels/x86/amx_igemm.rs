@@ -74,12 +74,12 @@ struct TileConfig([u8; 64]);
 
 /// The configuration with `a_rows` rows of 64 bytes in tmm3 (the band's codes) and in the sums
 /// tmm0..tmm2 (up to three panels' int32), and 16 rows of 64 bytes (64 K values of a panel's
-/// levels) in tmm4..tmm6.
+/// levels) in tmm4..tmm7 (the BF16 tile kernels, `amx_bf16`, use all eight as 16 x 64 bytes).
 const fn config(a_rows: usize) -> TileConfig {
     let mut c = [0u8; 64];
     c[0] = 1;
     let mut t = 0;
-    while t < 7 {
+    while t < 8 {
         c[16 + 2 * t] = 64;
         c[48 + t] = if t < 4 { a_rows as u8 } else { 16 };
         t += 1;
@@ -111,9 +111,14 @@ fn ensure_config<const CFG: usize>() {
     }
 }
 
+/// Loads the configuration with every tile 16 rows of 64 bytes unless this thread holds it.
+pub(super) fn ensure_full_config() {
+    ensure_config::<FULL>();
+}
+
 /// Gives this thread's tile state back (`tilerelease`); the next kernel call loads its
 /// configuration anew.
-fn release() {
+pub(super) fn release() {
     if LOADED.get() != 0 {
         // SAFETY: as in `ensure_config`; `tilerelease` only returns the tiles to their initial
         // state.

@@ -118,6 +118,7 @@ macro_rules! q0_tile_driver {
     };
 }
 
+mod amx_bf16;
 mod amx_igemm;
 pub(crate) mod avx2;
 mod avx2_conv;
@@ -193,9 +194,20 @@ pub(crate) fn plug_amx(t: &mut KernelTable, cpu: Amx) {
     // weights take the f32 GEMM kernels (BF16 widened exactly) here: 4096 x 512 x 14336 BF16
     // prefill on 2 Emerald Rapids cores, 4 alternating rounds, 112 -> 147 GFLOPS (1.43).
     t.sgemm_bf16 = None;
+    // Where the tile unit multiplies BF16 as well, BF16 prefill takes it instead.
+    if amx_bf16() {
+        t.tile_bf16 = Some((amx_bf16::tile_bf16, amx_igemm::release));
+    }
     // And the AVX2 tier's widening dots for few columns: 4096 x 1 x 14336 BF16 there, 4
     // interleaved rounds, medians: `vdpbf16ps` 6.65 ms, widening 3.77 (ggml 5.87).
     avx2_quants::plug_bf16(t, cpu.avx2());
+}
+
+/// Whether this CPU has AMX-BF16 (CPUID leaf 7 sub-leaf 0, EDX bit 22); the tile data
+/// permission is the AMX tier's (`amx_usable`).
+fn amx_bf16() -> bool {
+    std::arch::x86_64::__cpuid(0).eax >= 7
+        && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0
 }
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 and the operating system lets this process use

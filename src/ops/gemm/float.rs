@@ -11,7 +11,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::KernelTable;
 use crate::kernels::prefetch::prefetch_l2;
-use crate::kernels::sgemm::{SG_MR, SG_NR, Sgemm2Fn, Sgemm22Fn, SgemmFn};
+use crate::kernels::sgemm::{
+    SG_MR, SG_NR, Sgemm2Fn, Sgemm22Fn, SgemmFn, TB_K, TB_MR, TB_PANEL_STEP, TB_STRIP_STEP,
+    TileBf16Fn,
+};
 use crate::quant::DequantizeFn;
 use std::ops::Range;
 
@@ -43,6 +46,18 @@ pub(crate) fn panel_floats(k: usize) -> usize {
 /// The BF16-pair kernels, for BF16 weights with an even `k` on a tier that has them.
 pub(crate) fn bf16_pairs(kt: &KernelTable, a: DType, k: usize) -> Option<(SgemmFn, Sgemm2Fn)> {
     if a == DType::BF16 && k.is_multiple_of(2) { kt.sgemm_bf16 } else { None }
+}
+
+/// The BF16 tile kernels, for BF16 weights with `k` a multiple of their step on a tier that
+/// has them (they take precedence over the BF16-pair kernels).
+pub(crate) fn bf16_tiles(kt: &KernelTable, a: DType, k: usize) -> Option<(TileBf16Fn, fn())> {
+    if a == DType::BF16 && k.is_multiple_of(TB_K) { kt.tile_bf16 } else { None }
+}
+
+/// Whether the panels for weights of type `a` hold BF16 pairs (for the BF16-pair or the BF16
+/// tile kernels) rather than f32.
+pub(crate) fn pair_panels(kt: &KernelTable, a: DType, k: usize) -> bool {
+    bf16_pairs(kt, a, k).is_some() || bf16_tiles(kt, a, k).is_some()
 }
 
 /// Writes column `c` of a panel: `col`'s values, or (`pairs`: BF16 pairs, `col` holding BF16
@@ -365,6 +380,121 @@ impl<R: Fn(usize) -> *const u8> Family for FloatBlock<'_, R> {
     }
 }
 
+/// A block of BF16 weights on the BF16 tile kernels: strips of [`TB_MR`] rows, each K step's
+/// strip the rows' BF16 values as they lie, [`TB_K`] of each row per strip step (the tile
+/// unit's A layout), against panels of BF16 pairs (its B layout); 16 x 16 tiles.
+struct TileBf16Block<'a, R: Fn(usize) -> *const u8> {
+    kern: TileBf16Fn,
+    k: usize,
+    rows: Range<usize>,
+    a_row: R,
+    panels: &'a [f32],
+    ncols: usize,
+    strips: &'a mut [u16],
+}
+
+impl<R: Fn(usize) -> *const u8> Family for TileBf16Block<'_, R> {
+    const MR: usize = TB_MR;
+    const NR: usize = SG_NR;
+
+    fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+
+    fn ncols(&self) -> usize {
+        self.ncols
+    }
+
+    fn steps(&self) -> usize {
+        self.k.div_ceil(KC)
+    }
+
+    /// Strip t, step j holds rows i0 + 16 t.. at K values k0 + 32 j.. (missing rows zero).
+    fn pack_step(&mut self, s: usize) -> Result<()> {
+        let (k0, kc) = (s * KC, KC.min(self.k - s * KC));
+        let (i0, i1) = (self.rows.start, self.rows.end);
+        // The strips as bytes: the tile unit reads the BF16 values as they lie in memory.
+        let bytes = bytemuck::cast_slice_mut::<u16, u8>(self.strips);
+        for (st, strip) in
+            bytes.chunks_exact_mut(2 * TB_MR * KC).take((i1 - i0).div_ceil(TB_MR)).enumerate()
+        {
+            for r in 0..TB_MR {
+                let i = i0 + st * TB_MR + r;
+                let dst = |j: usize| 2 * (j * TB_STRIP_STEP + r * TB_K);
+                if i >= i1 {
+                    for j in 0..kc / TB_K {
+                        strip[dst(j)..dst(j) + 2 * TB_K].fill(0);
+                    }
+                    continue;
+                }
+                // SAFETY: `a_row(i)` starts a row of k BF16 values (the block's contract) and
+                // k0 + kc <= k, so bytes [2 k0, 2 (k0 + kc)) lie inside it.
+                let row =
+                    unsafe { std::slice::from_raw_parts((self.a_row)(i).add(2 * k0), 2 * kc) };
+                for (j, src) in row.chunks_exact(2 * TB_K).enumerate() {
+                    strip[dst(j)..dst(j) + 2 * TB_K].copy_from_slice(src);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Two strips by two panels per call, each panel slice (8 KiB) in L1 while the strips pass.
+    fn multiply_step(&mut self, s: usize, tiles: &mut [f32]) {
+        let (k0, kc) = (s * KC, KC.min(self.k - s * KC));
+        let n_strips = (self.rows.len()).div_ceil(TB_MR);
+        let n_panels = self.ncols.div_ceil(SG_NR);
+        let steps = kc / TB_K;
+        let t = TB_MR * SG_NR;
+        let strips = &*self.strips;
+        let strip = |st: usize| &strips[st * TB_MR * KC..][..steps * TB_STRIP_STEP];
+        let panel = |q: usize| {
+            let base = q * panel_floats(self.k) + k0 / 2 * SG_NR;
+            &self.panels[base..base + steps * TB_PANEL_STEP]
+        };
+        // Fillers for the tile slots of a call with fewer than two strips or panels.
+        let mut spare = [[0f32; 256]; 3];
+        for p in (0..n_panels).step_by(2) {
+            let np = 2.min(n_panels - p);
+            let b = [panel(p), panel(p + np - 1)];
+            let (left, right) = tiles[p * n_strips * t..].split_at_mut(n_strips * t);
+            for st in (0..n_strips).step_by(2) {
+                let ns = 2.min(n_strips - st);
+                let a = [strip(st), strip(st + ns - 1)];
+                // Tiles (st, p), (st, p + 1), (st + 1, p), (st + 1, p + 1) of the kernel's
+                // order, those of this call first.
+                let (l0, l1) = left[st * t..(st + ns) * t].split_at_mut(t);
+                let (r0, r1) = if np == 2 {
+                    let (r0, r1) = right[st * t..(st + ns) * t].split_at_mut(t);
+                    (Some(r0), (ns == 2).then_some(r1))
+                } else {
+                    (None, None)
+                };
+                let mut fill = spare.iter_mut();
+                let mut tile = |x| tile_or_spare(x, &mut fill);
+                let mut out: [&mut [f32; 256]; 4] = match (ns, np) {
+                    (2, 2) => [tile(Some(l0)), tile(r0), tile(Some(l1)), tile(r1)],
+                    (1, 2) => [tile(Some(l0)), tile(r0), tile(None), tile(None)],
+                    (2, _) => [tile(Some(l0)), tile(Some(l1)), tile(None), tile(None)],
+                    _ => [tile(Some(l0)), tile(None), tile(None), tile(None)],
+                };
+                (self.kern)(steps, &a[..ns], &b[..np], &mut out[..ns * np], k0 > 0);
+            }
+        }
+    }
+}
+
+/// `x` as a 16 x 16 tile, or (absent) the next spare one.
+fn tile_or_spare<'x>(
+    x: Option<&'x mut [f32]>,
+    spare: &mut impl Iterator<Item = &'x mut [f32; 256]>,
+) -> &'x mut [f32; 256] {
+    match x {
+        Some(x) => x.try_into().expect("16 x 16 tile"),
+        None => spare.next().expect("three spare tiles"),
+    }
+}
+
 /// One block of the float GEMM: weight rows `rows` (at most [`MC`]; `a_row(i)` is row i's first
 /// byte, `k` elements of `dtype` in whole blocks) times the `ncols` columns packed in `panels`
 /// (at most [`NC`]; panel p at `p * panel_floats(k)`), the results handed to `store(i, column,
@@ -381,6 +511,22 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     scratch: &mut [f32],
     store: impl FnMut(usize, usize, &[f32]),
 ) -> Result<()> {
+    if let Some((kern, release)) = bf16_tiles(kt, dtype, k) {
+        if rows.len() > MC
+            || ncols > NC
+            || scratch.len() < BLOCK_SCRATCH
+            || panels.len() < ncols.div_ceil(SG_NR) * panel_floats(k)
+        {
+            return Err(Error::Buffer("float GEMM block larger than its buffers".into()));
+        }
+        // The strips (MC rows of KC BF16 values) in the f32 strip area, the tiles after it.
+        let (strips, tiles) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
+        let strips = &mut bytemuck::cast_slice_mut::<f32, u16>(strips)[..MC * KC];
+        let mut fam = TileBf16Block { kern, k, rows, a_row, panels, ncols, strips };
+        let r = super::block(&mut fam, tiles, super::Store::ColumnMajor, store);
+        release();
+        return r;
+    }
     let (mut fam, tiles) = FloatBlock::new(kt, dtype, k, rows, a_row, panels, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
 }
