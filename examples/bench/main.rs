@@ -138,6 +138,9 @@ fn main() {
             if let Some(g) = peaks::amx_peak(t) {
                 println!("quantgraph amx_int8_peak threads={t} gops={g:.1}");
             }
+            if let Some(g) = peaks::amx_bf16_peak(t) {
+                println!("quantgraph amx_bf16_peak threads={t} gflops={g:.1}");
+            }
             Ok(())
         }
         Some("bandwidth") => {

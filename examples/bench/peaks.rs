@@ -129,8 +129,32 @@ pub fn int8_peak(threads: usize) -> Option<f64> {
 /// tiles, each instruction 16384 multiply-adds; median of 5 runs. The AMX tier's quantized
 /// prefill rows are compared against it as well as against [`int8_peak`].
 pub fn amx_peak(threads: usize) -> Option<f64> {
+    if !quantgraph::kernels::Isa::Amx.is_supported() {
+        return None;
+    }
+    Some(per_second_on_threads(threads, tile_chains::<false>))
+}
+
+/// The BF16 tile peak (GFLOPS) where the AMX tier runs and the CPU has AMX-BF16: 4 independent
+/// `tdpbf16ps` chains per thread on full 16 x 16 x 32 tiles, each instruction 8192
+/// multiply-adds; median of 5 runs. The AMX tier's BF16 prefill is compared against it.
+pub fn amx_bf16_peak(threads: usize) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
-    fn per_thread(iters: u64) -> u64 {
+    let has = std::arch::x86_64::__cpuid(0).eax >= 7
+        && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0;
+    #[cfg(not(target_arch = "x86_64"))]
+    let has = false;
+    if !(has && quantgraph::kernels::Isa::Amx.is_supported()) {
+        return None;
+    }
+    Some(per_second_on_threads(threads, tile_chains::<true>))
+}
+
+/// Runs 4 chains of tile products (`tdpbf16ps` with `BF16`, else `tdpbusd`) for about `iters`
+/// products per chain; returns the operations done (two per multiply-add).
+fn tile_chains<const BF16: bool>(iters: u64) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
         use std::arch::asm;
         #[repr(C, align(64))]
         struct Config([u8; 64]);
@@ -144,51 +168,64 @@ pub fn amx_peak(threads: usize) -> Option<f64> {
             c[48 + t] = 16;
         }
         let cfg = Config(c);
-        let (a, b) = (Rows([3; 1024]), Rows([0xFE; 1024]));
+        // Int8: small codes and levels; BF16: every value 0x3F3F (about 0.75), a normal number.
+        let (a, b) = if BF16 {
+            (Rows([0x3F; 1024]), Rows([0x3F; 1024]))
+        } else {
+            (Rows([3; 1024]), Rows([0xFE; 1024]))
+        };
         let mut out = Rows([0; 1024]);
-        let n = iters / 16;
-        // SAFETY: amx_peak runs this only where the crate's AMX tier is supported (AMX-INT8
-        // with the tile data permitted for this process); the configuration is a valid palette
-        // 1 one; the loads read 16 rows of 64 bytes inside `a` and `b` and the store writes 16
-        // rows of 64 bytes inside `out`; the tile state is released before returning.
-        unsafe {
-            asm!(
-                "ldtilecfg [{cfg}]",
-                "tileloadd tmm4, [{a} + {s}]",
-                "tileloadd tmm5, [{b} + {s}]",
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                "2:",
-                "tdpbusd tmm0, tmm4, tmm5",
-                "tdpbusd tmm1, tmm4, tmm5",
-                "tdpbusd tmm2, tmm4, tmm5",
-                "tdpbusd tmm3, tmm4, tmm5",
-                "dec {n}",
-                "jnz 2b",
-                "tilestored [{o} + {s}], tmm0",
-                "tilerelease",
-                cfg = in(reg) cfg.0.as_ptr(),
-                a = in(reg) a.0.as_ptr(),
-                b = in(reg) b.0.as_ptr(),
-                o = in(reg) out.0.as_mut_ptr(),
-                s = in(reg) 64usize,
-                n = inout(reg) n.max(1) => _,
-                options(nostack),
-            );
+        let n = (iters / 16).max(1);
+        macro_rules! chains {
+            ($op:literal) => {
+                // SAFETY: callers run this only where the crate's AMX tier is supported (and,
+                // for `tdpbf16ps`, AMX-BF16) with the tile data permitted for this process; the
+                // configuration is a valid palette 1 one; the loads read 16 rows of 64 bytes
+                // inside `a` and `b` and the store writes 16 rows of 64 bytes inside `out`; the
+                // tile state is released before returning.
+                unsafe {
+                    asm!(
+                        "ldtilecfg [{cfg}]",
+                        "tileloadd tmm4, [{a} + {s}]",
+                        "tileloadd tmm5, [{b} + {s}]",
+                        "tilezero tmm0",
+                        "tilezero tmm1",
+                        "tilezero tmm2",
+                        "tilezero tmm3",
+                        "2:",
+                        concat!($op, " tmm0, tmm4, tmm5"),
+                        concat!($op, " tmm1, tmm4, tmm5"),
+                        concat!($op, " tmm2, tmm4, tmm5"),
+                        concat!($op, " tmm3, tmm4, tmm5"),
+                        "dec {n}",
+                        "jnz 2b",
+                        "tilestored [{o} + {s}], tmm0",
+                        "tilerelease",
+                        cfg = in(reg) cfg.0.as_ptr(),
+                        a = in(reg) a.0.as_ptr(),
+                        b = in(reg) b.0.as_ptr(),
+                        o = in(reg) out.0.as_mut_ptr(),
+                        s = in(reg) 64usize,
+                        n = inout(reg) n => _,
+                        options(nostack),
+                    );
+                }
+            };
+        }
+        if BF16 {
+            chains!("tdpbf16ps");
+        } else {
+            chains!("tdpbusd");
         }
         std::hint::black_box(&out);
-        n.max(1) * 4 * 16 * 16 * 64 * 2
+        // Multiply-adds per instruction: 16 x 16 x 64 int8, 16 x 16 x 32 BF16.
+        n * 4 * 16 * 16 * if BF16 { 32 } else { 64 } * 2
     }
     #[cfg(not(target_arch = "x86_64"))]
-    fn per_thread(_iters: u64) -> u64 {
+    {
+        let _ = iters;
         0
     }
-    if !quantgraph::kernels::Isa::Amx.is_supported() {
-        return None;
-    }
-    Some(per_second_on_threads(threads, per_thread))
 }
 
 /// Measures memory bandwidth (GB/s) with a multi-threaded copy of 256 MiB, the same run's

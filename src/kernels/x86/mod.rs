@@ -194,7 +194,9 @@ pub(crate) fn plug_amx(t: &mut KernelTable, cpu: Amx) {
     // weights take the f32 GEMM kernels (BF16 widened exactly) here: 4096 x 512 x 14336 BF16
     // prefill on 2 Emerald Rapids cores, 4 alternating rounds, 112 -> 147 GFLOPS (1.43).
     t.sgemm_bf16 = None;
-    // Where the tile unit multiplies BF16 as well, BF16 prefill takes it instead.
+    // Where the tile unit multiplies BF16 as well (AMX-BF16), BF16 prefill with K a multiple
+    // of 32 takes it instead: 4096 x 512 x 14336 on 2 Emerald Rapids cores, 3 alternating
+    // rounds, the f32 kernels 255-293 ms, the tiles 49-68 ms.
     if amx_bf16() {
         t.tile_bf16 = Some((amx_bf16::tile_bf16, amx_igemm::release));
     }

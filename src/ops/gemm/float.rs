@@ -235,13 +235,7 @@ impl<'a, R: Fn(usize) -> *const u8> FloatBlock<'a, R> {
         ncols: usize,
         scratch: &'a mut [f32],
     ) -> Result<(FloatBlock<'a, R>, &'a mut [f32])> {
-        if rows.len() > MC
-            || ncols > NC
-            || scratch.len() < BLOCK_SCRATCH
-            || panels.len() < ncols.div_ceil(SG_NR) * panel_floats(k)
-        {
-            return Err(Error::Buffer("float GEMM block larger than its buffers".into()));
-        }
+        check_block(k, &rows, panels, ncols, scratch)?;
         let deq =
             super::super::get_rows::row_converter(kt, dtype).ok_or_else(|| Error::Unsupported {
                 op: "mul_mat",
@@ -484,6 +478,34 @@ impl<R: Fn(usize) -> *const u8> Family for TileBf16Block<'_, R> {
     }
 }
 
+/// Checks that a block of `rows` by `ncols` fits the row and column block sizes, that
+/// `scratch` holds [`BLOCK_SCRATCH`] and that `panels` holds the block's panels of `k` values.
+fn check_block(
+    k: usize,
+    rows: &Range<usize>,
+    panels: &[f32],
+    ncols: usize,
+    scratch: &[f32],
+) -> Result<()> {
+    if rows.len() > MC
+        || ncols > NC
+        || scratch.len() < BLOCK_SCRATCH
+        || panels.len() < ncols.div_ceil(SG_NR) * panel_floats(k)
+    {
+        return Err(Error::Buffer("float GEMM block larger than its buffers".into()));
+    }
+    Ok(())
+}
+
+/// Calls the tile kernels' release function when dropped.
+struct TileRelease(fn());
+
+impl Drop for TileRelease {
+    fn drop(&mut self) {
+        (self.0)();
+    }
+}
+
 /// `x` as a 16 x 16 tile, or (absent) the next spare one.
 fn tile_or_spare<'x>(
     x: Option<&'x mut [f32]>,
@@ -512,20 +534,16 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     store: impl FnMut(usize, usize, &[f32]),
 ) -> Result<()> {
     if let Some((kern, release)) = bf16_tiles(kt, dtype, k) {
-        if rows.len() > MC
-            || ncols > NC
-            || scratch.len() < BLOCK_SCRATCH
-            || panels.len() < ncols.div_ceil(SG_NR) * panel_floats(k)
-        {
-            return Err(Error::Buffer("float GEMM block larger than its buffers".into()));
-        }
+        check_block(k, &rows, panels, ncols, scratch)?;
         // The strips (MC rows of KC BF16 values) in the f32 strip area, the tiles after it.
         let (strips, tiles) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
         let strips = &mut bytemuck::cast_slice_mut::<f32, u16>(strips)[..MC * KC];
         let mut fam = TileBf16Block { kern, k, rows, a_row, panels, ncols, strips };
-        let r = super::block(&mut fam, tiles, super::Store::ColumnMajor, store);
+        // The thread's tile state is given back when the block starts and on every way out,
+        // so no block runs on a configuration other code of the thread loaded.
         release();
-        return r;
+        let _release = TileRelease(release);
+        return super::block(&mut fam, tiles, super::Store::ColumnMajor, store);
     }
     let (mut fam, tiles) = FloatBlock::new(kt, dtype, k, rows, a_row, panels, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
