@@ -139,12 +139,9 @@ pub fn amx_peak(threads: usize) -> Option<f64> {
 /// `tdpbf16ps` chains per thread on full 16 x 16 x 32 tiles, each instruction 8192
 /// multiply-adds; median of 5 runs. The AMX tier's BF16 prefill is compared against it.
 pub fn amx_bf16_peak(threads: usize) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    let has = std::arch::x86_64::__cpuid(0).eax >= 7
-        && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0;
-    #[cfg(not(target_arch = "x86_64"))]
-    let has = false;
-    if !(has && quantgraph::kernels::Isa::Amx.is_supported()) {
+    if !(quantgraph::kernels::CpuFeatures::detect().amx_bf16
+        && quantgraph::kernels::Isa::Amx.is_supported())
+    {
         return None;
     }
     Some(per_second_on_threads(threads, tile_chains::<true>))

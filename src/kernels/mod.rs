@@ -138,6 +138,9 @@ pub struct CpuFeatures {
     /// permission to use the tile data (asked for here, once; Linux only, false elsewhere).
     /// With AVX-512 VNNI it enables [`Isa::Amx`].
     pub amx_int8: bool,
+    /// AMX-BF16, the tile unit's BF16 products (x86), reported where [`amx_int8`](Self::amx_int8)
+    /// is (the same tile data permission): the AMX tier's BF16 prefill uses it.
+    pub amx_bf16: bool,
     /// NEON (aarch64). Reported only: aarch64 runs the portable scalar tier.
     pub neon: bool,
     /// The dot product extension, `sdot`/`udot` (aarch64). Reported only.
@@ -173,6 +176,7 @@ impl CpuFeatures {
             ("AVX512_VNNI", self.avx512_vnni),
             ("AVX512_BF16", self.avx512_bf16),
             ("AMX_INT8", self.amx_int8),
+            ("AMX_BF16", self.amx_bf16),
             ("NEON", self.neon),
             ("DOTPROD", self.dotprod),
             ("MATMUL_INT8", self.matmul_int8),
@@ -185,6 +189,7 @@ impl CpuFeatures {
 #[cfg(target_arch = "x86_64")]
 fn detect_features() -> CpuFeatures {
     use std::arch::is_x86_feature_detected as has;
+    let amx = x86::amx_usable();
     CpuFeatures {
         sse3: has!("sse3"),
         ssse3: has!("ssse3"),
@@ -198,7 +203,8 @@ fn detect_features() -> CpuFeatures {
         avx512_vbmi: has!("avx512vbmi"),
         avx512_vnni: has!("avx512vnni"),
         avx512_bf16: has!("avx512bf16"),
-        amx_int8: x86::amx_usable(),
+        amx_int8: amx,
+        amx_bf16: amx && x86::amx_bf16(),
         brand: brand_string(),
         ..Default::default()
     }

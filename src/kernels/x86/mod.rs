@@ -197,7 +197,7 @@ pub(crate) fn plug_amx(t: &mut KernelTable, cpu: Amx) {
     // Where the tile unit multiplies BF16 as well (AMX-BF16), BF16 prefill with K a multiple
     // of 32 takes it instead: 4096 x 512 x 14336 on 2 Emerald Rapids cores, 3 alternating
     // rounds, the f32 kernels 255-293 ms, the tiles 49-68 ms.
-    if amx_bf16() {
+    if super::CpuFeatures::detect().amx_bf16 {
         t.tile_bf16 = Some((amx_bf16::tile_bf16, amx_igemm::release));
     }
     // And the AVX2 tier's widening dots for few columns: 4096 x 1 x 14336 BF16 there, 4
@@ -206,8 +206,8 @@ pub(crate) fn plug_amx(t: &mut KernelTable, cpu: Amx) {
 }
 
 /// Whether this CPU has AMX-BF16 (CPUID leaf 7 sub-leaf 0, EDX bit 22); the tile data
-/// permission is the AMX tier's (`amx_usable`).
-fn amx_bf16() -> bool {
+/// permission is `amx_usable`'s (`CpuFeatures::amx_bf16` asks for both).
+pub(crate) fn amx_bf16() -> bool {
     std::arch::x86_64::__cpuid(0).eax >= 7
         && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0
 }

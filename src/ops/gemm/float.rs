@@ -497,15 +497,6 @@ fn check_block(
     Ok(())
 }
 
-/// Calls the tile kernels' release function when dropped.
-struct TileRelease(fn());
-
-impl Drop for TileRelease {
-    fn drop(&mut self) {
-        (self.0)();
-    }
-}
-
 /// `x` as a 16 x 16 tile, or (absent) the next spare one.
 fn tile_or_spare<'x>(
     x: Option<&'x mut [f32]>,
@@ -539,10 +530,7 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
         let (strips, tiles) = scratch[..BLOCK_SCRATCH].split_at_mut(MC * KC);
         let strips = &mut bytemuck::cast_slice_mut::<f32, u16>(strips)[..MC * KC];
         let mut fam = TileBf16Block { kern, k, rows, a_row, panels, ncols, strips };
-        // The thread's tile state is given back when the block starts and on every way out,
-        // so no block runs on a configuration other code of the thread loaded.
-        release();
-        let _release = TileRelease(release);
+        let _state = super::KernelState::claim(Some(release));
         return super::block(&mut fam, tiles, super::Store::ColumnMajor, store);
     }
     let (mut fam, tiles) = FloatBlock::new(kt, dtype, k, rows, a_row, panels, ncols, scratch)?;

@@ -183,8 +183,8 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     kernel: IgemmFn,
     pair: Option<IgemmPairFn>,
     triple: Option<IgemmTripleFn>,
-    /// The tier's per-thread kernel state release (`IgemmKernels::release`).
-    release: Option<fn()>,
+    /// The tier's per-thread kernel state (`IgemmKernels::release`), claimed for the block.
+    _state: super::KernelState,
     /// Whether the kernels read the bands' block-diagonal codes (`IgemmKernels::expand_codes`).
     expand: bool,
     /// The tier's writer of the bands' folded weights, where its kernels read those instead
@@ -251,10 +251,8 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         let (kernel, pair, triple) = (kernels.one[kind], kernels.two[kind], kernels.three[kind]);
         let (fast, fast_super) = ((kernels.unpack)(dtype), (kernels.unpack_super)(dtype));
         // A block starts from no kernel state of this thread's (the AMX tier's tile
-        // configuration is loaded anew by its first kernel call).
-        if let Some(release) = kernels.release {
-            release();
-        }
+        // configuration is loaded anew by its first kernel call) and gives it back on drop.
+        let state = super::KernelState::claim(kernels.release);
         let blk = IntBlock {
             fmt,
             fast,
@@ -262,7 +260,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
             kernel,
             pair,
             triple,
-            release: kernels.release,
+            _state: state,
             expand: kernels.expand_codes && fold.is_none(),
             fold,
             bsize,
@@ -280,15 +278,6 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
     /// K values of step `s` that are not padding (a block-type row's last step is partial).
     fn step_len(&self, s: usize) -> usize {
         (self.k - s * QK_K).min(QK_K)
-    }
-}
-
-impl<R: Fn(usize) -> *const u8> Drop for IntBlock<'_, R> {
-    /// Gives back the kernels' per-thread state on every way out of the block.
-    fn drop(&mut self) {
-        if let Some(release) = self.release {
-            release();
-        }
     }
 }
 

@@ -115,6 +115,29 @@ pub(crate) fn block<F: Family>(
     Ok(())
 }
 
+/// A tier's per-thread kernel state (the AMX tile configuration), given back when a block
+/// claims it and again when the guard drops, on every way out of the block: no block runs on
+/// a configuration that other code of the thread loaded, and none is left behind.
+pub(crate) struct KernelState(Option<fn()>);
+
+impl KernelState {
+    /// Gives the state back now (`release`, where the kernels keep some) and on drop.
+    pub(crate) fn claim(release: Option<fn()>) -> KernelState {
+        if let Some(release) = release {
+            release();
+        }
+        KernelState(release)
+    }
+}
+
+impl Drop for KernelState {
+    fn drop(&mut self) {
+        if let Some(release) = self.0 {
+            release();
+        }
+    }
+}
+
 /// The most rows a family's strip may have (the column runs [`block`] hands out).
 const MAX_MR: usize = 32;
 
