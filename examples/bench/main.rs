@@ -8,6 +8,7 @@
 //! cargo run --release --example bench -- vec-dot TYPE N REPS [--kernel]
 //! cargo run --release --example bench -- peak THREADS
 //! cargo run --release --example bench -- bandwidth THREADS
+//! cargo run --release --example bench -- decode-stream TYPE M K THREADS REPS [TOTAL_MIB]
 //! cargo run --release --example bench -- op NAME THREADS REPS
 //! cargo run --release --example bench -- train-op NAME THREADS REPS
 //! cargo run --release --example bench -- model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN] [--repack]
@@ -19,7 +20,7 @@
 //!
 //! Each line starts `quantgraph <what>` and, where the output is checked, ends in `digest=`;
 //! scripts read these fields, so they stay as they are. One module per subcommand family:
-//! [`overhead`] (node-overhead, plan-overhead), [`matmul`] (matmul, mul_mat_id), [`vec_dot`],
+//! [`overhead`] (node-overhead, plan-overhead), [`matmul`] (matmul, mul_mat_id, decode-stream), [`vec_dot`],
 //! [`ops`] (op), [`train`] (train-op), [`model`], [`peaks`] (peak, bandwidth); [`measure`] holds
 //! the timing and the digest they share.
 
@@ -99,6 +100,20 @@ fn main() {
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }
         }
+        Some("decode-stream") => {
+            let ty: String = arg(&args, 1, "TYPE");
+            match DType::from_name(&ty) {
+                Some(t) => matmul::decode_stream(
+                    t,
+                    arg(&args, 2, "M"),
+                    arg(&args, 3, "K"),
+                    arg(&args, 4, "THREADS"),
+                    arg(&args, 5, "REPS"),
+                    args.get(6).and_then(|s| s.parse().ok()).unwrap_or(1024),
+                ),
+                None => Err(quantgraph::Error::UnknownType(ty)),
+            }
+        }
         Some("op")
             if matches!(
                 args.get(1).map(String::as_str),
@@ -146,6 +161,7 @@ fn main() {
         Some("bandwidth") => {
             let t: usize = arg(&args, 1, "THREADS");
             println!("quantgraph bandwidth threads={t} gbps={:.1}", peaks::bandwidth(t));
+            println!("quantgraph read_bandwidth threads={t} gbps={:.1}", peaks::read_bandwidth(t));
             Ok(())
         }
         Some("vec-dot") => {
@@ -164,7 +180,8 @@ fn main() {
                  matmul TYPE M N K THREADS REPS [--repack] | \
                  mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack] | \
                  vec-dot TYPE N REPS [--kernel] | op NAME THREADS REPS | \
-                 train-op NAME THREADS REPS | bandwidth THREADS | peak THREADS | model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN] [--ctx N] [--depth D] [--reps R]"
+                 train-op NAME THREADS REPS | bandwidth THREADS | \
+                 decode-stream TYPE M K THREADS REPS [TOTAL_MIB] | peak THREADS | model tiny|large|FILE.gguf THREADS [N_PROMPT] [N_GEN] [--ctx N] [--depth D] [--reps R]"
             );
             std::process::exit(2)
         }

@@ -50,6 +50,56 @@ pub fn matmul(
     Ok(())
 }
 
+/// `bench decode-stream TYPE M K THREADS REPS [TOTAL_MIB]`: decode (N = 1) through enough copies
+/// of a [K, M] weight of `ty` that their bytes (at least `TOTAL_MIB`, default 1024) exceed the
+/// last-level cache, one `mul_mat` per copy in one graph: every compute streams all the weights
+/// from memory. Prints the weight read rate (GB/s), to be set against `bench bandwidth`'s
+/// `read_gbps` of the same run.
+pub fn decode_stream(
+    ty: DType,
+    m: usize,
+    k: usize,
+    threads: usize,
+    reps: usize,
+    total_mib: usize,
+) -> quantgraph::Result<()> {
+    let be = CpuBackend::with_threads(threads)?;
+    let a = rand_f32(m * k, 1);
+    let mut bytes = vec![0u8; ty.row_size(k)? * m];
+    match ty {
+        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
+        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
+        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
+    }
+    let copies = (total_mib << 20).div_ceil(bytes.len()).max(2);
+    let mut g = Graph::new();
+    let x = g.input(DType::F32, &[k, 1])?;
+    let mut bufs = Vec::with_capacity(copies);
+    let mut ys = Vec::with_capacity(copies);
+    for _ in 0..copies {
+        let buf = Buffer::from_host(bytes.clone());
+        let w = g.weight(ty, &[k, m], &buf, 0)?;
+        let y = g.mul_mat(w, x)?;
+        g.set_output(y)?;
+        bufs.push(buf);
+        ys.push(y);
+    }
+    let mut plan = Plan::new(g, &be)?;
+    plan.set_input(x, &rand_f32(k, 2))?;
+    let t = median_compute_secs(&mut plan, reps)?;
+    let total = (bytes.len() * copies) as f64;
+    println!(
+        "quantgraph decode_stream {} {m} 1 {k} threads={} copies={copies} weight_mib={:.0} median_ms_per_matmul={:.3} gbps={:.1} digest={}",
+        ty.name(),
+        be.n_threads(),
+        total / (1 << 20) as f64,
+        t * 1e3 / copies as f64,
+        total / t / 1e9,
+        digest(&plan, ys[copies - 1])
+    );
+    Ok(())
+}
+
 /// The weights in a plain buffer, or (with `--repack`) in the CPU_REPACK buffer type: repacked on
 /// the way in, the plain bytes dropped right after, so only one copy stays alive.
 fn weight_buffer(
