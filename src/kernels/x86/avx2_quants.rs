@@ -111,7 +111,7 @@ pub(super) fn prefetch_lines<const XB: usize>(p: *const u8, d: usize) {
 /// slower for Q4_1, the modulo and branch costing more than the repeated hints). A hint, as
 /// [`prefetch_ahead`].
 #[inline(always)]
-fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
+pub(super) fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
     if XB >= 64 {
         prefetch_lines::<XB>(x.wrapping_add(ib * XB), d);
     } else {
@@ -125,10 +125,11 @@ fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize) {
 /// within 2% of best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0
 /// ~1.3-1.6x, Q4_1/Q5_1/Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). The gain depends
 /// on how loaded the memory is: in the test machine's fast phases Q5_0 measured no gain (and no loss).
-/// MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to 10%) and keep
-/// their plain kernels; so does F32, whose decode is bound by memory bandwidth. Q4_0 and Q8_0 did
-/// not gain on Zen 5 but do on Zen 4 (4096 x 1 x 14336, 3 alternating rounds, medians: q4_0 2.99
-/// -> 2.19 ms, q8_0 4.37 -> 2.73 ms), so they prefetch too.
+/// MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to 10%) with
+/// the weights in L3 and keep their plain kernels in this tier (the AVX-512 MXFP4 dot prefetches,
+/// for weights streamed from memory: see its `plug_vnni`); so does F32, whose decode is bound by
+/// memory bandwidth. Q4_0 and Q8_0 did not gain on Zen 5 but do on Zen 4 (4096 x 1 x 14336, 3
+/// alternating rounds, medians: q4_0 2.99 -> 2.19 ms, q8_0 4.37 -> 2.73 ms), so they prefetch too.
 pub(super) const STREAM_PF: usize = 4096;
 
 /// How many whole blocks of `n / per_block` both slices really hold. The `VecDotFn` contract makes
