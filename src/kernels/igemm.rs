@@ -103,15 +103,22 @@ impl WBand {
 }
 
 impl WBand {
-    /// Writes row `r`'s block-diagonal codes ([`WBand::xcodes`]) from its `codes`.
-    pub(crate) fn expand_row(&mut self, r: usize) {
+    /// Writes row `r`'s block-diagonal weights ([`WBand::xcodes`]) from its `codes`: the signed
+    /// bytes `codes[i] - bias` (the formats' integer weights, every one inside `i8`), so a
+    /// signed product sums `(code - bias) * level` and needs no level-sum correction. A partial
+    /// step's padding (code 0) becomes `-bias`, against activation levels that are 0 there.
+    pub(crate) fn expand_row(&mut self, r: usize, bias: i32) {
         for t in 0..QK_K / 64 {
             for h in 0..2 {
                 let at = (t * 16 + h * 8 + r) * 64;
                 let row = &mut self.xcodes[at..at + 64];
                 row.fill(0);
                 let src = r * QK_K + 64 * t + 32 * h;
-                row[32 * h..32 * h + 32].copy_from_slice(&self.codes[src..src + 32]);
+                for (x, &c) in row[32 * h..32 * h + 32].iter_mut().zip(&self.codes[src..src + 32]) {
+                    let v = c as i32 - bias;
+                    debug_assert!(i8::try_from(v).is_ok(), "weight {v} outside i8");
+                    *x = v as i8 as u8;
+                }
             }
         }
     }
@@ -626,7 +633,7 @@ mod tests {
                         fold(&mut w, row, bias);
                         assert_eq!(w.xcodes, want.xcodes, "{name} folded row {row}");
                     }
-                    None => w.expand_row(row),
+                    None => w.expand_row(row, bias),
                 }
             }
             let mut a2 = *a;
@@ -673,8 +680,9 @@ mod tests {
         }
     }
 
-    /// The block-diagonal codes: each 64 K values as two 16-row halves, a row's first 32 codes
-    /// in the first half's row, its last 32 in the second's, zeros elsewhere.
+    /// The block-diagonal weights: each 64 K values as two 16-row halves, a row's first 32
+    /// signed weights (code - bias) in the first half's row, its last 32 in the second's, zeros
+    /// elsewhere.
     #[test]
     fn expanded_codes_are_block_diagonal() {
         let mut w: WBand = bytemuck::Zeroable::zeroed();
@@ -683,14 +691,15 @@ mod tests {
             *c = (i % 251) as u8 + 1;
         }
         for r in 0..IG_MR {
-            w.expand_row(r);
+            w.expand_row(r, 100);
         }
         for t in 0..QK_K / 64 {
             for h in 0..2 {
                 for r in 0..IG_MR {
                     let row = &w.xcodes[(t * 16 + h * 8 + r) * 64..][..64];
                     for (e, &v) in row.iter().enumerate() {
-                        let want = if e / 32 == h { w.codes[r * QK_K + 64 * t + e] } else { 0 };
+                        let code = w.codes[r * QK_K + 64 * t + e] as i32;
+                        let want = if e / 32 == h { (code - 100) as i8 as u8 } else { 0 };
                         assert_eq!(v, want, "t {t} h {h} r {r} e {e}");
                     }
                 }
@@ -746,6 +755,53 @@ mod tests {
                 let levels: i32 = qs[16 * j..16 * j + 16].iter().map(|&v| v as i32).sum();
                 assert_eq!(a.bsums[j * IG_NR + 3], want.unwrap_or(levels * 4), "sub-block {j}");
             }
+        }
+    }
+
+    /// The band and panels a kind's kernels see from the formats (the tile tier's block
+    /// kernels rely on it: `expand_codes`): for `Blk32`, codes with a bias of 128 and each
+    /// sub-block's level sums times it in `bsums`, as the packer writes them; for `Blk32Min`,
+    /// codes below 128 and no bias, as Q4_1 and Q5_1 have. Other kinds and tiers: as given.
+    fn block_data(kind: Kind, expand: bool, w: &WBand, p: [ABlock; 3]) -> (WBand, [ABlock; 3]) {
+        let (mut w, mut p) = (*w, p);
+        if !expand || !matches!(kind, Kind::Blk32 | Kind::Blk32Min) {
+            return (w, p);
+        }
+        let bias = if kind == Kind::Blk32 { 128 } else { 0 };
+        if bias == 0 {
+            for c in w.codes.iter_mut() {
+                *c &= 127;
+            }
+        }
+        for row in 0..IG_MR {
+            w.expand_row(row, bias);
+        }
+        for a in p.iter_mut() {
+            for c in 0..IG_NR {
+                for j in 0..QK_K / 32 {
+                    let levels: i32 = (8 * j..8 * j + 8)
+                        .flat_map(|g| a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].to_vec())
+                        .map(|v| v as i32)
+                        .sum();
+                    a.bsums[j * IG_NR + c] = levels * bias;
+                }
+            }
+        }
+        (w, p)
+    }
+
+    /// Every block format's integer weights `code - bias` lie inside `i8`, the tile tier's
+    /// signed block-diagonal weights (`WBand::expand_row`).
+    #[test]
+    fn block_formats_weights_fit_i8() {
+        use crate::quant::unpack::int_format;
+        for d in DType::ALL {
+            let Some(fmt) = int_format(d) else { continue };
+            if !fmt.float_scales() {
+                continue;
+            }
+            let (lo, hi) = (-fmt.bias, fmt.max_code as i32 - fmt.bias);
+            assert!(lo >= -128 && hi <= 127, "{d}: weights {lo}..={hi}");
         }
     }
 
@@ -810,9 +866,9 @@ mod tests {
                     *c &= k.max_code;
                 }
                 // As the unpacker leaves them (stale block-diagonal codes would fail the tile
-                // kernels).
+                // kernels; bias 128 keeps any code inside i8).
                 for row in 0..IG_MR {
-                    w.expand_row(row);
+                    w.expand_row(row, 128);
                 }
                 // The second and third panels: the first with its columns reversed, and with
                 // its levels rotated by one group.
@@ -890,9 +946,10 @@ mod tests {
                     let fold = k.fold_scales;
                     narrow_pair_is_sub16(&name, (narrow, triple, fold), &w, &a, extreme);
                 }
-                let panels = [a, a2, a3];
                 for kind in Kind::ALL {
                     let i = kind.index();
+                    let (w, [a, a2, a3]) = block_data(kind, k.expand_codes, &w, [a, a2, a3]);
+                    let panels = [a, a2, a3];
                     // Whole steps, and (block types) the partial last steps of rows.
                     let lens: &[usize] = if kind.blocks() { &[256, 32, 64, 160] } else { &[256] };
                     for &len in lens {

@@ -126,7 +126,6 @@ macro_rules! neg_bsums {
         _mm512_sub_epi32(_mm512_setzero_si512(), bs)
     }};
 }
-pub(super) use neg_bsums;
 
 /// The f32 sums a float kind's pass over rows `r0..r0 + R` of `P` panels starts from (`P`, `R`
 /// from the kernel): the tiles' rows at `out` for the block kinds (which add every sub-block

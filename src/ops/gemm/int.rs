@@ -370,7 +370,7 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                 if let Some(fold) = self.fold {
                     fold(band, rr, fmt.bias);
                 } else if self.expand {
-                    band.expand_row(rr);
+                    band.expand_row(rr, fmt.bias);
                 }
             }
         }
