@@ -17,14 +17,7 @@ pub fn matmul(
     repack: bool,
 ) -> quantgraph::Result<()> {
     let be = CpuBackend::with_threads(threads)?;
-    let a = rand_f32(m * k, 1);
-    let row = ty.row_size(k)?;
-    let mut bytes = vec![0u8; row * m];
-    match ty {
-        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
-        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
-        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
-    }
+    let bytes = weight_bytes(ty, k, m)?;
     let wbuf = weight_buffer(ty, &[k, m], bytes, repack)?;
     let mut g = Graph::new();
     let w = g.weight(ty, &[k, m], &wbuf, 0)?;
@@ -54,7 +47,7 @@ pub fn matmul(
 /// of a [K, M] weight of `ty` that their bytes (at least `TOTAL_MIB`, default 1024) exceed the
 /// last-level cache, one `mul_mat` per copy in one graph: every compute streams all the weights
 /// from memory. Prints the weight read rate (GB/s), to be set against `bench bandwidth`'s
-/// `read_gbps` of the same run.
+/// `read_bandwidth` line of the same run.
 pub fn decode_stream(
     ty: DType,
     m: usize,
@@ -64,13 +57,7 @@ pub fn decode_stream(
     total_mib: usize,
 ) -> quantgraph::Result<()> {
     let be = CpuBackend::with_threads(threads)?;
-    let a = rand_f32(m * k, 1);
-    let mut bytes = vec![0u8; ty.row_size(k)? * m];
-    match ty {
-        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
-        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
-        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
-    }
+    let bytes = weight_bytes(ty, k, m)?;
     let copies = (total_mib << 20).div_ceil(bytes.len()).max(2);
     let mut g = Graph::new();
     let x = g.input(DType::F32, &[k, 1])?;
@@ -98,6 +85,18 @@ pub fn decode_stream(
         digest(&plan, ys[copies - 1])
     );
     Ok(())
+}
+
+/// `rows` rows of `k` random weights (seed 1) in type `ty`, as the matmul benches store them.
+fn weight_bytes(ty: DType, k: usize, rows: usize) -> quantgraph::Result<Vec<u8>> {
+    let a = rand_f32(rows * k, 1);
+    let mut bytes = vec![0u8; ty.row_size(k)? * rows];
+    match ty {
+        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
+        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
+        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
+    }
+    Ok(bytes)
 }
 
 /// The weights in a plain buffer, or (with `--repack`) in the CPU_REPACK buffer type: repacked on
@@ -138,13 +137,7 @@ pub fn mul_mat_id(
         )));
     }
     let be = CpuBackend::with_threads(threads)?;
-    let a = rand_f32(m * k * experts, 1);
-    let mut bytes = vec![0u8; ty.row_size(k)? * m * experts];
-    match ty {
-        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
-        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
-        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
-    }
+    let bytes = weight_bytes(ty, k, m * experts)?;
     let wbuf = weight_buffer(ty, &[k, m, experts], bytes, repack)?;
     let mut g = Graph::new();
     let w = g.weight(ty, &[k, m, experts], &wbuf, 0)?;
