@@ -691,7 +691,7 @@ mod tests {
             *c = (i % 251) as u8 + 1;
         }
         for r in 0..IG_MR {
-            w.expand_row(r, 100);
+            w.expand_row(r, 128);
         }
         for t in 0..QK_K / 64 {
             for h in 0..2 {
@@ -699,7 +699,7 @@ mod tests {
                     let row = &w.xcodes[(t * 16 + h * 8 + r) * 64..][..64];
                     for (e, &v) in row.iter().enumerate() {
                         let code = w.codes[r * QK_K + 64 * t + e] as i32;
-                        let want = if e / 32 == h { (code - 100) as i8 as u8 } else { 0 };
+                        let want = if e / 32 == h { (code - 128) as i8 as u8 } else { 0 };
                         assert_eq!(v, want, "t {t} h {h} r {r} e {e}");
                     }
                 }
