@@ -109,6 +109,29 @@ fn misaligned_weights_and_gguf_tensors_are_refused() {
     file.bind(&mut g, "pad").unwrap();
 }
 
+/// An empty weight reads no byte, so the placeholder address of an empty buffer is not refused
+/// as misaligned; its product plans and computes to an empty output.
+#[test]
+fn empty_weights_bind_and_multiply() {
+    let be = CpuBackend::with_threads(2).unwrap();
+    for dt in [DType::F32, DType::Q4_0, DType::Q4_K] {
+        let empty = Buffer::from_host(Vec::<u8>::new());
+        let mut g = Graph::new();
+        let w = g.weight(dt, &[256, 0], &empty, 0).unwrap();
+        let x = g.input(DType::F32, &[256, 3]).unwrap();
+        let y = g.mul_mat(w, x).unwrap();
+        g.set_output(y).unwrap();
+        let mut plan = Plan::new(g, &be).unwrap();
+        plan.set_input(x, &[0.5f32; 256 * 3]).unwrap();
+        plan.compute().unwrap();
+        assert!(plan.output_bytes(y).unwrap().is_empty(), "{dt}");
+    }
+    // A weight with bytes at an empty buffer is still refused (it does not fit).
+    let mut g = Graph::new();
+    let e = g.weight(DType::F32, &[4], &Buffer::from_host(Vec::<u8>::new()), 0).unwrap_err();
+    shape_err(e, "weight", &["f32", "buffer has 0 bytes"]);
+}
+
 // ---- 2. Destinations that overlap themselves ----------------------------------------------------
 
 #[test]

@@ -58,17 +58,20 @@ pub fn decode_stream(
 ) -> quantgraph::Result<()> {
     let be = CpuBackend::with_threads(threads)?;
     let bytes = weight_bytes(ty, k, m)?;
-    let copies = (total_mib << 20).div_ceil(bytes.len()).max(2);
+    let total = total_mib.checked_mul(1 << 20).filter(|_| !bytes.is_empty()).ok_or_else(|| {
+        quantgraph::Error::InvalidArgument(format!(
+            "decode-stream: need M, K > 0 and TOTAL_MIB below 2^44 (M {m}, K {k}, TOTAL_MIB {total_mib})"
+        ))
+    })?;
+    let copies = total.div_ceil(bytes.len()).max(2);
     let mut g = Graph::new();
     let x = g.input(DType::F32, &[k, 1])?;
-    let mut bufs = Vec::with_capacity(copies);
     let mut ys = Vec::with_capacity(copies);
     for _ in 0..copies {
-        let buf = Buffer::from_host(bytes.clone());
-        let w = g.weight(ty, &[k, m], &buf, 0)?;
+        // The graph keeps its own handle to each copy's buffer.
+        let w = g.weight(ty, &[k, m], &Buffer::from_host(bytes.clone()), 0)?;
         let y = g.mul_mat(w, x)?;
         g.set_output(y)?;
-        bufs.push(buf);
         ys.push(y);
     }
     let mut plan = Plan::new(g, &be)?;

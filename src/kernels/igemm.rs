@@ -151,7 +151,10 @@ pub(crate) struct ABlock {
     /// Level `4g + e` of column `c` at `codes[g * 64 + c * 4 + e]`.
     pub codes: [i8; QK_K * IG_NR],
     /// Per sub-block `j` and column `c` at `bsums[j * 16 + c]`: the sum of the sub-block's levels
-    /// (types with mins), or that sum times the code bias (the others).
+    /// (types with mins), or that sum times the code bias (the others). For the block formats
+    /// the tile tier does not read it: its signed weights (`WBand::expand_row`) already carry the
+    /// bias, so its sums equal the other tiers' only while this holds exactly `bias x levels`,
+    /// as `pack_q8_blocks_column` writes it.
     pub bsums: [i32; 16 * IG_NR],
     /// Types with mins: the level sums of sub-blocks `2 i` (low 16 bits) and `2 i + 1` (high 16
     /// bits) of column `c` at `bsum_pairs[i * 16 + c]`, as `vpdpwssd` takes them; not written
@@ -779,9 +782,10 @@ mod tests {
         for a in p.iter_mut() {
             for c in 0..IG_NR {
                 for j in 0..QK_K / 32 {
+                    // Sub-block j of 32 levels is groups 8 j .. 8 j + 8 of four.
                     let levels: i32 = (8 * j..8 * j + 8)
-                        .flat_map(|g| a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4].to_vec())
-                        .map(|v| v as i32)
+                        .flat_map(|g| &a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4])
+                        .map(|&v| v as i32)
                         .sum();
                     a.bsums[j * IG_NR + c] = levels * bias;
                 }
