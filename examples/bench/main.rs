@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example bench -- node-overhead NODES THREADS
 //! cargo run --release --example bench -- plan-overhead NODES
-//! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS [--repack]
+//! cargo run --release --example bench -- matmul TYPE M N K THREADS REPS [--repack] [--share]
 //! cargo run --release --example bench -- mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack]
 //! cargo run --release --example bench -- vec-dot TYPE N REPS [--kernel]
 //! cargo run --release --example bench -- peak THREADS
@@ -46,7 +46,8 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let repack = args.iter().any(|a| a == "--repack");
-    args.retain(|a| a != "--repack");
+    let share = args.iter().any(|a| a == "--share");
+    args.retain(|a| a != "--repack" && a != "--share");
     // `--name N` options of `model`, taken out of the positional arguments.
     let mut opt = |name: &str| -> Option<usize> {
         let i = args.iter().position(|a| a == name)?;
@@ -78,7 +79,7 @@ fn main() {
                     arg(&args, 4, "K"),
                     arg(&args, 5, "THREADS"),
                     arg(&args, 6, "REPS"),
-                    repack,
+                    matmul::Flags { repack, share },
                 ),
                 None => Err(quantgraph::Error::UnknownType(ty)),
             }
@@ -177,7 +178,7 @@ fn main() {
         _ => {
             eprintln!(
                 "usage: bench node-overhead NODES THREADS | plan-overhead NODES | \
-                 matmul TYPE M N K THREADS REPS [--repack] | \
+                 matmul TYPE M N K THREADS REPS [--repack] [--share] | \
                  mul_mat_id TYPE M N K N_EXPERT N_USED THREADS REPS [--repack] | \
                  vec-dot TYPE N REPS [--kernel] | op NAME THREADS REPS | \
                  train-op NAME THREADS REPS | bandwidth THREADS | \

@@ -2,11 +2,23 @@
 //! activations, in GFLOPS, optionally on CPU_REPACK weights.
 
 use crate::measure::{digest, median_compute_secs};
+use crate::peaks;
 use quantgraph::testdata::rand_f32;
 use quantgraph::{Backend, Buffer, BufferType, CpuBackend, DType, Graph, Plan};
 
+/// The options of `bench matmul`.
+pub struct Flags {
+    /// `--repack`: the weight in the CPU_REPACK buffer type.
+    pub repack: bool,
+    /// `--share`: the row's share of the peak that bounds it.
+    pub share: bool,
+}
+
 /// `bench matmul TYPE M N K THREADS REPS`: `mul_mat` of a [K, M] weight of `ty` and F32
 /// activations [K, N]; flops = 2 M N K. `--repack` stores the weight in the CPU_REPACK buffer type.
+/// `--share` also measures the peak that bounds the row ([`peaks::bounding_peak`]) just before and
+/// just after the timed computes and prints the row's share of their mean: the machine's speed
+/// drifts, and a peak read minutes apart from the row can move its share by a third.
 pub fn matmul(
     ty: DType,
     m: usize,
@@ -14,7 +26,7 @@ pub fn matmul(
     k: usize,
     threads: usize,
     reps: usize,
-    repack: bool,
+    Flags { repack, share }: Flags,
 ) -> quantgraph::Result<()> {
     let be = CpuBackend::with_threads(threads)?;
     let bytes = weight_bytes(ty, k, m)?;
@@ -26,13 +38,19 @@ pub fn matmul(
     g.set_output(y)?;
     let mut plan = Plan::new(g, &be)?;
     plan.set_input(x, &rand_f32(k * n, 2))?;
+    let before = if share { peaks::bounding_peak(ty, be.n_threads()) } else { None };
     let t = median_compute_secs(&mut plan, reps)?;
+    let after = if share { peaks::bounding_peak(ty, be.n_threads()) } else { None };
     let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
-    let suffix = if repack {
+    let mut suffix = if repack {
         format!(" buffer=CPU_REPACK weight_bytes={}", wbuf.len())
     } else {
         String::new()
     };
+    if let (Some((name, p0)), Some((_, p1))) = (before, after) {
+        let share = gflops / ((p0 + p1) / 2.0);
+        suffix += &format!(" peak={name} peak_before={p0:.1} peak_after={p1:.1} share={share:.3}");
+    }
     println!(
         "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}{suffix} digest={}",
         ty.name(),

@@ -124,6 +124,23 @@ pub fn int8_peak(threads: usize) -> Option<f64> {
     Some(per_second_on_threads(threads, per_thread))
 }
 
+/// The peak that bounds prefill of `ty` weights, as `(name, value)`: the int8 dot-product peak
+/// ([`int8_peak`]) for weights whose activations are int8 (every quantized type), the BF16 tile
+/// peak for BF16 where the AMX tier runs, else the f32 FMA peak; `None` where the CPU lacks the
+/// instructions of the int8 peak.
+pub fn bounding_peak(ty: quantgraph::DType, threads: usize) -> Option<(&'static str, f64)> {
+    use quantgraph::DType;
+    if ty.is_quantized() {
+        return int8_peak(threads).map(|g| ("int8", g));
+    }
+    if ty == DType::BF16
+        && let Some(g) = amx_bf16_peak(threads)
+    {
+        return Some(("amx_bf16", g));
+    }
+    Some(("fma", fma_peak(threads)))
+}
+
 /// The int8 tile peak of `threads` threads where the crate runs its AMX tier (AMX-INT8 with
 /// the tile data permitted): 4 independent `tdpbusd` chains per thread on full 16 x 16 x 64
 /// tiles, each instruction 16384 multiply-adds; median of 5 runs. The AMX tier's quantized
