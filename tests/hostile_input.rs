@@ -132,6 +132,24 @@ fn empty_weights_bind_and_multiply() {
     shape_err(e, "weight", &["f32", "buffer has 0 bytes"]);
 }
 
+#[test]
+fn an_empty_reduction_is_refused_by_name() {
+    // K = 0: no element per row. The refusal names the empty dimension, not a layout.
+    let mut g = Graph::new();
+    let empty = Buffer::from_host(Vec::<u8>::new());
+    for dt in [DType::F32, DType::Q4_0] {
+        let w = g.weight(dt, &[0, 4], &empty, 0).unwrap();
+        let x = g.input(DType::F32, &[0, 3]).unwrap();
+        let e = g.mul_mat(w, x).unwrap_err();
+        shape_err(e, "mul_mat", &["ne[0] is 0", "[0, 4, 1, 1]"]);
+        let ws = g.weight(dt, &[0, 4, 2], &empty, 0).unwrap();
+        let xs = g.input(DType::F32, &[0, 1, 3]).unwrap();
+        let ids = g.input(DType::I32, &[1, 3]).unwrap();
+        let e = g.mul_mat_id(ws, xs, ids).unwrap_err();
+        shape_err(e, "mul_mat_id", &["ne[0] is 0"]);
+    }
+}
+
 // ---- 2. Destinations that overlap themselves ----------------------------------------------------
 
 #[test]

@@ -81,6 +81,14 @@ impl Graph {
         if ti.dtype != DType::I32 {
             return Err(Error::ty(OP, format!("ids {di} must be I32")));
         }
+        if ta.ne[0] == 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "as {ds} x b {db}: the shared dimension ne[0] is 0; mul_mat_id needs at least one element per row"
+                ),
+            ));
+        }
         if ta.ne[1] > 1 && ta.nb[0] > ta.nb[1] {
             return Err(Error::shape(OP, format!("as {ds} is transposed; use cont first")));
         }

@@ -813,6 +813,18 @@ impl Graph {
                 ),
             ));
         }
+        // Rows of no elements have no layout (ne[0] = 0 makes every row stride 0, which the
+        // transposition test below would misread).
+        if ta.ne[0] == 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{} x {}: the shared dimension ne[0] is 0; mul_mat needs at least one element per row",
+                    ta.describe(a),
+                    tb.describe(b)
+                ),
+            ));
+        }
         if ta.nb[0] > ta.nb[1] && ta.ne[1] > 1 {
             return Err(Error::shape(
                 OP,

@@ -62,6 +62,10 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_stream);
     t.set_vec_dot_stream(DType::Q4_0, vec_dot_q4_0_q8_0_stream);
     t.set_vec_dot_stream(DType::Q8_0, vec_dot_q8_0_q8_0_stream);
+    // Their two-row forms: two accumulator chains instead of one, whose four-cycle multiply-add
+    // latency bounds the one-row loop.
+    t.set_vec_dot2_stream(DType::Q4_0, vec_dot2_q4_0_q8_0_stream);
+    t.set_vec_dot2_stream(DType::Q8_0, vec_dot2_q8_0_q8_0_stream);
     t.set_vec_dot_stream(DType::Q4_1, vec_dot_q4_1_q8_1_stream);
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_stream);
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_stream);
@@ -153,6 +157,24 @@ pub(super) fn whole_blocks(
 pub(super) fn plug_bf16(t: &mut KernelTable, _: super::Avx2) {
     t.set_gemm(DType::BF16, gemm_bf16);
     t.set_vec_dot_stream(DType::BF16, vec_dot_bf16_stream);
+}
+
+/// The two-row streaming Q4_0 dot (`KernelTable::vec_dot2_stream`).
+fn vec_dot2_q4_0_q8_0_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    const XB: usize = size_of::<BlockQ4_0>();
+    const YB: usize = size_of::<BlockQ8_0>();
+    let nb = whole_blocks(n, 32, x[0], XB, y, YB).min(whole_blocks(n, 32, x[1], XB, y, YB));
+    // SAFETY: `whole_blocks` caps `nb` so that both weight rows hold `nb` Q4_0 blocks and `y`
+    // `nb` Q8_0 blocks; `plug` installs this only where AVX2, FMA and F16C are supported.
+    unsafe { vec_dot2_q4_0_q8_0_avx2::<STREAM_PF>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+}
+
+/// The two-row streaming Q8_0 dot (`KernelTable::vec_dot2_stream`).
+fn vec_dot2_q8_0_q8_0_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    const B: usize = size_of::<BlockQ8_0>();
+    let nb = whole_blocks(n, 32, x[0], B, y, B).min(whole_blocks(n, 32, x[1], B, y, B));
+    // SAFETY: as `vec_dot2_q4_0_q8_0_stream`, with Q8_0 weight blocks.
+    unsafe { vec_dot2_q8_0_q8_0_avx2::<STREAM_PF>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
 }
 
 macro_rules! wrappers {
@@ -845,57 +867,92 @@ unsafe fn vec_dot_q4_0_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
     // an infinity), and a finite result means every scale was finite, where both loops do the very
     // same operations; so the checked loop only has to run when the fast result is not finite.
     // SAFETY: the caller's guarantees are the helper's.
-    let fast = unsafe { q4_0_q8_0_blocks::<false, PF>(nb, x, y) };
+    let [fast] = unsafe { q4_0_q8_0_rows::<false, PF, 1>(nb, [x], y) };
     if fast.is_finite() {
         fast
     } else {
         // SAFETY: as above.
-        unsafe { q4_0_q8_0_blocks::<true, PF>(nb, x, y) }
+        unsafe { q4_0_q8_0_rows::<true, PF, 1>(nb, [x], y)[0] }
     }
 }
 
-/// The Q4_0 loop; `CHECK` sets blocks with a non-finite scale aside (see the caller).
+/// [`vec_dot_q4_0_q8_0_avx2`] for two weight rows against one activation row, each result
+/// bitwise that function's.
 ///
 /// # Safety
-/// As [`vec_dot_q4_0_q8_0_avx2`].
+/// As [`vec_dot_q4_0_q8_0_avx2`], for both rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot2_q4_0_q8_0_avx2<const PF: usize>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: *const u8,
+) -> [f32; 2] {
+    // SAFETY: the caller's guarantees are the helper's.
+    let fast = unsafe { q4_0_q8_0_rows::<false, PF, 2>(nb, x, y) };
+    // A row with a non-finite result takes the one-row function's checked loop (see there).
+    std::array::from_fn(|r| {
+        if fast[r].is_finite() {
+            fast[r]
+        } else {
+            // SAFETY: as above, for row `r`.
+            unsafe { vec_dot_q4_0_q8_0_avx2::<PF>(nb, x[r], y) }
+        }
+    })
+}
+
+/// The Q4_0 loop over `R` weight rows against one activation row (each row's operations and
+/// their order are the one-row loop's, so every result is bitwise the same; the rows share the
+/// activation loads and run independent accumulator chains). `CHECK` sets blocks with a
+/// non-finite scale aside (see the caller).
+///
+/// # Safety
+/// As [`vec_dot_q4_0_q8_0_avx2`], for every row of `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_0_q8_0_blocks<const CHECK: bool, const PF: usize>(
+unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize>(
     nb: usize,
-    x: *const u8,
+    x: [*const u8; R],
     y: *const u8,
-) -> f32 {
+) -> [f32; R] {
     const XB: usize = size_of::<BlockQ4_0>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let mut acc = _mm256_setzero_ps();
-    let mut special = 0.0f32;
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut special = [0.0f32; R];
     for ib in 0..nb {
-        if PF > 0 {
-            prefetch_stream::<XB>(x, ib, PF);
-        }
-        // SAFETY: block `ib < nb` of each side is readable, and every read below stays inside its
-        // block (field offset plus read length is at most the block size).
-        let (xd, xq, yd, yq) = unsafe {
-            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
+        // SAFETY: block `ib < nb` of `y` is readable; both reads stay inside it.
+        let (yd, yq) = unsafe {
+            let by = y.add(ib * YB);
             (
-                rd_u16(bx.add(offset_of!(BlockQ4_0, d))),
-                _mm_loadu_si128(bx.add(offset_of!(BlockQ4_0, qs)).cast()),
                 rd_u16(by.add(offset_of!(BlockQ8_0, d))),
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let sumi = mul_sum_offset_u8_i8(bytes_from_nibbles_32(xq), 8, yq);
-        let (dx, dy) = (F16_TO_F32[xd as usize], F16_TO_F32[yd as usize]);
-        let d = dx * dy;
-        if !CHECK || d.is_finite() {
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        } else {
-            // An infinite or NaN scale: per-lane products would make 0 * inf = NaN where the
-            // block's total is not zero; take the total, as ggml's generic code does.
-            special += hsum_i32_8(sumi) as f32 * dx * dy;
+        let dy = F16_TO_F32[yd as usize];
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<XB>(x[r], ib, PF);
+            }
+            // SAFETY: block `ib < nb` of row `r` is readable; both reads stay inside it.
+            let (xd, xq) = unsafe {
+                let bx = x[r].add(ib * XB);
+                (
+                    rd_u16(bx.add(offset_of!(BlockQ4_0, d))),
+                    _mm_loadu_si128(bx.add(offset_of!(BlockQ4_0, qs)).cast()),
+                )
+            };
+            let sumi = mul_sum_offset_u8_i8(bytes_from_nibbles_32(xq), 8, yq);
+            let dx = F16_TO_F32[xd as usize];
+            let d = dx * dy;
+            if !CHECK || d.is_finite() {
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            } else {
+                // An infinite or NaN scale: per-lane products would make 0 * inf = NaN where the
+                // block's total is not zero; take the total, as ggml's generic code does.
+                special[r] += hsum_i32_8(sumi) as f32 * dx * dy;
+            }
         }
     }
-    hsum_float_8(acc) + special
+    std::array::from_fn(|r| hsum_float_8(acc[r]) + special[r])
 }
 
 /// # Safety
@@ -1040,26 +1097,66 @@ unsafe fn vec_dot_q5_1_q8_1_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 /// The CPU supports AVX2, FMA and F16C; `x` and `y` each hold `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q8_0_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: the caller's guarantees are the helper's.
+    unsafe { q8_0_q8_0_rows::<PF, 1>(nb, [x], y)[0] }
+}
+
+/// [`vec_dot_q8_0_q8_0_avx2`] for two weight rows against one activation row, each result
+/// bitwise that function's.
+///
+/// # Safety
+/// As [`vec_dot_q8_0_q8_0_avx2`], for both rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot2_q8_0_q8_0_avx2<const PF: usize>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: *const u8,
+) -> [f32; 2] {
+    // SAFETY: the caller's guarantees are the helper's.
+    unsafe { q8_0_q8_0_rows::<PF, 2>(nb, x, y) }
+}
+
+/// The Q8_0 loop over `R` weight rows against one activation row: each row's operations and
+/// their order are the one-row loop's (see [`q4_0_q8_0_rows`]).
+///
+/// # Safety
+/// As [`vec_dot_q8_0_q8_0_avx2`], for every row of `x`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q8_0_q8_0_rows<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
     const B: usize = size_of::<BlockQ8_0>();
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); R];
     for ib in 0..nb {
-        if PF > 0 {
-            prefetch_stream::<B>(x, ib, PF);
-        }
-        // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
-        let (xd, xq, yd, yq) = unsafe {
-            let (bx, by) = (x.add(ib * B), y.add(ib * B));
+        // SAFETY: block `ib < nb` of `y` is readable; both reads stay inside it.
+        let (yd, yq) = unsafe {
+            let by = y.add(ib * B);
             (
-                rd_u16(bx.add(offset_of!(BlockQ8_0, d))),
-                _mm256_loadu_si256(bx.add(offset_of!(BlockQ8_0, qs)).cast()),
                 rd_u16(by.add(offset_of!(BlockQ8_0, d))),
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(xq, yq), acc);
+        let dy = F16_TO_F32[yd as usize];
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<B>(x[r], ib, PF);
+            }
+            // SAFETY: block `ib < nb` of row `r` is readable; both reads stay inside it.
+            let (xd, xq) = unsafe {
+                let bx = x[r].add(ib * B);
+                (
+                    rd_u16(bx.add(offset_of!(BlockQ8_0, d))),
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ8_0, qs)).cast()),
+                )
+            };
+            let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * dy);
+            acc[r] = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(xq, yq), acc[r]);
+        }
     }
-    hsum_float_8(acc)
+    std::array::from_fn(|r| hsum_float_8(acc[r]))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1981,6 +2078,62 @@ mod tests {
             assert!(checked.contains(&ty), "{ty} has no stream variant");
         }
         assert!(checked.contains(&DType::IQ4_NL) && checked.contains(&DType::IQ3_S), "{checked:?}");
+    }
+
+    /// The two-row streaming dots give each row the one-row streaming dot's bits, non-finite
+    /// weight scales (Q4_0's checked loop) and odd block counts included.
+    #[test]
+    fn two_row_dots_give_the_one_row_bits() {
+        let mut r = Xorshift64::from_state(0x51F1_5EED_0DD5_EED5);
+        let tiers =
+            [crate::kernels::Isa::Avx2, crate::kernels::Isa::Avx512, crate::kernels::Isa::Amx];
+        let mut checked = Vec::new();
+        for t in tiers.iter().filter_map(|&i| crate::kernels::table_for(i)) {
+            for ty in DType::ALL {
+                let Some(two) = t.vec_dot2_stream(ty) else { continue };
+                let one = t.vec_dot_stream(ty).unwrap();
+                checked.push(ty);
+                for nb in [1usize, 2, 7, 448] {
+                    let n = 32 * nb;
+                    let rows: Vec<Vec<u8>> = (0..2)
+                        .map(|_| {
+                            let x: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
+                            let mut xq = vec![0u8; ty.row_size(n).unwrap()];
+                            crate::quant::quantize(ty, &x, &mut xq).unwrap();
+                            xq
+                        })
+                        .collect();
+                    let y: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
+                    let mut yq = vec![0u8; ty.vec_dot_type().row_size(n).unwrap()];
+                    crate::quant::quantize_for_dot(ty.vec_dot_type(), &y, &mut yq).unwrap();
+                    // As quantized, then with an infinite and a NaN scale in the second row's
+                    // last block (f16 0x7C00, 0x7E00; the scale is the block's first field).
+                    for special in [None, Some(0x7C00u16), Some(0x7E00)] {
+                        let mut rows = rows.clone();
+                        if let Some(h) = special {
+                            let at = (nb - 1) * ty.type_size();
+                            rows[1][at..at + 2].copy_from_slice(&h.to_le_bytes());
+                        }
+                        let got = two(n, [&rows[0], &rows[1]], &yq);
+                        for (i, row) in rows.iter().enumerate() {
+                            let want = one(n, row, &yq);
+                            assert_eq!(
+                                got[i].to_bits(),
+                                want.to_bits(),
+                                "{ty} nb={nb} row {i} {special:?}: {} vs {want}",
+                                got[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if crate::kernels::Isa::Avx2.is_supported() {
+            assert!(
+                checked.contains(&DType::Q4_0) && checked.contains(&DType::Q8_0),
+                "{checked:?}"
+            );
+        }
     }
 
     #[test]
