@@ -520,6 +520,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     let table = ctx.kt;
     let dot = table.vec_dot(a.dtype).ok_or_else(|| unsupported(format!("no {} dot", a.dtype)))?;
     let dot_stream = table.vec_dot_stream(a.dtype).unwrap_or(dot);
+    let dot2 = table.vec_dot2_stream(a.dtype);
     let gemm = table.gemm(a.dtype);
     let (k, m, n_as) = (a.ne[0], a.ne[1], a.ne[2]);
     let a_row_bytes = a.dtype.row_bytes(k);
@@ -637,11 +638,26 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 }
             }
             _ => {
-                // One pair: the expert's rows are read once, from memory (decode).
-                let dot = if cols.len() == 1 { dot_stream } else { dot };
+                // One pair: the expert's rows are read once, from memory (decode), two at a
+                // time where the tier has the two-row form (as mul_mat's decode; the same bits).
+                let (dot, dot2) = if cols.len() == 1 { (dot_stream, dot2) } else { (dot, None) };
                 for &p in cols {
                     let y = b_row(p);
-                    for i in i0..i1 {
+                    let mut i = i0;
+                    if let Some(dot2) = dot2 {
+                        let half = (i1 - i0) / 2;
+                        for t in 0..half {
+                            let (ia, ib) = (i0 + t, i0 + half + t);
+                            let [va, vb] = dot2(k, [a_row(ia), a_row(ib)], y);
+                            // SAFETY: as below, for rows ia < ib < i1 <= m.
+                            unsafe {
+                                *dst_at(ia, p) = va;
+                                *dst_at(ib, p) = vb;
+                            }
+                        }
+                        i = i0 + 2 * half;
+                    }
+                    for i in i..i1 {
                         // SAFETY: as above: i < m, inside dst, this worker's element only.
                         unsafe { *dst_at(i, p) = dot(k, a_row(i), y) };
                     }
