@@ -123,29 +123,50 @@ mod tests {
     use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
 
-    /// The AVX-512 MXFP4 dot gives the AVX2 tier's bits: random blocks (any scale byte, any
-    /// levels including -128), even and odd block counts.
+    /// The AVX-512 tier's MXFP4, Q5_0 and Q5_1 dots (plain and streaming; Q5_1's two-row form
+    /// too) give the AVX2 tier's bits: random blocks (any weight scale, any levels including
+    /// -128), even and odd block counts.
     #[test]
     fn avx512_quantized_dots_give_the_avx2_tiers_bits() {
         let Some((t2, t5)) = avx2_and_avx512(true) else { return };
         let mut r = crate::testdata::Xorshift64::from_state(0x1234_5678_9ABC_DEF1);
-        for d in [DType::MXFP4] {
+        for d in [DType::MXFP4, DType::Q5_0, DType::Q5_1] {
             let (k2, k5) = (t2.vec_dot(d).unwrap(), t5.vec_dot(d).unwrap());
             assert_ne!(k2 as usize, k5 as usize, "{d}: no AVX-512 dot installed");
+            let (s2, s5) = (t2.vec_dot_stream(d).unwrap(), t5.vec_dot_stream(d).unwrap());
+            let vd = d.vec_dot_type();
+            let yb = vd.type_size();
             for nb in [1usize, 2, 3, 8, 33, 448] {
                 let n = 32 * nb;
                 for _ in 0..4 {
                     let mut bytes =
                         |len: usize| -> Vec<u8> { (0..len).map(|_| r.next_u64() as u8).collect() };
                     let x = bytes(d.row_size(n).unwrap());
-                    let mut y = bytes(DType::Q8_0.row_size(n).unwrap());
-                    // Finite Q8_0 scales of either sign (f16 exponent below 31), levels of
-                    // any value.
+                    let x1 = bytes(d.row_size(n).unwrap());
+                    let mut y = bytes(vd.row_size(n).unwrap());
+                    // Finite activation scales (and Q8_1 sums) of either sign (f16 exponent
+                    // below 31), levels of any value.
                     for b in 0..nb {
-                        y[34 * b + 1] &= 0xBB;
+                        y[yb * b + 1] &= 0xBB;
+                        if vd == DType::Q8_1 {
+                            y[yb * b + 3] &= 0xBB;
+                        }
                     }
-                    let (a, b) = (k2(n, &x, &y), k5(n, &x, &y));
-                    assert_eq!(a.to_bits(), b.to_bits(), "{d} nb={nb}: {a} vs {b}");
+                    // The same bits; a NaN (two NaN scales met) may carry either one's
+                    // payload, as the compiler orders the operands.
+                    let same = |a: f32, b: f32, what: &str| {
+                        assert!(
+                            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                            "{d} {what} nb={nb}: {a} vs {b}"
+                        );
+                    };
+                    same(k2(n, &x, &y), k5(n, &x, &y), "plain");
+                    same(s2(n, &x, &y), s5(n, &x, &y), "stream");
+                    if let Some(two) = t5.vec_dot2_stream(d) {
+                        let [p, q] = two(n, [&x, &x1], &y);
+                        same(p, s2(n, &x, &y), "two-row");
+                        same(q, s2(n, &x1, &y), "two-row");
+                    }
                 }
             }
         }
