@@ -53,6 +53,9 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot_stream(DType::IQ3_XXS, vec_dot_iq3_xxs_q8_K_stream);
     t.set_vec_dot_stream(DType::IQ4_NL, vec_dot_iq4_nl_q8_0_stream);
     t.set_vec_dot_stream(DType::IQ4_XS, vec_dot_iq4_xs_q8_K_stream);
+    // IQ4_NL's two-row form (see `VecDot2Fn`): one-process A/B, 4096 x 1 x 14336, 2 threads,
+    // three runs, in L3 / from memory: 1.06-1.10x / 1.03-1.06x.
+    t.set_vec_dot2_stream(DType::IQ4_NL, vec_dot2_iq4_nl_q8_0_stream);
     t.set_vec_dot_stream(
         DType::IQ3_S,
         if fast_pdep() { vec_dot_iq3_s_q8_K_bmi2_stream } else { vec_dot_iq3_s_q8_K_stream },
@@ -84,6 +87,13 @@ safe_wrappers! {
     vec_dot_iq3_s_q8_K_stream => iq3_s_avx2::<STREAM_PF>;
     vec_dot_iq4_nl_q8_0_stream => iq4_nl_avx2::<STREAM_PF>;
     vec_dot_iq4_xs_q8_K_stream => iq4_xs_avx2::<STREAM_PF>;
+}
+
+/// Two-row streaming dot (`VecDot2Fn`) on the AVX2 tier.
+fn vec_dot2_iq4_nl_q8_0_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    // SAFETY: this function only enters a `KernelTable` through `plug`, which is only called
+    // after AVX2, FMA and F16C were detected.
+    unsafe { iq4_nl2_avx2::<STREAM_PF>(n, x, y) }
 }
 
 /// Dot product (`VecDotFn`) on the AVX2 tier with BMI2's `pdep` (IQ1_M).
@@ -854,48 +864,70 @@ fn iq4_values(values: __m128i, bits: __m128i) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_nl_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    iq4_nl_rows::<PF, 1>(n, [x], y)[0]
+}
+
+/// Two rows of [`iq4_nl_avx2`] (`KernelTable::vec_dot2_stream`), each result bitwise its.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq4_nl2_avx2<const PF: usize>(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    iq4_nl_rows::<PF, 2>(n, x, y)
+}
+
+/// The IQ4_NL loop over `R` weight rows against one activation row: each row's operations and
+/// their order are the one-row loop's; the rows share the activation's loads.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn iq4_nl_rows<const PF: usize, const R: usize>(n: usize, x: [&[u8]; R], y: &[u8]) -> [f32; R] {
     const XS: usize = size_of::<BlockIQ4NL>();
     const QS: usize = offset_of!(BlockIQ4NL, qs);
     const Y_QS: usize = offset_of!(BlockQ8_0, qs);
-    let nb = (n / QK4_NL).min(x.len() / XS).min(y.len() / Q8_0_SIZE);
-    let (x, y) = (&x[..nb * XS], &y[..nb * Q8_0_SIZE]);
+    let nb = x.iter().fold((n / QK4_NL).min(y.len() / Q8_0_SIZE), |nb, x| nb.min(x.len() / XS));
+    let x = x.map(|x| &x[..nb * XS]);
+    let y = &y[..nb * Q8_0_SIZE];
     let values = iq4nl_values();
     let mone = _mm256_set1_epi16(1);
-    let mut accum1 = _mm256_setzero_ps();
-    let mut accum2 = _mm256_setzero_ps();
-    let mut pairs_x = x.chunks_exact(2 * XS);
+    let mut accum1 = [_mm256_setzero_ps(); R];
+    let mut accum2 = [_mm256_setzero_ps(); R];
+    let mut pairs_x = x.map(|x| x.chunks_exact(2 * XS));
     let mut pairs_y = y.chunks_exact(2 * Q8_0_SIZE);
-    for (xb, yb) in (&mut pairs_x).zip(&mut pairs_y) {
-        if PF > 0 {
-            prefetch_lines::<{ 2 * XS }>(xb.as_ptr(), PF);
-        }
-        let q4b_1 = iq4_values(values, load128(xb, QS));
-        let q4b_2 = iq4_values(values, load128(xb, XS + QS));
+    for yb in &mut pairs_y {
         let q8b_1 = load256(yb, Y_QS);
         let q8b_2 = load256(yb, Q8_0_SIZE + Y_QS);
-        let p_1 = _mm256_madd_epi16(mul_add_epi8(q4b_1, q8b_1), mone);
-        let p_2 = _mm256_madd_epi16(mul_add_epi8(q4b_2, q8b_2), mone);
-        let d1 = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
-        let d2 = fp16(rd_u32(yb, Q8_0_SIZE)) * fp16(rd_u32(xb, XS));
-        accum1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p_1), accum1);
-        accum2 = _mm256_fmadd_ps(_mm256_set1_ps(d2), _mm256_cvtepi32_ps(p_2), accum2);
-    }
-    let mut sumf = hsum_float_8(_mm256_add_ps(accum1, accum2));
-    // An odd last block, as ggml's scalar tail.
-    if let (Some(xb), Some(yb)) =
-        (pairs_x.remainder().get(..XS), pairs_y.remainder().get(..Q8_0_SIZE))
-    {
-        let d = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
-        let (mut sumi1, mut sumi2) = (0i32, 0i32);
-        for j in 0..QK4_NL / 2 {
-            let q = xb[QS + j];
-            sumi1 += yb[Y_QS + j] as i8 as i32 * KVALUES_IQ4NL[(q & 0xf) as usize] as i32;
-            sumi2 +=
-                yb[Y_QS + j + QK4_NL / 2] as i8 as i32 * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
+        let (dy1, dy2) = (fp16(rd_u32(yb, 0)), fp16(rd_u32(yb, Q8_0_SIZE)));
+        for r in 0..R {
+            // Every row holds as many pairs as `y` (all cut to `nb` blocks above).
+            let Some(xb) = pairs_x[r].next() else { break };
+            if PF > 0 {
+                prefetch_lines::<{ 2 * XS }>(xb.as_ptr(), PF);
+            }
+            let q4b_1 = iq4_values(values, load128(xb, QS));
+            let q4b_2 = iq4_values(values, load128(xb, XS + QS));
+            let p_1 = _mm256_madd_epi16(mul_add_epi8(q4b_1, q8b_1), mone);
+            let p_2 = _mm256_madd_epi16(mul_add_epi8(q4b_2, q8b_2), mone);
+            let d1 = dy1 * fp16(rd_u32(xb, 0));
+            let d2 = dy2 * fp16(rd_u32(xb, XS));
+            accum1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p_1), accum1[r]);
+            accum2[r] = _mm256_fmadd_ps(_mm256_set1_ps(d2), _mm256_cvtepi32_ps(p_2), accum2[r]);
         }
-        sumf += d * (sumi1 + sumi2) as f32;
     }
-    sumf
+    std::array::from_fn(|r| {
+        let mut sumf = hsum_float_8(_mm256_add_ps(accum1[r], accum2[r]));
+        // An odd last block, as ggml's scalar tail.
+        if let (Some(xb), Some(yb)) =
+            (pairs_x[r].remainder().get(..XS), pairs_y.remainder().get(..Q8_0_SIZE))
+        {
+            let d = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
+            let (mut sumi1, mut sumi2) = (0i32, 0i32);
+            for j in 0..QK4_NL / 2 {
+                let q = xb[QS + j];
+                sumi1 += yb[Y_QS + j] as i8 as i32 * KVALUES_IQ4NL[(q & 0xf) as usize] as i32;
+                sumi2 += yb[Y_QS + j + QK4_NL / 2] as i8 as i32
+                    * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
+            }
+            sumf += d * (sumi1 + sumi2) as f32;
+        }
+        sumf
+    })
 }
 
 /// `kvalues_iq4nl` in a vector, for `pshufb` lookups.

@@ -2335,7 +2335,7 @@ mod tests {
             }
         }
         if crate::kernels::Isa::Avx2.is_supported() {
-            for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_1] {
+            for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::IQ4_NL] {
                 assert!(checked.contains(&ty), "{ty}: {checked:?}");
             }
         }
