@@ -144,6 +144,36 @@ impl Claims {
     }
 }
 
+/// The dot products of weight rows `rows` (`a_row(i)`, `k` elements) with one activation row
+/// `y`, each handed to `store(i, value)`: with the tier's two-row form (`VecDot2Fn`, decode) the
+/// range's first half against its second, so each of the two streams reads consecutive rows and
+/// its prefetch runs on into its next row (pairs of neighbouring rows measured no gain from
+/// memory), an odd last row and every row without it by the one-row dot. The same bits either
+/// way.
+pub(crate) fn dot_rows<'a>(
+    rows: std::ops::Range<usize>,
+    k: usize,
+    y: &[u8],
+    (dot, dot2): (crate::quant::VecDotFn, Option<crate::kernels::VecDot2Fn>),
+    a_row: impl Fn(usize) -> &'a [u8],
+    mut store: impl FnMut(usize, f32),
+) {
+    let mut rest = rows.clone();
+    if let Some(dot2) = dot2 {
+        let half = rows.len() / 2;
+        for t in 0..half {
+            let (ia, ib) = (rows.start + t, rows.start + half + t);
+            let [va, vb] = dot2(k, [a_row(ia), a_row(ib)], y);
+            store(ia, va);
+            store(ib, vb);
+        }
+        rest.start += 2 * half;
+    }
+    for i in rest {
+        store(i, dot(k, a_row(i), y));
+    }
+}
+
 /// Rows `[start, end)` of `n` for worker `ith` of `nth` (ggml's contiguous split).
 pub(crate) fn split(n: usize, ith: usize, nth: usize) -> (usize, usize) {
     let per = n.div_ceil(nth);

@@ -258,37 +258,17 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 };
                 std::slice::from_raw_parts(p, b_row_bytes)
             };
-            let mut i = i0s;
-            if let Some(dot2) = dot2 {
-                // Two row streams: the task's first half of rows against its second half, so
-                // each stream reads consecutive rows and its prefetch runs on into its next row
-                // (pairs of neighbouring rows measured no gain from memory; see `VecDot2Fn`).
-                let half = (i0e - i0s) / 2;
-                for t in 0..half {
-                    let (ia, ib) = (i0s + t, i0s + half + t);
-                    // SAFETY: as in the loop below, for rows ia < ib < i0e <= m.
-                    unsafe {
-                        let x0 =
-                            std::slice::from_raw_parts(a.row(ia, i2 / r2, i3 / r3), a_row_bytes);
-                        let x1 =
-                            std::slice::from_raw_parts(a.row(ib, i2 / r2, i3 / r3), a_row_bytes);
-                        let [v0, v1] = dot2(k, [x0, x1], yb);
-                        *(dst_elem(d, ia, j, i2, i3)) = v0;
-                        *(dst_elem(d, ib, j, i2, i3)) = v1;
-                    }
-                }
-                i = i0s + 2 * half;
-            }
-            for i in i..i0e {
-                // SAFETY: i < m = a.ne[1]; i2 / r2 < a.ne[2], i3 / r3 < a.ne[3] (broadcast checked
-                // at build); a's rows are contiguous `a_row_bytes` (build check). The dst element
-                // (i, j, i2, i3) belongs to this tile, which only this worker took.
-                unsafe {
-                    let xa = std::slice::from_raw_parts(a.row(i, i2 / r2, i3 / r3), a_row_bytes);
-                    let v = dot(k, xa, yb);
-                    *(dst_elem(d, i, j, i2, i3)) = v;
-                }
-            }
+            let a_row = |i: usize| -> &[u8] {
+                // SAFETY: i < i0e <= m = a.ne[1]; i2 / r2 < a.ne[2], i3 / r3 < a.ne[3]
+                // (broadcast checked at build); a's rows are contiguous `a_row_bytes` (build
+                // check).
+                unsafe { std::slice::from_raw_parts(a.row(i, i2 / r2, i3 / r3), a_row_bytes) }
+            };
+            super::dot_rows(i0s..i0e, k, yb, (dot, dot2), a_row, |i, v| {
+                // SAFETY: i < i0e <= m and j < n: the dst element (i, j, i2, i3) belongs to this
+                // tile, which only this worker took.
+                unsafe { *(dst_elem(d, i, j, i2, i3)) = v }
+            });
         }
     }
     Ok(())

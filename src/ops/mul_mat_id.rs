@@ -642,25 +642,10 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 // time where the tier has the two-row form (as mul_mat's decode; the same bits).
                 let (dot, dot2) = if cols.len() == 1 { (dot_stream, dot2) } else { (dot, None) };
                 for &p in cols {
-                    let y = b_row(p);
-                    let mut i = i0;
-                    if let Some(dot2) = dot2 {
-                        let half = (i1 - i0) / 2;
-                        for t in 0..half {
-                            let (ia, ib) = (i0 + t, i0 + half + t);
-                            let [va, vb] = dot2(k, [a_row(ia), a_row(ib)], y);
-                            // SAFETY: as below, for rows ia < ib < i1 <= m.
-                            unsafe {
-                                *dst_at(ia, p) = va;
-                                *dst_at(ib, p) = vb;
-                            }
-                        }
-                        i = i0 + 2 * half;
-                    }
-                    for i in i..i1 {
-                        // SAFETY: as above: i < m, inside dst, this worker's element only.
-                        unsafe { *dst_at(i, p) = dot(k, a_row(i), y) };
-                    }
+                    super::dot_rows(i0..i1, k, b_row(p), (dot, dot2), a_row, |i, v| {
+                        // SAFETY: as above: i < i1 <= m, inside dst, this worker's element only.
+                        unsafe { *dst_at(i, p) = v }
+                    });
                 }
             }
         }

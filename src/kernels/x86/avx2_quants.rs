@@ -187,7 +187,8 @@ macro_rules! wrappers2 {
             let nb = whole_blocks(n, 32, x[0], $xb, y, $yb).min(whole_blocks(n, 32, x[1], $xb, y, $yb));
             // SAFETY: `whole_blocks` caps `nb` so that both weight rows hold `nb` blocks of `$xb`
             // bytes and `y` `nb` blocks of `$yb` bytes; `plug` installs this only where AVX2,
-            // FMA and F16C are supported.
+            // FMA and F16C are supported, and a kernel that also needs the AVX-512 tier
+            // (`*_masked*`) only `plug_masked` does, which takes the tier's proof.
             unsafe { $kernel(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
         }
     )*};
@@ -211,7 +212,9 @@ macro_rules! wrappers {
             let nb = whole_blocks(n, $per_block, x, $xb, y, $yb);
             // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` units of `$xb` bytes and `y`
             // `nb` units of `$yb` bytes, which is all the kernel reads; `plug` only installs this
-            // wrapper after the CPU was found to support AVX2, FMA and F16C.
+            // wrapper after the CPU was found to support AVX2, FMA and F16C, and a kernel that
+            // also needs the AVX-512 tier (`*_masked*`) only `plug_masked` does, which takes the
+            // tier's proof.
             unsafe { $kernel(nb, x.as_ptr(), y.as_ptr()) }
         }
     )*};
@@ -292,40 +295,20 @@ wrappers! {
     vec_dot_q6_K_q8_K_stream8k => vec_dot_q6_K_q8_K_avx2::<8192>, QK_K, size_of::<BlockQ6K>(), size_of::<BlockQ8K>();
 }
 
-/// Safe wrappers over the masked kernels (`plug_masked`): the same block counting as
-/// [`wrappers!`], with the AVX-512 tier's guarantee.
-macro_rules! masked_wrappers {
-    ($($(#[$doc:meta])* $name:ident => $kernel:path, $xb:expr, $yb:expr;)*) => {$(
-        $(#[$doc])*
-        fn $name(n: usize, x: &[u8], y: &[u8]) -> f32 {
-            let nb = whole_blocks(n, 32, x, $xb, y, $yb);
-            // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` blocks of `$xb` bytes and
-            // `y` `nb` blocks of `$yb` bytes; only `plug_masked`, which takes the AVX-512 tier's
-            // proof, installs this wrapper.
-            unsafe { $kernel(nb, x.as_ptr(), y.as_ptr()) }
-        }
-    )*};
+wrappers! {
+    /// `vec_dot_q5_0_q8_0` through mask registers (`plug_masked`).
+    vec_dot_q5_0_q8_0_m => vec_dot_q5_0_q8_0_masked::<0>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
+    /// `vec_dot_q5_0_q8_0_stream` through mask registers (`plug_masked`).
+    vec_dot_q5_0_q8_0_m_stream => vec_dot_q5_0_q8_0_masked::<STREAM_PF>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
+    /// `vec_dot_q5_1_q8_1` through mask registers (`plug_masked`).
+    vec_dot_q5_1_q8_1_m => vec_dot_q5_1_q8_1_masked1::<0>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_q5_1_q8_1_stream` through mask registers (`plug_masked`).
+    vec_dot_q5_1_q8_1_m_stream => vec_dot_q5_1_q8_1_masked1::<STREAM_PF>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
 }
 
-masked_wrappers! {
-    /// `vec_dot_q5_0_q8_0` through mask registers.
-    vec_dot_q5_0_q8_0_m => vec_dot_q5_0_q8_0_masked::<0>, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
-    /// `vec_dot_q5_0_q8_0_stream` through mask registers.
-    vec_dot_q5_0_q8_0_m_stream => vec_dot_q5_0_q8_0_masked::<STREAM_PF>, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
-    /// `vec_dot_q5_1_q8_1` through mask registers.
-    vec_dot_q5_1_q8_1_m => vec_dot_q5_1_q8_1_masked1::<0>, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
-    /// `vec_dot_q5_1_q8_1_stream` through mask registers.
-    vec_dot_q5_1_q8_1_m_stream => vec_dot_q5_1_q8_1_masked1::<STREAM_PF>, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
-}
-
-/// `vec_dot2_q5_1_q8_1_stream` through mask registers.
-fn vec_dot2_q5_1_q8_1_m_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    const XB: usize = size_of::<BlockQ5_1>();
-    const YB: usize = size_of::<BlockQ8_1>();
-    let nb = whole_blocks(n, 32, x[0], XB, y, YB).min(whole_blocks(n, 32, x[1], XB, y, YB));
-    // SAFETY: both weight rows hold `nb` Q5_1 blocks and `y` `nb` Q8_1 blocks (capped above);
-    // only `plug_masked`, which takes the AVX-512 tier's proof, installs this.
-    unsafe { vec_dot_q5_1_q8_1_masked::<STREAM_PF, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+wrappers2! {
+    /// `vec_dot2_q5_1_q8_1_stream` through mask registers (`plug_masked`).
+    vec_dot2_q5_1_q8_1_m_stream => vec_dot_q5_1_q8_1_masked::<STREAM_PF, 2>, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
 }
 
 // ------------------------------------------------------------------------------------------------
