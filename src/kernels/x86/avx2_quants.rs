@@ -2296,12 +2296,17 @@ mod tests {
                     let mut yq = vec![0u8; ty.vec_dot_type().row_size(n).unwrap()];
                     crate::quant::quantize_for_dot(ty.vec_dot_type(), &y, &mut yq).unwrap();
                     // As quantized, then with an infinite and a NaN scale in the second row's
-                    // last block (f16 0x7C00, 0x7E00; the scale is the block's first field).
+                    // last block (the scale is the block's first field: f16 0x7C00, 0x7E00; for
+                    // MXFP4 the E8M0 byte, 0xFE the largest and 0xFF NaN).
                     for special in [None, Some(0x7C00u16), Some(0x7E00)] {
                         let mut rows = rows.clone();
                         if let Some(h) = special {
                             let at = (nb - 1) * ty.type_size();
-                            rows[1][at..at + 2].copy_from_slice(&h.to_le_bytes());
+                            if ty == DType::MXFP4 {
+                                rows[1][at] = if h == 0x7C00 { 0xFE } else { 0xFF };
+                            } else {
+                                rows[1][at..at + 2].copy_from_slice(&h.to_le_bytes());
+                            }
                         }
                         let got = two(n, [&rows[0], &rows[1]], &yq);
                         for (i, row) in rows.iter().enumerate() {
@@ -2321,6 +2326,9 @@ mod tests {
             for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::IQ4_NL] {
                 assert!(checked.contains(&ty), "{ty}: {checked:?}");
             }
+        }
+        if super::super::test_util::avx2_and_avx512(true).is_some() {
+            assert!(checked.contains(&DType::MXFP4), "MXFP4: {checked:?}");
         }
     }
 
