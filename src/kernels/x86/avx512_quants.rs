@@ -174,21 +174,21 @@ mod tests {
     use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
 
-    /// The AVX-512 tier's MXFP4, Q5_0 and Q5_1 dots (plain and streaming; Q5_1's two-row form
-    /// too) give the AVX2 tier's bits: random blocks (any weight scale, any levels including
-    /// -128), even and odd block counts.
+    /// The AVX-512 tier's MXFP4, Q5_0, Q5_1 and Q3_K dots (plain and streaming; the two-row
+    /// forms too) give the AVX2 tier's bits: random blocks (any weight scale, any levels
+    /// including -128), even and odd block counts.
     #[test]
     fn avx512_quantized_dots_give_the_avx2_tiers_bits() {
         let Some((t2, t5)) = avx2_and_avx512(true) else { return };
         let mut r = crate::testdata::Xorshift64::from_state(0x1234_5678_9ABC_DEF1);
-        for d in [DType::MXFP4, DType::Q5_0, DType::Q5_1] {
+        for d in [DType::MXFP4, DType::Q5_0, DType::Q5_1, DType::Q3_K] {
             let (k2, k5) = (t2.vec_dot(d).unwrap(), t5.vec_dot(d).unwrap());
             assert_ne!(k2 as usize, k5 as usize, "{d}: no AVX-512 dot installed");
             let (s2, s5) = (t2.vec_dot_stream(d).unwrap(), t5.vec_dot_stream(d).unwrap());
             let vd = d.vec_dot_type();
             let yb = vd.type_size();
             for nb in [1usize, 2, 3, 8, 33, 448] {
-                let n = 32 * nb;
+                let n = d.block_size() * nb;
                 for _ in 0..4 {
                     let mut bytes =
                         |len: usize| -> Vec<u8> { (0..len).map(|_| r.next_u64() as u8).collect() };
@@ -198,6 +198,11 @@ mod tests {
                     // Finite activation scales (and Q8_1 sums) of either sign (f16 exponent
                     // below 31), levels of any value.
                     for b in 0..nb {
+                        if vd == DType::Q8_K {
+                            // Q8_K's f32 scale: exponent below 255.
+                            y[yb * b + 3] &= 0xBB;
+                            continue;
+                        }
                         y[yb * b + 1] &= 0xBB;
                         if vd == DType::Q8_1 {
                             y[yb * b + 3] &= 0xBB;
@@ -213,6 +218,9 @@ mod tests {
                     };
                     same(k2(n, &x, &y), k5(n, &x, &y), "plain");
                     same(s2(n, &x, &y), s5(n, &x, &y), "stream");
+                    if matches!(d, DType::Q5_1 | DType::Q3_K) {
+                        assert!(t5.vec_dot2_stream(d).is_some(), "{d}: no two-row form");
+                    }
                     if let Some(two) = t5.vec_dot2_stream(d) {
                         let [p, q] = two(n, [&x, &x1], &y);
                         same(p, s2(n, &x, &y), "two-row");
