@@ -96,19 +96,43 @@ pub(super) fn plug_masked(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_m_stream);
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_m_stream);
     // Q3_K's high bits by a mask test and a masked add (8 ops fewer a block), and its
-    // two-row form: one process, the plain AVX2 dot, the masked one and the masked two-row in
-    // turn, 4096 x 1 x 14336, 2 threads, 3 runs: in L3 1.03-1.04x and 1.05-1.08x, from memory
-    // 1.04x and 1.04-1.12x.
+    // two-row form: one process, the AVX2 one-row dot and the masked two-row in turn, 4096 x
+    // 1 x 14336, 2 threads, each order once: 1.07-1.08x in L3, 1.01-1.05x from memory.
     t.set_vec_dot(DType::Q3_K, vec_dot_q3_K_q8_K_m);
     t.set_vec_dot_stream(DType::Q3_K, vec_dot_q3_K_q8_K_m_stream);
     t.set_vec_dot2_stream(DType::Q3_K, vec_dot2_q3_K_q8_K_m_stream);
     // Q5_K's fifth bits likewise (a test and a masked add of 16), and its two-row form (8 KiB
-    // ahead, as `plug_stream_8k`): one process, the plain AVX2 dot, the masked one and the
-    // masked two-row, 4096 x 1 x 14336, 2 threads, 3 runs in each order: the masked one-row
-    // 1.00x in L3 and 1.00-1.04x from memory, the two-row 1.06-1.08x and 1.05-1.15x.
+    // ahead, as `plug_stream_8k`): one process, the AVX2 one-row dot and the masked two-row in
+    // turn, 4096 x 1 x 14336, 2 threads, each order once: 1.17-1.18x in L3, 1.11-1.13x from
+    // memory.
     t.set_vec_dot(DType::Q5_K, vec_dot_q5_K_q8_K_m);
     t.set_vec_dot_stream(DType::Q5_K, vec_dot_q5_K_q8_K_m_stream8k);
     t.set_vec_dot2_stream(DType::Q5_K, vec_dot2_q5_K_q8_K_m_stream8k);
+}
+
+/// The AVX-512 VNNI forms of the Q4_0, Q4_1, Q5_1 and Q8_0 dots (plain, streaming and
+/// two-row), where the CPU has AVX-512 VNNI (called by the AVX-512 tier's `plug` after
+/// `plug_masked`, whose Q5_1 forms these replace). The same bits: `vpdpbusd` sums each four
+/// products exactly, as `maddubs` + `madd` do for these operands. One process, the AVX2 and
+/// the VNNI two-row dots in turn, 4096 x 1 x 14336, 2 threads, each order once: in L3 q4_0
+/// 1.03-1.10x, q4_1 1.03-1.04x, q5_1 1.01-1.02x, q8_0 1.03-1.04x; from memory 1.02-1.08x,
+/// 1.05-1.12x, 1.04-1.32x, 0.99-1.01x.
+pub(super) fn plug_vnni_dots(t: &mut KernelTable, _: super::Avx512) {
+    if !std::arch::is_x86_feature_detected!("avx512vnni") {
+        return;
+    }
+    t.set_vec_dot(DType::Q4_0, vec_dot_q4_0_q8_0_v);
+    t.set_vec_dot(DType::Q4_1, vec_dot_q4_1_q8_1_v);
+    t.set_vec_dot(DType::Q5_1, vec_dot_q5_1_q8_1_v);
+    t.set_vec_dot(DType::Q8_0, vec_dot_q8_0_q8_0_v);
+    t.set_vec_dot_stream(DType::Q4_0, vec_dot_q4_0_q8_0_v_stream);
+    t.set_vec_dot_stream(DType::Q4_1, vec_dot_q4_1_q8_1_v_stream);
+    t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_v_stream);
+    t.set_vec_dot_stream(DType::Q8_0, vec_dot_q8_0_q8_0_v_stream);
+    t.set_vec_dot2_stream(DType::Q4_0, vec_dot2_q4_0_q8_0_v_stream);
+    t.set_vec_dot2_stream(DType::Q4_1, vec_dot2_q4_1_q8_1_v_stream);
+    t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_v_stream);
+    t.set_vec_dot2_stream(DType::Q8_0, vec_dot2_q8_0_q8_0_v_stream);
 }
 
 /// The decode (stream) variants of the larger-block K-quants with the weights prefetched 8 KiB
@@ -202,8 +226,9 @@ macro_rules! wrappers2 {
                 .min(whole_blocks(n, $per_block, x[1], $xb, y, $yb));
             // SAFETY: `whole_blocks` caps `nb` so that both weight rows hold `nb` blocks of `$xb`
             // bytes and `y` `nb` blocks of `$yb` bytes; `plug` installs this only where AVX2,
-            // FMA and F16C are supported, and a kernel that also needs the AVX-512 tier
-            // (`*_masked*`) only `plug_masked` does, which takes the tier's proof.
+            // FMA and F16C are supported, a kernel that also needs the AVX-512 tier
+            // (`*_masked*`) only `plug_masked` does, which takes the tier's proof, and one that
+            // needs AVX-512 VNNI too (`*_vnni*`) only `plug_vnni_dots`, after detecting it.
             unsafe { $kernel(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
         }
     )*};
@@ -215,9 +240,9 @@ wrappers2! {
     /// Two rows of `vec_dot_q8_0_q8_0_stream`.
     vec_dot2_q8_0_q8_0_stream => vec_dot2_q8_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q4_1_q8_1_stream`.
-    vec_dot2_q4_1_q8_1_stream => q4_1_q8_1_rows::<STREAM_PF, 2>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    vec_dot2_q4_1_q8_1_stream => q4_1_q8_1_rows::<STREAM_PF, 2, false>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
     /// Two rows of `vec_dot_q5_1_q8_1_stream`.
-    vec_dot2_q5_1_q8_1_stream => q5_1_q8_1_rows::<STREAM_PF, 2, false>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    vec_dot2_q5_1_q8_1_stream => q5_1_q8_1_rows::<STREAM_PF, 2, false, false>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
 }
 
 macro_rules! wrappers {
@@ -227,9 +252,10 @@ macro_rules! wrappers {
             let nb = whole_blocks(n, $per_block, x, $xb, y, $yb);
             // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` units of `$xb` bytes and `y`
             // `nb` units of `$yb` bytes, which is all the kernel reads; `plug` only installs this
-            // wrapper after the CPU was found to support AVX2, FMA and F16C, and a kernel that
-            // also needs the AVX-512 tier (`*_masked*`) only `plug_masked` does, which takes the
-            // tier's proof.
+            // wrapper after the CPU was found to support AVX2, FMA and F16C, a kernel that also
+            // needs the AVX-512 tier (`*_masked*`) only `plug_masked` does, which takes the
+            // tier's proof, and one that needs AVX-512 VNNI too (`*_vnni*`) only
+            // `plug_vnni_dots`, after detecting it.
             unsafe { $kernel(nb, x.as_ptr(), y.as_ptr()) }
         }
     )*};
@@ -311,6 +337,22 @@ wrappers! {
 }
 
 wrappers! {
+    /// `vec_dot_q4_0_q8_0` by `vpdpbusd` (`plug_vnni_dots`).
+    vec_dot_q4_0_q8_0_v => vec_dot_q4_0_q8_0_vnni::<0>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    /// `vec_dot_q4_0_q8_0_stream` by `vpdpbusd` (`plug_vnni_dots`).
+    vec_dot_q4_0_q8_0_v_stream => vec_dot_q4_0_q8_0_vnni::<STREAM_PF>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    /// `vec_dot_q4_1_q8_1` by `vpdpbusd` (`plug_vnni_dots`).
+    vec_dot_q4_1_q8_1_v => vec_dot_q4_1_q8_1_vnni1::<0>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_q4_1_q8_1_stream` by `vpdpbusd` (`plug_vnni_dots`).
+    vec_dot_q4_1_q8_1_v_stream => vec_dot_q4_1_q8_1_vnni1::<STREAM_PF>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_q5_1_q8_1` by `vpdpbusd` and mask registers (`plug_vnni_dots`).
+    vec_dot_q5_1_q8_1_v => vec_dot_q5_1_q8_1_vnni1::<0>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_q5_1_q8_1_stream` by `vpdpbusd` and mask registers (`plug_vnni_dots`).
+    vec_dot_q5_1_q8_1_v_stream => vec_dot_q5_1_q8_1_vnni1::<STREAM_PF>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// `vec_dot_q8_0_q8_0` by `vpdpbusd` (`plug_vnni_dots`).
+    vec_dot_q8_0_q8_0_v => vec_dot_q8_0_q8_0_vnni1::<0>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
+    /// `vec_dot_q8_0_q8_0_stream` by `vpdpbusd` (`plug_vnni_dots`).
+    vec_dot_q8_0_q8_0_v_stream => vec_dot_q8_0_q8_0_vnni1::<STREAM_PF>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// `vec_dot_q5_0_q8_0` through mask registers (`plug_masked`).
     vec_dot_q5_0_q8_0_m => vec_dot_q5_0_q8_0_masked::<0>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
     /// `vec_dot_q5_0_q8_0_stream` through mask registers (`plug_masked`).
@@ -332,6 +374,14 @@ wrappers! {
 wrappers2! {
     /// `vec_dot2_q5_1_q8_1_stream` through mask registers (`plug_masked`).
     vec_dot2_q5_1_q8_1_m_stream => vec_dot_q5_1_q8_1_masked::<STREAM_PF, 2>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// Two rows of `vec_dot_q4_0_q8_0_v_stream` (`plug_vnni_dots`).
+    vec_dot2_q4_0_q8_0_v_stream => vec_dot2_q4_0_q8_0_vnni::<STREAM_PF>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    /// Two rows of `vec_dot_q4_1_q8_1_v_stream` (`plug_vnni_dots`).
+    vec_dot2_q4_1_q8_1_v_stream => vec_dot_q4_1_q8_1_vnni::<STREAM_PF, 2>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    /// Two rows of `vec_dot_q5_1_q8_1_v_stream` (`plug_vnni_dots`).
+    vec_dot2_q5_1_q8_1_v_stream => vec_dot_q5_1_q8_1_vnni::<STREAM_PF, 2>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// Two rows of `vec_dot_q8_0_q8_0_v_stream` (`plug_vnni_dots`).
+    vec_dot2_q8_0_q8_0_v_stream => vec_dot_q8_0_q8_0_vnni::<STREAM_PF, 2>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q5_K_q8_K_m_stream8k` (`plug_masked`).
     vec_dot2_q5_K_q8_K_m_stream8k => vec_dot_q5_K_q8_K_masked::<8192, 2>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
     /// Two rows of `vec_dot_q3_K_q8_K_m_stream` (`plug_masked`).
@@ -475,6 +525,41 @@ fn mul_sum_us8_pairs_float(ax: __m256i, sy: __m256i) -> __m256 {
 #[inline]
 pub(super) fn mul_sum_i8_pairs_float(x: __m256i, y: __m256i) -> __m256 {
     mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// Unsigned times signed bytes, groups of four summed in int32: with `VNNI` one `vpdpbusd`,
+/// else `maddubs` and `madd` by ones (the same integers: no 16-bit pair sum of the callers'
+/// operands saturates, see each caller).
+///
+/// # Safety
+/// With `VNNI`, the CPU supports AVX-512 VNNI and VL.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn us8_sums<const VNNI: bool>(ax: __m256i, sy: __m256i) -> __m256i {
+    if VNNI {
+        // SAFETY: the caller's guarantee.
+        unsafe { dpbusd_zero(ax, sy) }
+    } else {
+        _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, sy))
+    }
+}
+
+/// `vpdpbusd` into zero: unsigned times signed bytes, groups of four summed in int32, exactly.
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn dpbusd_zero(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+}
+
+/// [`mul_sum_us8_pairs_float`] through [`us8_sums`] (the same floats).
+///
+/// # Safety
+/// As [`us8_sums`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn us8_sums_float<const VNNI: bool>(ax: __m256i, sy: __m256i) -> __m256 {
+    // SAFETY: the caller's guarantee.
+    _mm256_cvtepi32_ps(unsafe { us8_sums::<VNNI>(ax, sy) })
 }
 
 /// `sum(x * y)` over each group of four bytes, for `x = u - off` with unsigned `u` and signed `y`:
@@ -940,12 +1025,27 @@ unsafe fn vec_dot_q4_0_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
     // an infinity), and a finite result means every scale was finite, where both loops do the very
     // same operations; so the checked loop only has to run when the fast result is not finite.
     // SAFETY: the caller's guarantees are the helper's.
-    let [fast] = unsafe { q4_0_q8_0_rows::<false, PF, 1>(nb, [x], y) };
+    unsafe { q4_0_q8_0_dot::<PF, false>(nb, x, y) }
+}
+
+/// [`vec_dot_q4_0_q8_0_avx2`] and its checked loop; `VNNI` as [`us8_sums`].
+///
+/// # Safety
+/// As [`vec_dot_q4_0_q8_0_avx2`]; with `VNNI`, as [`us8_sums`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_0_q8_0_dot<const PF: usize, const VNNI: bool>(
+    nb: usize,
+    x: *const u8,
+    y: *const u8,
+) -> f32 {
+    // SAFETY: the caller's guarantees are the helper's.
+    let [fast] = unsafe { q4_0_q8_0_rows::<false, PF, 1, VNNI>(nb, [x], y) };
     if fast.is_finite() {
         fast
     } else {
         // SAFETY: as above.
-        unsafe { q4_0_q8_0_rows::<true, PF, 1>(nb, [x], y)[0] }
+        unsafe { q4_0_q8_0_rows::<true, PF, 1, VNNI>(nb, [x], y)[0] }
     }
 }
 
@@ -961,14 +1061,29 @@ unsafe fn vec_dot2_q4_0_q8_0_avx2<const PF: usize>(
     y: *const u8,
 ) -> [f32; 2] {
     // SAFETY: the caller's guarantees are the helper's.
-    let fast = unsafe { q4_0_q8_0_rows::<false, PF, 2>(nb, x, y) };
+    unsafe { q4_0_q8_0_dot2::<PF, false>(nb, x, y) }
+}
+
+/// [`vec_dot2_q4_0_q8_0_avx2`]; `VNNI` as [`us8_sums`].
+///
+/// # Safety
+/// As [`vec_dot2_q4_0_q8_0_avx2`]; with `VNNI`, as [`us8_sums`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4_0_q8_0_dot2<const PF: usize, const VNNI: bool>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: *const u8,
+) -> [f32; 2] {
+    // SAFETY: the caller's guarantees are the helper's.
+    let fast = unsafe { q4_0_q8_0_rows::<false, PF, 2, VNNI>(nb, x, y) };
     // A row with a non-finite result takes the one-row function's checked loop (see there).
     std::array::from_fn(|r| {
         if fast[r].is_finite() {
             fast[r]
         } else {
             // SAFETY: as above, for row `r`.
-            unsafe { vec_dot_q4_0_q8_0_avx2::<PF>(nb, x[r], y) }
+            unsafe { q4_0_q8_0_dot::<PF, VNNI>(nb, x[r], y) }
         }
     })
 }
@@ -982,7 +1097,7 @@ unsafe fn vec_dot2_q4_0_q8_0_avx2<const PF: usize>(
 /// As [`vec_dot_q4_0_q8_0_avx2`], for every row of `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize>(
+unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, const VNNI: bool>(
     nb: usize,
     x: [*const u8; R],
     y: *const u8,
@@ -1001,6 +1116,9 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize>(
             )
         };
         let dy = F16_TO_F32[yd as usize];
+        // With `VNNI`, the offset's sums (8 times each four levels), shared by the rows.
+        // SAFETY: the caller's guarantee covers `VNNI`.
+        let off = if VNNI { unsafe { us8_sums::<VNNI>(_mm256_set1_epi8(8), yq) } } else { yq };
         for r in 0..R {
             if PF > 0 {
                 prefetch_stream::<XB>(x[r], ib, PF);
@@ -1013,7 +1131,13 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize>(
                     _mm_loadu_si128(bx.add(offset_of!(BlockQ4_0, qs)).cast()),
                 )
             };
-            let sumi = mul_sum_offset_u8_i8(bytes_from_nibbles_32(xq), 8, yq);
+            let sumi = if VNNI {
+                // The same integers as `mul_sum_offset_u8_i8` (exact int32 sums).
+                // SAFETY: the caller's guarantee covers `VNNI`.
+                _mm256_sub_epi32(unsafe { us8_sums::<VNNI>(bytes_from_nibbles_32(xq), yq) }, off)
+            } else {
+                mul_sum_offset_u8_i8(bytes_from_nibbles_32(xq), 8, yq)
+            };
             let dx = F16_TO_F32[xd as usize];
             let d = dx * dy;
             if !CHECK || d.is_finite() {
@@ -1033,17 +1157,17 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q4_1_q8_1_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     // SAFETY: the caller's guarantees are the helper's.
-    unsafe { q4_1_q8_1_rows::<PF, 1>(nb, [x], y)[0] }
+    unsafe { q4_1_q8_1_rows::<PF, 1, false>(nb, [x], y)[0] }
 }
 
 /// The Q4_1 loop over `R` weight rows against one activation row: each row's operations and
 /// their order are the one-row loop's (see [`q4_0_q8_0_rows`]).
 ///
 /// # Safety
-/// As [`vec_dot_q4_1_q8_1_avx2`], for every row of `x`.
+/// As [`vec_dot_q4_1_q8_1_avx2`], for every row of `x`; with `VNNI`, as [`us8_sums`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4_1_q8_1_rows<const PF: usize, const R: usize>(
+unsafe fn q4_1_q8_1_rows<const PF: usize, const R: usize, const VNNI: bool>(
     nb: usize,
     x: [*const u8; R],
     y: *const u8,
@@ -1078,7 +1202,9 @@ unsafe fn q4_1_q8_1_rows<const PF: usize, const R: usize>(
             let (m, s) = fp16x2_to_fp32(xm, ys);
             summs[r] = m.mul_add(s, summs[r]);
             let d0d1 = _mm256_set1_ps(F16_TO_F32[xd as usize] * F16_TO_F32[yd as usize]);
-            let xy = mul_sum_us8_pairs_float(bytes_from_nibbles_32(xq), yq);
+            // Pair sums below 2 * 15 * 128: `VNNI` gives the same integers.
+            // SAFETY: the caller's guarantee covers `VNNI`.
+            let xy = unsafe { us8_sums_float::<VNNI>(bytes_from_nibbles_32(xq), yq) };
             acc[r] = _mm256_fmadd_ps(d0d1, xy, acc[r]);
         }
     }
@@ -1227,7 +1353,7 @@ unsafe fn q5_0_q8_0_blocks<const CHECK: bool, const PF: usize, const MASK: bool>
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q5_1_q8_1_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     // SAFETY: the caller's guarantees are the helper's (without `MASK`).
-    unsafe { q5_1_q8_1_rows::<PF, 1, false>(nb, [x], y)[0] }
+    unsafe { q5_1_q8_1_rows::<PF, 1, false, false>(nb, [x], y)[0] }
 }
 
 /// [`vec_dot_q5_1_q8_1_avx2`] for `R` rows with the fifth bits applied through AVX-512 mask
@@ -1243,7 +1369,7 @@ unsafe fn vec_dot_q5_1_q8_1_masked<const PF: usize, const R: usize>(
     y: *const u8,
 ) -> [f32; R] {
     // SAFETY: the caller's guarantees are the helper's, with `MASK`'s.
-    unsafe { q5_1_q8_1_rows::<PF, R, true>(nb, x, y) }
+    unsafe { q5_1_q8_1_rows::<PF, R, true, false>(nb, x, y) }
 }
 
 /// One row of [`vec_dot_q5_1_q8_1_masked`].
@@ -1260,10 +1386,10 @@ unsafe fn vec_dot_q5_1_q8_1_masked1<const PF: usize>(nb: usize, x: *const u8, y:
 ///
 /// # Safety
 /// As [`vec_dot_q5_1_q8_1_avx2`], for every row of `x`; with `MASK`, as
-/// [`vec_dot_q5_1_q8_1_masked`].
+/// [`vec_dot_q5_1_q8_1_masked`]; with `VNNI`, as [`us8_sums`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q5_1_q8_1_rows<const PF: usize, const R: usize, const MASK: bool>(
+unsafe fn q5_1_q8_1_rows<const PF: usize, const R: usize, const MASK: bool, const VNNI: bool>(
     nb: usize,
     x: [*const u8; R],
     y: *const u8,
@@ -1302,7 +1428,9 @@ unsafe fn q5_1_q8_1_rows<const PF: usize, const R: usize, const MASK: bool>(
             summs[r] = m.mul_add(s, summs[r]);
             // SAFETY: the caller's guarantee covers `MASK`.
             let qx = unsafe { q5_levels::<MASK>(bytes_from_nibbles_32(xq), xh) };
-            let q = mul_sum_us8_pairs_float(qx, yq);
+            // Pair sums below 2 * 31 * 128: `VNNI` gives the same integers.
+            // SAFETY: the caller's guarantee covers `VNNI`.
+            let q = unsafe { us8_sums_float::<VNNI>(qx, yq) };
             acc[r] = _mm256_fmadd_ps(q, _mm256_mul_ps(dx, dy), acc[r]);
         }
     }
@@ -1314,7 +1442,7 @@ unsafe fn q5_1_q8_1_rows<const PF: usize, const R: usize, const MASK: bool>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q8_0_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     // SAFETY: the caller's guarantees are the helper's.
-    unsafe { q8_0_q8_0_rows::<PF, 1>(nb, [x], y)[0] }
+    unsafe { q8_0_q8_0_rows::<PF, 1, false>(nb, [x], y)[0] }
 }
 
 /// [`vec_dot_q8_0_q8_0_avx2`] for two weight rows against one activation row, each result
@@ -1329,17 +1457,17 @@ unsafe fn vec_dot2_q8_0_q8_0_avx2<const PF: usize>(
     y: *const u8,
 ) -> [f32; 2] {
     // SAFETY: the caller's guarantees are the helper's.
-    unsafe { q8_0_q8_0_rows::<PF, 2>(nb, x, y) }
+    unsafe { q8_0_q8_0_rows::<PF, 2, false>(nb, x, y) }
 }
 
 /// The Q8_0 loop over `R` weight rows against one activation row: each row's operations and
 /// their order are the one-row loop's (see [`q4_0_q8_0_rows`]).
 ///
 /// # Safety
-/// As [`vec_dot_q8_0_q8_0_avx2`], for every row of `x`.
+/// As [`vec_dot_q8_0_q8_0_avx2`], for every row of `x`; with `VNNI`, as [`us8_sums`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q8_0_q8_0_rows<const PF: usize, const R: usize>(
+unsafe fn q8_0_q8_0_rows<const PF: usize, const R: usize, const VNNI: bool>(
     nb: usize,
     x: [*const u8; R],
     y: *const u8,
@@ -1369,10 +1497,104 @@ unsafe fn q8_0_q8_0_rows<const PF: usize, const R: usize>(
                 )
             };
             let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * dy);
-            acc[r] = _mm256_fmadd_ps(d, mul_sum_i8_pairs_float(xq, yq), acc[r]);
+            // ggml's sign trick; its pair sums stay inside 16 bits (|x| <= 128 against
+            // sign(y, x) <= 127 where |x| is 128), so `VNNI` gives the same integers.
+            let (ax, sy) = (_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(yq, xq));
+            // SAFETY: the caller's guarantee covers `VNNI`.
+            let xy = unsafe { us8_sums_float::<VNNI>(ax, sy) };
+            acc[r] = _mm256_fmadd_ps(d, xy, acc[r]);
         }
     }
     std::array::from_fn(|r| hsum_float_8(acc[r]))
+}
+
+/// The AVX-512 VNNI forms of the 32-element block dots (`plug_vnni_dots`): each loop with its
+/// groups of four products summed by `vpdpbusd` (`us8_sums`), the same integers and the same
+/// bits as the AVX2 forms.
+///
+/// # Safety
+/// The CPU supports AVX-512 F, BW, DQ, VL and VNNI on top of AVX2, FMA and F16C; `x` holds
+/// `nb` Q4_0 blocks and `y` `nb` Q8_0 blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vec_dot_q4_0_q8_0_vnni<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: the caller's guarantees, `VNNI`'s included.
+    unsafe { q4_0_q8_0_dot::<PF, true>(nb, x, y) }
+}
+
+/// Two rows of [`vec_dot_q4_0_q8_0_vnni`].
+///
+/// # Safety
+/// As [`vec_dot_q4_0_q8_0_vnni`], for both rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vec_dot2_q4_0_q8_0_vnni<const PF: usize>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: *const u8,
+) -> [f32; 2] {
+    // SAFETY: the caller's guarantees, `VNNI`'s included.
+    unsafe { q4_0_q8_0_dot2::<PF, true>(nb, x, y) }
+}
+
+/// The AVX-512 VNNI form of the Q4_1 loop for `R` rows.
+///
+/// # Safety
+/// As [`vec_dot_q4_0_q8_0_vnni`], with `R` rows of Q4_1 blocks and Q8_1 activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vec_dot_q4_1_q8_1_vnni<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
+    // SAFETY: the caller's guarantees, `VNNI`'s included.
+    unsafe { q4_1_q8_1_rows::<PF, R, true>(nb, x, y) }
+}
+
+/// The AVX-512 VNNI form of the Q5_1 loop for `R` rows, its fifth bits through mask registers.
+///
+/// # Safety
+/// As [`vec_dot_q4_0_q8_0_vnni`], with `R` rows of Q5_1 blocks and Q8_1 activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vec_dot_q5_1_q8_1_vnni<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
+    // SAFETY: the caller's guarantees, `MASK`'s and `VNNI`'s included.
+    unsafe { q5_1_q8_1_rows::<PF, R, true, true>(nb, x, y) }
+}
+
+/// The AVX-512 VNNI form of the Q8_0 loop for `R` rows.
+///
+/// # Safety
+/// As [`vec_dot_q4_0_q8_0_vnni`], with `R` rows of Q8_0 blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn vec_dot_q8_0_q8_0_vnni<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
+    // SAFETY: the caller's guarantees, `VNNI`'s included.
+    unsafe { q8_0_q8_0_rows::<PF, R, true>(nb, x, y) }
+}
+
+/// One row of an `R`-row VNNI form, as the one-row entry the wrappers take.
+macro_rules! vnni_one_row {
+    ($($name:ident => $rows:ident;)*) => {$(
+        /// One row of the VNNI form.
+        ///
+        /// # Safety
+        /// As the `R`-row form, for one row.
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+            // SAFETY: the caller's guarantees.
+            unsafe { $rows::<PF, 1>(nb, [x], y)[0] }
+        }
+    )*};
+}
+vnni_one_row! {
+    vec_dot_q4_1_q8_1_vnni1 => vec_dot_q4_1_q8_1_vnni;
+    vec_dot_q5_1_q8_1_vnni1 => vec_dot_q5_1_q8_1_vnni;
+    vec_dot_q8_0_q8_0_vnni1 => vec_dot_q8_0_q8_0_vnni;
 }
 
 // ------------------------------------------------------------------------------------------------

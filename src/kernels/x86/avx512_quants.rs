@@ -174,14 +174,23 @@ mod tests {
     use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
 
-    /// The AVX-512 tier's MXFP4, Q5_0, Q5_1, Q3_K and Q5_K dots (plain and streaming; the two-row
-    /// forms too) give the AVX2 tier's bits: random blocks (any weight scale, any levels
-    /// including -128), even and odd block counts.
+    /// The AVX-512 tier's MXFP4, Q5_0, Q5_1, Q3_K, Q5_K and (by VNNI) Q4_0, Q4_1 and Q8_0 dots
+    /// (plain and streaming; the two-row forms too) give the AVX2 tier's bits: random blocks
+    /// (any weight scale, any levels including -128), even and odd block counts.
     #[test]
     fn avx512_quantized_dots_give_the_avx2_tiers_bits() {
         let Some((t2, t5)) = avx2_and_avx512(true) else { return };
         let mut r = crate::testdata::Xorshift64::from_state(0x1234_5678_9ABC_DEF1);
-        for d in [DType::MXFP4, DType::Q5_0, DType::Q5_1, DType::Q3_K, DType::Q5_K] {
+        for d in [
+            DType::MXFP4,
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q3_K,
+            DType::Q5_K,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q8_0,
+        ] {
             let (k2, k5) = (t2.vec_dot(d).unwrap(), t5.vec_dot(d).unwrap());
             assert_ne!(k2 as usize, k5 as usize, "{d}: no AVX-512 dot installed");
             let (s2, s5) = (t2.vec_dot_stream(d).unwrap(), t5.vec_dot_stream(d).unwrap());
@@ -218,7 +227,15 @@ mod tests {
                     };
                     same(k2(n, &x, &y), k5(n, &x, &y), "plain");
                     same(s2(n, &x, &y), s5(n, &x, &y), "stream");
-                    if matches!(d, DType::Q5_1 | DType::Q3_K | DType::Q5_K) {
+                    if matches!(
+                        d,
+                        DType::Q5_1
+                            | DType::Q3_K
+                            | DType::Q5_K
+                            | DType::Q4_0
+                            | DType::Q4_1
+                            | DType::Q8_0
+                    ) {
                         assert!(t5.vec_dot2_stream(d).is_some(), "{d}: no two-row form");
                     }
                     if let Some(two) = t5.vec_dot2_stream(d) {
