@@ -218,6 +218,22 @@ pub(super) fn plug_bf16(t: &mut KernelTable, _: super::Avx2) {
 
 /// Safe two-row streaming dots (`KernelTable::vec_dot2_stream`) over a kernel taking
 /// `(nb, [x0, x1], y)`.
+/// One-row entry points (`unsafe fn name<PF>(nb, x, y) -> f32`) of `R`-row forms that need
+/// the features `$features`, as the one-row wrappers take them.
+macro_rules! one_row {
+    ($features:literal: $($name:ident => $rows:ident;)*) => {$(
+        /// One row of the `R`-row form.
+        ///
+        /// # Safety
+        /// As the `R`-row form, for one row.
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+            // SAFETY: the caller's guarantees.
+            unsafe { $rows::<PF, 1>(nb, [x], y)[0] }
+        }
+    )*};
+}
+
 macro_rules! wrappers2 {
     ($($(#[$doc:meta])* $name:ident => $kernel:path, $per_block:expr, $xb:expr, $yb:expr;)*) => {$(
         $(#[$doc])*
@@ -1577,21 +1593,8 @@ unsafe fn vec_dot_q8_0_q8_0_vnni<const PF: usize, const R: usize>(
     unsafe { q8_0_q8_0_rows::<PF, R, true>(nb, x, y) }
 }
 
-/// One row of an `R`-row VNNI form, as the one-row entry the wrappers take.
-macro_rules! vnni_one_row {
-    ($($name:ident => $rows:ident;)*) => {$(
-        /// One row of the VNNI form.
-        ///
-        /// # Safety
-        /// As the `R`-row form, for one row.
-        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
-        unsafe fn $name<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
-            // SAFETY: the caller's guarantees.
-            unsafe { $rows::<PF, 1>(nb, [x], y)[0] }
-        }
-    )*};
-}
-vnni_one_row! {
+one_row! {
+    "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c":
     vec_dot_q4_1_q8_1_vnni1 => vec_dot_q4_1_q8_1_vnni;
     vec_dot_q5_1_q8_1_vnni1 => vec_dot_q5_1_q8_1_vnni;
     vec_dot_q8_0_q8_0_vnni1 => vec_dot_q8_0_q8_0_vnni;
@@ -2145,7 +2148,7 @@ unsafe fn vec_dot_q3_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 }
 
 /// [`vec_dot_q3_K_q8_K_avx2`] for `R` rows with the high bits applied through AVX-512 mask
-/// registers ([`q3_levels_masked`]): the same integers, the same bits.
+/// registers ([`add_where_set`]): the same integers, the same bits.
 ///
 /// # Safety
 /// The CPU supports the AVX-512 tier (F, BW, DQ, VL) on top of AVX2, FMA and F16C; each row of
@@ -2160,30 +2163,24 @@ unsafe fn vec_dot_q3_K_q8_K_masked<const PF: usize, const R: usize>(
     unsafe { q3_K_q8_K_rows::<PF, R, true>(nb, x, y) }
 }
 
-/// One row of [`vec_dot_q3_K_q8_K_masked`].
-///
-/// # Safety
-/// As [`vec_dot_q3_K_q8_K_masked`] for one row.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn vec_dot_q3_K_q8_K_masked1<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    // SAFETY: the caller's guarantees.
-    unsafe { vec_dot_q3_K_q8_K_masked::<PF, 1>(nb, [x], y)[0] }
+one_row! {
+    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c":
+    vec_dot_q3_K_q8_K_masked1 => vec_dot_q3_K_q8_K_masked;
 }
 
-/// Q3_K's levels with their high bit `bit` of `hbits` as unsigned codes `q3l + 4` where the bit
-/// is set (one AVX-512 test into a mask register and one masked add): with `maddubs(4, q8)`
-/// subtracted, the 16-bit pair sums of ggml's `maddubs(q3l, q8) - maddubs(4 unless set, q8)`
-/// exactly (every pair sum below 2 * 7 * 128 in magnitude).
+/// `levels + ADD` in the bytes where bit `bit` of `hbits`' byte is set, else `levels`: one
+/// AVX-512 test into a mask register and one masked add (Q3_K's high bits with `ADD` 4, Q5_K's
+/// fifth bits with 16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
-fn q3_levels_masked(hbits: __m256i, bit: u32, q3l: __m256i) -> __m256i {
+fn add_where_set<const ADD: i8>(levels: __m256i, hbits: __m256i, bit: u32) -> __m256i {
     let set = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << bit) as i8));
-    _mm256_mask_add_epi8(q3l, set, q3l, _mm256_set1_epi8(4))
+    _mm256_mask_add_epi8(levels, set, levels, _mm256_set1_epi8(ADD))
 }
 
 /// The Q3_K loop over `R` weight rows against one activation row: each row's integers, float
 /// steps and their order are ggml's; the rows share the activation's loads. `MASK`: the high
-/// bits through mask registers ([`q3_levels_masked`]); else ggml's byte compare.
+/// bits through mask registers ([`add_where_set`]); else ggml's byte compare.
 ///
 /// # Safety
 /// As [`vec_dot_q3_K_q8_K_avx2`] for every row of `x`; with `MASK`, as
@@ -2270,7 +2267,10 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize, const MASK: bool>(
                     let q8k = q8[4 * j + k];
                     let p16 = if MASK {
                         // SAFETY: with `MASK` the caller guarantees AVX-512 BW and VL.
-                        let q3u = unsafe { q3_levels_masked(hbits, b + k as u32, q3l[k]) };
+                        // Codes `q3l + 4` where the high bit is set: with `maddubs(4, q8)`
+                        // subtracted, ggml's 16-bit pair sums exactly (every pair sum below
+                        // 2 * 7 * 128 in magnitude).
+                        let q3u = unsafe { add_where_set::<4>(q3l[k], hbits, b + k as u32) };
                         _mm256_sub_epi16(_mm256_maddubs_epi16(q3u, q8k), four_q8[4 * j + k])
                     } else {
                         let q8s = _mm256_maddubs_epi16(high(b + k as u32), q8k);
@@ -2393,28 +2393,14 @@ unsafe fn vec_dot_q5_K_q8_K_masked<const PF: usize, const R: usize>(
     unsafe { q5_K_q8_K_rows::<PF, R, true>(nb, x, y) }
 }
 
-/// One row of [`vec_dot_q5_K_q8_K_masked`].
-///
-/// # Safety
-/// As [`vec_dot_q5_K_q8_K_masked`] for one row.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn vec_dot_q5_K_q8_K_masked1<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    // SAFETY: the caller's guarantees.
-    unsafe { vec_dot_q5_K_q8_K_masked::<PF, 1>(nb, [x], y)[0] }
-}
-
-/// `levels + 16` where bit `bit` of the byte in `hbits` is set, else `levels`: one AVX-512
-/// test into a mask register and one masked add.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
-fn add16_where_set(levels: __m256i, hbits: __m256i, bit: u32) -> __m256i {
-    let set = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << bit) as i8));
-    _mm256_mask_add_epi8(levels, set, levels, _mm256_set1_epi8(16))
+one_row! {
+    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c":
+    vec_dot_q5_K_q8_K_masked1 => vec_dot_q5_K_q8_K_masked;
 }
 
 /// The Q5_K loop over `R` weight rows against one activation row: each row's integers, float
 /// steps and their order are ggml's; the rows share the activation's loads. `MASK`: the fifth
-/// bits through mask registers ([`add16_where_set`]); else ggml's byte compare.
+/// bits through mask registers ([`add_where_set`]); else ggml's byte compare.
 ///
 /// # Safety
 /// As [`vec_dot_q5_K_q8_K_avx2`] for every row of `x`; with `MASK`, as
@@ -2497,8 +2483,8 @@ unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize, const MASK: bool>(
                     // SAFETY: with `MASK` the caller guarantees AVX-512 BW and VL.
                     unsafe {
                         (
-                            add16_where_set(q5l_0, hbits, 2 * j as u32),
-                            add16_where_set(q5l_1, hbits, 2 * j as u32 + 1),
+                            add_where_set::<16>(q5l_0, hbits, 2 * j as u32),
+                            add_where_set::<16>(q5l_1, hbits, 2 * j as u32 + 1),
                         )
                     }
                 } else {
