@@ -174,9 +174,9 @@ mod tests {
     use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
 
-    /// The AVX-512 tier's MXFP4, Q5_0, Q5_1, Q3_K, Q5_K and (by VNNI) Q4_0, Q4_1 and Q8_0 dots
-    /// (plain and streaming; the two-row forms too) give the AVX2 tier's bits: random blocks
-    /// (any weight scale, any levels including -128), even and odd block counts.
+    /// The AVX-512 tier's MXFP4, Q5_0, Q5_1, Q3_K, Q5_K and (by VNNI) Q4_0, Q4_1, Q8_0 and
+    /// IQ4_NL dots (plain and streaming; the two-row forms too) give the AVX2 tier's bits:
+    /// random blocks (any weight scale, any levels including -128), even and odd block counts.
     #[test]
     fn avx512_quantized_dots_give_the_avx2_tiers_bits() {
         let Some((t2, t5)) = avx2_and_avx512(true) else { return };
@@ -190,6 +190,7 @@ mod tests {
             DType::Q4_0,
             DType::Q4_1,
             DType::Q8_0,
+            DType::IQ4_NL,
         ] {
             let (k2, k5) = (t2.vec_dot(d).unwrap(), t5.vec_dot(d).unwrap());
             assert_ne!(k2 as usize, k5 as usize, "{d}: no AVX-512 dot installed");
@@ -235,6 +236,7 @@ mod tests {
                             | DType::Q4_0
                             | DType::Q4_1
                             | DType::Q8_0
+                            | DType::IQ4_NL
                     ) {
                         assert!(t5.vec_dot2_stream(d).is_some(), "{d}: no two-row form");
                     }
