@@ -931,7 +931,6 @@ unsafe fn iq4_nl_rows<const PF: usize, const R: usize, const VNNI: bool>(
     let x = x.map(|x| &x[..nb * XS]);
     let y = &y[..nb * Q8_0_SIZE];
     let values = iq4nl_values();
-    let mone = _mm256_set1_epi16(1);
     let mut accum1 = [_mm256_setzero_ps(); R];
     let mut accum2 = [_mm256_setzero_ps(); R];
     let mut pairs_x = x.map(|x| x.chunks_exact(2 * XS));
@@ -948,18 +947,13 @@ unsafe fn iq4_nl_rows<const PF: usize, const R: usize, const VNNI: bool>(
             }
             let q4b_1 = iq4_values(values, load128(xb, QS));
             let q4b_2 = iq4_values(values, load128(xb, XS + QS));
-            let (p_1, p_2) = if VNNI {
-                let sums = |x: __m256i, y: __m256i| {
-                    // SAFETY: the caller's guarantee covers `VNNI`.
-                    unsafe { us8_sums::<VNNI>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
-                };
-                (sums(q4b_1, q8b_1), sums(q4b_2, q8b_2))
-            } else {
-                (
-                    _mm256_madd_epi16(mul_add_epi8(q4b_1, q8b_1), mone),
-                    _mm256_madd_epi16(mul_add_epi8(q4b_2, q8b_2), mone),
-                )
+            // ggml's sign trick, then each four products summed (`maddubs` + `madd` by ones,
+            // or with `VNNI` one `vpdpbusd`).
+            let sums = |x: __m256i, y: __m256i| {
+                // SAFETY: the caller's guarantee covers `VNNI`.
+                unsafe { us8_sums::<VNNI>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
             };
+            let (p_1, p_2) = (sums(q4b_1, q8b_1), sums(q4b_2, q8b_2));
             let d1 = dy1 * fp16(rd_u32(xb, 0));
             let d2 = dy2 * fp16(rd_u32(xb, XS));
             accum1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(p_1), accum1[r]);
