@@ -2268,10 +2268,10 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize, const MASK: bool>(
                 for k in 0..4 {
                     let q8k = q8[4 * j + k];
                     let p16 = if MASK {
-                        // SAFETY: with `MASK` the caller guarantees AVX-512 BW and VL.
                         // Codes `q3l + 4` where the high bit is set: with `maddubs(4, q8)`
                         // subtracted, ggml's 16-bit pair sums exactly (every pair sum below
                         // 2 * 7 * 128 in magnitude).
+                        // SAFETY: with `MASK` the caller guarantees AVX-512 BW and VL.
                         let q3u = unsafe { add_where_set::<4>(q3l[k], hbits, b + k as u32) };
                         _mm256_sub_epi16(_mm256_maddubs_epi16(q3u, q8k), four_q8[4 * j + k])
                     } else {
