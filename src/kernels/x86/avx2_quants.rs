@@ -137,6 +137,20 @@ pub(super) fn plug_vnni_dots(t: &mut KernelTable, _: super::Avx512) {
     super::avx2_iq::plug_vnni_dots(t);
 }
 
+/// The masked Q5_1 forms without VNNI (plain, streaming, two-row), which `plug_vnni_dots`
+/// replaces where the CPU has AVX-512 VNNI, for the tests to compare with the AVX2 tier there
+/// too. Callers check for the AVX-512 tier before calling them.
+#[cfg(test)]
+pub(super) fn masked_q5_1_forms()
+-> (DType, crate::kernels::VecDotFn, crate::kernels::VecDotFn, Option<crate::kernels::VecDot2Fn>) {
+    (
+        DType::Q5_1,
+        vec_dot_q5_1_q8_1_m,
+        vec_dot_q5_1_q8_1_m_stream,
+        Some(vec_dot2_q5_1_q8_1_m_stream),
+    )
+}
+
 /// The decode (stream) variants of the larger-block K-quants with the weights prefetched 8 KiB
 /// ahead instead of 4 (called by the AVX-512 tier's `plug`; same bits). On Zen 5, 4096 x 14336
 /// decode, 2 threads, alternating binaries: q6_K 142-144 -> 167-173 GFLOPS, q5_K 145-146 ->

@@ -174,27 +174,36 @@ mod tests {
     use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
 
-    /// The AVX-512 tier's MXFP4, Q5_0, Q5_1, Q3_K, Q5_K and (by VNNI) Q4_0, Q4_1, Q8_0 and
-    /// IQ4_NL dots (plain and streaming; the two-row forms too) give the AVX2 tier's bits:
-    /// random blocks (any weight scale, any levels including -128), even and odd block counts.
+    /// The AVX-512 tier's Q5_0, Q5_1, Q3_K and Q5_K dots and, with VNNI, its MXFP4, Q4_0, Q4_1,
+    /// Q8_0 and IQ4_NL dots (plain and streaming; the two-row forms too) give the AVX2 tier's
+    /// bits: random blocks (any weight scale, any levels including -128), even and odd block
+    /// counts. The masked Q5_1 forms without VNNI (the table's on AVX-512 CPUs without it, and
+    /// replaced by the VNNI forms where it is) are checked directly.
     #[test]
     fn avx512_quantized_dots_give_the_avx2_tiers_bits() {
-        let Some((t2, t5)) = avx2_and_avx512(true) else { return };
+        use crate::kernels::{VecDot2Fn, VecDotFn};
+        let Some((t2, t5)) = avx2_and_avx512(false) else { return };
+        let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
         let mut r = crate::testdata::Xorshift64::from_state(0x1234_5678_9ABC_DEF1);
-        for d in [
-            DType::MXFP4,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q3_K,
-            DType::Q5_K,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q8_0,
-            DType::IQ4_NL,
-        ] {
-            let (k2, k5) = (t2.vec_dot(d).unwrap(), t5.vec_dot(d).unwrap());
-            assert_ne!(k2 as usize, k5 as usize, "{d}: no AVX-512 dot installed");
-            let (s2, s5) = (t2.vec_dot_stream(d).unwrap(), t5.vec_dot_stream(d).unwrap());
+        let mut types = vec![DType::Q5_0, DType::Q5_1, DType::Q3_K, DType::Q5_K];
+        if vnni {
+            types.extend([DType::MXFP4, DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4_NL]);
+        }
+        type Forms = (DType, VecDotFn, VecDotFn, Option<VecDot2Fn>);
+        let mut forms: Vec<Forms> = types
+            .into_iter()
+            .map(|d| {
+                let (k2, k5) = (t2.vec_dot(d).unwrap(), t5.vec_dot(d).unwrap());
+                assert_ne!(k2 as usize, k5 as usize, "{d}: no AVX-512 dot installed");
+                if d != DType::Q5_0 && d != DType::MXFP4 {
+                    assert!(t5.vec_dot2_stream(d).is_some(), "{d}: no two-row form");
+                }
+                (d, k5, t5.vec_dot_stream(d).unwrap(), t5.vec_dot2_stream(d))
+            })
+            .collect();
+        forms.push(super::super::avx2_quants::masked_q5_1_forms());
+        for (d, k5, s5, two) in forms {
+            let (k2, s2) = (t2.vec_dot(d).unwrap(), t2.vec_dot_stream(d).unwrap());
             let vd = d.vec_dot_type();
             let yb = vd.type_size();
             for nb in [1usize, 2, 3, 8, 33, 448] {
@@ -228,19 +237,7 @@ mod tests {
                     };
                     same(k2(n, &x, &y), k5(n, &x, &y), "plain");
                     same(s2(n, &x, &y), s5(n, &x, &y), "stream");
-                    if matches!(
-                        d,
-                        DType::Q5_1
-                            | DType::Q3_K
-                            | DType::Q5_K
-                            | DType::Q4_0
-                            | DType::Q4_1
-                            | DType::Q8_0
-                            | DType::IQ4_NL
-                    ) {
-                        assert!(t5.vec_dot2_stream(d).is_some(), "{d}: no two-row form");
-                    }
-                    if let Some(two) = t5.vec_dot2_stream(d) {
+                    if let Some(two) = two {
                         let [p, q] = two(n, [&x, &x1], &y);
                         same(p, s2(n, &x, &y), "two-row");
                         same(q, s2(n, &x1, &y), "two-row");
