@@ -95,13 +95,7 @@ pub(super) fn plug_masked(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_m_stream);
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_m_stream);
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_m_stream);
-    // Q3_K's high bits by a mask test and a masked add (8 ops fewer a block), and its
-    // two-row form: one process, the AVX2 one-row dot and the masked two-row in turn, 4096 x
-    // 1 x 14336, 2 threads, each order once: 1.07-1.08x in L3, 1.01-1.05x from memory.
-    t.set_vec_dot(DType::Q3_K, vec_dot_q3_K_q8_K_m);
-    t.set_vec_dot_stream(DType::Q3_K, vec_dot_q3_K_q8_K_m_stream);
-    t.set_vec_dot2_stream(DType::Q3_K, vec_dot2_q3_K_q8_K_m_stream);
-    // Q5_K's fifth bits likewise (a test and a masked add of 16), and its two-row form (8 KiB
+    // Q5_K's fifth bits by a mask test and a masked add of 16, and its two-row form (8 KiB
     // ahead, as `plug_stream_8k`): one process, the AVX2 one-row dot and the masked two-row in
     // turn, 4096 x 1 x 14336, 2 threads, each order once: 1.17-1.18x in L3, 1.11-1.13x from
     // memory.
@@ -397,10 +391,6 @@ wrappers! {
     vec_dot_q5_K_q8_K_m => vec_dot_q5_K_q8_K_masked1::<0>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
     /// `vec_dot_q5_K_q8_K_stream8k` through mask registers (`plug_masked`).
     vec_dot_q5_K_q8_K_m_stream8k => vec_dot_q5_K_q8_K_masked1::<8192>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
-    /// `vec_dot_q3_K_q8_K` through mask registers (`plug_masked`).
-    vec_dot_q3_K_q8_K_m => vec_dot_q3_K_q8_K_masked1::<0>, QK_K, size_of::<BlockQ3K>(), size_of::<BlockQ8K>();
-    /// `vec_dot_q3_K_q8_K_stream` through mask registers (`plug_masked`).
-    vec_dot_q3_K_q8_K_m_stream => vec_dot_q3_K_q8_K_masked1::<STREAM_PF>, QK_K, size_of::<BlockQ3K>(), size_of::<BlockQ8K>();
 }
 
 wrappers2! {
@@ -416,8 +406,6 @@ wrappers2! {
     vec_dot2_q8_0_q8_0_v_stream => vec_dot_q8_0_q8_0_vnni::<STREAM_PF, 2>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q5_K_q8_K_m_stream8k` (`plug_masked`).
     vec_dot2_q5_K_q8_K_m_stream8k => vec_dot_q5_K_q8_K_masked::<8192, 2>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
-    /// Two rows of `vec_dot_q3_K_q8_K_m_stream` (`plug_masked`).
-    vec_dot2_q3_K_q8_K_m_stream => vec_dot_q3_K_q8_K_masked::<STREAM_PF, 2>, QK_K, size_of::<BlockQ3K>(), size_of::<BlockQ8K>();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -434,7 +422,7 @@ pub(super) unsafe fn rd_u16(p: *const u8) -> u16 {
 /// # Safety
 /// `p` is valid for reading 4 bytes.
 #[inline(always)]
-unsafe fn rd_u32(p: *const u8) -> u32 {
+pub(super) unsafe fn rd_u32(p: *const u8) -> u32 {
     // SAFETY: the caller guarantees 4 readable bytes; `read_unaligned` needs no alignment.
     unsafe { p.cast::<u32>().read_unaligned() }
 }
@@ -450,7 +438,7 @@ unsafe fn rd_u64(p: *const u8) -> u64 {
 /// # Safety
 /// `p` is valid for reading 4 bytes.
 #[inline(always)]
-unsafe fn rd_f32(p: *const u8) -> f32 {
+pub(super) unsafe fn rd_f32(p: *const u8) -> f32 {
     // SAFETY: the caller guarantees 4 readable bytes; `read_unaligned` needs no alignment.
     unsafe { p.cast::<f32>().read_unaligned() }
 }
@@ -673,7 +661,7 @@ pub(super) static E8M0_TO_FP32_HALF: [f32; 256] = {
 /// `2i + 1`, for a 256-bit register holding eight 16-bit scales in each half.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn scale_shuffle_q3k(i: i8) -> __m256i {
+pub(super) fn scale_shuffle_q3k(i: i8) -> __m256i {
     let (a, b) = (4 * i, 4 * i + 2);
     let lo = _mm_set1_epi16(i16::from_le_bytes([a as u8, a as u8 + 1]));
     let hi = _mm_set1_epi16(i16::from_le_bytes([b as u8, b as u8 + 1]));
@@ -2159,55 +2147,6 @@ unsafe fn vec_dot_q2_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q3_K blocks and `y` `nb` Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q3_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    // SAFETY: the caller's guarantees are the helper's (without `MASK`).
-    unsafe { q3_K_q8_K_rows::<PF, 1, false>(nb, [x], y)[0] }
-}
-
-/// [`vec_dot_q3_K_q8_K_avx2`] for `R` rows with the high bits applied through AVX-512 mask
-/// registers ([`add_where_set`]): the same integers, the same bits.
-///
-/// # Safety
-/// The CPU supports the AVX-512 tier (F, BW, DQ, VL) on top of AVX2, FMA and F16C; each row of
-/// `x` holds `nb` Q3_K blocks and `y` `nb` Q8_K blocks.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn vec_dot_q3_K_q8_K_masked<const PF: usize, const R: usize>(
-    nb: usize,
-    x: [*const u8; R],
-    y: *const u8,
-) -> [f32; R] {
-    // SAFETY: the caller's guarantees are the helper's, with `MASK`'s.
-    unsafe { q3_K_q8_K_rows::<PF, R, true>(nb, x, y) }
-}
-
-one_row! {
-    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c":
-    vec_dot_q3_K_q8_K_masked1 => vec_dot_q3_K_q8_K_masked;
-}
-
-/// `levels + ADD` in the bytes where bit `bit` of `hbits`' byte is set, else `levels`: one
-/// AVX-512 test into a mask register and one masked add (Q3_K's high bits with `ADD` 4, Q5_K's
-/// fifth bits with 16).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
-fn add_where_set<const ADD: i8>(levels: __m256i, hbits: __m256i, bit: u32) -> __m256i {
-    let set = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << bit) as i8));
-    _mm256_mask_add_epi8(levels, set, levels, _mm256_set1_epi8(ADD))
-}
-
-/// The Q3_K loop over `R` weight rows against one activation row: each row's integers, float
-/// steps and their order are ggml's; the rows share the activation's loads. `MASK`: the high
-/// bits through mask registers ([`add_where_set`]); else ggml's byte compare.
-///
-/// # Safety
-/// As [`vec_dot_q3_K_q8_K_avx2`] for every row of `x`; with `MASK`, as
-/// [`vec_dot_q3_K_q8_K_masked`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize, const MASK: bool>(
-    nb: usize,
-    x: [*const u8; R],
-    y: *const u8,
-) -> [f32; R] {
     const XB: usize = size_of::<BlockQ3K>();
     const YB: usize = size_of::<BlockQ8K>();
     const KMASK1: u32 = 0x0303_0303;
@@ -2217,91 +2156,80 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize, const MASK: bool>(
     let zero = _mm256_setzero_si256();
     let shuffles =
         [scale_shuffle_q3k(0), scale_shuffle_q3k(1), scale_shuffle_q3k(2), scale_shuffle_q3k(3)];
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
-        // SAFETY: block `i < nb` of `y` is readable; the reads cover its d and qs.
-        let (yd, q8) = unsafe {
-            let by = y.add(i * YB);
+        if PF > 0 {
+            prefetch_stream::<{ size_of::<BlockQ3K>() }>(x, i, PF);
+        }
+        // SAFETY: block `i < nb` of each side is readable; the reads cover x's hmask (0..32),
+        // qs (32..96), scales (96..108) and d (108..110) and y's d, qs and bsums.
+        let (hbits, q3, aux, xd, yd, q8) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            let sc = bx.add(offset_of!(BlockQ3K, scales));
             (
+                _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, hmask)).cast()),
+                [
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, qs)).cast()),
+                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, qs) + 32).cast()),
+                ],
+                [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8))],
+                rd_u16(bx.add(offset_of!(BlockQ3K, d))),
                 rd_f32(by.add(offset_of!(BlockQ8K, d))),
                 load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
             )
         };
-        // With `MASK`, `maddubs(4, q8)` of each 32 levels, for every row.
-        let four_q8 = if MASK { q8.map(|q| _mm256_maddubs_epi16(m4, q)) } else { [zero; 8] };
-        for r in 0..R {
-            if PF > 0 {
-                prefetch_stream::<{ size_of::<BlockQ3K>() }>(x[r], i, PF);
-            }
-            // SAFETY: block `i < nb` of row `r` is readable; the reads cover its hmask (0..32),
-            // qs (32..96), scales (96..108) and d (108..110).
-            let (hbits, q3, aux, xd) = unsafe {
-                let bx = x[r].add(i * XB);
-                let sc = bx.add(offset_of!(BlockQ3K, scales));
-                (
-                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, hmask)).cast()),
-                    [
-                        _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, qs)).cast()),
-                        _mm256_loadu_si256(bx.add(offset_of!(BlockQ3K, qs) + 32).cast()),
-                    ],
-                    [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8))],
-                    rd_u16(bx.add(offset_of!(BlockQ3K, d))),
-                )
+        let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
+
+        let scales128 = _mm_set_epi32(
+            (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
+            (((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4)) as i32,
+            ((aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4)) as i32,
+            ((aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4)) as i32,
+        );
+        let scales128 = _mm_sub_epi8(scales128, _mm_set1_epi8(32));
+        let all_scales = _mm256_cvtepi8_epi16(scales128);
+        let l_scales = _mm256_castsi256_si128(all_scales);
+        let h_scales = _mm256_extracti128_si256::<1>(all_scales);
+        let scales = [_mm256_set_m128i(l_scales, l_scales), _mm256_set_m128i(h_scales, h_scales)];
+
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..2 {
+            let q3bits = q3[j];
+            // 4 where the high bit is clear (ggml's "-4 unless set"), 0 where it is set.
+            let high = |bit: u32| {
+                let mask = _mm256_set1_epi8((1u8 << bit) as i8);
+                _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, mask), zero), m4)
             };
-            let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
-
-            let scales128 = _mm_set_epi32(
-                (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
-                (((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4)) as i32,
-                ((aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4)) as i32,
-                ((aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4)) as i32,
-            );
-            let scales128 = _mm_sub_epi8(scales128, _mm_set1_epi8(32));
-            let all_scales = _mm256_cvtepi8_epi16(scales128);
-            let l_scales = _mm256_castsi256_si128(all_scales);
-            let h_scales = _mm256_extracti128_si256::<1>(all_scales);
-            let scales =
-                [_mm256_set_m128i(l_scales, l_scales), _mm256_set_m128i(h_scales, h_scales)];
-
-            let mut sumi = _mm256_setzero_si256();
-            for j in 0..2 {
-                let q3bits = q3[j];
-                // 4 where the high bit is clear (ggml's "-4 unless set"), 0 where it is set.
-                let high = |bit: u32| {
-                    let mask = _mm256_set1_epi8((1u8 << bit) as i8);
-                    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, mask), zero), m4)
-                };
-                let b = 4 * j as u32;
-                let q3l = [
-                    _mm256_and_si256(q3bits, m3),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(q3bits), m3),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(q3bits), m3),
-                    _mm256_and_si256(_mm256_srli_epi16::<6>(q3bits), m3),
-                ];
-                let mut p = [zero; 4];
-                for k in 0..4 {
-                    let q8k = q8[4 * j + k];
-                    let p16 = if MASK {
-                        // Codes `q3l + 4` where the high bit is set: with `maddubs(4, q8)`
-                        // subtracted, ggml's 16-bit pair sums exactly (every pair sum below
-                        // 2 * 7 * 128 in magnitude).
-                        // SAFETY: with `MASK` the caller guarantees AVX-512 BW and VL.
-                        let q3u = unsafe { add_where_set::<4>(q3l[k], hbits, b + k as u32) };
-                        _mm256_sub_epi16(_mm256_maddubs_epi16(q3u, q8k), four_q8[4 * j + k])
-                    } else {
-                        let q8s = _mm256_maddubs_epi16(high(b + k as u32), q8k);
-                        _mm256_sub_epi16(_mm256_maddubs_epi16(q3l[k], q8k), q8s)
-                    };
-                    p[k] = _mm256_madd_epi16(_mm256_shuffle_epi8(scales[j], shuffles[k]), p16);
-                }
-                let p0 = _mm256_add_epi32(p[0], p[1]);
-                let p2 = _mm256_add_epi32(p[2], p[3]);
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p2));
+            let b = 4 * j as u32;
+            let q3l = [
+                _mm256_and_si256(q3bits, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(q3bits), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q3bits), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(q3bits), m3),
+            ];
+            let mut p = [zero; 4];
+            for k in 0..4 {
+                let q8k = q8[4 * j + k];
+                let q8s = _mm256_maddubs_epi16(high(b + k as u32), q8k);
+                let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3l[k], q8k), q8s);
+                p[k] = _mm256_madd_epi16(_mm256_shuffle_epi8(scales[j], shuffles[k]), p16);
             }
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
+            let p0 = _mm256_add_epi32(p[0], p[1]);
+            let p2 = _mm256_add_epi32(p[2], p[3]);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p2));
         }
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
-    std::array::from_fn(|r| hsum_float_8(acc[r]))
+    hsum_float_8(acc)
+}
+
+/// `levels + ADD` in the bytes where bit `bit` of `hbits`' byte is set, else `levels`: one
+/// AVX-512 test into a mask register and one masked add (Q5_K's fifth bits, with `ADD` 16).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn add_where_set<const ADD: i8>(levels: __m256i, hbits: __m256i, bit: u32) -> __m256i {
+    let set = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << bit) as i8));
+    _mm256_mask_add_epi8(levels, set, levels, _mm256_set1_epi8(ADD))
 }
 
 /// The 6-bit scales and mins of Q4_K/Q5_K unpacked as ggml's AVX2 code does: eight scales in the

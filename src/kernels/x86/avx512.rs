@@ -48,6 +48,7 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
     }
     super::avx2_quants::plug_stream_8k(t, cpu.avx2());
     super::avx2_quants::plug_masked(t, cpu);
+    super::avx512_kquants::plug(t, cpu);
     super::avx2_quants::plug_vnni_dots(t, cpu);
     // The AVX2 repacked K-quant kernels with the decode prefetch further ahead: on Zen 5,
     // 4096x14336 repacked decode, 2 threads, alternating binaries: q6_K 86-94 GFLOPS with the

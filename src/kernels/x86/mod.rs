@@ -135,6 +135,7 @@ pub(crate) mod avx512;
 mod avx512_gemm;
 mod avx512_igemm;
 mod avx512_iq;
+mod avx512_kquants;
 mod avx512_quants;
 mod avx512_repack;
 
