@@ -95,13 +95,6 @@ pub(super) fn plug_masked(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_m_stream);
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_m_stream);
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_m_stream);
-    // Q5_K's fifth bits by a mask test and a masked add of 16, and its two-row form (8 KiB
-    // ahead, as `plug_stream_8k`): one process, the AVX2 one-row dot and the masked two-row in
-    // turn, 4096 x 1 x 14336, 2 threads, each order once: 1.17-1.18x in L3, 1.11-1.13x from
-    // memory.
-    t.set_vec_dot(DType::Q5_K, vec_dot_q5_K_q8_K_m);
-    t.set_vec_dot_stream(DType::Q5_K, vec_dot_q5_K_q8_K_m_stream8k);
-    t.set_vec_dot2_stream(DType::Q5_K, vec_dot2_q5_K_q8_K_m_stream8k);
 }
 
 /// The AVX-512 VNNI forms of the Q4_0, Q4_1, Q5_1, Q8_0 and IQ4_NL dots (plain, streaming and
@@ -143,16 +136,6 @@ pub(super) fn masked_q5_1_forms()
         vec_dot_q5_1_q8_1_m_stream,
         Some(vec_dot2_q5_1_q8_1_m_stream),
     )
-}
-
-/// The decode (stream) variants of the larger-block K-quants with the weights prefetched 8 KiB
-/// ahead instead of 4 (called by the AVX-512 tier's `plug`; same bits). On Zen 5, 4096 x 14336
-/// decode, 2 threads, alternating binaries: q6_K 142-144 -> 167-173 GFLOPS, q5_K 145-146 ->
-/// 160-162, q4_K 202-208 -> 214-215; q3_K, q2_K, iq4_xs and q5_0 gained nothing clear.
-pub(super) fn plug_stream_8k(t: &mut KernelTable, _: super::Avx2) {
-    t.set_vec_dot_stream(DType::Q4_K, vec_dot_q4_K_q8_K_stream8k);
-    t.set_vec_dot_stream(DType::Q5_K, vec_dot_q5_K_q8_K_stream8k);
-    t.set_vec_dot_stream(DType::Q6_K, vec_dot_q6_K_q8_K_stream8k);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -354,12 +337,6 @@ wrappers! {
     vec_dot_q5_K_q8_K_stream => vec_dot_q5_K_q8_K_avx2::<STREAM_PF>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
     /// `vec_dot_q6_K_q8_K` prefetching the weights 4 KiB bytes ahead.
     vec_dot_q6_K_q8_K_stream => vec_dot_q6_K_q8_K_avx2::<STREAM_PF>, QK_K, size_of::<BlockQ6K>(), size_of::<BlockQ8K>();
-    /// `vec_dot_q4_K_q8_K` prefetching 8 KiB ahead (the AVX-512 tier's decode distance).
-    vec_dot_q4_K_q8_K_stream8k => vec_dot_q4_K_q8_K_avx2::<8192>, QK_K, size_of::<BlockQ4K>(), size_of::<BlockQ8K>();
-    /// `vec_dot_q5_K_q8_K` prefetching 8 KiB ahead.
-    vec_dot_q5_K_q8_K_stream8k => vec_dot_q5_K_q8_K_avx2::<8192>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
-    /// `vec_dot_q6_K_q8_K` prefetching 8 KiB ahead.
-    vec_dot_q6_K_q8_K_stream8k => vec_dot_q6_K_q8_K_avx2::<8192>, QK_K, size_of::<BlockQ6K>(), size_of::<BlockQ8K>();
 }
 
 wrappers! {
@@ -387,10 +364,6 @@ wrappers! {
     vec_dot_q5_1_q8_1_m => vec_dot_q5_1_q8_1_masked1::<0>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
     /// `vec_dot_q5_1_q8_1_stream` through mask registers (`plug_masked`).
     vec_dot_q5_1_q8_1_m_stream => vec_dot_q5_1_q8_1_masked1::<STREAM_PF>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
-    /// `vec_dot_q5_K_q8_K` through mask registers (`plug_masked`).
-    vec_dot_q5_K_q8_K_m => vec_dot_q5_K_q8_K_masked1::<0>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
-    /// `vec_dot_q5_K_q8_K_stream8k` through mask registers (`plug_masked`).
-    vec_dot_q5_K_q8_K_m_stream8k => vec_dot_q5_K_q8_K_masked1::<8192>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
 }
 
 wrappers2! {
@@ -404,8 +377,6 @@ wrappers2! {
     vec_dot2_q5_1_q8_1_v_stream => vec_dot_q5_1_q8_1_vnni::<STREAM_PF, 2>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
     /// Two rows of `vec_dot_q8_0_q8_0_v_stream` (`plug_vnni_dots`).
     vec_dot2_q8_0_q8_0_v_stream => vec_dot_q8_0_q8_0_vnni::<STREAM_PF, 2>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
-    /// Two rows of `vec_dot_q5_K_q8_K_m_stream8k` (`plug_masked`).
-    vec_dot2_q5_K_q8_K_m_stream8k => vec_dot_q5_K_q8_K_masked::<8192, 2>, QK_K, size_of::<BlockQ5K>(), size_of::<BlockQ8K>();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -671,14 +642,14 @@ pub(super) fn scale_shuffle_q3k(i: i8) -> __m256i {
 /// ggml's `get_scale_shuffle_k4(i)`: the 16-bit scale `i` in every lane.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn scale_shuffle_k4(i: u8) -> __m256i {
+pub(super) fn scale_shuffle_k4(i: u8) -> __m256i {
     _mm256_set1_epi16(i16::from_le_bytes([2 * i, 2 * i + 1]))
 }
 
 /// ggml's `get_scale_shuffle(i)`: byte `2i` eight times, then byte `2i + 1` eight times.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn scale_shuffle(i: u8) -> __m128i {
+pub(super) fn scale_shuffle(i: u8) -> __m128i {
     _mm_set_epi64x(i64::from_le_bytes([2 * i + 1; 8]), i64::from_le_bytes([2 * i; 8]))
 }
 
@@ -2223,19 +2194,10 @@ unsafe fn vec_dot_q3_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
     hsum_float_8(acc)
 }
 
-/// `levels + ADD` in the bytes where bit `bit` of `hbits`' byte is set, else `levels`: one
-/// AVX-512 test into a mask register and one masked add (Q5_K's fifth bits, with `ADD` 16).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
-fn add_where_set<const ADD: i8>(levels: __m256i, hbits: __m256i, bit: u32) -> __m256i {
-    let set = _mm256_test_epi8_mask(hbits, _mm256_set1_epi8((1u8 << bit) as i8));
-    _mm256_mask_add_epi8(levels, set, levels, _mm256_set1_epi8(ADD))
-}
-
 /// The 6-bit scales and mins of Q4_K/Q5_K unpacked as ggml's AVX2 code does: eight scales in the
 /// low 16 bytes, eight mins in the high ones.
 #[inline(always)]
-fn k4_scales_and_mins(mut utmp: [u32; 4]) -> [u32; 4] {
+pub(super) fn k4_scales_and_mins(mut utmp: [u32; 4]) -> [u32; 4] {
     const KMASK1: u32 = 0x3f3f_3f3f;
     const KMASK2: u32 = 0x0f0f_0f0f;
     const KMASK3: u32 = 0x0303_0303;
@@ -2317,138 +2279,73 @@ unsafe fn vec_dot_q4_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q5_K blocks and `y` `nb` Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q5_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    // SAFETY: the caller's guarantees are the helper's (without `MASK`).
-    unsafe { q5_K_q8_K_rows::<PF, 1, false>(nb, [x], y)[0] }
-}
-
-/// [`vec_dot_q5_K_q8_K_avx2`] for `R` rows with the fifth bits applied through AVX-512 mask
-/// registers (a test and a masked add of 16): the same integers, the same bits.
-///
-/// # Safety
-/// The CPU supports the AVX-512 tier (F, BW, DQ, VL) on top of AVX2, FMA and F16C; each row of
-/// `x` holds `nb` Q5_K blocks and `y` `nb` Q8_K blocks.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn vec_dot_q5_K_q8_K_masked<const PF: usize, const R: usize>(
-    nb: usize,
-    x: [*const u8; R],
-    y: *const u8,
-) -> [f32; R] {
-    // SAFETY: the caller's guarantees are the helper's, with `MASK`'s.
-    unsafe { q5_K_q8_K_rows::<PF, R, true>(nb, x, y) }
-}
-
-one_row! {
-    "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c":
-    vec_dot_q5_K_q8_K_masked1 => vec_dot_q5_K_q8_K_masked;
-}
-
-/// The Q5_K loop over `R` weight rows against one activation row: each row's integers, float
-/// steps and their order are ggml's; the rows share the activation's loads. `MASK`: the fifth
-/// bits through mask registers ([`add_where_set`]); else ggml's byte compare.
-///
-/// # Safety
-/// As [`vec_dot_q5_K_q8_K_avx2`] for every row of `x`; with `MASK`, as
-/// [`vec_dot_q5_K_q8_K_masked`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize, const MASK: bool>(
-    nb: usize,
-    x: [*const u8; R],
-    y: *const u8,
-) -> [f32; R] {
     const XB: usize = size_of::<BlockQ5K>();
     const YB: usize = size_of::<BlockQ8K>();
     let m4 = _mm256_set1_epi8(0xF);
     let m16 = _mm256_set1_epi8(16);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut summs = [0.0f32; R];
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
     for i in 0..nb {
-        // SAFETY: block `i < nb` of `y` is readable; the reads cover its d, qs and bsums.
-        let (yd, q8, q8sums) = unsafe {
-            let by = y.add(i * YB);
+        if PF > 0 {
+            prefetch_stream::<{ size_of::<BlockQ5K>() }>(x, i, PF);
+        }
+        // SAFETY: block `i < nb` of each side is readable; the reads cover x's d, dmin (0..4),
+        // scales (4..16), qh (16..48) and qs (48..176), and y's d, qs and bsums.
+        let (xd, xdmin, utmp, hbits, q5, yd, q8, q8sums) = unsafe {
+            let (bx, by) = (x.add(i * XB), y.add(i * YB));
+            let sc = bx.add(offset_of!(BlockQ5K, scales));
+            let qs = bx.add(offset_of!(BlockQ5K, qs));
             (
+                rd_u16(bx.add(offset_of!(BlockQ5K, d))),
+                rd_u16(bx.add(offset_of!(BlockQ5K, dmin))),
+                [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8)), 0],
+                _mm256_loadu_si256(bx.add(offset_of!(BlockQ5K, qh)).cast()),
+                [
+                    _mm256_loadu_si256(qs.cast()),
+                    _mm256_loadu_si256(qs.add(32).cast()),
+                    _mm256_loadu_si256(qs.add(64).cast()),
+                    _mm256_loadu_si256(qs.add(96).cast()),
+                ],
                 rd_f32(by.add(offset_of!(BlockQ8K, d))),
                 load_q8k_levels(by.add(offset_of!(BlockQ8K, qs))),
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
             )
         };
+        let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
+        let d = yd * xd;
+        let dmin = -yd * xdmin;
+        let u = k4_scales_and_mins(utmp);
+        let mins_and_scales =
+            _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
+
         let q8s =
             _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
-        for r in 0..R {
-            if PF > 0 {
-                prefetch_stream::<{ size_of::<BlockQ5K>() }>(x[r], i, PF);
-            }
-            // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d, dmin
-            // (0..4), scales (4..16), qh (16..48) and qs (48..176).
-            let (xd, xdmin, utmp, hbits, q5) = unsafe {
-                let bx = x[r].add(i * XB);
-                let sc = bx.add(offset_of!(BlockQ5K, scales));
-                let qs = bx.add(offset_of!(BlockQ5K, qs));
-                (
-                    rd_u16(bx.add(offset_of!(BlockQ5K, d))),
-                    rd_u16(bx.add(offset_of!(BlockQ5K, dmin))),
-                    [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8)), 0],
-                    _mm256_loadu_si256(bx.add(offset_of!(BlockQ5K, qh)).cast()),
-                    [
-                        _mm256_loadu_si256(qs.cast()),
-                        _mm256_loadu_si256(qs.add(32).cast()),
-                        _mm256_loadu_si256(qs.add(64).cast()),
-                        _mm256_loadu_si256(qs.add(96).cast()),
-                    ],
-                )
-            };
-            let (xd, xdmin) = fp16x2_to_fp32(xd, xdmin);
-            let d = yd * xd;
-            let dmin = -yd * xdmin;
-            let u = k4_scales_and_mins(utmp);
-            let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
-                u[3] as i32,
-                u[2] as i32,
-                u[1] as i32,
-                u[0] as i32,
-            ));
+        let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+        let mzero = _mm_setzero_si128();
+        let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
+        summs = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs);
 
-            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
-            let mzero = _mm_setzero_si128();
-            let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
-            summs[r] = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs[r]);
+        let sc128 = _mm256_castsi256_si128(mins_and_scales);
+        let scales = _mm256_set_m128i(sc128, sc128);
 
-            let sc128 = _mm256_castsi256_si128(mins_and_scales);
-            let scales = _mm256_set_m128i(sc128, sc128);
-
-            let mut sumi = _mm256_setzero_si256();
-            for j in 0..4 {
-                let scale_0 = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8)));
-                let scale_1 =
-                    _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8 + 1)));
-                let q5l_0 = _mm256_and_si256(q5[j], m4);
-                let q5l_1 = _mm256_and_si256(_mm256_srli_epi16::<4>(q5[j]), m4);
-                let (q5_0, q5_1) = if MASK {
-                    // SAFETY: with `MASK` the caller guarantees AVX-512 BW and VL.
-                    unsafe {
-                        (
-                            add_where_set::<16>(q5l_0, hbits, 2 * j as u32),
-                            add_where_set::<16>(q5l_1, hbits, 2 * j as u32 + 1),
-                        )
-                    }
-                } else {
-                    // 16 where bit 2j (2j + 1) of the high-bit byte is set.
-                    let h0 = _mm256_set1_epi8((1u8 << (2 * j)) as i8);
-                    let h1 = _mm256_set1_epi8((2u8 << (2 * j)) as i8);
-                    let q5h_0 =
-                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, h0), h0), m16);
-                    let q5h_1 =
-                        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, h1), h1), m16);
-                    (_mm256_add_epi8(q5l_0, q5h_0), _mm256_add_epi8(q5l_1, q5h_1))
-                };
-                let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, q8[2 * j]));
-                let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, q8[2 * j + 1]));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let scale_0 = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8)));
+            let scale_1 = _mm256_shuffle_epi8(scales, opaque(scale_shuffle_k4(2 * j as u8 + 1)));
+            // 16 where bit 2j (2j + 1) of the high-bit byte is set.
+            let h0 = _mm256_set1_epi8((1u8 << (2 * j)) as i8);
+            let h1 = _mm256_set1_epi8((2u8 << (2 * j)) as i8);
+            let q5h_0 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, h0), h0), m16);
+            let q5h_1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, h1), h1), m16);
+            let q5_0 = _mm256_add_epi8(_mm256_and_si256(q5[j], m4), q5h_0);
+            let q5_1 = _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16::<4>(q5[j]), m4), q5h_1);
+            let p16_0 = _mm256_madd_epi16(scale_0, _mm256_maddubs_epi16(q5_0, q8[2 * j]));
+            let p16_1 = _mm256_madd_epi16(scale_1, _mm256_maddubs_epi16(q5_1, q8[2 * j + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16_0, p16_1));
         }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    std::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
+    hsum_float_8(acc) + summs
 }
 
 /// # Safety

@@ -46,7 +46,6 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
         t.set_vec_dot_stream_own_order(DType::BF16, vec_dot_bf16_dp);
         t.set_gemm(DType::BF16, gemm_float::<EBF16_DP>);
     }
-    super::avx2_quants::plug_stream_8k(t, cpu.avx2());
     super::avx2_quants::plug_masked(t, cpu);
     super::avx512_kquants::plug(t, cpu);
     super::avx2_quants::plug_vnni_dots(t, cpu);

@@ -1,5 +1,6 @@
-//! AVX-512 forms of K-quant dot products (`KernelTable::vec_dot`) holding two 32-level groups
-//! of a block in one 512-bit register where the AVX2 kernels hold them in two 256-bit ones.
+//! AVX-512 forms of the K-quant and IQ4_XS dot products (`KernelTable::vec_dot`, 256-element
+//! blocks against Q8_K) holding two 32-level groups of a block in one 512-bit register where the
+//! AVX2 kernels hold them in two 256-bit ones.
 //! Each gives the AVX2 tier's bits: the same 16-bit pair sums and 32-bit lanes (a register's
 //! two halves are added before the conversion, an exact integer sum), then the AVX2 kernel's
 //! float steps in its order.
@@ -10,23 +11,36 @@ use std::arch::x86_64::*;
 use std::mem::{offset_of, size_of};
 
 use super::avx2_quants::{
-    F16_TO_F32, STREAM_PF, hsum_float_8, prefetch_stream, rd_f32, rd_u16, rd_u32,
-    scale_shuffle_q3k, whole_blocks,
+    F16_TO_F32, STREAM_PF, hsum_float_8, k4_scales_and_mins, opaque, prefetch_stream, rd_f32,
+    rd_u16, rd_u32, scale_shuffle, scale_shuffle_k4, scale_shuffle_q3k, whole_blocks,
 };
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
-use crate::quant::kquants::{BlockQ2K, BlockQ3K, BlockQ8K};
+use crate::quant::iq::grids::KVALUES_IQ4NL;
+use crate::quant::iq::iq4::BlockIQ4XS;
+use crate::quant::kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 
 const Q2B: usize = size_of::<BlockQ2K>();
 const Q3B: usize = size_of::<BlockQ3K>();
+const Q4B: usize = size_of::<BlockQ4K>();
+const Q5B: usize = size_of::<BlockQ5K>();
+const Q6B: usize = size_of::<BlockQ6K>();
+const IQ4XSB: usize = size_of::<BlockIQ4XS>();
 const Q8KB: usize = size_of::<BlockQ8K>();
 
-/// Registers the dots (called by the AVX-512 tier's `plug`, which checked the tier). One
-/// process, the previous dots and these computing one plan in turn, 4096 x 1 x 14336, 2 threads
-/// of an Emerald Rapids Xeon, each order twice in L3 (40 computes) and once or twice from
-/// memory (6 passes over 1 GiB of weight copies): Q3_K against the AVX2-width two-row form with
-/// masked high bits 1.07-1.22x in L3, 1.05-1.15x from memory; Q2_K against the AVX2 one-row
-/// dot 1.08-1.25x and 1.11-1.25x.
+/// Registers the dots (called by the AVX-512 tier's `plug`, which checked the tier).
+///
+/// One process, the previous dots and these computing one plan in turn (4096 x 1 x 14336, 2
+/// threads, Emerald Rapids Xeon; each order twice in L3 over 40 computes, 3 runs from memory
+/// over 6 passes of 1 GiB of weight copies), ratio of times old / new, in L3 and from memory:
+/// - Q2_K against the AVX2 one-row dot: 1.08-1.25x, 1.11-1.25x;
+/// - Q3_K against the AVX2-width two-row form with masked high bits: 1.07-1.22x, 1.05-1.15x;
+/// - Q4_K against the AVX2 one-row dot: 1.08-1.25x, 1.17-1.24x;
+/// - Q5_K against the AVX2-width two-row form with masked fifth bits: 0.91-1.16x (median of 8
+///   runs 1.09), 1.06-1.18x;
+/// - Q6_K against the AVX2 one-row dot: 1.37-1.48x, 1.16-1.26x;
+/// - IQ4_XS against the AVX2 one-row dot: 1.24-1.41x, 1.25-1.55x (its one-row form 1.21-1.50x
+///   in L3, 5-10% slower than the two-row).
 pub(super) fn plug(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot(DType::Q2_K, vec_dot_q2_K_q8_K);
     t.set_vec_dot_stream(DType::Q2_K, vec_dot_q2_K_q8_K_stream);
@@ -34,6 +48,18 @@ pub(super) fn plug(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot(DType::Q3_K, vec_dot_q3_K_q8_K);
     t.set_vec_dot_stream(DType::Q3_K, vec_dot_q3_K_q8_K_stream);
     t.set_vec_dot2_stream(DType::Q3_K, vec_dot2_q3_K_q8_K_stream);
+    t.set_vec_dot(DType::Q4_K, vec_dot_q4_K_q8_K);
+    t.set_vec_dot_stream(DType::Q4_K, vec_dot_q4_K_q8_K_stream8k);
+    t.set_vec_dot2_stream(DType::Q4_K, vec_dot2_q4_K_q8_K_stream8k);
+    t.set_vec_dot(DType::Q5_K, vec_dot_q5_K_q8_K);
+    t.set_vec_dot_stream(DType::Q5_K, vec_dot_q5_K_q8_K_stream8k);
+    t.set_vec_dot2_stream(DType::Q5_K, vec_dot2_q5_K_q8_K_stream8k);
+    t.set_vec_dot(DType::Q6_K, vec_dot_q6_K_q8_K);
+    t.set_vec_dot_stream(DType::Q6_K, vec_dot_q6_K_q8_K_stream8k);
+    t.set_vec_dot2_stream(DType::Q6_K, vec_dot2_q6_K_q8_K_stream8k);
+    t.set_vec_dot(DType::IQ4_XS, vec_dot_iq4_xs_q8_K);
+    t.set_vec_dot_stream(DType::IQ4_XS, vec_dot_iq4_xs_q8_K_stream);
+    t.set_vec_dot2_stream(DType::IQ4_XS, vec_dot2_iq4_xs_q8_K_stream);
 }
 
 /// `ggml_vec_dot_q3_K_q8_K`, bitwise the AVX2 tier's.
@@ -282,4 +308,514 @@ unsafe fn q2_K_q8_K_rows<const PF: usize, const R: usize>(
         }
     }
     std::array::from_fn(|r| hsum_float_8(acc[r]))
+}
+
+/// How far ahead (bytes) the Q4_K, Q5_K and Q6_K decode forms prefetch the weight rows: twice
+/// the other dots' `STREAM_PF`. Measured with the AVX2-width dots on Zen 5, 4096 x 14336 decode,
+/// 2 threads, alternating binaries, 4 KiB -> 8 KiB: q6_K 142-144 -> 167-173 GFLOPS, q5_K
+/// 145-146 -> 160-162, q4_K 202-208 -> 214-215 (q3_K, q2_K gained nothing clear).
+const PF_8K: usize = 8192;
+
+/// The levels of a Q8_K block as the Q4_K/Q5_K forms pair them: group `2j` and `2j + 2` with
+/// `j` in the low halves of registers 0 and 2, `2j + 1` and `2j + 3` in 1 and 3 (the low and
+/// high nibbles of the 64 code bytes `64m..64m + 64`, `m` = register / 2).
+///
+/// # Safety
+/// `qs` is valid for reading 256 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn q8k_nibble_pairs(qs: *const u8) -> [__m512i; 4] {
+    const GROUPS: [(usize, usize); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
+    GROUPS.map(|(a, b)| {
+        // SAFETY: groups `a, b < 8` of 32 bytes lie inside the caller's 256.
+        let (lo, hi) = unsafe {
+            (_mm256_loadu_si256(qs.add(32 * a).cast()), _mm256_loadu_si256(qs.add(32 * b).cast()))
+        };
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    })
+}
+
+/// ggml's `get_scale_shuffle_k4` for the groups of [`q8k_nibble_pairs`]: scale `a` in the low
+/// half, `b` in the high half.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn k4_shuffles() -> [__m512i; 4] {
+    const GROUPS: [(u8, u8); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
+    GROUPS.map(|(a, b)| {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(scale_shuffle_k4(a)), scale_shuffle_k4(b))
+    })
+}
+
+/// The low and high nibbles of the 128 code bytes of a Q4_K/Q5_K block, as
+/// [`q8k_nibble_pairs`] orders their groups.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn nibbles(q: [__m512i; 2]) -> [__m512i; 4] {
+    let m4 = _mm512_set1_epi8(0xF);
+    [
+        _mm512_and_si512(q[0], m4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(q[0]), m4),
+        _mm512_and_si512(q[1], m4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(q[1]), m4),
+    ]
+}
+
+/// A K-quant block's eight 6-bit scales and mins (`k4_scales_and_mins` of its 12 bytes at
+/// `sc`) widened to 16 bits: the scales in the low 128-bit lane, the mins in the high one.
+///
+/// # Safety
+/// `sc` is valid for reading 12 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn k4_mins_and_scales(sc: *const u8) -> __m256i {
+    // SAFETY: the three 4-byte reads cover the caller's 12 bytes.
+    let utmp = unsafe { [rd_u32(sc), rd_u32(sc.add(4)), rd_u32(sc.add(8)), 0] };
+    let u = k4_scales_and_mins(utmp);
+    _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32))
+}
+
+/// `ggml_vec_dot_q4_K_q8_K`, bitwise the AVX2 tier's.
+fn vec_dot_q4_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, Q4B, y, Q8KB);
+    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q4_K blocks and `y` `nb` Q8_K
+    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { q4_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// `vec_dot_q4_K_q8_K` prefetching the weights `PF_8K` bytes ahead (decode).
+fn vec_dot_q4_K_q8_K_stream8k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, Q4B, y, Q8KB);
+    // SAFETY: as `vec_dot_q4_K_q8_K`.
+    unsafe { q4_K_q8_K_rows::<PF_8K, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// Two rows of `vec_dot_q4_K_q8_K_stream8k` (`KernelTable::vec_dot2_stream`).
+fn vec_dot2_q4_K_q8_K_stream8k(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    let nb =
+        whole_blocks(n, QK_K, x[0], Q4B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q4B, y, Q8KB));
+    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q4_K blocks and `y` `nb`
+    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { q4_K_q8_K_rows::<PF_8K, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+}
+
+/// The Q4_K loop of the AVX2 tier (ggml's lanes and float order: the mins in their own
+/// 4-lane accumulator, added after the scaled sums' reduction) over `R` weight rows against one
+/// activation row, two 32-level groups per register as [`q8k_nibble_pairs`] pairs them.
+///
+/// # Safety
+/// The CPU supports the AVX-512 tier (F, BW, DQ, VL) on top of AVX2, FMA and F16C; each row of
+/// `x` holds `nb` Q4_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn q4_K_q8_K_rows<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
+    let shuffles = k4_shuffles();
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc_m = [_mm_setzero_ps(); R];
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of `y` is readable; the reads cover its d (0..4), levels
+        // (4..260) and bsums (260..292).
+        let (yd, q8, q8sums) = unsafe {
+            let by = y.add(i * Q8KB);
+            (
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                q8k_nibble_pairs(by.add(offset_of!(BlockQ8K, qs))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        let q8s =
+            _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<Q4B>(x[r], i, PF);
+            }
+            // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d, dmin
+            // (0..4), scales (4..16) and qs (16..144).
+            let (xd, xdmin, mins_and_scales, q4) = unsafe {
+                let bx = x[r].add(i * Q4B);
+                let qs = bx.add(offset_of!(BlockQ4K, qs));
+                (
+                    rd_u16(bx.add(offset_of!(BlockQ4K, d))),
+                    rd_u16(bx.add(offset_of!(BlockQ4K, dmin))),
+                    k4_mins_and_scales(bx.add(offset_of!(BlockQ4K, scales))),
+                    [_mm512_loadu_si512(qs.cast()), _mm512_loadu_si512(qs.add(64).cast())],
+                )
+            };
+            let d = yd * F16_TO_F32[xd as usize];
+            let dmin = -yd * F16_TO_F32[xdmin as usize];
+            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+            acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[r]);
+
+            let scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(mins_and_scales));
+            let q4l = nibbles(q4);
+            let p: [__m512i; 4] = std::array::from_fn(|k| {
+                let p16 = _mm512_maddubs_epi16(q4l[k], q8[k]);
+                _mm512_madd_epi16(_mm512_shuffle_epi8(scales, shuffles[k]), p16)
+            });
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(halves_sum(p)), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| {
+        let m = acc_m[r];
+        let m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        hsum_float_8(acc[r]) + _mm_cvtss_f32(m)
+    })
+}
+
+/// `ggml_vec_dot_q5_K_q8_K`, bitwise the AVX2 tier's.
+fn vec_dot_q5_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, Q5B, y, Q8KB);
+    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q5_K blocks and `y` `nb` Q8_K
+    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { q5_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// `vec_dot_q5_K_q8_K` prefetching the weights `PF_8K` bytes ahead (decode).
+fn vec_dot_q5_K_q8_K_stream8k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, Q5B, y, Q8KB);
+    // SAFETY: as `vec_dot_q5_K_q8_K`.
+    unsafe { q5_K_q8_K_rows::<PF_8K, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// Two rows of `vec_dot_q5_K_q8_K_stream8k` (`KernelTable::vec_dot2_stream`).
+fn vec_dot2_q5_K_q8_K_stream8k(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    let nb =
+        whole_blocks(n, QK_K, x[0], Q5B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q5B, y, Q8KB));
+    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q5_K blocks and `y` `nb`
+    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { q5_K_q8_K_rows::<PF_8K, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+}
+
+/// The Q5_K loop of the AVX2 tier (ggml's lanes and float order: the mins summed in a scalar
+/// per block, added after the scaled sums' reduction; the fifth bits through a mask test and a
+/// masked add of 16) over `R` weight rows against one activation row, two 32-level groups per
+/// register as [`q8k_nibble_pairs`] pairs them; group `g`'s fifth bits are bit `g` of the 32
+/// high-bit bytes.
+///
+/// # Safety
+/// The CPU supports the AVX-512 tier (F, BW, DQ, VL) on top of AVX2, FMA and F16C; each row of
+/// `x` holds `nb` Q5_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
+    const GROUPS: [(u8, u8); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
+    let m16 = _mm512_set1_epi8(16);
+    let shuffles = k4_shuffles();
+    let bits: [__m512i; 4] = GROUPS.map(|(a, b)| {
+        let lo = _mm256_set1_epi8((1u8 << a) as i8);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_set1_epi8((1u8 << b) as i8))
+    });
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summs = [0.0f32; R];
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of `y` is readable; the reads cover its d (0..4), levels
+        // (4..260) and bsums (260..292).
+        let (yd, q8, q8sums) = unsafe {
+            let by = y.add(i * Q8KB);
+            (
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                q8k_nibble_pairs(by.add(offset_of!(BlockQ8K, qs))),
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        let q8s =
+            _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<Q5B>(x[r], i, PF);
+            }
+            // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d, dmin
+            // (0..4), scales (4..16), qh (16..48) and qs (48..176).
+            let (xd, xdmin, mins_and_scales, hbits, q5) = unsafe {
+                let bx = x[r].add(i * Q5B);
+                let qs = bx.add(offset_of!(BlockQ5K, qs));
+                (
+                    rd_u16(bx.add(offset_of!(BlockQ5K, d))),
+                    rd_u16(bx.add(offset_of!(BlockQ5K, dmin))),
+                    k4_mins_and_scales(bx.add(offset_of!(BlockQ5K, scales))),
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        bx.add(offset_of!(BlockQ5K, qh)).cast(),
+                    )),
+                    [_mm512_loadu_si512(qs.cast()), _mm512_loadu_si512(qs.add(64).cast())],
+                )
+            };
+            let d = yd * F16_TO_F32[xd as usize];
+            let dmin = -yd * F16_TO_F32[xdmin as usize];
+            let prod = _mm_madd_epi16(_mm256_extracti128_si256::<1>(mins_and_scales), q8s);
+            let mzero = _mm_setzero_si128();
+            let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, mzero), mzero);
+            summs[r] = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs[r]);
+
+            let scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(mins_and_scales));
+            let q5l = nibbles(q5);
+            let p: [__m512i; 4] = std::array::from_fn(|k| {
+                let set = _mm512_test_epi8_mask(hbits, bits[k]);
+                let q5 = _mm512_mask_add_epi8(q5l[k], set, q5l[k], m16);
+                let p16 = _mm512_maddubs_epi16(q5, q8[k]);
+                _mm512_madd_epi16(_mm512_shuffle_epi8(scales, shuffles[k]), p16)
+            });
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(halves_sum(p)), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
+}
+
+/// `ggml_vec_dot_q6_K_q8_K`, bitwise the AVX2 tier's.
+fn vec_dot_q6_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, Q6B, y, Q8KB);
+    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q6_K blocks and `y` `nb` Q8_K
+    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { q6_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// `vec_dot_q6_K_q8_K` prefetching the weights `PF_8K` bytes ahead (decode).
+fn vec_dot_q6_K_q8_K_stream8k(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, Q6B, y, Q8KB);
+    // SAFETY: as `vec_dot_q6_K_q8_K`.
+    unsafe { q6_K_q8_K_rows::<PF_8K, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// Two rows of `vec_dot_q6_K_q8_K_stream8k` (`KernelTable::vec_dot2_stream`).
+fn vec_dot2_q6_K_q8_K_stream8k(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    let nb =
+        whole_blocks(n, QK_K, x[0], Q6B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q6B, y, Q8KB));
+    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q6_K blocks and `y` `nb`
+    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { q6_K_q8_K_rows::<PF_8K, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+}
+
+/// The Q6_K loop of the AVX2 tier (ggml's lanes and float order: the levels' +32 taken off
+/// through the activation sums, then one FMA per block) over `R` weight rows against one
+/// activation row. Register pairs follow the AVX2 kernel's `j` half of a block: the 64 low-bit
+/// bytes `64j..64j + 64` give groups `4j` and `4j + 1` (low nibbles) and `4j + 2` and `4j + 3`
+/// (high nibbles), whose activations are 64 contiguous bytes each; the 32 high-bit bytes of
+/// `j`, in both halves, give each group its two bits by one variable shift (each half its own
+/// count) and a mask.
+///
+/// # Safety
+/// The CPU supports the AVX-512 tier (F, BW, DQ, VL) on top of AVX2, FMA and F16C; each row of
+/// `x` holds `nb` Q6_K blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
+    let m15 = _mm512_set1_epi8(15);
+    let m48 = _mm512_set1_epi8(48);
+    // Bits 0-1 (low half) and 2-3 (high half) of a high-bit byte up to bits 4-5; bits 4-5
+    // and 6-7 likewise, by a right shift of 0 and 2. 16-bit shifts: what crosses into the
+    // neighbouring byte falls outside the mask.
+    let up = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
+    let down = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+    // The AVX2 kernel's scale shuffles of groups `2g` and `2g + 1` (g = 0..4) in one register.
+    let shuffles: [__m256i; 4] = std::array::from_fn(|g| {
+        let (a, b) = (scale_shuffle(2 * g as u8), scale_shuffle(2 * g as u8 + 1));
+        _mm256_set_m128i(b, a)
+    });
+    let mut acc = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of `y` is readable; the reads cover its d (0..4), levels
+        // (4..260) and bsums (260..292).
+        let (yd, q8, q8sums) = unsafe {
+            let by = y.add(i * Q8KB);
+            let qs = by.add(offset_of!(BlockQ8K, qs));
+            let q8: [__m512i; 4] =
+                std::array::from_fn(|g| _mm512_loadu_si512(qs.add(64 * g).cast()));
+            (
+                rd_f32(by.add(offset_of!(BlockQ8K, d))),
+                q8,
+                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+            )
+        };
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<Q6B>(x[r], i, PF);
+            }
+            // SAFETY: block `i < nb` of row `r` is readable; the reads cover its ql (0..128),
+            // qh (128..192), scales (192..208) and d (208..210).
+            let (ql, qh, scales, xd) = unsafe {
+                let bx = x[r].add(i * Q6B);
+                let ql = bx.add(offset_of!(BlockQ6K, ql));
+                let qh = bx.add(offset_of!(BlockQ6K, qh));
+                (
+                    [_mm512_loadu_si512(ql.cast()), _mm512_loadu_si512(ql.add(64).cast())],
+                    [
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(qh.cast())),
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(qh.add(32).cast())),
+                    ],
+                    _mm_loadu_si128(bx.add(offset_of!(BlockQ6K, scales)).cast()),
+                    rd_u16(bx.add(offset_of!(BlockQ6K, d))),
+                )
+            };
+            let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
+            let scales_16 = _mm256_cvtepi8_epi16(scales);
+            // The levels are stored +32: subtract 32 * scale * (sum of each 16 y levels).
+            let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
+            let scales2 = _mm256_broadcastsi128_si256(scales);
+
+            let p: [__m512i; 4] = std::array::from_fn(|g| {
+                let (j, high) = (g / 2, g % 2 == 1);
+                let (lbits, hbits) = if high {
+                    (
+                        _mm512_srli_epi16::<4>(ql[j]),
+                        _mm512_and_si512(_mm512_srlv_epi16(qh[j], down), m48),
+                    )
+                } else {
+                    (ql[j], _mm512_and_si512(_mm512_sllv_epi16(qh[j], up), m48))
+                };
+                let q6 = _mm512_or_si512(_mm512_and_si512(lbits, m15), hbits);
+                let p16 = _mm512_maddubs_epi16(q6, q8[g]);
+                // The control goes through `opaque`, as in the AVX2 kernel, so that the
+                // compiler keeps one `vpshufb`.
+                let sc = _mm256_shuffle_epi8(scales2, opaque(shuffles[g]));
+                _mm512_madd_epi16(_mm512_cvtepi8_epi16(sc), p16)
+            });
+            let sumi = _mm256_sub_epi32(halves_sum(p), q8sclsub);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum_float_8(acc[r]))
+}
+
+/// `ggml_vec_dot_iq4_xs_q8_K`, bitwise the AVX2 tier's.
+fn vec_dot_iq4_xs_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, IQ4XSB, y, Q8KB);
+    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` IQ4_XS blocks and `y` `nb` Q8_K
+    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { iq4_xs_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// `vec_dot_iq4_xs_q8_K` prefetching the weights `STREAM_PF` bytes ahead (decode).
+fn vec_dot_iq4_xs_q8_K_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let nb = whole_blocks(n, QK_K, x, IQ4XSB, y, Q8KB);
+    // SAFETY: as `vec_dot_iq4_xs_q8_K`.
+    unsafe { iq4_xs_q8_K_rows::<STREAM_PF, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+}
+
+/// Two rows of `vec_dot_iq4_xs_q8_K_stream` (`KernelTable::vec_dot2_stream`).
+fn vec_dot2_iq4_xs_q8_K_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+    let nb = whole_blocks(n, QK_K, x[0], IQ4XSB, y, Q8KB)
+        .min(whole_blocks(n, QK_K, x[1], IQ4XSB, y, Q8KB));
+    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` IQ4_XS blocks and `y` `nb`
+    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
+    unsafe { iq4_xs_q8_K_rows::<STREAM_PF, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+}
+
+// The IQ4_NL levels are sorted: an index's level is negative exactly when its bit 3 is clear,
+// which `iq4_xs_q8_K_rows` tests instead of the level's sign.
+const _: () = {
+    let mut i = 0;
+    while i < 16 {
+        assert!((KVALUES_IQ4NL[i] < 0) == (i < 8));
+        i += 1;
+    }
+};
+
+/// The IQ4_XS loop of the AVX2 tier (ggml's lanes and float order) over `R` weight rows against
+/// one activation row, sub-blocks `2p` and `2p + 1` of a block in one register (the AVX2
+/// kernel's `sumi1` lanes in the low half, `sumi2`'s in the high one). The AVX2 kernel's
+/// `maddubs(|level|, sign(q8, level))` (ggml's `mul_add_epi8`) becomes the levels' magnitudes
+/// by one lookup times the activations negated under a mask where the level is negative: the
+/// same bytes (a -128 activation wraps alike), the same pair sums. The eight 6-bit scales are
+/// formed once per block in a vector and spread to each pair's two halves by `vpermw`.
+///
+/// # Safety
+/// The CPU supports the AVX-512 tier (F, BW, DQ, VL) on top of AVX2, FMA and F16C; each row of
+/// `x` holds `nb` IQ4_XS blocks and `y` `nb` Q8_K blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn iq4_xs_q8_K_rows<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
+    let magnitudes = KVALUES_IQ4NL.map(|v| v.unsigned_abs());
+    // SAFETY: `magnitudes` is 16 readable bytes; `loadu` needs no alignment.
+    let magnitudes = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(magnitudes.as_ptr().cast()) });
+    let m4b = _mm512_set1_epi8(0x0f);
+    let bit3 = _mm512_set1_epi8(0x08);
+    let zero = _mm512_setzero_si512();
+    // Low nibbles in lanes 0 and 2, high nibbles in 1 and 3.
+    let nibble_shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    // `vpermw` indices: scale `2p` in the low 16 words, `2p + 1` in the high 16.
+    let spread: [__m512i; 4] = std::array::from_fn(|p| {
+        let lo = _mm256_set1_epi16(2 * p as i16);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_set1_epi16(2 * p as i16 + 1))
+    });
+    // Bits `2i` and `2i + 1` of `scales_h` into word `i`.
+    let h_shift = _mm_set_epi16(14, 12, 10, 8, 6, 4, 2, 0);
+    let mut accum = [_mm256_setzero_ps(); R];
+    for i in 0..nb {
+        // SAFETY: block `i < nb` of `y` is readable: its d (0..4) and levels (4..260).
+        let (yd, q8) = unsafe {
+            let by = y.add(i * Q8KB);
+            let qs = by.add(offset_of!(BlockQ8K, qs));
+            let q8: [__m512i; 4] =
+                std::array::from_fn(|p| _mm512_loadu_si512(qs.add(64 * p).cast()));
+            (rd_f32(by.add(offset_of!(BlockQ8K, d))), q8)
+        };
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<IQ4XSB>(x[r], i, PF);
+            }
+            // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d (0..2),
+            // scales_h (2..4), scales_l (4..8) and qs (8..136).
+            let (xd, sh, sl, qs) = unsafe {
+                let bx = x[r].add(i * IQ4XSB);
+                let qs = bx.add(offset_of!(BlockIQ4XS, qs));
+                let qs: [__m256i; 4] =
+                    std::array::from_fn(|p| _mm256_loadu_si256(qs.add(32 * p).cast()));
+                (
+                    rd_u16(bx.add(offset_of!(BlockIQ4XS, d))),
+                    rd_u16(bx.add(offset_of!(BlockIQ4XS, scales_h))),
+                    rd_u32(bx.add(offset_of!(BlockIQ4XS, scales_l))),
+                    qs,
+                )
+            };
+            // ggml's `ls = (low nibble | high bits << 4) - 32`, sub-block `i` in word `i`.
+            let slv = _mm_cvtsi32_si128(sl as i32);
+            let m4 = _mm_set1_epi8(0x0f);
+            let nib = _mm_unpacklo_epi8(
+                _mm_and_si128(slv, m4),
+                _mm_and_si128(_mm_srli_epi16::<4>(slv), m4),
+            );
+            let high = _mm_and_si128(
+                _mm_srlv_epi16(_mm_set1_epi16(sh as i16), h_shift),
+                _mm_set1_epi16(3),
+            );
+            let ls = _mm_sub_epi16(
+                _mm_or_si128(_mm_cvtepu8_epi16(nib), _mm_slli_epi16::<4>(high)),
+                _mm_set1_epi16(32),
+            );
+            let ls = _mm512_castsi128_si512(ls);
+            let mut sumi = zero;
+            for p in 0..4 {
+                let z = _mm512_castsi256_si512(qs[p]);
+                let idx = _mm512_and_si512(
+                    _mm512_srlv_epi64(_mm512_shuffle_i64x2::<0b01_01_00_00>(z, z), nibble_shift),
+                    m4b,
+                );
+                let neg = _mm512_testn_epi8_mask(idx, bit3);
+                let q8s = _mm512_mask_sub_epi8(q8[p], neg, zero, q8[p]);
+                let p16 = _mm512_maddubs_epi16(_mm512_shuffle_epi8(magnitudes, idx), q8s);
+                sumi = _mm512_add_epi32(
+                    sumi,
+                    _mm512_madd_epi16(p16, _mm512_permutexvar_epi16(spread[p], ls)),
+                );
+            }
+            let sumi = _mm256_add_epi32(
+                _mm512_castsi512_si256(sumi),
+                _mm512_extracti64x4_epi64::<1>(sumi),
+            );
+            let d = F16_TO_F32[xd as usize] * yd;
+            accum[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum_float_8(accum[r]))
 }

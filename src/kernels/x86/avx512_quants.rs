@@ -174,9 +174,9 @@ mod tests {
     use super::super::test_util::avx2_and_avx512;
     use crate::dtype::DType;
 
-    /// The AVX-512 tier's Q5_0, Q5_1, Q2_K, Q3_K and Q5_K dots and, with VNNI, its MXFP4, Q4_0, Q4_1,
-    /// Q8_0 and IQ4_NL dots (plain and streaming; the two-row forms too) give the AVX2 tier's
-    /// bits: random blocks (any weight scale, any levels including -128), even and odd block
+    /// The AVX-512 tier's Q5_0, Q5_1 and K-quant (Q2_K to Q6_K) dots and, with VNNI, its
+    /// MXFP4, Q4_0, Q4_1, Q8_0 and IQ4_NL dots (plain and streaming; the two-row forms too) give
+    /// the AVX2 tier's bits: random blocks (any weight scale, any levels including -128), even and odd block
     /// counts. The masked Q5_1 forms without VNNI (the table's on AVX-512 CPUs without it, and
     /// replaced by the VNNI forms where it is) are checked directly.
     #[test]
@@ -185,7 +185,16 @@ mod tests {
         let Some((t2, t5)) = avx2_and_avx512(false) else { return };
         let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
         let mut r = crate::testdata::Xorshift64::from_state(0x1234_5678_9ABC_DEF1);
-        let mut types = vec![DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K, DType::Q5_K];
+        let mut types = vec![
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::IQ4_XS,
+        ];
         if vnni {
             types.extend([DType::MXFP4, DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::IQ4_NL]);
         }

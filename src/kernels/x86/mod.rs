@@ -164,11 +164,6 @@ impl Avx512 {
     pub(crate) fn detect() -> Option<Avx512> {
         Isa::Avx512.is_supported().then_some(Avx512(()))
     }
-
-    /// The AVX-512 tier includes the AVX2 tier.
-    pub(crate) fn avx2(self) -> Avx2 {
-        Avx2(())
-    }
 }
 
 /// Proof that this CPU runs the AMX tier (AMX-INT8 with the tile data permitted, on top of the
