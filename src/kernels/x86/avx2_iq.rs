@@ -864,66 +864,20 @@ fn iq4_values(values: __m128i, bits: __m128i) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_nl_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    // SAFETY: without `VNNI` the loop needs only this function's features.
-    unsafe { iq4_nl_rows::<PF, 1, false>(n, [x], y)[0] }
+    iq4_nl_rows::<PF, 1>(n, [x], y)[0]
 }
 
 /// Two rows of [`iq4_nl_avx2`] (`KernelTable::vec_dot2_stream`), each result bitwise its.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_nl2_avx2<const PF: usize>(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    // SAFETY: as `iq4_nl_avx2`.
-    unsafe { iq4_nl_rows::<PF, 2, false>(n, x, y) }
-}
-
-/// [`iq4_nl_rows`] for `R` rows with each four products summed by `vpdpbusd` (the same
-/// integers, the same bits).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn iq4_nl_vnni<const PF: usize, const R: usize>(n: usize, x: [&[u8]; R], y: &[u8]) -> [f32; R] {
-    // SAFETY: this function's features are `VNNI`'s.
-    unsafe { iq4_nl_rows::<PF, R, true>(n, x, y) }
-}
-
-/// The AVX-512 VNNI forms of the IQ4_NL dot (called by `avx2_quants::plug_vnni_dots`, which
-/// checks for AVX-512 VNNI on top of the AVX-512 tier); measured there.
-pub(super) fn plug_vnni_dots(t: &mut KernelTable) {
-    t.set_vec_dot(DType::IQ4_NL, vec_dot_iq4_nl_q8_0_v);
-    t.set_vec_dot_stream(DType::IQ4_NL, vec_dot_iq4_nl_q8_0_v_stream);
-    t.set_vec_dot2_stream(DType::IQ4_NL, vec_dot2_iq4_nl_q8_0_v_stream);
-}
-
-/// Dot product (`VecDotFn`) on the AVX-512 tier with VNNI.
-fn vec_dot_iq4_nl_q8_0_v(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    // SAFETY: only `plug_vnni_dots` installs this, after AVX-512 VNNI was detected on top of
-    // the AVX-512 tier (F, BW, DQ, VL) and the AVX2 tier.
-    unsafe { iq4_nl_vnni::<0, 1>(n, [x], y)[0] }
-}
-
-/// Streaming dot (`VecDotFn`) on the AVX-512 tier with VNNI.
-fn vec_dot_iq4_nl_q8_0_v_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    // SAFETY: as `vec_dot_iq4_nl_q8_0_v`.
-    unsafe { iq4_nl_vnni::<STREAM_PF, 1>(n, [x], y)[0] }
-}
-
-/// Two-row streaming dot (`VecDot2Fn`) on the AVX-512 tier with VNNI.
-fn vec_dot2_iq4_nl_q8_0_v_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    // SAFETY: as `vec_dot_iq4_nl_q8_0_v`.
-    unsafe { iq4_nl_vnni::<STREAM_PF, 2>(n, x, y) }
+    iq4_nl_rows::<PF, 2>(n, x, y)
 }
 
 /// The IQ4_NL loop over `R` weight rows against one activation row: each row's operations and
-/// their order are the one-row loop's; the rows share the activation's loads. `VNNI`: each
-/// four products summed by `vpdpbusd` (ggml's sign trick before it: no 16-bit pair sum of
-/// |level| <= 127 and a signed byte saturates, so the integers are `maddubs` + `madd`'s).
-///
-/// # Safety
-/// With `VNNI`, the CPU supports AVX-512 VNNI and VL.
+/// their order are the one-row loop's; the rows share the activation's loads.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn iq4_nl_rows<const PF: usize, const R: usize, const VNNI: bool>(
-    n: usize,
-    x: [&[u8]; R],
-    y: &[u8],
-) -> [f32; R] {
+fn iq4_nl_rows<const PF: usize, const R: usize>(n: usize, x: [&[u8]; R], y: &[u8]) -> [f32; R] {
     const XS: usize = size_of::<BlockIQ4NL>();
     const QS: usize = offset_of!(BlockIQ4NL, qs);
     const Y_QS: usize = offset_of!(BlockQ8_0, qs);
@@ -947,11 +901,10 @@ unsafe fn iq4_nl_rows<const PF: usize, const R: usize, const VNNI: bool>(
             }
             let q4b_1 = iq4_values(values, load128(xb, QS));
             let q4b_2 = iq4_values(values, load128(xb, XS + QS));
-            // ggml's sign trick, then each four products summed (`maddubs` + `madd` by ones,
-            // or with `VNNI` one `vpdpbusd`).
+            // ggml's sign trick, then each four products summed (`maddubs` + `madd` by ones).
             let sums = |x: __m256i, y: __m256i| {
-                // SAFETY: the caller's guarantee covers `VNNI`.
-                unsafe { us8_sums::<VNNI>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+                // SAFETY: without VNNI `us8_sums` needs only this function's features.
+                unsafe { us8_sums::<false>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
             };
             let (p_1, p_2) = (sums(q4b_1, q8b_1), sums(q4b_2, q8b_2));
             let d1 = dy1 * fp16(rd_u32(xb, 0));
@@ -961,23 +914,26 @@ unsafe fn iq4_nl_rows<const PF: usize, const R: usize, const VNNI: bool>(
         }
     }
     std::array::from_fn(|r| {
-        let mut sumf = hsum_float_8(_mm256_add_ps(accum1[r], accum2[r]));
-        // An odd last block, as ggml's scalar tail.
-        if let (Some(xb), Some(yb)) =
-            (pairs_x[r].remainder().get(..XS), pairs_y.remainder().get(..Q8_0_SIZE))
-        {
-            let d = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
-            let (mut sumi1, mut sumi2) = (0i32, 0i32);
-            for j in 0..QK4_NL / 2 {
-                let q = xb[QS + j];
-                sumi1 += yb[Y_QS + j] as i8 as i32 * KVALUES_IQ4NL[(q & 0xf) as usize] as i32;
-                sumi2 += yb[Y_QS + j + QK4_NL / 2] as i8 as i32
-                    * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
-            }
-            sumf += d * (sumi1 + sumi2) as f32;
-        }
-        sumf
+        let sumf = hsum_float_8(_mm256_add_ps(accum1[r], accum2[r]));
+        iq4_nl_last_block(pairs_x[r].remainder(), pairs_y.remainder(), sumf)
     })
+}
+
+/// `sumf` plus the product of an odd count's last IQ4_NL block (`xb`) and Q8_0 block (`yb`),
+/// as ggml's scalar tail adds it; `sumf` itself when either slice is shorter than a block.
+pub(super) fn iq4_nl_last_block(xb: &[u8], yb: &[u8], sumf: f32) -> f32 {
+    const XS: usize = size_of::<BlockIQ4NL>();
+    const QS: usize = offset_of!(BlockIQ4NL, qs);
+    const Y_QS: usize = offset_of!(BlockQ8_0, qs);
+    let (Some(xb), Some(yb)) = (xb.get(..XS), yb.get(..Q8_0_SIZE)) else { return sumf };
+    let d = fp16(rd_u32(yb, 0)) * fp16(rd_u32(xb, 0));
+    let (mut sumi1, mut sumi2) = (0i32, 0i32);
+    for j in 0..QK4_NL / 2 {
+        let q = xb[QS + j];
+        sumi1 += yb[Y_QS + j] as i8 as i32 * KVALUES_IQ4NL[(q & 0xf) as usize] as i32;
+        sumi2 += yb[Y_QS + j + QK4_NL / 2] as i8 as i32 * KVALUES_IQ4NL[(q >> 4) as usize] as i32;
+    }
+    sumf + d * (sumi1 + sumi2) as f32
 }
 
 /// `kvalues_iq4nl` in a vector, for `pshufb` lookups.

@@ -97,14 +97,14 @@ pub(super) fn plug_masked(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_m_stream);
 }
 
-/// The AVX-512 VNNI forms of the Q4_0, Q4_1, Q5_1, Q8_0 and IQ4_NL dots (plain, streaming and
+/// The AVX-512 VNNI forms of the Q4_0, Q4_1, Q5_1 and Q8_0 dots (plain, streaming and
 /// two-row), where the CPU has AVX-512 VNNI (called by the AVX-512 tier's `plug` after
 /// `plug_masked`, whose Q5_1 forms these replace). The same bits: `vpdpbusd` sums each four
 /// products exactly, as `maddubs` + `madd` do for these operands. One process, the AVX2 and
 /// the VNNI two-row dots in turn, 4096 x 1 x 14336, 2 threads, each order once: in L3 q4_0
 /// 1.03-1.10x, q4_1 1.03-1.04x, q5_1 1.01-1.02x, q8_0 1.03-1.04x; from memory 1.02-1.08x,
-/// 1.05-1.12x, 1.04-1.32x, 0.99-1.01x. IQ4_NL (`avx2_iq::plug_vnni_dots`), each order twice in
-/// L3 and once from memory: 1.04-1.08x and 1.06-1.09x.
+/// 1.05-1.12x, 1.04-1.32x, 0.99-1.01x. (IQ4_NL's AVX-512 VNNI form is
+/// `avx512_quants::plug_vnni`'s.)
 pub(super) fn plug_vnni_dots(t: &mut KernelTable, _: super::Avx512) {
     if !std::arch::is_x86_feature_detected!("avx512vnni") {
         return;
@@ -121,7 +121,6 @@ pub(super) fn plug_vnni_dots(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot2_stream(DType::Q4_1, vec_dot2_q4_1_q8_1_v_stream);
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_v_stream);
     t.set_vec_dot2_stream(DType::Q8_0, vec_dot2_q8_0_q8_0_v_stream);
-    super::avx2_iq::plug_vnni_dots(t);
 }
 
 /// The masked Q5_1 forms without VNNI (plain, streaming, two-row), which `plug_vnni_dots`

@@ -28,6 +28,33 @@ const Q6B: usize = size_of::<BlockQ6K>();
 const IQ4XSB: usize = size_of::<BlockIQ4XS>();
 const Q8KB: usize = size_of::<BlockQ8K>();
 
+/// `[e(0), e(1), e(2), e(3)]` with `k` bound to each index in turn, written out: the kernels'
+/// per-group values. `std::array::from_fn` over a closure is not always inlined into a
+/// `target_feature` function, and a call per group with its vectors passed through memory
+/// measured Q6_K's dot at half its speed.
+macro_rules! per_group {
+    (|$k:ident| $e:expr) => {
+        [
+            {
+                let $k = 0usize;
+                $e
+            },
+            {
+                let $k = 1usize;
+                $e
+            },
+            {
+                let $k = 2usize;
+                $e
+            },
+            {
+                let $k = 3usize;
+                $e
+            },
+        ]
+    };
+}
+
 /// Registers the dots (called by the AVX-512 tier's `plug`, which checked the tier).
 ///
 /// One process, the previous dots and these computing one plan in turn (4096 x 1 x 14336, 2
@@ -108,7 +135,7 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize>(
     let m4 = _mm512_set1_epi8(4);
     let shuffles = q3k_shuffles();
     // High bit `k` in the low half's bytes, `4 + k` in the high half's.
-    let bits: [__m512i; 4] = std::array::from_fn(|k| {
+    let bits: [__m512i; 4] = per_group!(|k| {
         let lo = _mm256_set1_epi8((1u8 << k) as i8);
         let hi = _mm256_set1_epi8((1u8 << (4 + k)) as i8);
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
@@ -123,7 +150,7 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize>(
             (rd_f32(by.add(offset_of!(BlockQ8K, d))), q8k_pairs(qs))
         };
         // `maddubs(4, q8)` of every group, shared by the rows.
-        let four_q8 = q8.map(|q| _mm512_maddubs_epi16(m4, q));
+        let four_q8 = per_group!(|k| _mm512_maddubs_epi16(m4, q8[k]));
         for r in 0..R {
             if PF > 0 {
                 prefetch_stream::<Q3B>(x[r], i, PF);
@@ -159,7 +186,7 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize>(
                 _mm512_and_si512(_mm512_srli_epi16::<4>(q3bits), m3),
                 _mm512_and_si512(_mm512_srli_epi16::<6>(q3bits), m3),
             ];
-            let p: [__m512i; 4] = std::array::from_fn(|k| {
+            let p: [__m512i; 4] = per_group!(|k| {
                 // Codes `q3l + 4` where the high bit is set; with `maddubs(4, q8)` subtracted,
                 // ggml's 16-bit pair sums exactly (every one below 2 * 7 * 128 in magnitude).
                 let set = _mm512_test_epi8_mask(hbits, bits[k]);
@@ -181,7 +208,7 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 #[inline]
 unsafe fn q8k_pairs(qs: *const u8) -> [__m512i; 4] {
-    std::array::from_fn(|k| {
+    per_group!(|k| {
         // SAFETY: `32k + 32 <= 128` and `128 + 32k + 32 <= 256` bytes, inside the caller's 256.
         let (lo, hi) = unsafe {
             (
@@ -197,7 +224,7 @@ unsafe fn q8k_pairs(qs: *const u8) -> [__m512i; 4] {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 #[inline]
 fn q3k_shuffles() -> [__m512i; 4] {
-    std::array::from_fn(|k| _mm512_broadcast_i64x4(scale_shuffle_q3k(k as i8)))
+    per_group!(|k| _mm512_broadcast_i64x4(scale_shuffle_q3k(k as i8)))
 }
 
 /// The sixteen 16-bit scales of a block (eight in each 128-bit lane of `all`) as the AVX2
@@ -300,7 +327,7 @@ unsafe fn q2_K_q8_K_rows<const PF: usize, const R: usize>(
                 _mm512_and_si512(_mm512_srli_epi16::<4>(q2bits), m3),
                 _mm512_and_si512(_mm512_srli_epi16::<6>(q2bits), m3),
             ];
-            let p: [__m512i; 4] = std::array::from_fn(|k| {
+            let p: [__m512i; 4] = per_group!(|k| {
                 let p16 = _mm512_maddubs_epi16(q2l[k], q8[k]);
                 _mm512_madd_epi16(_mm512_shuffle_epi8(scales, shuffles[k]), p16)
             });
@@ -326,7 +353,8 @@ const PF_8K: usize = 8192;
 #[inline]
 unsafe fn q8k_nibble_pairs(qs: *const u8) -> [__m512i; 4] {
     const GROUPS: [(usize, usize); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
-    GROUPS.map(|(a, b)| {
+    per_group!(|g| {
+        let (a, b) = GROUPS[g];
         // SAFETY: groups `a, b < 8` of 32 bytes lie inside the caller's 256.
         let (lo, hi) = unsafe {
             (_mm256_loadu_si256(qs.add(32 * a).cast()), _mm256_loadu_si256(qs.add(32 * b).cast()))
@@ -341,7 +369,8 @@ unsafe fn q8k_nibble_pairs(qs: *const u8) -> [__m512i; 4] {
 #[inline]
 fn k4_shuffles() -> [__m512i; 4] {
     const GROUPS: [(u8, u8); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
-    GROUPS.map(|(a, b)| {
+    per_group!(|g| {
+        let (a, b) = GROUPS[g];
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(scale_shuffle_k4(a)), scale_shuffle_k4(b))
     })
 }
@@ -450,7 +479,7 @@ unsafe fn q4_K_q8_K_rows<const PF: usize, const R: usize>(
 
             let scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(mins_and_scales));
             let q4l = nibbles(q4);
-            let p: [__m512i; 4] = std::array::from_fn(|k| {
+            let p: [__m512i; 4] = per_group!(|k| {
                 let p16 = _mm512_maddubs_epi16(q4l[k], q8[k]);
                 _mm512_madd_epi16(_mm512_shuffle_epi8(scales, shuffles[k]), p16)
             });
@@ -507,7 +536,8 @@ unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize>(
     const GROUPS: [(u8, u8); 4] = [(0, 2), (1, 3), (4, 6), (5, 7)];
     let m16 = _mm512_set1_epi8(16);
     let shuffles = k4_shuffles();
-    let bits: [__m512i; 4] = GROUPS.map(|(a, b)| {
+    let bits: [__m512i; 4] = per_group!(|g| {
+        let (a, b) = GROUPS[g];
         let lo = _mm256_set1_epi8((1u8 << a) as i8);
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_set1_epi8((1u8 << b) as i8))
     });
@@ -554,7 +584,7 @@ unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize>(
 
             let scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(mins_and_scales));
             let q5l = nibbles(q5);
-            let p: [__m512i; 4] = std::array::from_fn(|k| {
+            let p: [__m512i; 4] = per_group!(|k| {
                 let set = _mm512_test_epi8_mask(hbits, bits[k]);
                 let q5 = _mm512_mask_add_epi8(q5l[k], set, q5l[k], m16);
                 let p16 = _mm512_maddubs_epi16(q5, q8[k]);
@@ -615,7 +645,7 @@ unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
     let up = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
     let down = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
     // The AVX2 kernel's scale shuffles of groups `2g` and `2g + 1` (g = 0..4) in one register.
-    let shuffles: [__m256i; 4] = std::array::from_fn(|g| {
+    let shuffles: [__m256i; 4] = per_group!(|g| {
         let (a, b) = (scale_shuffle(2 * g as u8), scale_shuffle(2 * g as u8 + 1));
         _mm256_set_m128i(b, a)
     });
@@ -626,8 +656,7 @@ unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
         let (yd, q8, q8sums) = unsafe {
             let by = y.add(i * Q8KB);
             let qs = by.add(offset_of!(BlockQ8K, qs));
-            let q8: [__m512i; 4] =
-                std::array::from_fn(|g| _mm512_loadu_si512(qs.add(64 * g).cast()));
+            let q8: [__m512i; 4] = per_group!(|g| _mm512_loadu_si512(qs.add(64 * g).cast()));
             (
                 rd_f32(by.add(offset_of!(BlockQ8K, d))),
                 q8,
@@ -660,7 +689,7 @@ unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
             let q8sclsub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(q8sums, scales_16));
             let scales2 = _mm256_broadcastsi128_si256(scales);
 
-            let p: [__m512i; 4] = std::array::from_fn(|g| {
+            let p: [__m512i; 4] = per_group!(|g| {
                 let (j, high) = (g / 2, g % 2 == 1);
                 let (lbits, hbits) = if high {
                     (
@@ -708,8 +737,19 @@ fn vec_dot2_iq4_xs_q8_K_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
     unsafe { iq4_xs_q8_K_rows::<STREAM_PF, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
 }
 
+/// `|level|` of the 16 IQ4_NL levels (`kvalues_iq4nl`).
+pub(super) static IQ4NL_MAGNITUDES: [u8; 16] = {
+    let mut m = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        m[i] = KVALUES_IQ4NL[i].unsigned_abs();
+        i += 1;
+    }
+    m
+};
+
 // The IQ4_NL levels are sorted: an index's level is negative exactly when its bit 3 is clear,
-// which `iq4_xs_q8_K_rows` tests instead of the level's sign.
+// which `iq4_xs_q8_K_rows` and `avx512_quants::iq4_nl_q8_0_rows` test instead of its sign.
 const _: () = {
     let mut i = 0;
     while i < 16 {
@@ -735,16 +775,16 @@ unsafe fn iq4_xs_q8_K_rows<const PF: usize, const R: usize>(
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    let magnitudes = KVALUES_IQ4NL.map(|v| v.unsigned_abs());
-    // SAFETY: `magnitudes` is 16 readable bytes; `loadu` needs no alignment.
-    let magnitudes = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(magnitudes.as_ptr().cast()) });
+    // SAFETY: `IQ4NL_MAGNITUDES` is 16 readable bytes; `loadu` needs no alignment.
+    let magnitudes =
+        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(IQ4NL_MAGNITUDES.as_ptr().cast()) });
     let m4b = _mm512_set1_epi8(0x0f);
     let bit3 = _mm512_set1_epi8(0x08);
     let zero = _mm512_setzero_si512();
     // Low nibbles in lanes 0 and 2, high nibbles in 1 and 3.
     let nibble_shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
     // `vpermw` indices: scale `2p` in the low 16 words, `2p + 1` in the high 16.
-    let spread: [__m512i; 4] = std::array::from_fn(|p| {
+    let spread: [__m512i; 4] = per_group!(|p| {
         let lo = _mm256_set1_epi16(2 * p as i16);
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), _mm256_set1_epi16(2 * p as i16 + 1))
     });
@@ -756,8 +796,7 @@ unsafe fn iq4_xs_q8_K_rows<const PF: usize, const R: usize>(
         let (yd, q8) = unsafe {
             let by = y.add(i * Q8KB);
             let qs = by.add(offset_of!(BlockQ8K, qs));
-            let q8: [__m512i; 4] =
-                std::array::from_fn(|p| _mm512_loadu_si512(qs.add(64 * p).cast()));
+            let q8: [__m512i; 4] = per_group!(|p| _mm512_loadu_si512(qs.add(64 * p).cast()));
             (rd_f32(by.add(offset_of!(BlockQ8K, d))), q8)
         };
         for r in 0..R {
@@ -769,8 +808,7 @@ unsafe fn iq4_xs_q8_K_rows<const PF: usize, const R: usize>(
             let (xd, sh, sl, qs) = unsafe {
                 let bx = x[r].add(i * IQ4XSB);
                 let qs = bx.add(offset_of!(BlockIQ4XS, qs));
-                let qs: [__m256i; 4] =
-                    std::array::from_fn(|p| _mm256_loadu_si256(qs.add(32 * p).cast()));
+                let qs: [__m256i; 4] = per_group!(|p| _mm256_loadu_si256(qs.add(32 * p).cast()));
                 (
                     rd_u16(bx.add(offset_of!(BlockIQ4XS, d))),
                     rd_u16(bx.add(offset_of!(BlockIQ4XS, scales_h))),
