@@ -2113,14 +2113,28 @@ unsafe fn vec_dot_q2_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
     hsum_float_8(acc)
 }
 
+/// A Q3_K block's sixteen 6-bit scales (its 12 scale bytes as three words) minus 32, as
+/// ggml's AVX2 code unpacks them: scale `i` in byte `i`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn q3k_scales(aux: [u32; 3]) -> __m128i {
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let scales = _mm_set_epi32(
+        (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
+        (((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4)) as i32,
+        ((aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4)) as i32,
+        ((aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4)) as i32,
+    );
+    _mm_sub_epi8(scales, _mm_set1_epi8(32))
+}
+
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` Q3_K blocks and `y` `nb` Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_q3_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     const XB: usize = size_of::<BlockQ3K>();
     const YB: usize = size_of::<BlockQ8K>();
-    const KMASK1: u32 = 0x0303_0303;
-    const KMASK2: u32 = 0x0f0f_0f0f;
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm256_set1_epi8(4);
     let zero = _mm256_setzero_si256();
@@ -2150,13 +2164,7 @@ unsafe fn vec_dot_q3_K_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
         };
         let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
 
-        let scales128 = _mm_set_epi32(
-            (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
-            (((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4)) as i32,
-            ((aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4)) as i32,
-            ((aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4)) as i32,
-        );
-        let scales128 = _mm_sub_epi8(scales128, _mm_set1_epi8(32));
+        let scales128 = q3k_scales(aux);
         let all_scales = _mm256_cvtepi8_epi16(scales128);
         let l_scales = _mm256_castsi256_si128(all_scales);
         let h_scales = _mm256_extracti128_si256::<1>(all_scales);

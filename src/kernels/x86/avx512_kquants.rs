@@ -11,8 +11,8 @@ use std::arch::x86_64::*;
 use std::mem::{offset_of, size_of};
 
 use super::avx2_quants::{
-    F16_TO_F32, STREAM_PF, hsum_float_8, k4_scales_and_mins, opaque, prefetch_stream, rd_f32,
-    rd_u16, rd_u32, scale_shuffle, scale_shuffle_k4, scale_shuffle_q3k, whole_blocks,
+    F16_TO_F32, STREAM_PF, hsum_float_8, k4_scales_and_mins, opaque, prefetch_stream, q3k_scales,
+    rd_f32, rd_u16, rd_u32, scale_shuffle, scale_shuffle_k4, scale_shuffle_q3k, whole_blocks,
 };
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
@@ -89,28 +89,51 @@ pub(super) fn plug(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot2_stream(DType::IQ4_XS, vec_dot2_iq4_xs_q8_K_stream);
 }
 
-/// `ggml_vec_dot_q3_K_q8_K`, bitwise the AVX2 tier's.
-fn vec_dot_q3_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q3B, y, Q8KB);
-    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q3_K blocks and `y` `nb` Q8_K
-    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q3_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+/// The safe entry points of an `R`-row kernel `$rows::<PF, R>(nb, x, y)` over blocks of `$xb`
+/// bytes against Q8_K blocks: the plain dot, the decode dot prefetching the weights `$pf` bytes
+/// ahead, and its two-row form (`KernelTable::vec_dot2_stream`).
+macro_rules! entry_points {
+    ($($ty:literal: $rows:ident, $xb:expr, $pf:expr => $plain:ident, $stream:ident, $two:ident;)*) => {$(
+        #[doc = concat!("`ggml_vec_dot_", $ty, "_q8_K`, bitwise the AVX2 tier's.")]
+        fn $plain(n: usize, x: &[u8], y: &[u8]) -> f32 {
+            let nb = whole_blocks(n, QK_K, x, $xb, y, Q8KB);
+            // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` weight blocks and `y`
+            // `nb` Q8_K blocks, all the kernel reads; `plug` installs this only on a CPU with
+            // the AVX-512 tier.
+            unsafe { $rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+        }
+
+        #[doc = concat!("`ggml_vec_dot_", $ty, "_q8_K` prefetching the weights ahead (decode).")]
+        fn $stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
+            let nb = whole_blocks(n, QK_K, x, $xb, y, Q8KB);
+            // SAFETY: as the plain dot's.
+            unsafe { $rows::<{ $pf }, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
+        }
+
+        #[doc = concat!("Two rows of the ", $ty, " decode dot (`KernelTable::vec_dot2_stream`).")]
+        fn $two(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
+            let nb = whole_blocks(n, QK_K, x[0], $xb, y, Q8KB)
+                .min(whole_blocks(n, QK_K, x[1], $xb, y, Q8KB));
+            // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` weight blocks and `y`
+            // `nb` Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
+            unsafe { $rows::<{ $pf }, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+        }
+    )*};
 }
 
-/// `vec_dot_q3_K_q8_K` prefetching the weights `STREAM_PF` bytes ahead (decode).
-fn vec_dot_q3_K_q8_K_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q3B, y, Q8KB);
-    // SAFETY: as `vec_dot_q3_K_q8_K`.
-    unsafe { q3_K_q8_K_rows::<STREAM_PF, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// Two rows of `vec_dot_q3_K_q8_K_stream` (`KernelTable::vec_dot2_stream`).
-fn vec_dot2_q3_K_q8_K_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    let nb =
-        whole_blocks(n, QK_K, x[0], Q3B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q3B, y, Q8KB));
-    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q3_K blocks and `y` `nb`
-    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q3_K_q8_K_rows::<STREAM_PF, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
+entry_points! {
+    "q2_K": q2_K_q8_K_rows, Q2B, STREAM_PF
+        => vec_dot_q2_K_q8_K, vec_dot_q2_K_q8_K_stream, vec_dot2_q2_K_q8_K_stream;
+    "q3_K": q3_K_q8_K_rows, Q3B, STREAM_PF
+        => vec_dot_q3_K_q8_K, vec_dot_q3_K_q8_K_stream, vec_dot2_q3_K_q8_K_stream;
+    "q4_K": q4_K_q8_K_rows, Q4B, PF_8K
+        => vec_dot_q4_K_q8_K, vec_dot_q4_K_q8_K_stream8k, vec_dot2_q4_K_q8_K_stream8k;
+    "q5_K": q5_K_q8_K_rows, Q5B, PF_8K
+        => vec_dot_q5_K_q8_K, vec_dot_q5_K_q8_K_stream8k, vec_dot2_q5_K_q8_K_stream8k;
+    "q6_K": q6_K_q8_K_rows, Q6B, PF_8K
+        => vec_dot_q6_K_q8_K, vec_dot_q6_K_q8_K_stream8k, vec_dot2_q6_K_q8_K_stream8k;
+    "iq4_xs": iq4_xs_q8_K_rows, IQ4XSB, STREAM_PF
+        => vec_dot_iq4_xs_q8_K, vec_dot_iq4_xs_q8_K_stream, vec_dot2_iq4_xs_q8_K_stream;
 }
 
 /// The Q3_K loop of the AVX2 tier (ggml's lanes and float order, high bits through mask
@@ -129,8 +152,6 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize>(
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    const KMASK1: u32 = 0x0303_0303;
-    const KMASK2: u32 = 0x0f0f_0f0f;
     let m3 = _mm512_set1_epi8(3);
     let m4 = _mm512_set1_epi8(4);
     let shuffles = q3k_shuffles();
@@ -171,14 +192,7 @@ unsafe fn q3_K_q8_K_rows<const PF: usize, const R: usize>(
             };
             let d = _mm256_set1_ps(yd * F16_TO_F32[xd as usize]);
 
-            let scales128 = _mm_set_epi32(
-                (((aux[1] >> 4) & KMASK2) | (((aux[2] >> 6) & KMASK1) << 4)) as i32,
-                (((aux[0] >> 4) & KMASK2) | (((aux[2] >> 4) & KMASK1) << 4)) as i32,
-                ((aux[1] & KMASK2) | (((aux[2] >> 2) & KMASK1) << 4)) as i32,
-                ((aux[0] & KMASK2) | ((aux[2] & KMASK1) << 4)) as i32,
-            );
-            let scales128 = _mm_sub_epi8(scales128, _mm_set1_epi8(32));
-            let scales = lanes_0011(_mm256_cvtepi8_epi16(scales128));
+            let scales = lanes_0011(_mm256_cvtepi8_epi16(q3k_scales(aux)));
 
             let q3l = [
                 _mm512_and_si512(q3bits, m3),
@@ -243,30 +257,6 @@ fn lanes_0011(all: __m256i) -> __m512i {
 fn halves_sum(p: [__m512i; 4]) -> __m256i {
     let s = _mm512_add_epi32(_mm512_add_epi32(p[0], p[1]), _mm512_add_epi32(p[2], p[3]));
     _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
-}
-
-/// `ggml_vec_dot_q2_K_q8_K`, bitwise the AVX2 tier's.
-fn vec_dot_q2_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q2B, y, Q8KB);
-    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q2_K blocks and `y` `nb` Q8_K
-    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q2_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// `vec_dot_q2_K_q8_K` prefetching the weights `STREAM_PF` bytes ahead (decode).
-fn vec_dot_q2_K_q8_K_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q2B, y, Q8KB);
-    // SAFETY: as `vec_dot_q2_K_q8_K`.
-    unsafe { q2_K_q8_K_rows::<STREAM_PF, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// Two rows of `vec_dot_q2_K_q8_K_stream` (`KernelTable::vec_dot2_stream`).
-fn vec_dot2_q2_K_q8_K_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    let nb =
-        whole_blocks(n, QK_K, x[0], Q2B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q2B, y, Q8KB));
-    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q2_K blocks and `y` `nb`
-    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q2_K_q8_K_rows::<STREAM_PF, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
 }
 
 /// The Q2_K loop of the AVX2 tier (ggml's lanes and float order: the mins' term, then the
@@ -403,30 +393,6 @@ unsafe fn k4_mins_and_scales(sc: *const u8) -> __m256i {
     _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32))
 }
 
-/// `ggml_vec_dot_q4_K_q8_K`, bitwise the AVX2 tier's.
-fn vec_dot_q4_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q4B, y, Q8KB);
-    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q4_K blocks and `y` `nb` Q8_K
-    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q4_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// `vec_dot_q4_K_q8_K` prefetching the weights `PF_8K` bytes ahead (decode).
-fn vec_dot_q4_K_q8_K_stream8k(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q4B, y, Q8KB);
-    // SAFETY: as `vec_dot_q4_K_q8_K`.
-    unsafe { q4_K_q8_K_rows::<PF_8K, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// Two rows of `vec_dot_q4_K_q8_K_stream8k` (`KernelTable::vec_dot2_stream`).
-fn vec_dot2_q4_K_q8_K_stream8k(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    let nb =
-        whole_blocks(n, QK_K, x[0], Q4B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q4B, y, Q8KB));
-    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q4_K blocks and `y` `nb`
-    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q4_K_q8_K_rows::<PF_8K, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
-}
-
 /// The Q4_K loop of the AVX2 tier (ggml's lanes and float order: the mins in their own
 /// 4-lane accumulator, added after the scaled sums' reduction) over `R` weight rows against one
 /// activation row, two 32-level groups per register as [`q8k_nibble_pairs`] pairs them.
@@ -492,30 +458,6 @@ unsafe fn q4_K_q8_K_rows<const PF: usize, const R: usize>(
         let m = _mm_add_ss(m, _mm_movehdup_ps(m));
         hsum_float_8(acc[r]) + _mm_cvtss_f32(m)
     })
-}
-
-/// `ggml_vec_dot_q5_K_q8_K`, bitwise the AVX2 tier's.
-fn vec_dot_q5_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q5B, y, Q8KB);
-    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q5_K blocks and `y` `nb` Q8_K
-    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q5_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// `vec_dot_q5_K_q8_K` prefetching the weights `PF_8K` bytes ahead (decode).
-fn vec_dot_q5_K_q8_K_stream8k(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q5B, y, Q8KB);
-    // SAFETY: as `vec_dot_q5_K_q8_K`.
-    unsafe { q5_K_q8_K_rows::<PF_8K, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// Two rows of `vec_dot_q5_K_q8_K_stream8k` (`KernelTable::vec_dot2_stream`).
-fn vec_dot2_q5_K_q8_K_stream8k(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    let nb =
-        whole_blocks(n, QK_K, x[0], Q5B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q5B, y, Q8KB));
-    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q5_K blocks and `y` `nb`
-    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q5_K_q8_K_rows::<PF_8K, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
 }
 
 /// The Q5_K loop of the AVX2 tier (ggml's lanes and float order: the mins summed in a scalar
@@ -594,30 +536,6 @@ unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize>(
         }
     }
     std::array::from_fn(|r| hsum_float_8(acc[r]) + summs[r])
-}
-
-/// `ggml_vec_dot_q6_K_q8_K`, bitwise the AVX2 tier's.
-fn vec_dot_q6_K_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q6B, y, Q8KB);
-    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` Q6_K blocks and `y` `nb` Q8_K
-    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q6_K_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// `vec_dot_q6_K_q8_K` prefetching the weights `PF_8K` bytes ahead (decode).
-fn vec_dot_q6_K_q8_K_stream8k(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, Q6B, y, Q8KB);
-    // SAFETY: as `vec_dot_q6_K_q8_K`.
-    unsafe { q6_K_q8_K_rows::<PF_8K, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// Two rows of `vec_dot_q6_K_q8_K_stream8k` (`KernelTable::vec_dot2_stream`).
-fn vec_dot2_q6_K_q8_K_stream8k(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    let nb =
-        whole_blocks(n, QK_K, x[0], Q6B, y, Q8KB).min(whole_blocks(n, QK_K, x[1], Q6B, y, Q8KB));
-    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` Q6_K blocks and `y` `nb`
-    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { q6_K_q8_K_rows::<PF_8K, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
 }
 
 /// The Q6_K loop of the AVX2 tier (ggml's lanes and float order: the levels' +32 taken off
@@ -711,30 +629,6 @@ unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
         }
     }
     std::array::from_fn(|r| hsum_float_8(acc[r]))
-}
-
-/// `ggml_vec_dot_iq4_xs_q8_K`, bitwise the AVX2 tier's.
-fn vec_dot_iq4_xs_q8_K(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, IQ4XSB, y, Q8KB);
-    // SAFETY: `whole_blocks` caps `nb` so that `x` holds `nb` IQ4_XS blocks and `y` `nb` Q8_K
-    // blocks, all the kernel reads; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { iq4_xs_q8_K_rows::<0, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// `vec_dot_iq4_xs_q8_K` prefetching the weights `STREAM_PF` bytes ahead (decode).
-fn vec_dot_iq4_xs_q8_K_stream(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let nb = whole_blocks(n, QK_K, x, IQ4XSB, y, Q8KB);
-    // SAFETY: as `vec_dot_iq4_xs_q8_K`.
-    unsafe { iq4_xs_q8_K_rows::<STREAM_PF, 1>(nb, [x.as_ptr()], y.as_ptr())[0] }
-}
-
-/// Two rows of `vec_dot_iq4_xs_q8_K_stream` (`KernelTable::vec_dot2_stream`).
-fn vec_dot2_iq4_xs_q8_K_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
-    let nb = whole_blocks(n, QK_K, x[0], IQ4XSB, y, Q8KB)
-        .min(whole_blocks(n, QK_K, x[1], IQ4XSB, y, Q8KB));
-    // SAFETY: `whole_blocks` caps `nb` so that both rows hold `nb` IQ4_XS blocks and `y` `nb`
-    // Q8_K blocks; `plug` installs this only on a CPU with the AVX-512 tier.
-    unsafe { iq4_xs_q8_K_rows::<STREAM_PF, 2>(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
 }
 
 /// `|level|` of the 16 IQ4_NL levels (`kvalues_iq4nl`).
