@@ -353,6 +353,27 @@ unsafe fn q8k_nibble_pairs(qs: *const u8) -> [__m512i; 4] {
     })
 }
 
+/// A Q8_K block as the Q4_K/Q5_K forms take it: its scale, its levels as
+/// [`q8k_nibble_pairs`] pairs them, and the sums of each 32 levels (ggml's `q8s`: pairs of its
+/// 16-level sums added).
+///
+/// # Safety
+/// `by` is valid for reading one Q8_K block.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn q8k_nibble_block(by: *const u8) -> (f32, [__m512i; 4], __m128i) {
+    // SAFETY: the reads cover the block's d (0..4), levels (4..260) and bsums (260..292).
+    let (yd, q8, q8sums) = unsafe {
+        (
+            rd_f32(by.add(offset_of!(BlockQ8K, d))),
+            q8k_nibble_pairs(by.add(offset_of!(BlockQ8K, qs))),
+            _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
+        )
+    };
+    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+    (yd, q8, q8s)
+}
+
 /// ggml's `get_scale_shuffle_k4` for the groups of [`q8k_nibble_pairs`]: scale `a` in the low
 /// half, `b` in the high half.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
@@ -410,18 +431,8 @@ unsafe fn q4_K_q8_K_rows<const PF: usize, const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mut acc_m = [_mm_setzero_ps(); R];
     for i in 0..nb {
-        // SAFETY: block `i < nb` of `y` is readable; the reads cover its d (0..4), levels
-        // (4..260) and bsums (260..292).
-        let (yd, q8, q8sums) = unsafe {
-            let by = y.add(i * Q8KB);
-            (
-                rd_f32(by.add(offset_of!(BlockQ8K, d))),
-                q8k_nibble_pairs(by.add(offset_of!(BlockQ8K, qs))),
-                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
-            )
-        };
-        let q8s =
-            _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        // SAFETY: block `i < nb` of `y` is readable.
+        let (yd, q8, q8s) = unsafe { q8k_nibble_block(y.add(i * Q8KB)) };
         for r in 0..R {
             if PF > 0 {
                 prefetch_stream::<Q4B>(x[r], i, PF);
@@ -486,18 +497,8 @@ unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mut summs = [0.0f32; R];
     for i in 0..nb {
-        // SAFETY: block `i < nb` of `y` is readable; the reads cover its d (0..4), levels
-        // (4..260) and bsums (260..292).
-        let (yd, q8, q8sums) = unsafe {
-            let by = y.add(i * Q8KB);
-            (
-                rd_f32(by.add(offset_of!(BlockQ8K, d))),
-                q8k_nibble_pairs(by.add(offset_of!(BlockQ8K, qs))),
-                _mm256_loadu_si256(by.add(offset_of!(BlockQ8K, bsums)).cast()),
-            )
-        };
-        let q8s =
-            _mm_hadd_epi16(_mm256_castsi256_si128(q8sums), _mm256_extracti128_si256::<1>(q8sums));
+        // SAFETY: block `i < nb` of `y` is readable.
+        let (yd, q8, q8s) = unsafe { q8k_nibble_block(y.add(i * Q8KB)) };
         for r in 0..R {
             if PF > 0 {
                 prefetch_stream::<Q5B>(x[r], i, PF);
@@ -631,8 +632,32 @@ unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
     std::array::from_fn(|r| hsum_float_8(acc[r]))
 }
 
+/// ggml's `mul_add_epi8` operands for IQ4 levels: the 32 code bytes of two 16-byte sub-blocks
+/// (`codes`: low nibbles the first 16 levels of each, high nibbles the next 16) against their 64
+/// activations. Returns `|level|` by one lookup and the activations negated under a mask where
+/// the level is negative (bit 3 of the index clear: the levels are sorted, checked at compile
+/// time below): the bytes of ggml's `sign(x, x)` and `sign(y, x)`, a -128 activation wrapping
+/// alike.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+pub(super) fn iq4_sign_trick(codes: __m256i, q8: __m512i) -> (__m512i, __m512i) {
+    // SAFETY: `IQ4NL_MAGNITUDES` is 16 readable bytes; `loadu` needs no alignment.
+    let magnitudes =
+        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(IQ4NL_MAGNITUDES.as_ptr().cast()) });
+    // Low nibbles in lanes 0 and 2, high nibbles in 1 and 3.
+    let nibble_shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    let z = _mm512_castsi256_si512(codes);
+    let idx = _mm512_and_si512(
+        _mm512_srlv_epi64(_mm512_shuffle_i64x2::<0b01_01_00_00>(z, z), nibble_shift),
+        _mm512_set1_epi8(0x0f),
+    );
+    let neg = _mm512_testn_epi8_mask(idx, _mm512_set1_epi8(0x08));
+    let q8s = _mm512_mask_sub_epi8(q8, neg, _mm512_setzero_si512(), q8);
+    (_mm512_shuffle_epi8(magnitudes, idx), q8s)
+}
+
 /// `|level|` of the 16 IQ4_NL levels (`kvalues_iq4nl`).
-pub(super) static IQ4NL_MAGNITUDES: [u8; 16] = {
+static IQ4NL_MAGNITUDES: [u8; 16] = {
     let mut m = [0u8; 16];
     let mut i = 0;
     while i < 16 {
@@ -643,7 +668,7 @@ pub(super) static IQ4NL_MAGNITUDES: [u8; 16] = {
 };
 
 // The IQ4_NL levels are sorted: an index's level is negative exactly when its bit 3 is clear,
-// which `iq4_xs_q8_K_rows` and `avx512_quants::iq4_nl_q8_0_rows` test instead of its sign.
+// which `iq4_sign_trick` tests instead of its sign.
 const _: () = {
     let mut i = 0;
     while i < 16 {
@@ -669,14 +694,7 @@ unsafe fn iq4_xs_q8_K_rows<const PF: usize, const R: usize>(
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    // SAFETY: `IQ4NL_MAGNITUDES` is 16 readable bytes; `loadu` needs no alignment.
-    let magnitudes =
-        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(IQ4NL_MAGNITUDES.as_ptr().cast()) });
-    let m4b = _mm512_set1_epi8(0x0f);
-    let bit3 = _mm512_set1_epi8(0x08);
     let zero = _mm512_setzero_si512();
-    // Low nibbles in lanes 0 and 2, high nibbles in 1 and 3.
-    let nibble_shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
     // `vpermw` indices: scale `2p` in the low 16 words, `2p + 1` in the high 16.
     let spread: [__m512i; 4] = per_group!(|p| {
         let lo = _mm256_set1_epi16(2 * p as i16);
@@ -728,14 +746,8 @@ unsafe fn iq4_xs_q8_K_rows<const PF: usize, const R: usize>(
             let ls = _mm512_castsi128_si512(ls);
             let mut sumi = zero;
             for p in 0..4 {
-                let z = _mm512_castsi256_si512(qs[p]);
-                let idx = _mm512_and_si512(
-                    _mm512_srlv_epi64(_mm512_shuffle_i64x2::<0b01_01_00_00>(z, z), nibble_shift),
-                    m4b,
-                );
-                let neg = _mm512_testn_epi8_mask(idx, bit3);
-                let q8s = _mm512_mask_sub_epi8(q8[p], neg, zero, q8[p]);
-                let p16 = _mm512_maddubs_epi16(_mm512_shuffle_epi8(magnitudes, idx), q8s);
+                let (magnitudes, q8s) = iq4_sign_trick(qs[p], q8[p]);
+                let p16 = _mm512_maddubs_epi16(magnitudes, q8s);
                 sumi = _mm512_add_epi32(
                     sumi,
                     _mm512_madd_epi16(p16, _mm512_permutexvar_epi16(spread[p], ls)),

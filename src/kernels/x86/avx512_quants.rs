@@ -9,7 +9,7 @@ use super::avx2_quants::{
     E8M0_TO_FP32_HALF, F16_TO_F32, STREAM_PF, hsum_float_8, kvalues_fp4_plus_12, mxfp4_last_block,
     prefetch_stream, rd_u16, whole_blocks,
 };
-use super::avx512_kquants::IQ4NL_MAGNITUDES;
+use super::avx512_kquants::iq4_sign_trick;
 use crate::dtype::DType;
 use crate::kernels::KernelTable;
 use crate::quant::fp4::BlockMxfp4;
@@ -72,8 +72,8 @@ fn vec_dot2_iq4_nl_q8_0_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
 /// against one activation row, with blocks `ib` and `ib + 1` in the low and high halves of one
 /// register, so that the two accumulators are the halves of one. ggml's sign trick becomes
 /// the levels' magnitudes by one lookup times the activations negated under a mask where the
-/// level is negative (bit 3 of the index clear: the levels are sorted, checked where
-/// `IQ4NL_MAGNITUDES` is defined; the same bytes, a -128 activation wrapping alike); each four products
+/// level is negative (`avx512_kquants::iq4_sign_trick`: the same bytes, a -128 activation
+/// wrapping alike); each four products
 /// summed by `vpdpbusd`; an odd last block as ggml's scalar tail.
 ///
 /// # Safety
@@ -85,14 +85,7 @@ unsafe fn iq4_nl_q8_0_rows<const PF: usize, const R: usize>(
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    // SAFETY: `IQ4NL_MAGNITUDES` is 16 readable bytes; `loadu` needs no alignment.
-    let magnitudes =
-        _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(IQ4NL_MAGNITUDES.as_ptr().cast()) });
-    let m4b = _mm512_set1_epi8(0x0F);
-    let bit3 = _mm512_set1_epi8(0x08);
     let zero = _mm512_setzero_si512();
-    // Low nibbles in lanes 0 and 2, high nibbles in 1 and 3.
-    let nibble_shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
     let mut acc = [_mm512_setzero_ps(); R];
     let mut ib = 0;
     while ib + 1 < nb {
@@ -129,15 +122,8 @@ unsafe fn iq4_nl_q8_0_rows<const PF: usize, const R: usize>(
                     ),
                 )
             };
-            // [ib low nibbles, ib high, ib + 1 low, ib + 1 high]: the order of the levels.
-            let z = _mm512_castsi256_si512(q4);
-            let idx = _mm512_and_si512(
-                _mm512_srlv_epi64(_mm512_shuffle_i64x2::<0b01_01_00_00>(z, z), nibble_shift),
-                m4b,
-            );
-            let neg = _mm512_testn_epi8_mask(idx, bit3);
-            let q8s = _mm512_mask_sub_epi8(q8, neg, zero, q8);
-            let p = _mm512_dpbusd_epi32(zero, _mm512_shuffle_epi8(magnitudes, idx), q8s);
+            let (magnitudes, q8s) = iq4_sign_trick(q4, q8);
+            let p = _mm512_dpbusd_epi32(zero, magnitudes, q8s);
             let scale = _mm512_insertf32x8::<1>(
                 _mm512_castps256_ps512(_mm256_set1_ps(dy0 * dx0)),
                 _mm256_set1_ps(dy1 * dx1),
