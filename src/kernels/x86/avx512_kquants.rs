@@ -3,7 +3,8 @@
 //! AVX2 kernels hold them in two 256-bit ones.
 //! Each gives the AVX2 tier's bits: the same 16-bit pair sums and 32-bit lanes (a register's
 //! two halves are added before the conversion, an exact integer sum), then the AVX2 kernel's
-//! float steps in its order.
+//! float steps in its order. The IQ4 lookup ([`iq4_sign_trick`]) is shared with the IQ4_NL dot
+//! in `avx512_quants`.
 
 #![allow(non_snake_case)] // ggml's names (`vec_dot_q3_K_q8_K`), as in `avx2_quants`.
 
