@@ -2530,12 +2530,18 @@ mod tests {
                     let mut yq = vec![0u8; ty.vec_dot_type().row_size(n).unwrap()];
                     crate::quant::quantize_for_dot(ty.vec_dot_type(), &y, &mut yq).unwrap();
                     // As quantized, then with an infinite and a NaN scale in the second row's
-                    // last block (the scale is the block's first field: f16 0x7C00, 0x7E00; for
-                    // MXFP4 the E8M0 byte, 0xFE the largest and 0xFF NaN).
+                    // last block (f16 0x7C00, 0x7E00, the block's first field but for Q2_K,
+                    // Q3_K and Q6_K; for MXFP4 the E8M0 byte, 0xFE the largest and 0xFF NaN).
+                    let scale_at = match ty {
+                        DType::Q2_K => offset_of!(BlockQ2K, d),
+                        DType::Q3_K => offset_of!(BlockQ3K, d),
+                        DType::Q6_K => offset_of!(BlockQ6K, d),
+                        _ => 0,
+                    };
                     for special in [None, Some(0x7C00u16), Some(0x7E00)] {
                         let mut rows = rows.clone();
                         if let Some(h) = special {
-                            let at = (nb - 1) * ty.type_size();
+                            let at = (nb - 1) * ty.type_size() + scale_at;
                             if ty == DType::MXFP4 {
                                 rows[1][at] = if h == 0x7C00 { 0xFE } else { 0xFF };
                             } else {
@@ -2558,6 +2564,13 @@ mod tests {
         }
         if crate::kernels::Isa::Avx2.is_supported() {
             for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::IQ4_NL] {
+                assert!(checked.contains(&ty), "{ty}: {checked:?}");
+            }
+        }
+        if super::super::test_util::avx2_and_avx512(false).is_some() {
+            for ty in
+                [DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS]
+            {
                 assert!(checked.contains(&ty), "{ty}: {checked:?}");
             }
         }
