@@ -16,7 +16,7 @@
 #![allow(non_snake_case)]
 
 use super::avx2_quants::{F16_TO_F32, opaque};
-use super::avx2_quants::{STREAM_PF, prefetch_lines, us8_sums};
+use super::avx2_quants::{STREAM_PF, nibble_values_32, prefetch_lines, us8_sums};
 use crate::dtype::{DType, QK_K};
 use crate::kernels::KernelTable;
 use crate::quant::iq::grids::{
@@ -852,16 +852,6 @@ fn iq1_m_avx2_bmi2(n: usize, x: &[u8], y: &[u8]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // IQ4_NL, IQ4_XS
 
-/// The 32 values of 16 packed nibbles looked up in `kvalues_iq4nl`: low nibbles in the low half.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_values(values: __m128i, bits: __m128i) -> __m256i {
-    let m4b = _mm_set1_epi8(0x0f);
-    let lo = _mm_shuffle_epi8(values, _mm_and_si128(bits, m4b));
-    let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4b));
-    _mm256_set_m128i(hi, lo)
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_nl_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
     iq4_nl_rows::<PF, 1>(n, [x], y)[0]
@@ -899,8 +889,8 @@ fn iq4_nl_rows<const PF: usize, const R: usize>(n: usize, x: [&[u8]; R], y: &[u8
             if PF > 0 {
                 prefetch_lines::<{ 2 * XS }>(xb.as_ptr(), PF);
             }
-            let q4b_1 = iq4_values(values, load128(xb, QS));
-            let q4b_2 = iq4_values(values, load128(xb, XS + QS));
+            let q4b_1 = nibble_values_32(values, load128(xb, QS));
+            let q4b_2 = nibble_values_32(values, load128(xb, XS + QS));
             // ggml's sign trick, then each four products summed (`maddubs` + `madd` by ones).
             let sums = |x: __m256i, y: __m256i| {
                 // SAFETY: without VNNI `us8_sums` needs only this function's features.
@@ -936,12 +926,12 @@ pub(super) fn iq4_nl_last_block(xb: &[u8], yb: &[u8], sumf: f32) -> f32 {
     sumf + d * (sumi1 + sumi2) as f32
 }
 
-/// `kvalues_iq4nl` in a vector, for `pshufb` lookups.
+/// `kvalues_iq4nl` in both halves of a vector, for `pshufb` lookups.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq4nl_values() -> __m128i {
+fn iq4nl_values() -> __m256i {
     let v: [u8; 16] = KVALUES_IQ4NL.map(|v| v as u8);
-    load128(&v, 0)
+    _mm256_broadcastsi128_si256(load128(&v, 0))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -960,8 +950,8 @@ fn iq4_xs_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
         let mut sumi1 = _mm256_setzero_si256();
         let mut sumi2 = _mm256_setzero_si256();
         unroll!(ib in [0, 2, 4, 6] {
-            let q4b_1 = iq4_values(values, load128(xb, QS + 16 * ib));
-            let q4b_2 = iq4_values(values, load128(xb, QS + 16 * ib + 16));
+            let q4b_1 = nibble_values_32(values, load128(xb, QS + 16 * ib));
+            let q4b_2 = nibble_values_32(values, load128(xb, QS + 16 * ib + 16));
             let q8b_1 = load256(yb, Q8K_QS + 32 * ib);
             let q8b_2 = load256(yb, Q8K_QS + 32 * ib + 32);
             let p16_1 = mul_add_epi8(q4b_1, q8b_1);

@@ -66,6 +66,7 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_stream);
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_stream);
     t.set_vec_dot_stream(DType::NVFP4, vec_dot_nvfp4_q8_0_stream);
+    t.set_vec_dot_stream(DType::MXFP4, vec_dot_mxfp4_q8_0_stream);
     t.set_vec_dot_stream(DType::TQ2_0, vec_dot_tq2_0_q8_K_stream);
     t.set_vec_dot_stream(DType::Q2_K, vec_dot_q2_K_q8_K_stream);
     t.set_vec_dot_stream(DType::Q3_K, vec_dot_q3_K_q8_K_stream);
@@ -81,6 +82,8 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot2_stream(DType::Q8_0, vec_dot2_q8_0_q8_0_stream);
     t.set_vec_dot2_stream(DType::Q4_1, vec_dot2_q4_1_q8_1_stream);
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_stream);
+    t.set_vec_dot2_stream(DType::MXFP4, vec_dot2_mxfp4_q8_0_stream);
+    t.set_vec_dot2_stream(DType::NVFP4, vec_dot2_nvfp4_q8_0_stream);
 }
 
 /// The Q5_0 and Q5_1 dots with the fifth bits applied through AVX-512 mask registers (one
@@ -178,10 +181,11 @@ pub(super) fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize
 /// within 2% of best for all of them, 1.2-1.6x the kernel without prefetch (Q4_K/Q5_K/Q6_K/TQ2_0
 /// ~1.3-1.6x, Q4_1/Q5_1/Q2_K/Q3_K/Q5_0/IQ3_S ~1.2x, IQ4_NL/IQ4_XS/NVFP4 ~1.3x). The gain depends
 /// on how loaded the memory is: in the test machine's fast phases Q5_0 measured no gain (and no loss).
-/// MXFP4, Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to 10%) with
-/// the weights in L3 and keep their plain kernels in this tier (the AVX-512 MXFP4 dot prefetches,
-/// for weights streamed from memory: see its `plug_vnni`); so does F32, whose decode is bound by
-/// memory bandwidth. Q4_0 and Q8_0 did not gain on Zen 5 but do on Zen 4 (4096 x 1 x 14336, 3
+/// Q1_0, Q2_0, IQ1_M, IQ1_S, IQ2_XS and IQ3_XXS gained nothing (or lost up to 10%) with the
+/// weights in L3 and keep their plain kernels in this tier; so does F32, whose decode is bound by
+/// memory bandwidth. MXFP4 measured no gain in L3 on Zen 5 but prefetches (two rows at a time)
+/// since a Zen 3 run from memory: 1.17x (6 alternating rounds of two binaries, medians, 2.28 ->
+/// 1.89 ms, every round ahead). Q4_0 and Q8_0 did not gain on Zen 5 but do on Zen 4 (4096 x 1 x 14336, 3
 /// alternating rounds, medians: q4_0 2.99 -> 2.19 ms, q8_0 4.37 -> 2.73 ms), so they prefetch too.
 pub(super) const STREAM_PF: usize = 4096;
 
@@ -251,6 +255,10 @@ wrappers2! {
     vec_dot2_q4_1_q8_1_stream => q4_1_q8_1_rows::<STREAM_PF, 2, false>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
     /// Two rows of `vec_dot_q5_1_q8_1_stream`.
     vec_dot2_q5_1_q8_1_stream => q5_1_q8_1_rows::<STREAM_PF, 2, false, false>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    /// Two rows of `vec_dot_mxfp4_q8_0_stream`.
+    vec_dot2_mxfp4_q8_0_stream => mxfp4_q8_0_rows::<STREAM_PF, 2>, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
+    /// Two rows of `vec_dot_nvfp4_q8_0_stream`.
+    vec_dot2_nvfp4_q8_0_stream => nvfp4_q8_0_rows::<STREAM_PF, 2>, 64, size_of::<BlockNvfp4>(), 2 * size_of::<BlockQ8_0>();
 }
 
 macro_rules! wrappers {
@@ -299,7 +307,7 @@ wrappers! {
     /// `ggml_vec_dot_q8_0_q8_0`.
     vec_dot_q8_0_q8_0 => vec_dot_q8_0_q8_0_avx2::<0>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_mxfp4_q8_0`.
-    vec_dot_mxfp4_q8_0 => vec_dot_mxfp4_q8_0_avx2, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
+    vec_dot_mxfp4_q8_0 => vec_dot_mxfp4_q8_0_avx2::<0>, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_nvfp4_q8_0`: one NVFP4 block against two Q8_0 blocks.
     vec_dot_nvfp4_q8_0 => vec_dot_nvfp4_q8_0_avx2::<0>, 64, size_of::<BlockNvfp4>(), 2 * size_of::<BlockQ8_0>();
     /// `ggml_vec_dot_q1_0_q8_0`: one Q1_0 block against four Q8_0 blocks.
@@ -322,6 +330,8 @@ wrappers! {
     vec_dot_q6_K_q8_K => vec_dot_q6_K_q8_K_avx2::<0>, QK_K, size_of::<BlockQ6K>(), size_of::<BlockQ8K>();
     /// `vec_dot_q5_0_q8_0` prefetching the weights 4 KiB bytes ahead.
     vec_dot_q5_0_q8_0_stream => vec_dot_q5_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
+    /// `vec_dot_mxfp4_q8_0` prefetching the weights 4 KiB ahead.
+    vec_dot_mxfp4_q8_0_stream => vec_dot_mxfp4_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
     /// `vec_dot_nvfp4_q8_0` prefetching the weights 4 KiB bytes ahead.
     vec_dot_nvfp4_q8_0_stream => vec_dot_nvfp4_q8_0_avx2::<STREAM_PF>, 64, size_of::<BlockNvfp4>(), 2 * size_of::<BlockQ8_0>();
     /// `vec_dot_tq2_0_q8_K` prefetching the weights 4 KiB bytes ahead.
@@ -483,8 +493,23 @@ pub(super) fn f32x8_reduce(s: [__m256; 4]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn bytes_from_nibbles_32(packed: __m128i) -> __m256i {
-    let bytes = _mm256_set_m128i(_mm_srli_epi16::<4>(packed), packed);
+    // Both halves hold the 16 bytes; the high half's 64-bit words shifted right by 4 bring each
+    // byte's high nibble to its low bits (the bits shifted in from the next byte are masked off).
+    // Two operations after the broadcast (which folds into the load), where the halves built
+    // apart take three.
+    let bytes =
+        _mm256_srlv_epi64(_mm256_broadcastsi128_si256(packed), _mm256_set_epi64x(4, 4, 0, 0));
     _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F))
+}
+
+/// The 32 values of 16 packed nibbles looked up in the 16-entry table `values` (in both halves):
+/// the low nibbles' values in the low half, the high nibbles' in the high half (ggml's layout of
+/// IQ4_NL and MXFP4 blocks). One table lookup on the 256-bit register of
+/// [`bytes_from_nibbles_32`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn nibble_values_32(values: __m256i, packed: __m128i) -> __m256i {
+    _mm256_shuffle_epi8(values, bytes_from_nibbles_32(packed))
 }
 
 /// `bytes_from_bits_32`: bit `j` of `x` to byte `j`, 0xFF when set.
@@ -560,10 +585,22 @@ unsafe fn us8_sums_float<const VNNI: bool>(ax: __m256i, sy: __m256i) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn mul_sum_offset_u8_i8(u: __m256i, off: i8, y: __m256i) -> __m256i {
-    let p = _mm256_sub_epi16(
-        _mm256_maddubs_epi16(u, y),
-        _mm256_maddubs_epi16(_mm256_set1_epi8(off), y),
-    );
+    mul_sum_offset_pairs(u, offset_pairs(off, y), y)
+}
+
+/// `maddubs(off, y)`: the offset's pair sums of [`mul_sum_offset_u8_i8`], computed once for the
+/// weight rows that share the activations `y`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn offset_pairs(off: i8, y: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(_mm256_set1_epi8(off), y)
+}
+
+/// [`mul_sum_offset_u8_i8`] with the offset's pair sums `offp` ([`offset_pairs`] of `y`) given.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn mul_sum_offset_pairs(u: __m256i, offp: __m256i, y: __m256i) -> __m256i {
+    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, y), offp);
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
@@ -1106,9 +1143,14 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, con
             )
         };
         let dy = F16_TO_F32[yd as usize];
-        // With `VNNI`, the offset's sums (8 times each four levels), shared by the rows.
-        // SAFETY: the caller's guarantee covers `VNNI`.
-        let off = if VNNI { unsafe { us8_sums::<VNNI>(_mm256_set1_epi8(8), yq) } } else { yq };
+        // The offset's sums (8 times each four levels; with `VNNI` in int32, else the pair sums
+        // in int16), shared by the rows.
+        let off = if VNNI {
+            // SAFETY: the caller's guarantee covers `VNNI`.
+            unsafe { us8_sums::<VNNI>(_mm256_set1_epi8(8), yq) }
+        } else {
+            offset_pairs(8, yq)
+        };
         for r in 0..R {
             if PF > 0 {
                 prefetch_stream::<XB>(x[r], ib, PF);
@@ -1126,7 +1168,7 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, con
                 // SAFETY: the caller's guarantee covers `VNNI`.
                 _mm256_sub_epi32(unsafe { us8_sums::<VNNI>(bytes_from_nibbles_32(xq), yq) }, off)
             } else {
-                mul_sum_offset_u8_i8(bytes_from_nibbles_32(xq), 8, yq)
+                mul_sum_offset_pairs(bytes_from_nibbles_32(xq), off, yq)
             };
             let dx = F16_TO_F32[xd as usize];
             let d = dx * dy;
@@ -1577,52 +1619,85 @@ one_row! {
 // ------------------------------------------------------------------------------------------------
 // FP4 formats against Q8_0.
 
+/// `PF > 0`: prefetch the line `PF` bytes ahead of every block of `x`.
+///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` MXFP4 blocks and `y` `nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn vec_dot_mxfp4_q8_0_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+unsafe fn vec_dot_mxfp4_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: the caller's guarantees are the helper's.
+    unsafe { mxfp4_q8_0_rows::<PF, 1>(nb, [x], y)[0] }
+}
+
+/// The MXFP4 loop over `R` weight rows against one activation row: each row's operations and
+/// their order are ggml's one-row loop's (blocks in pairs on two accumulators, an odd count's
+/// last block added after the sum), so every result is bitwise the one-row result; the rows
+/// share the activation loads.
+///
+/// # Safety
+/// As [`vec_dot_mxfp4_q8_0_avx2`], for every row of `x`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mxfp4_q8_0_rows<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
     const XB: usize = size_of::<BlockMxfp4>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let values = kvalues_fp4_plus_12();
-    let m4b = _mm_set1_epi8(0x0F);
-    let lookup = |q4: __m128i| {
-        _mm256_set_m128i(
-            _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(q4), m4b)),
-            _mm_shuffle_epi8(values, _mm_and_si128(q4, m4b)),
-        )
-    };
-    let mut accum1 = _mm256_setzero_ps();
-    let mut accum2 = _mm256_setzero_ps();
+    let values = _mm256_broadcastsi128_si256(kvalues_fp4_plus_12());
+    let lookup = |q4: __m128i| nibble_values_32(values, q4);
+    let mut accum1 = [_mm256_setzero_ps(); R];
+    let mut accum2 = [_mm256_setzero_ps(); R];
     let mut ib = 0;
     while ib + 1 < nb {
-        // SAFETY: blocks `ib` and `ib + 1 < nb` of each side are readable; every read stays
-        // inside its block.
-        let (e0, e1, q4_1, q4_2, d0, d1, q8_1, q8_2) = unsafe {
-            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
-            let qs = offset_of!(BlockMxfp4, qs);
+        // SAFETY: blocks `ib` and `ib + 1 < nb` of `y` are readable; every read stays inside
+        // its block.
+        let (d0, d1, q8_1, q8_2) = unsafe {
+            let by = y.add(ib * YB);
             let yq = offset_of!(BlockQ8_0, qs);
             (
-                *bx.add(offset_of!(BlockMxfp4, e)),
-                *bx.add(XB + offset_of!(BlockMxfp4, e)),
-                _mm_loadu_si128(bx.add(qs).cast()),
-                _mm_loadu_si128(bx.add(XB + qs).cast()),
                 rd_u16(by.add(offset_of!(BlockQ8_0, d))),
                 rd_u16(by.add(YB + offset_of!(BlockQ8_0, d))),
                 _mm256_loadu_si256(by.add(yq).cast()),
                 _mm256_loadu_si256(by.add(YB + yq).cast()),
             )
         };
-        let p_1 = mul_sum_offset_u8_i8(lookup(q4_1), 12, q8_1);
-        let p_2 = mul_sum_offset_u8_i8(lookup(q4_2), 12, q8_2);
-        let scale0 = _mm256_set1_ps(F16_TO_F32[d0 as usize] * E8M0_TO_FP32_HALF[e0 as usize]);
-        let scale1 = _mm256_set1_ps(F16_TO_F32[d1 as usize] * E8M0_TO_FP32_HALF[e1 as usize]);
-        accum1 = _mm256_fmadd_ps(scale0, _mm256_cvtepi32_ps(p_1), accum1);
-        accum2 = _mm256_fmadd_ps(scale1, _mm256_cvtepi32_ps(p_2), accum2);
+        let (dy0, dy1) = (F16_TO_F32[d0 as usize], F16_TO_F32[d1 as usize]);
+        let (off_1, off_2) = (offset_pairs(12, q8_1), offset_pairs(12, q8_2));
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<XB>(x[r], ib, PF);
+                prefetch_stream::<XB>(x[r], ib + 1, PF);
+            }
+            // SAFETY: blocks `ib` and `ib + 1 < nb` of row `r` are readable; every read stays
+            // inside its block.
+            let (e0, e1, q4_1, q4_2) = unsafe {
+                let bx = x[r].add(ib * XB);
+                let qs = offset_of!(BlockMxfp4, qs);
+                (
+                    *bx.add(offset_of!(BlockMxfp4, e)),
+                    *bx.add(XB + offset_of!(BlockMxfp4, e)),
+                    _mm_loadu_si128(bx.add(qs).cast()),
+                    _mm_loadu_si128(bx.add(XB + qs).cast()),
+                )
+            };
+            let p_1 = mul_sum_offset_pairs(lookup(q4_1), off_1, q8_1);
+            let p_2 = mul_sum_offset_pairs(lookup(q4_2), off_2, q8_2);
+            let scale0 = _mm256_set1_ps(dy0 * E8M0_TO_FP32_HALF[e0 as usize]);
+            let scale1 = _mm256_set1_ps(dy1 * E8M0_TO_FP32_HALF[e1 as usize]);
+            accum1[r] = _mm256_fmadd_ps(scale0, _mm256_cvtepi32_ps(p_1), accum1[r]);
+            accum2[r] = _mm256_fmadd_ps(scale1, _mm256_cvtepi32_ps(p_2), accum2[r]);
+        }
         ib += 2;
     }
-    let sumf = hsum_float_8(_mm256_add_ps(accum1, accum2));
-    // SAFETY: the caller's guarantees cover block `ib < nb`.
-    if ib < nb { unsafe { mxfp4_last_block(x, y, ib, sumf) } } else { sumf }
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        let sumf = hsum_float_8(_mm256_add_ps(accum1[r], accum2[r]));
+        // SAFETY: the caller's guarantees cover block `ib < nb` of row `r`.
+        out[r] = if ib < nb { unsafe { mxfp4_last_block(x[r], y, ib, sumf) } } else { sumf };
+    }
+    out
 }
 
 /// `sumf` plus the product of MXFP4 block `ib` of `x` and Q8_0 block `ib` of `y`, as ggml's dot
@@ -1650,55 +1725,94 @@ pub(super) unsafe fn mxfp4_last_block(x: *const u8, y: *const u8, ib: usize, sum
     d.mul_add((s1 + s2) as f32, sumf)
 }
 
+/// `PF > 0`: prefetch the line `PF` bytes ahead of every block of `x`.
+///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; `x` holds `nb` NVFP4 blocks and `y` `2 * nb` Q8_0 blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn vec_dot_nvfp4_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: the caller's guarantees are the helper's.
+    unsafe { nvfp4_q8_0_rows::<PF, 1>(nb, [x], y)[0] }
+}
+
+/// The NVFP4 loop over `R` weight rows against one activation row: each row's operations and
+/// their order are ggml's one-row loop's (one accumulator, two fused steps a block), so every
+/// result is bitwise the one-row result; the rows share the activation loads and the offset's
+/// pair sums.
+///
+/// # Safety
+/// As [`vec_dot_nvfp4_q8_0_avx2`], for every row of `x`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nvfp4_q8_0_rows<const PF: usize, const R: usize>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+) -> [f32; R] {
     const XB: usize = size_of::<BlockNvfp4>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let values = kvalues_fp4_plus_12();
-    let m4b = _mm_set1_epi8(0x0F);
+    let values = _mm256_broadcastsi128_si256(kvalues_fp4_plus_12());
     // Sub-block pair (2k, 2k+1) as 32 values in the order of one Q8_0 block: low nibbles of the
-    // first 8 bytes, their high nibbles, then the same for the next 8 bytes.
+    // first 8 bytes, their high nibbles, then the same for the next 8 bytes. Each half takes its
+    // 8 bytes twice; its second 64-bit word shifted right by 4 brings the high nibbles down (the
+    // bits from the next byte masked off), then one table lookup.
+    let twice = _mm256_set_epi8(
+        15, 14, 13, 12, 11, 10, 9, 8, 15, 14, 13, 12, 11, 10, 9, 8, //
+        7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4, 3, 2, 1, 0,
+    );
+    let shifts = _mm256_set_epi64x(4, 0, 4, 0);
+    let m4b = _mm256_set1_epi8(0x0F);
     let lookup = |q4: __m128i| {
-        let lo = _mm_shuffle_epi8(values, _mm_and_si128(q4, m4b));
-        let hi = _mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16::<4>(q4), m4b));
-        _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi))
+        let b = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(q4), twice);
+        _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srlv_epi64(b, shifts), m4b))
     };
-    let mut accum = _mm256_setzero_ps();
+    let mut accum = [_mm256_setzero_ps(); R];
     for ib in 0..nb {
-        if PF > 0 {
-            prefetch_stream::<{ size_of::<BlockNvfp4>() }>(x, ib, PF);
-        }
-        // SAFETY: block `ib < nb` of `x` and blocks `2 ib`, `2 ib + 1 < 2 nb` of `y` are readable;
-        // every read stays inside its block.
-        let (sc, q4_01, q4_23, dy0, dy1, q8_01, q8_23) = unsafe {
-            let (bx, by) = (x.add(ib * XB), y.add(2 * ib * YB));
-            let qs = offset_of!(BlockNvfp4, qs);
+        // SAFETY: blocks `2 ib`, `2 ib + 1 < 2 nb` of `y` are readable; every read stays inside
+        // its block.
+        let (dy0, dy1, q8_01, q8_23) = unsafe {
+            let by = y.add(2 * ib * YB);
             let yq = offset_of!(BlockQ8_0, qs);
             (
-                bx.add(offset_of!(BlockNvfp4, d)).cast::<[u8; 4]>().read(),
-                _mm_loadu_si128(bx.add(qs).cast()),
-                _mm_loadu_si128(bx.add(qs + 16).cast()),
                 rd_u16(by.add(offset_of!(BlockQ8_0, d))),
                 rd_u16(by.add(YB + offset_of!(BlockQ8_0, d))),
                 _mm256_loadu_si256(by.add(yq).cast()),
                 _mm256_loadu_si256(by.add(YB + yq).cast()),
             )
         };
-        let p_1 = mul_sum_offset_u8_i8(lookup(q4_01), 12, q8_01);
-        let p_2 = mul_sum_offset_u8_i8(lookup(q4_23), 12, q8_23);
         let (dy0, dy1) = fp16x2_to_fp32(dy0, dy1);
-        let s0 = UE4M3_TO_FP32[sc[0] as usize] * dy0;
-        let s1 = UE4M3_TO_FP32[sc[1] as usize] * dy0;
-        let s2 = UE4M3_TO_FP32[sc[2] as usize] * dy1;
-        let s3 = UE4M3_TO_FP32[sc[3] as usize] * dy1;
-        let scales01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
-        let scales23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
-        accum = _mm256_fmadd_ps(scales01, _mm256_cvtepi32_ps(p_1), accum);
-        accum = _mm256_fmadd_ps(scales23, _mm256_cvtepi32_ps(p_2), accum);
+        let (off_01, off_23) = (offset_pairs(12, q8_01), offset_pairs(12, q8_23));
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<XB>(x[r], ib, PF);
+            }
+            // SAFETY: block `ib < nb` of row `r` is readable; every read stays inside it.
+            let (sc, q4_01, q4_23) = unsafe {
+                let bx = x[r].add(ib * XB);
+                let qs = offset_of!(BlockNvfp4, qs);
+                (
+                    bx.add(offset_of!(BlockNvfp4, d)).cast::<[u8; 4]>().read(),
+                    _mm_loadu_si128(bx.add(qs).cast()),
+                    _mm_loadu_si128(bx.add(qs + 16).cast()),
+                )
+            };
+            let p_1 = mul_sum_offset_pairs(lookup(q4_01), off_01, q8_01);
+            let p_2 = mul_sum_offset_pairs(lookup(q4_23), off_23, q8_23);
+            let s0 = UE4M3_TO_FP32[sc[0] as usize] * dy0;
+            let s1 = UE4M3_TO_FP32[sc[1] as usize] * dy0;
+            let s2 = UE4M3_TO_FP32[sc[2] as usize] * dy1;
+            let s3 = UE4M3_TO_FP32[sc[3] as usize] * dy1;
+            let scales01 = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+            let scales23 = _mm256_set_m128(_mm_set1_ps(s3), _mm_set1_ps(s2));
+            accum[r] = _mm256_fmadd_ps(scales01, _mm256_cvtepi32_ps(p_1), accum[r]);
+            accum[r] = _mm256_fmadd_ps(scales23, _mm256_cvtepi32_ps(p_2), accum[r]);
+        }
     }
-    hsum_float_8(accum)
+    let mut out = [0.0f32; R];
+    for r in 0..R {
+        out[r] = hsum_float_8(accum[r]);
+    }
+    out
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -2563,7 +2677,15 @@ mod tests {
             }
         }
         if crate::kernels::Isa::Avx2.is_supported() {
-            for ty in [DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_1, DType::IQ4_NL] {
+            for ty in [
+                DType::Q4_0,
+                DType::Q8_0,
+                DType::Q4_1,
+                DType::Q5_1,
+                DType::IQ4_NL,
+                DType::MXFP4,
+                DType::NVFP4,
+            ] {
                 assert!(checked.contains(&ty), "{ty}: {checked:?}");
             }
         }
