@@ -7,6 +7,7 @@ use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
 use super::avx2::{v_expf, v_expf_poly};
+use super::avx2_quants::hsum_float_8;
 use crate::kernels::{KernelTable, scalar, tables};
 
 /// Installs the entries this file implements (called by `plug_avx2`).
@@ -22,6 +23,7 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.rope_rotate_f32 = rope_rotate_f32;
     t.scale_add_f32 = scale_add_f32;
     t.max_f32 = max_f32;
+    t.attend_f16 = Some(attend_f16);
 }
 
 /// How far ahead (in f32 elements, 4 KiB) the streaming kernels prefetch their inputs. The op
@@ -335,6 +337,168 @@ fn max_f32_avx2(x: &[f32]) -> f32 {
 fn max_f32(x: &[f32]) -> f32 {
     // SAFETY: private, installed only by `plug`, which takes an `Avx2` token (AVX2/FMA/F16C).
     unsafe { max_f32_avx2(x) }
+}
+
+/// KV rows ahead that the decode loop prefetches (K and V stream from memory in a decode step).
+const ATTEND_PF_ROWS: usize = 16;
+
+/// Prefetches the `len` bytes at `p` into L1, a line at a time (a hint: never faults).
+#[inline(always)]
+fn prefetch_row(p: *const u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: prefetch reads nothing architecturally and never faults; wrapping_add keeps
+        // the address computation defined.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+        off += 64;
+    }
+}
+
+/// flash_attn_ext's decode loop over F16 K and V in blocks of 8 positions (the AVX-512 tier's
+/// loop at 256 bits): the 8 scores (8 lanes per K row, reduced per row), one rescale of the
+/// accumulator when the block raises the max, the probabilities with ggml's vector exp, and the
+/// V rows accumulated into up to 64 accumulator floats held in registers across the block. Head
+/// sizes are multiples of 16.
+///
+/// # Safety
+/// As [`crate::kernels::AttendF16Fn`]; `q.len()` and `acc.len()` are multiples of 16; the CPU
+/// supports AVX2/FMA/F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn attend_f16(
+    a: &crate::kernels::AttendF16<'_>,
+    m: &mut f32,
+    s: &mut f32,
+    acc: &mut [f32],
+) {
+    let (dk, dv) = (a.q.len(), acc.len());
+    debug_assert!(dk % 16 == 0 && dv % 16 == 0);
+    let q = a.q.as_ptr();
+    let mut j0 = 0;
+    while j0 < a.n {
+        let nb = (a.n - j0).min(8);
+        let mut sc = [f32::NEG_INFINITY; 8];
+        for (j, x) in sc.iter_mut().enumerate().take(nb) {
+            let pf = j0 + j + ATTEND_PF_ROWS;
+            if pf < a.n {
+                prefetch_row(a.k.wrapping_add(pf * a.k_stride), 2 * dk);
+                prefetch_row(a.v.wrapping_add(pf * a.v_stride), 2 * dv);
+            }
+            let mv = a.mask.map_or(0.0, |mk| mk[j0 + j]);
+            if mv == f32::NEG_INFINITY {
+                continue;
+            }
+            // SAFETY: row j0 + j < n of K holds dk halves (the contract).
+            let kr = unsafe { a.k.add((j0 + j) * a.k_stride) as *const u16 };
+            let (mut d0, mut d1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i < dk {
+                // SAFETY: dk is a multiple of 16, so i + 16 <= dk halves of the K row and
+                // floats of q.
+                unsafe {
+                    let k0 = _mm256_cvtph_ps(_mm_loadu_si128(kr.add(i).cast()));
+                    let k1 = _mm256_cvtph_ps(_mm_loadu_si128(kr.add(i + 8).cast()));
+                    d0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q.add(i)), d0);
+                    d1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q.add(i + 8)), d1);
+                }
+                i += 16;
+            }
+            let mut v = hsum_float_8(_mm256_add_ps(d0, d1)) * a.scale;
+            if a.softcap != 0.0 {
+                v = a.softcap * v.tanh();
+            }
+            *x = v + mv;
+        }
+        let bmax = sc.iter().fold(f32::NEG_INFINITY, |b, &x| b.max(x));
+        if bmax == f32::NEG_INFINITY {
+            // Every position masked: the block adds nothing.
+            j0 += nb;
+            continue;
+        }
+        if sc[..nb].iter().any(|x| x.is_nan()) {
+            // A NaN score (NaN in Q or K) makes ggml's sum and accumulator NaN: the same here.
+            *s = f32::NAN;
+            acc.fill(f32::NAN);
+            j0 += nb;
+            continue;
+        }
+        if bmax > *m {
+            let ms = (*m - bmax).exp();
+            *m = bmax;
+            let vms = _mm256_set1_ps(ms);
+            for c in acc.chunks_exact_mut(8) {
+                // SAFETY: c holds 8 floats.
+                unsafe {
+                    _mm256_storeu_ps(
+                        c.as_mut_ptr(),
+                        _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), vms),
+                    )
+                };
+            }
+            *s *= ms;
+        }
+        // exp(x - m) = exp(-(m - x)); masked lanes (x = -inf) give exp(-inf) = 0.
+        // SAFETY: sc holds 8 floats.
+        let xs = unsafe { _mm256_loadu_ps(sc.as_ptr()) };
+        let p = v_expf(_mm256_sub_ps(xs, _mm256_set1_ps(*m)));
+        *s += hsum_float_8(p);
+        let mut pa = [0f32; 8];
+        // SAFETY: pa holds 8 floats.
+        unsafe { _mm256_storeu_ps(pa.as_mut_ptr(), p) };
+        // SAFETY: row j0 of V and the following nb - 1 rows exist (j0 + nb <= n).
+        let v0 = unsafe { a.v.add(j0 * a.v_stride) };
+        let mut c0 = 0;
+        while c0 < dv {
+            let w = ((dv - c0) / 8).min(8);
+            // SAFETY: c0 + 8 w <= dv for acc and every V row (rows of dv halves).
+            unsafe {
+                match w {
+                    8 => v_chunk::<8>(acc, c0, &pa[..nb], v0, a.v_stride),
+                    6 => v_chunk::<6>(acc, c0, &pa[..nb], v0, a.v_stride),
+                    4 => v_chunk::<4>(acc, c0, &pa[..nb], v0, a.v_stride),
+                    _ => v_chunk::<2>(acc, c0, &pa[..nb], v0, a.v_stride),
+                }
+            }
+            c0 += 8 * w;
+        }
+        j0 += nb;
+    }
+}
+
+/// `acc[c0 .. c0 + 8 W] += sum_j p[j] * V row j` (F16 rows `stride` bytes apart from `v`), the
+/// `W` accumulator vectors held in registers across the rows.
+///
+/// # Safety
+/// `c0 + 8 W <= acc.len()` and every one of the `p.len()` V rows holds `c0 + 8 W` halves; the
+/// CPU supports AVX2/FMA/F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn v_chunk<const W: usize>(
+    acc: &mut [f32],
+    c0: usize,
+    p: &[f32],
+    v: *const u8,
+    stride: usize,
+) {
+    let pa = acc.as_mut_ptr();
+    let mut r = [_mm256_setzero_ps(); W];
+    for (t, x) in r.iter_mut().enumerate() {
+        // SAFETY: c0 + 8 W <= acc.len() (the contract).
+        *x = unsafe { _mm256_loadu_ps(pa.add(c0 + 8 * t)) };
+    }
+    for (j, &pj) in p.iter().enumerate() {
+        let pv = _mm256_set1_ps(pj);
+        // SAFETY: row j of V holds c0 + 8 W halves (the contract).
+        let vr = unsafe { v.add(j * stride) as *const u16 };
+        for (t, x) in r.iter_mut().enumerate() {
+            // SAFETY: as above, halves c0 + 8 t .. c0 + 8 t + 8 of the row.
+            let h = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(vr.add(c0 + 8 * t).cast())) };
+            *x = _mm256_fmadd_ps(h, pv, *x);
+        }
+    }
+    for (t, x) in r.iter().enumerate() {
+        // SAFETY: as for the loads.
+        unsafe { _mm256_storeu_ps(pa.add(c0 + 8 * t), *x) };
+    }
 }
 
 #[cfg(test)]
