@@ -124,14 +124,60 @@ pub fn int8_peak(threads: usize) -> Option<f64> {
     Some(per_second_on_threads(threads, per_thread))
 }
 
+/// The int8 dot-product peak of `threads` threads with AVX2 only (no VNNI): 12 independent
+/// chains per thread of the three instructions an AVX2 integer GEMM spends on 32 byte
+/// multiply-adds (`vpmaddubsw`, `vpmaddwd` against ones, `vpaddd`), counted as 64 operations;
+/// median of 5 runs. Quantized prefill is compared against it on CPUs without VNNI.
+pub fn int8_maddubs_peak(threads: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    fn per_thread(iters: u64) -> u64 {
+        #[target_feature(enable = "avx2")]
+        unsafe fn chains(iters: u64) -> i32 {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm256_set1_epi32(1); 12];
+            let (u, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    // The chain's own bytes as the signed operand, so nothing is loop-invariant
+                    // (12 chains cover the three instructions' latency).
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, *v), ones);
+                    *v = _mm256_add_epi32(*v, p);
+                }
+            }
+            let mut t = acc[0];
+            for v in &acc[1..] {
+                t = _mm256_add_epi32(t, *v);
+            }
+            _mm256_extract_epi32::<0>(t)
+        }
+        // SAFETY: int8_maddubs_peak runs this only where AVX2 was detected.
+        let v = unsafe { chains(iters) };
+        std::hint::black_box(v);
+        iters * 12 * 32 * 2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    fn per_thread(_iters: u64) -> u64 {
+        0
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        return None;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    return None;
+    Some(per_second_on_threads(threads, per_thread))
+}
+
 /// The peak that bounds prefill of `ty` weights, as `(name, value)`: the int8 dot-product peak
-/// ([`int8_peak`]) for weights whose activations are int8 (every quantized type), the BF16 tile
-/// peak for BF16 where the AMX tier runs, else the f32 FMA peak; `None` where the CPU lacks the
-/// instructions of the int8 peak.
+/// ([`int8_peak`], or [`int8_maddubs_peak`] without VNNI) for weights whose activations are int8
+/// (every quantized type), the BF16 tile peak for BF16 where the AMX tier runs, else the f32 FMA
+/// peak; `None` where the CPU lacks the instructions of either int8 peak.
 pub fn bounding_peak(ty: quantgraph::DType, threads: usize) -> Option<(&'static str, f64)> {
     use quantgraph::DType;
     if ty.is_quantized() {
-        return int8_peak(threads).map(|g| ("int8", g));
+        return int8_peak(threads)
+            .map(|g| ("int8", g))
+            .or_else(|| int8_maddubs_peak(threads).map(|g| ("int8_maddubs", g)));
     }
     if ty == DType::BF16
         && let Some(g) = amx_bf16_peak(threads)
