@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use super::avx2::{v_expf, v_expf_poly};
 use super::avx2_quants::hsum_float_8;
+use crate::kernels::prefetch::prefetch_l1;
 use crate::kernels::{KernelTable, scalar, tables};
 
 /// Installs the entries this file implements (called by `plug_avx2`).
@@ -342,18 +343,6 @@ fn max_f32(x: &[f32]) -> f32 {
 /// KV rows ahead that the decode loop prefetches (K and V stream from memory in a decode step).
 const ATTEND_PF_ROWS: usize = 16;
 
-/// Prefetches the `len` bytes at `p` into L1, a line at a time (a hint: never faults).
-#[inline(always)]
-fn prefetch_row(p: *const u8, len: usize) {
-    let mut off = 0;
-    while off < len {
-        // SAFETY: prefetch reads nothing architecturally and never faults; wrapping_add keeps
-        // the address computation defined.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
-        off += 64;
-    }
-}
-
 /// flash_attn_ext's decode loop over F16 K and V in blocks of 8 positions (the AVX-512 tier's
 /// loop at 256 bits): the 8 scores (8 lanes per K row, reduced per row), one rescale of the
 /// accumulator when the block raises the max, the probabilities with ggml's vector exp, and the
@@ -380,8 +369,8 @@ pub(crate) unsafe fn attend_f16(
         for (j, x) in sc.iter_mut().enumerate().take(nb) {
             let pf = j0 + j + ATTEND_PF_ROWS;
             if pf < a.n {
-                prefetch_row(a.k.wrapping_add(pf * a.k_stride), 2 * dk);
-                prefetch_row(a.v.wrapping_add(pf * a.v_stride), 2 * dv);
+                prefetch_l1(a.k.wrapping_add(pf * a.k_stride), 2 * dk);
+                prefetch_l1(a.v.wrapping_add(pf * a.v_stride), 2 * dv);
             }
             let mv = a.mask.map_or(0.0, |mk| mk[j0 + j]);
             if mv == f32::NEG_INFINITY {

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 
 use super::avx2_quants::{bf16_tail, f32x8_reduce, hsum_float_8};
 use crate::dtype::DType;
+use crate::kernels::prefetch::prefetch_l1;
 use crate::kernels::sgemm::{self, SG_MR, SG_NR};
 use crate::kernels::{AttendF16, KernelTable, scalar};
 use crate::quant::util::fp16_to_fp32;
@@ -749,18 +750,6 @@ const RK_AHEAD: usize = 8;
 /// 10% slower in some runs).
 const ATTEND_PF_ROWS: usize = 16;
 
-/// Prefetches the `len` bytes at `p` into L1, a line at a time (a hint: never faults).
-#[inline(always)]
-fn prefetch_row(p: *const u8, len: usize) {
-    let mut off = 0;
-    while off < len {
-        // SAFETY: prefetch reads nothing architecturally and never faults; wrapping_add keeps
-        // the address computation defined.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
-        off += 64;
-    }
-}
-
 /// flash_attn_ext's decode loop over F16 K and V in blocks of 16 positions: the 16 scores (16
 /// lanes per K row, reduced per row), one rescale of the accumulator when the block raises the
 /// max, the probabilities with the vector exp, and the V rows accumulated into up to 128
@@ -781,8 +770,8 @@ unsafe fn attend_f16_avx512(a: &AttendF16<'_>, m: &mut f32, s: &mut f32, acc: &m
             let pf = j0 + j + ATTEND_PF_ROWS;
             if pf < a.n {
                 // Rows ATTEND_PF_ROWS ahead, K and V: a decode step streams both from memory.
-                prefetch_row(a.k.wrapping_add(pf * a.k_stride), 2 * dk);
-                prefetch_row(a.v.wrapping_add(pf * a.v_stride), 2 * dv);
+                prefetch_l1(a.k.wrapping_add(pf * a.k_stride), 2 * dk);
+                prefetch_l1(a.v.wrapping_add(pf * a.v_stride), 2 * dv);
             }
             let mv = a.mask.map_or(0.0, |mk| mk[j0 + j]);
             if mv == f32::NEG_INFINITY {
