@@ -286,6 +286,33 @@ pub(crate) struct AttendF16<'a> {
     pub softcap: f32,
 }
 
+/// The width-independent step of the tiers' F16 decode loops ([`AttendF16Fn`]) for one block of
+/// scores `sc` (masked positions `-inf`): `false` when the block adds nothing, because every
+/// position is masked or a score is NaN (NaN in Q or K; the sum and the accumulator become NaN,
+/// as ggml's do); otherwise raises the running max `m` to the block's, rescaling the sum `s` and
+/// the accumulator `acc` once, and returns `true`.
+#[inline(always)]
+pub(crate) fn attend_block_max(sc: &[f32], m: &mut f32, s: &mut f32, acc: &mut [f32]) -> bool {
+    if sc.iter().any(|x| x.is_nan()) {
+        *s = f32::NAN;
+        acc.fill(f32::NAN);
+        return false;
+    }
+    let bmax = sc.iter().fold(f32::NEG_INFINITY, |b, &x| b.max(x));
+    if bmax == f32::NEG_INFINITY {
+        return false;
+    }
+    if bmax > *m {
+        let ms = (*m - bmax).exp();
+        *m = bmax;
+        for a in acc.iter_mut() {
+            *a *= ms;
+        }
+        *s *= ms;
+    }
+    true
+}
+
 /// (n, dst, a, scale, add): see `scalar::scale_add_f32`.
 pub(crate) type ScaleAddF32 = unsafe fn(usize, *mut f32, *const f32, f32, bool);
 

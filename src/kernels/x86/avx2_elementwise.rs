@@ -397,33 +397,9 @@ pub(crate) unsafe fn attend_f16(
             }
             *x = v + mv;
         }
-        let bmax = sc.iter().fold(f32::NEG_INFINITY, |b, &x| b.max(x));
-        if bmax == f32::NEG_INFINITY {
-            // Every position masked: the block adds nothing.
+        if !crate::kernels::attend_block_max(&sc[..nb], m, s, acc) {
             j0 += nb;
             continue;
-        }
-        if sc[..nb].iter().any(|x| x.is_nan()) {
-            // A NaN score (NaN in Q or K) makes ggml's sum and accumulator NaN: the same here.
-            *s = f32::NAN;
-            acc.fill(f32::NAN);
-            j0 += nb;
-            continue;
-        }
-        if bmax > *m {
-            let ms = (*m - bmax).exp();
-            *m = bmax;
-            let vms = _mm256_set1_ps(ms);
-            for c in acc.chunks_exact_mut(8) {
-                // SAFETY: c holds 8 floats.
-                unsafe {
-                    _mm256_storeu_ps(
-                        c.as_mut_ptr(),
-                        _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), vms),
-                    )
-                };
-            }
-            *s *= ms;
         }
         // exp(x - m) = exp(-(m - x)); masked lanes (x = -inf) give exp(-inf) = 0.
         // SAFETY: sc holds 8 floats.

@@ -806,33 +806,9 @@ unsafe fn attend_f16_avx512(a: &AttendF16<'_>, m: &mut f32, s: &mut f32, acc: &m
         }
         // SAFETY: sc holds 16 floats.
         let xs = unsafe { _mm512_loadu_ps(sc.as_ptr()) };
-        let bmax = _mm512_reduce_max_ps(xs);
-        if bmax == f32::NEG_INFINITY {
-            // Every position masked: the block adds nothing.
+        if !crate::kernels::attend_block_max(&sc[..nb], m, s, acc) {
             j0 += nb;
             continue;
-        }
-        if bmax.is_nan() || sc[..nb].iter().any(|x| x.is_nan()) {
-            // A NaN score (NaN in Q or K) makes ggml's sum and accumulator NaN: the same here.
-            *s = f32::NAN;
-            acc.fill(f32::NAN);
-            j0 += nb;
-            continue;
-        }
-        if bmax > *m {
-            let ms = (*m - bmax).exp();
-            *m = bmax;
-            let vms = _mm512_set1_ps(ms);
-            for c in acc.chunks_exact_mut(16) {
-                // SAFETY: c holds 16 floats.
-                unsafe {
-                    _mm512_storeu_ps(
-                        c.as_mut_ptr(),
-                        _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), vms),
-                    )
-                };
-            }
-            *s *= ms;
         }
         // exp(x - m) = exp(-(m - x)); masked lanes (x = -inf) give exp(-inf) = 0.
         let p = v_expf_neg(_mm512_sub_ps(_mm512_set1_ps(*m), xs));
