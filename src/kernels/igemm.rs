@@ -290,6 +290,9 @@ pub(crate) struct IgemmKernels {
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
+    /// Faster one-panel forms for formats whose codes are at most the given `max_code`, where
+    /// the tier has such (`IgemmKernels::for_codes`).
+    pub narrow: Option<fn(max_code: u8) -> [IgemmFn; 9]>,
     /// The tier's whole-step unpacker of a block type, where it has one (the same codes,
     /// scales and mins as the type's `quant::unpack` function per block).
     pub unpack: fn(DType) -> Option<UnpackStepFn>,
@@ -306,6 +309,18 @@ pub(crate) struct IgemmKernels {
     /// weights of [`WBand::fold_row`], the tier's writer of them (the same bytes; the unpacker
     /// then calls it for that kind's formats instead of writing the block-diagonal codes).
     pub fold_scales: Option<FoldFn>,
+}
+
+impl IgemmKernels {
+    /// The kernels for a format whose codes are at most `max_code` (at most `self.max_code`):
+    /// the tier's narrow one-panel forms where it has them.
+    pub(crate) fn for_codes(mut self, max_code: u8) -> IgemmKernels {
+        debug_assert!(max_code <= self.max_code);
+        if let Some(narrow) = self.narrow {
+            self.one = narrow(max_code);
+        }
+        self
+    }
 }
 
 /// Writes row `r` of a band's folded weights for code bias `bias` (see `WBand::fold_row`, the
@@ -352,6 +367,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     two: [None; 9],
     three: [None; 9],
     max_code: 255,
+    narrow: None,
     unpack: no_unpack,
     unpack_super: no_unpack_super,
     release: None,
@@ -863,6 +879,21 @@ mod tests {
                 .filter_map(|&i| table_for(i).and_then(|t| t.igemm).map(|k| (format!("{i:?}"), k)))
                 .collect();
             sets.extend(extra_kernels());
+            // The narrow-code forms, each at the widest codes it is picked for (every code the
+            // mask lets through, so the extreme cases reach each form's int16 bound).
+            let narrow: Vec<(String, IgemmKernels)> = sets
+                .iter()
+                .filter(|(_, k)| k.narrow.is_some())
+                .flat_map(|(name, k)| {
+                    [3u8, 7, 15, 31, 63].map(|m| {
+                        (
+                            format!("{name} codes <= {m}"),
+                            IgemmKernels { max_code: m, ..k.for_codes(m) },
+                        )
+                    })
+                })
+                .collect();
+            sets.extend(narrow);
             for (name, k) in sets {
                 // Codes as large as the kernels take (extremes stay extreme).
                 let mut w = w;

@@ -50,7 +50,7 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
 /// The tier's integer kernels for weights of format `fmt`, if it has kernels that multiply its
 /// codes exactly.
 pub(crate) fn kernels_for(kt: &KernelTable, fmt: &IntFormat) -> Option<IgemmKernels> {
-    kt.igemm.filter(|k| fmt.max_code <= k.max_code)
+    kt.igemm.filter(|k| fmt.max_code <= k.max_code).map(|k| k.for_codes(fmt.max_code))
 }
 
 /// Whether this node runs the integer GEMM with table `kt` (else the f32 GEMM or the tiles).

@@ -2,40 +2,40 @@
 //!
 //! - [`AVX_VNNI`]: `vpdpbusd` on ymm (AVX-VNNI: Alder Lake and later, Zen 5), every code.
 //! - [`MADDUBS`]: plain AVX2, `vpmaddubsw` (pairs of unsigned code x signed level, summed in
-//!   int16 with saturation) then `vpmaddwd` by ones. A pair sum stays inside int16 only while
+//!   int16 with saturation), the pair sums of several groups of 4 K values added in int16
+//!   (`vpaddw`), then widened by `vpmaddwd` against ones. A pair sum stays inside int16 only while
 //!   codes are at most 127 (127 * 128 * 2 = 32512), so these kernels declare `max_code` 127 and
 //!   the types with larger codes (Q8_0, IQ4_NL / IQ4_XS, the IQ1-IQ3 grids) keep the f32 GEMM on
-//!   such CPUs.
+//!   such CPUs; narrower codes take forms that add more groups before widening
+//!   (`maddubs_for_codes`), which halves the multiplier work or better (`vpmaddwd` runs on the
+//!   same units as `vpmaddubsw`).
 //!
-//! Both work on 4 of the band's 8 rows at a time (16 ymm registers: 8 raw sums, two panel
-//! halves, the broadcast codes) and keep the block sums and float accumulators in memory. The
-//! integer sums equal the portable kernel's and the float steps are the same operations in the
-//! same order, so the bits are the same.
+//! Both work on 4 of the band's 8 rows at a time (8 ymm registers of partial sums, two panel
+//! halves, the broadcast codes) and keep the block sums and scaled sums in memory. The integer
+//! sums equal the portable kernel's and the float steps are the same operations in the same
+//! order, so the bits are the same.
 
 use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
-use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmKernels, WBand, used_subs};
+use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, WBand, used_subs};
 
 /// The kernel body for one (sub-block size `SUB`, mins `MIN`, block kind `FL`, float-scaled
-/// super-block kind `SF`) combination (`igemm::Kind`),
-/// expanded inside each form's `#[target_feature]` function; `$dot(sum, codes, levels)` adds,
-/// per int32 lane, the 4 products of unsigned codes and signed levels.
+/// super-block kind `SF`) combination (`igemm::Kind`), expanded inside each form's
+/// `#[target_feature]` function. The products of unsigned codes and signed levels are summed
+/// in partial sums of `$groups` groups of 4 K values: `$step(part, codes, levels)` adds a
+/// group's products to a partial sum, `$flush(raw, part)` adds a partial sum into the
+/// sub-block's int32 sums.
 macro_rules! body {
-    ($w:expr, $a:expr, $acc:expr, $len:expr, $dot:expr) => {{
+    ($w:expr, $a:expr, $acc:expr, $len:expr, $groups:expr, $step:expr, $flush:expr) => {{
         let (w, a, acc): (&WBand, &ABlock, &mut [[f32; IG_NR]; IG_MR]) = ($w, $a, $acc);
-        let dot = $dot;
+        let (step, flush) = ($step, $flush);
         // Block types may end in a partial step; super-block types fill every step, and a
         // constant trip count lets the compiler unroll their sub-block loop.
         let nsub = if FL { used_subs($len, SUB) } else { QK_K / SUB };
         let wc = w.codes.as_ptr();
         let ac = a.codes.as_ptr();
         let zero = _mm256_setzero_si256();
-        // Integer kinds: scaled sums and mins' sums per row and half; float-scaled kinds: the
-        // scaled sums in f32; block kinds: the tile.
-        let mut s1 = [[zero; 2]; IG_MR];
-        let mut sf = [[_mm256_setzero_ps(); 2]; IG_MR];
-        let mut s2 = [[zero; 2]; IG_MR];
         let ld_i = |p: &[i32], off: usize| {
             debug_assert!(off + 8 <= p.len());
             // SAFETY: callers pass off + 8 <= p.len() (sub-block j < 16, half h < 2: 16j + 8h + 8
@@ -47,25 +47,48 @@ macro_rules! body {
             // SAFETY: as ld_i.
             unsafe { _mm256_loadu_ps(p.as_ptr().add(off)) }
         };
+        // Groups of 4 K values per partial sum (at most a sub-block's).
+        let part_groups = if $groups > SUB / 4 { SUB / 4 } else { $groups };
+        // One pass per 4 rows: both halves of the columns share each broadcast of the codes (on
+        // Zen 3 a loop of one broadcast per `vpmaddubsw` ran at 0.65x the speed of one per two).
+        // The partial sums take 8 registers; the sums scaled once per sub-block stay in memory
+        // (`vmem`), so that the compiler does not hold them in registers and spill the partial
+        // sums instead: integer kinds' scaled sums (as i32 lanes), float-scaled kinds' scaled
+        // sums, block kinds' tile rows, per row and half.
+        let mut scaled = [[_mm256_setzero_ps(); 2]; 4];
         for rb in (0..IG_MR).step_by(4) {
+            for (r, pair) in scaled.iter_mut().enumerate() {
+                for (h, v) in pair.iter_mut().enumerate() {
+                    let start = if FL { ld_f(&acc[rb + r], 8 * h) } else { _mm256_setzero_ps() };
+                    vmem(v, Some(start));
+                }
+            }
             for j in 0..nsub {
                 let mut raw = [[zero; 2]; 4];
-                for g in j * SUB / 4..(j + 1) * SUB / 4 {
-                    // SAFETY: g < 64: the 64 bytes at g * 64 are inside `a.codes` (4096 bytes).
-                    let (l0, l1) = unsafe {
-                        (
-                            _mm256_loadu_si256(ac.add(g * 64) as *const __m256i),
-                            _mm256_loadu_si256(ac.add(g * 64 + 32) as *const __m256i),
-                        )
-                    };
-                    for (r, raw) in raw.iter_mut().enumerate() {
-                        // SAFETY: rb + r < 8 and 4 * g + 4 <= 256: inside row rb + r's codes.
-                        let c = unsafe {
-                            (wc.add((rb + r) * QK_K + 4 * g) as *const i32).read_unaligned()
+                for g0 in (j * SUB / 4..(j + 1) * SUB / 4).step_by(part_groups) {
+                    let mut part = [[zero; 2]; 4];
+                    for g in g0..g0 + part_groups {
+                        // SAFETY: g < 64: the 64 bytes at g * 64 are inside `a.codes` (4096
+                        // bytes).
+                        let (l0, l1) = unsafe {
+                            (
+                                _mm256_loadu_si256(ac.add(g * 64) as *const __m256i),
+                                _mm256_loadu_si256(ac.add(g * 64 + 32) as *const __m256i),
+                            )
                         };
-                        let c = _mm256_set1_epi32(c);
-                        raw[0] = dot(raw[0], c, l0);
-                        raw[1] = dot(raw[1], c, l1);
+                        for (r, part) in part.iter_mut().enumerate() {
+                            // SAFETY: rb + r < 8 and 4 * g + 4 <= 256: inside row rb + r's codes.
+                            let c = unsafe {
+                                (wc.add((rb + r) * QK_K + 4 * g) as *const i32).read_unaligned()
+                            };
+                            let c = _mm256_set1_epi32(c);
+                            part[0] = step(part[0], c, l0);
+                            part[1] = step(part[1], c, l1);
+                        }
+                    }
+                    for (raw, part) in raw.iter_mut().zip(&part) {
+                        raw[0] = flush(raw[0], part[0]);
+                        raw[1] = flush(raw[1], part[1]);
                     }
                 }
                 for (r, raw) in raw.iter().enumerate() {
@@ -74,77 +97,106 @@ macro_rules! body {
                         let off = j * IG_NR + 8 * h;
                         let corr =
                             if MIN { raw } else { _mm256_sub_epi32(raw, ld_i(&a.bsums, off)) };
-                        if FL {
+                        let slot = &mut scaled[r][h];
+                        let o = vmem(slot, None);
+                        let o = if FL {
                             let f = _mm256_mul_ps(_mm256_cvtepi32_ps(corr), ld_f(&a.ds, off));
-                            let p = acc[rr][8 * h..].as_mut_ptr();
-                            // SAFETY: 8 * h + 8 <= 16: inside row rr of the tile.
-                            let mut o = unsafe { _mm256_loadu_ps(p) };
-                            o = _mm256_fmadd_ps(f, _mm256_set1_ps(w.fscales[rr * 16 + j]), o);
+                            let sc = _mm256_set1_ps(w.fscales[rr * 16 + j]);
+                            let mut o = _mm256_fmadd_ps(f, sc, o);
                             if MIN {
                                 let m = _mm256_set1_ps(w.fmins[rr * 16 + j]);
                                 o = _mm256_fmadd_ps(ld_f(&a.ms, off), m, o);
                             }
-                            // SAFETY: as the load.
-                            unsafe { _mm256_storeu_ps(p, o) };
+                            o
                         } else if SF {
                             let sc = _mm256_set1_ps(w.fscales[rr * 16 + j]);
-                            let c = _mm256_cvtepi32_ps(corr);
-                            sf[rr][h] = _mm256_fmadd_ps(c, sc, sf[rr][h]);
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), sc, o)
                         } else {
+                            // The integer sums in the same bytes.
                             let sc = _mm256_set1_epi32(w.scales[rr * 16 + j]);
-                            s1[rr][h] = _mm256_add_epi32(s1[rr][h], _mm256_mullo_epi32(corr, sc));
+                            let o = _mm256_castps_si256(o);
+                            _mm256_castsi256_ps(_mm256_add_epi32(o, _mm256_mullo_epi32(corr, sc)))
+                        };
+                        vmem(slot, Some(o));
+                    }
+                }
+            }
+            for r in 0..4 {
+                let rr = rb + r;
+                for h in 0..2 {
+                    let v = vmem(&mut scaled[r][h], None);
+                    if FL {
+                        let p = acc[rr][8 * h..].as_mut_ptr();
+                        // SAFETY: 8 * h + 8 <= 16: inside row rr.
+                        unsafe { _mm256_storeu_ps(p, v) };
+                        continue;
+                    }
+                    let sum = if SF { v } else { _mm256_cvtepi32_ps(_mm256_castps_si256(v)) };
+                    let mut f = _mm256_mul_ps(sum, _mm256_set1_ps(w.d[rr]));
+                    if MIN {
+                        let mut s2 = zero;
+                        for j in 0..nsub {
+                            let mn = _mm256_set1_epi32(w.mins[rr * 16 + j]);
+                            let bs = ld_i(&a.bsums, j * IG_NR + 8 * h);
+                            s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(bs, mn));
                         }
+                        let m = _mm256_cvtepi32_ps(s2);
+                        f = _mm256_fnmadd_ps(_mm256_set1_ps(w.dmin[rr]), m, f);
                     }
+                    let da = ld_f(&a.d, 8 * h);
+                    let p = acc[rr][8 * h..].as_mut_ptr();
+                    // SAFETY: 8 * h + 8 <= 16: inside row rr.
+                    unsafe {
+                        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(f, da)))
+                    };
                 }
-            }
-        }
-        if !FL && MIN {
-            for j in 0..nsub {
-                for (r, s2) in s2.iter_mut().enumerate() {
-                    let mn = _mm256_set1_epi32(w.mins[r * 16 + j]);
-                    for (h, s2) in s2.iter_mut().enumerate() {
-                        let bs = ld_i(&a.bsums, j * IG_NR + 8 * h);
-                        *s2 = _mm256_add_epi32(*s2, _mm256_mullo_epi32(bs, mn));
-                    }
-                }
-            }
-        }
-        for (r, row) in acc.iter_mut().enumerate().filter(|_| !FL) {
-            for h in 0..2 {
-                let sum = if SF { sf[r][h] } else { _mm256_cvtepi32_ps(s1[r][h]) };
-                let mut f = _mm256_mul_ps(sum, _mm256_set1_ps(w.d[r]));
-                if MIN {
-                    let m = _mm256_cvtepi32_ps(s2[r][h]);
-                    f = _mm256_fnmadd_ps(_mm256_set1_ps(w.dmin[r]), m, f);
-                }
-                let da = ld_f(&a.d, 8 * h);
-                let p = row[8 * h..].as_mut_ptr();
-                // SAFETY: 8 * h + 8 <= 16: inside the row.
-                unsafe {
-                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), _mm256_mul_ps(f, da)))
-                };
             }
         }
     }};
 }
 
+/// Reads (`v` `None`) or writes `slot` through memory: a volatile access, which the compiler
+/// keeps as one load or store where it would otherwise hold the value in a register.
+#[inline(always)]
+fn vmem(slot: &mut __m256, v: Option<__m256>) -> __m256 {
+    let p: *mut __m256 = slot;
+    match v {
+        // SAFETY: `p` comes from a reference: valid, aligned and not aliased for the access.
+        None => unsafe { p.read_volatile() },
+        Some(v) => {
+            // SAFETY: as above.
+            unsafe { p.write_volatile(v) };
+            v
+        }
+    }
+}
+
+/// The nine kinds' one-panel forms of a kernel family (in `Kind` order), with extra const
+/// parameters after the kind's.
+macro_rules! one_set {
+    ($wrap:ident $(, $extra:expr)*) => {
+        [
+            $wrap::<16, false, false, false $(, $extra)*>,
+            $wrap::<16, true, false, false $(, $extra)*>,
+            $wrap::<16, false, false, true $(, $extra)*>,
+            $wrap::<16, true, false, true $(, $extra)*>,
+            $wrap::<32, false, false, true $(, $extra)*>,
+            $wrap::<32, true, false, true $(, $extra)*>,
+            $wrap::<16, false, true, false $(, $extra)*>,
+            $wrap::<32, false, true, false $(, $extra)*>,
+            $wrap::<32, true, true, false $(, $extra)*>,
+        ]
+    };
+}
+
 macro_rules! kernel_set {
-    ($name:ident, $wrap:ident, $max:expr) => {
+    ($name:ident, $one:expr, $max:expr, $narrow:expr) => {
         pub(crate) const $name: IgemmKernels = IgemmKernels {
-            one: [
-                $wrap::<16, false, false, false>,
-                $wrap::<16, true, false, false>,
-                $wrap::<16, false, false, true>,
-                $wrap::<16, true, false, true>,
-                $wrap::<32, false, false, true>,
-                $wrap::<32, true, false, true>,
-                $wrap::<16, false, true, false>,
-                $wrap::<32, false, true, false>,
-                $wrap::<32, true, true, false>,
-            ],
+            one: $one,
             two: [None; 9],
             three: [None; 9],
             max_code: $max,
+            narrow: $narrow,
             unpack: super::avx2_unpack::unpack_for,
             unpack_super: super::avx2_unpack::unpack_super_for,
             release: None,
@@ -154,8 +206,22 @@ macro_rules! kernel_set {
     };
 }
 
-kernel_set!(AVX_VNNI, avx_vnni, 255);
-kernel_set!(MADDUBS, maddubs, 127);
+kernel_set!(AVX_VNNI, one_set!(avx_vnni), 255, None);
+kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes));
+
+/// The `vpmaddubsw` kernels for codes up to `max_code`: as many groups of 4 K values summed in
+/// int16 before widening as keep every int16 lane exact. A lane holds, per group, the products
+/// of two codes and two levels (at most `2 * max_code * 128` in size), so `G` groups are exact
+/// while `G * 2 * max_code * 128 <= 32767`: 8 groups (a whole 32-element sub-block) for codes
+/// up to 15 (30720), 4 for 31 (31744), 2 for 63 (32256), 1 for 127 (32512).
+fn maddubs_for_codes(max_code: u8) -> [IgemmFn; 9] {
+    match max_code {
+        0..=15 => one_set!(maddubs, 8),
+        16..=31 => one_set!(maddubs, 4),
+        32..=63 => one_set!(maddubs, 2),
+        _ => one_set!(maddubs, 1),
+    }
+}
 
 fn avx_vnni<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool>(
     w: &WBand,
@@ -174,29 +240,46 @@ fn avx_vnni_kernel<const SUB: usize, const MIN: bool, const FL: bool, const SF: 
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
-    body!(w, a, acc, len, |s, c, l| _mm256_dpbusd_avx_epi32(s, c, l))
+    // One int32 partial sum per sub-block: `vpdpbusd` widens every group.
+    body!(w, a, acc, len, SUB / 4, |s, c, l| _mm256_dpbusd_avx_epi32(s, c, l), |raw, part| {
+        _mm256_add_epi32(raw, part)
+    })
 }
 
-fn maddubs<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool>(
+fn maddubs<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool, const G: usize>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
-    // SAFETY: `plug` installs MADDUBS only on a CPU with AVX2 and FMA; the table's `max_code`
-    // (127) keeps formats with larger codes away, so no int16 pair sum saturates.
-    unsafe { maddubs_kernel::<SUB, MIN, FL, SF>(w, a, acc, len) }
+    // SAFETY: `plug` installs MADDUBS only on a CPU with AVX2 and FMA. No int16 sum saturates
+    // or wraps: the table's `max_code` (127) keeps formats with larger codes away, and
+    // `maddubs_for_codes` gives `G` above 1 only to formats whose codes keep `G` groups' sums
+    // inside int16.
+    unsafe { maddubs_kernel::<SUB, MIN, FL, SF, G>(w, a, acc, len) }
 }
 
 #[target_feature(enable = "avx2,fma")]
-fn maddubs_kernel<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool>(
+fn maddubs_kernel<
+    const SUB: usize,
+    const MIN: bool,
+    const FL: bool,
+    const SF: bool,
+    const G: usize,
+>(
     w: &WBand,
     a: &ABlock,
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
     let ones = _mm256_set1_epi16(1);
-    body!(w, a, acc, len, |s, c, l| {
-        _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(c, l), ones))
-    })
+    body!(
+        w,
+        a,
+        acc,
+        len,
+        G,
+        |s, c, l| _mm256_add_epi16(s, _mm256_maddubs_epi16(c, l)),
+        |raw, part| _mm256_add_epi32(raw, _mm256_madd_epi16(part, ones))
+    )
 }

@@ -247,6 +247,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
         Some(vnni_multi::<3, 4, 32, true, true>),
     ],
     max_code: 255,
+    narrow: None,
     unpack: super::avx2_unpack::unpack_for,
     unpack_super: super::avx2_unpack::unpack_super_for,
     release: None,
