@@ -1,7 +1,7 @@
 //! `matmul` and `mul_mat_id`: one weight matrix (or a stack of experts) of a type times F32
 //! activations, in GFLOPS, optionally on CPU_REPACK weights.
 
-use crate::measure::{digest, median_compute_secs};
+use crate::measure::{digest, median_and_best_compute_secs, median_compute_secs};
 use crate::peaks;
 use quantgraph::testdata::rand_f32;
 use quantgraph::{Backend, Buffer, BufferType, CpuBackend, DType, Graph, Plan};
@@ -39,9 +39,10 @@ pub fn matmul(
     let mut plan = Plan::new(g, &be)?;
     plan.set_input(x, &rand_f32(k * n, 2))?;
     let before = if share { peaks::bounding_peak(ty, be.n_threads()) } else { None };
-    let t = median_compute_secs(&mut plan, reps)?;
+    let (t, best) = median_and_best_compute_secs(&mut plan, reps)?;
     let after = if share { peaks::bounding_peak(ty, be.n_threads()) } else { None };
     let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
+    let best_gflops = 2.0 * (m * n * k) as f64 / best / 1e9;
     let mut suffix = if repack {
         format!(" buffer=CPU_REPACK weight_bytes={}", wbuf.len())
     } else {
@@ -52,7 +53,7 @@ pub fn matmul(
         suffix += &format!(" peak={name} peak_before={p0:.1} peak_after={p1:.1} share={share:.3}");
     }
     println!(
-        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1}{suffix} digest={}",
+        "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1} best_gflops={best_gflops:.1}{suffix} digest={}",
         ty.name(),
         be.n_threads(),
         t * 1e3,

@@ -125,9 +125,11 @@ pub fn int8_peak(threads: usize) -> Option<f64> {
 }
 
 /// The int8 dot-product peak of `threads` threads with AVX2 only (no VNNI): 12 independent
-/// chains per thread of the three instructions an AVX2 integer GEMM spends on 32 byte
-/// multiply-adds (`vpmaddubsw`, `vpmaddwd` against ones, `vpaddd`), counted as 64 operations;
-/// median of 5 runs. Quantized prefill is compared against it on CPUs without VNNI.
+/// chains per thread of `vpmaddubsw` (32 byte multiply-adds, counted as 64 operations) and the
+/// `vpaddw` that sums its pairs in int16, the least an AVX2 integer GEMM spends on them (the
+/// kernels widen to int32 with `vpmaddwd` once per several such steps where the codes allow, once
+/// per step where they do not); median of 5 runs. Quantized prefill is compared against it on
+/// CPUs without VNNI.
 pub fn int8_maddubs_peak(threads: usize) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     fn per_thread(iters: u64) -> u64 {
@@ -135,18 +137,17 @@ pub fn int8_maddubs_peak(threads: usize) -> Option<f64> {
         unsafe fn chains(iters: u64) -> i32 {
             use std::arch::x86_64::*;
             let mut acc = [_mm256_set1_epi32(1); 12];
-            let (u, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
+            let u = _mm256_set1_epi8(3);
             for _ in 0..iters {
                 for v in acc.iter_mut() {
                     // The chain's own bytes as the signed operand, so nothing is loop-invariant
-                    // (12 chains cover the three instructions' latency).
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, *v), ones);
-                    *v = _mm256_add_epi32(*v, p);
+                    // (12 chains cover the two instructions' latency).
+                    *v = _mm256_add_epi16(*v, _mm256_maddubs_epi16(u, *v));
                 }
             }
             let mut t = acc[0];
             for v in &acc[1..] {
-                t = _mm256_add_epi32(t, *v);
+                t = _mm256_add_epi16(t, *v);
             }
             _mm256_extract_epi32::<0>(t)
         }
