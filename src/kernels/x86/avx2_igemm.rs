@@ -18,7 +18,9 @@
 use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
-use crate::kernels::igemm::{ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, WBand, used_subs};
+use crate::kernels::igemm::{
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, WBand, pairs_fit, used_subs,
+};
 
 /// The kernel body for one (sub-block size `SUB`, mins `MIN`, block kind `FL`, float-scaled
 /// super-block kind `SF`) combination (`igemm::Kind`), expanded inside each form's
@@ -56,6 +58,7 @@ macro_rules! body {
         // sums instead: integer kinds' scaled sums (as i32 lanes), float-scaled kinds' scaled
         // sums, block kinds' tile rows, per row and half.
         let mut scaled = [[_mm256_setzero_ps(); 2]; 4];
+        let pairs_ok = MIN && !FL && pairs_fit(a);
         for rb in (0..IG_MR).step_by(4) {
             for (r, pair) in scaled.iter_mut().enumerate() {
                 for (h, v) in pair.iter_mut().enumerate() {
@@ -134,11 +137,22 @@ macro_rules! body {
                     let sum = if SF { v } else { _mm256_cvtepi32_ps(_mm256_castps_si256(v)) };
                     let mut f = _mm256_mul_ps(sum, _mm256_set1_ps(w.d[rr]));
                     if MIN {
+                        // sum_j mins[j] * bsums[j]: two sub-blocks per `vpmaddwd` where the
+                        // level sums fit 16 bits (the mins do: at most 8 bits), else one
+                        // `vpmulld` each. The same integers (the pair sums are exact).
                         let mut s2 = zero;
-                        for j in 0..nsub {
-                            let mn = _mm256_set1_epi32(w.mins[rr * 16 + j]);
-                            let bs = ld_i(&a.bsums, j * IG_NR + 8 * h);
-                            s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(bs, mn));
+                        if pairs_ok {
+                            for i in 0..nsub / 2 {
+                                let mn = _mm256_set1_epi32(w.min_pairs[rr * 8 + i]);
+                                let bs = ld_i(&a.bsum_pairs, i * IG_NR + 8 * h);
+                                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(bs, mn));
+                            }
+                        } else {
+                            for j in 0..nsub {
+                                let mn = _mm256_set1_epi32(w.mins[rr * 16 + j]);
+                                let bs = ld_i(&a.bsums, j * IG_NR + 8 * h);
+                                s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(bs, mn));
+                            }
                         }
                         let m = _mm256_cvtepi32_ps(s2);
                         f = _mm256_fnmadd_ps(_mm256_set1_ps(w.dmin[rr]), m, f);
