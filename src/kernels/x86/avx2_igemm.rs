@@ -26,10 +26,14 @@ use crate::kernels::igemm::{
 /// super-block kind `SF`) combination (`igemm::Kind`), expanded inside each form's
 /// `#[target_feature]` function. The products of unsigned codes and signed levels are summed
 /// in partial sums of `$groups` groups of 4 K values: `$step(part, codes, levels)` adds a
-/// group's products to a partial sum, `$flush(raw, part)` adds a partial sum into the
-/// sub-block's int32 sums.
+/// group's products to a partial sum, `$flush(raw, part, scale)` adds a partial sum times
+/// `scale` into the sub-block's int32 sums. With `$scaled` the integer kind with mins
+/// (`Kind::Int16Min`, whose scales fit 16 bits: 1 for the unit-scale formats) passes the
+/// sub-block's scale there and adds the result unscaled, else the scale is 1 and the sums are
+/// scaled afterwards (`vpmulld`).
 macro_rules! body {
-    ($w:expr, $a:expr, $acc:expr, $len:expr, $groups:expr, $step:expr, $flush:expr) => {{
+    ($w:expr, $a:expr, $acc:expr, $len:expr, $groups:expr, $step:expr, $flush:expr,
+     $scaled:expr) => {{
         let (w, a, acc): (&WBand, &ABlock, &mut [[f32; IG_NR]; IG_MR]) = ($w, $a, $acc);
         let (step, flush) = ($step, $flush);
         // Block types may end in a partial step; super-block types fill every step, and a
@@ -59,6 +63,7 @@ macro_rules! body {
         // sums, block kinds' tile rows, per row and half.
         let mut scaled = [[_mm256_setzero_ps(); 2]; 4];
         let pairs_ok = MIN && !FL && pairs_fit(a);
+        let fold = $scaled && MIN && !FL && !SF;
         for rb in (0..IG_MR).step_by(4) {
             for (r, pair) in scaled.iter_mut().enumerate() {
                 for (h, v) in pair.iter_mut().enumerate() {
@@ -89,9 +94,10 @@ macro_rules! body {
                             part[1] = step(part[1], c, l1);
                         }
                     }
-                    for (raw, part) in raw.iter_mut().zip(&part) {
-                        raw[0] = flush(raw[0], part[0]);
-                        raw[1] = flush(raw[1], part[1]);
+                    for (r, (raw, part)) in raw.iter_mut().zip(&part).enumerate() {
+                        let sc = if fold { w.scales[(rb + r) * 16 + j] } else { 1 };
+                        raw[0] = flush(raw[0], part[0], sc);
+                        raw[1] = flush(raw[1], part[1], sc);
                     }
                 }
                 for (r, raw) in raw.iter().enumerate() {
@@ -116,9 +122,13 @@ macro_rules! body {
                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), sc, o)
                         } else {
                             // The integer sums in the same bytes.
-                            let sc = _mm256_set1_epi32(w.scales[rr * 16 + j]);
                             let o = _mm256_castps_si256(o);
-                            _mm256_castsi256_ps(_mm256_add_epi32(o, _mm256_mullo_epi32(corr, sc)))
+                            let prod = if fold {
+                                corr
+                            } else {
+                                _mm256_mullo_epi32(corr, _mm256_set1_epi32(w.scales[rr * 16 + j]))
+                            };
+                            _mm256_castsi256_ps(_mm256_add_epi32(o, prod))
                         };
                         vmem(slot, Some(o));
                     }
@@ -255,9 +265,16 @@ fn avx_vnni_kernel<const SUB: usize, const MIN: bool, const FL: bool, const SF: 
     len: usize,
 ) {
     // One int32 partial sum per sub-block: `vpdpbusd` widens every group.
-    body!(w, a, acc, len, SUB / 4, |s, c, l| _mm256_dpbusd_avx_epi32(s, c, l), |raw, part| {
-        _mm256_add_epi32(raw, part)
-    })
+    body!(
+        w,
+        a,
+        acc,
+        len,
+        SUB / 4,
+        |s, c, l| _mm256_dpbusd_avx_epi32(s, c, l),
+        |raw, part, _| _mm256_add_epi32(raw, part),
+        false
+    )
 }
 
 fn maddubs<const SUB: usize, const MIN: bool, const FL: bool, const SF: bool, const G: usize>(
@@ -286,7 +303,6 @@ fn maddubs_kernel<
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
-    let ones = _mm256_set1_epi16(1);
     body!(
         w,
         a,
@@ -294,6 +310,11 @@ fn maddubs_kernel<
         len,
         G,
         |s, c, l| _mm256_add_epi16(s, _mm256_maddubs_epi16(c, l)),
-        |raw, part| _mm256_add_epi32(raw, _mm256_madd_epi16(part, ones))
+        // `sc` fits 16 bits (see `body`): exact pair products, pair sums below 2^31.
+        |raw, part, sc: i32| {
+            debug_assert!(i16::try_from(sc).is_ok());
+            _mm256_add_epi32(raw, _mm256_madd_epi16(part, _mm256_set1_epi16(sc as i16)))
+        },
+        true
     )
 }
