@@ -148,7 +148,7 @@ macro_rules! body {
                     let mut f = _mm256_mul_ps(sum, _mm256_set1_ps(w.d[rr]));
                     if MIN {
                         // sum_j mins[j] * bsums[j]: two sub-blocks per `vpmaddwd` where the
-                        // level sums fit 16 bits (the mins do: at most 8 bits), else one
+                        // level sums fit 16 bits (the mins do: `WBand::min_pairs`), else one
                         // `vpmulld` each. The same integers (the pair sums are exact).
                         let mut s2 = zero;
                         if pairs_ok {
