@@ -59,7 +59,7 @@ pub(crate) fn runs_on(node: &ExecNode, kt: &KernelTable) -> bool {
         && node.src[0]
             .as_ref()
             .and_then(|a| int_format(a.dtype))
-            .is_some_and(|f| kernels_for(kt, &f).is_some())
+            .is_some_and(|f| kernels_for(kt, &tier_form(kt, f)).is_some())
 }
 
 fn batches(b: &TView) -> usize {
@@ -103,6 +103,11 @@ fn layout(e: bytemuck::PodCastError) -> Error {
 /// The form of integer format `fmt` that table `kt` runs (`IntFormat::for_tier`): the packer and
 /// the kernels of one node (`mul_mat`, `mul_mat_id`) take the same.
 pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat) -> IntFormat {
+    // Codes too wide for the tier's kernels: the recentred form where it fits them.
+    let fmt = match (kernels_for(kt, &fmt), fmt.recentred()) {
+        (None, Some(r)) if kernels_for(kt, &r).is_some() => r,
+        _ => fmt,
+    };
     match kernels_for(kt, &fmt) {
         Some(k) => fmt.for_tier(k.fold_scales.is_some()),
         None => fmt,

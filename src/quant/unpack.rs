@@ -86,6 +86,13 @@ pub(crate) struct IntFormat {
     /// per 16 after unpacking (the folded form of a format with sub-blocks of 32, whose `sub`
     /// is then 16).
     pub widen: bool,
+    /// Every code the unpacker writes lies within this distance of `bias` for any weight bytes
+    /// (the IQ1-IQ3 grids: their codes are 128 plus a signed grid value), where such a bound is
+    /// known and smaller than the bias; see [`IntFormat::recentred`].
+    pub radius: Option<u8>,
+    /// Subtracted (wrapping) from every code after unpacking: the recentred form's shift
+    /// ([`IntFormat::recentred`]); 0 in every other form.
+    pub shift: u8,
 }
 
 impl IntFormat {
@@ -108,6 +115,8 @@ impl IntFormat {
             narrow_sums: false,
             fold: false,
             widen: false,
+            radius: None,
+            shift: 0,
         }
     }
 
@@ -122,6 +131,21 @@ impl IntFormat {
             return self;
         }
         IntFormat { fold: true, widen: self.sub == 32, sub: 16, ..self }
+    }
+
+    /// The form whose codes are centred on `radius` instead of `bias`: every code shifted down
+    /// by `bias - radius` after unpacking (`shift`), the bias `radius`, the largest code
+    /// `2 * radius`. The products `(code - bias) * level` and so every sum are the same
+    /// integers; tiers whose kernels take only codes up to 127 (`vpmaddubsw`) run the IQ1-IQ3
+    /// grids in this form. `None` where the format has no such bound.
+    pub(crate) fn recentred(self) -> Option<IntFormat> {
+        let r = self.radius?;
+        (self.shift == 0 && (r as i32) < self.bias).then(|| IntFormat {
+            bias: r as i32,
+            max_code: 2 * r,
+            shift: (self.bias - r as i32) as u8,
+            ..self
+        })
     }
 
     /// Whether the scales are floats (the block family).
@@ -498,6 +522,37 @@ pub(crate) mod tests {
             assert!(f.sub as i32 * limit * 128 < 1 << 15, "{d}: codes up to {limit} from the bias");
         }
         assert_eq!(narrow, [DType::Q3_K, DType::IQ1_M]);
+    }
+
+    /// `IntFormat::radius` holds for any bytes, so the recentred form's codes (shifted down by
+    /// `bias - radius`) lie in `0..=2 * radius`; every IQ1-IQ3 grid has one, within 127.
+    #[test]
+    fn grid_codes_stay_within_their_radius() {
+        let mut with = Vec::new();
+        for d in DType::ALL {
+            let Some(f) = int_format(d) else { continue };
+            let Some(r) = f.radius else {
+                assert!(f.recentred().is_none(), "{d}");
+                continue;
+            };
+            with.push(d);
+            let c = f.recentred().expect("a recentred form");
+            assert_eq!((c.bias, c.max_code, c.shift as i32), (r as i32, 2 * r, f.bias - r as i32));
+            assert!(c.max_code <= 127, "{d}: recentred codes up to {}", c.max_code);
+            assert!(c.recentred().is_none(), "{d}: recentred twice");
+            let mut far = 0;
+            for_unpacked_blocks(d, 0x2545_F491_4F6C_DD1D, |codes, _| {
+                for &code in codes.iter() {
+                    far = far.max((code as i32 - f.bias).abs());
+                    let shifted = code.wrapping_sub(c.shift);
+                    assert!(shifted <= c.max_code, "{d}: code {code} -> {shifted}");
+                    assert_eq!(shifted as i32 - c.bias, code as i32 - f.bias, "{d}");
+                }
+            });
+            assert!(far <= r as i32, "{d}: codes up to {far} from the bias, radius {r}");
+        }
+        use DType::*;
+        assert_eq!(with, [IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M]);
     }
 
     /// The folded forms' bound (`IntFormat::for_tier`) holds for any bytes: every super-block

@@ -115,6 +115,12 @@ fn unpack_step(
             let mins: &mut [i32; 16] =
                 (&mut band.mins[rr * 16..rr * 16 + 16]).try_into().expect("16 mins");
             let (dd, dmin) = unpack(&src[..bsize], codes, scales, mins);
+            if fmt.shift != 0 {
+                // The recentred form (`IntFormat::recentred`): the same code minus bias.
+                for c in codes.iter_mut() {
+                    *c = c.wrapping_sub(fmt.shift);
+                }
+            }
             if fmt.widen {
                 // Sub-block j of 32 is sub-blocks 2 j and 2 j + 1 of 16 (from the top, in place).
                 for j in (0..16).rev() {

@@ -16,19 +16,26 @@ use crate::quant::util::fp16_to_fp32;
 
 /// The integer form of the IQ1/IQ2/IQ3 types; `None` for every other type.
 pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
-    let (sub, unpack): (usize, UnpackFn) = match d {
-        DType::IQ1_S => (32, unpack_iq1_s),
-        DType::IQ1_M => (16, unpack_iq1_m),
-        DType::IQ2_XXS => (32, unpack_iq2_xxs),
-        DType::IQ2_XS => (16, unpack_iq2_xs),
-        DType::IQ2_S => (16, unpack_iq2_s),
-        DType::IQ3_XXS => (32, unpack_iq3_xxs),
-        DType::IQ3_S => (32, unpack_iq3_s),
+    // The radius: how far a code can lie from the bias, the largest grid value (IQ1: 8 g +
+    // delta with g in -1..=1 and delta +-1; IQ2 grids 8, 25, 43; IQ3_XXS 4..=62; IQ3_S 1..=15),
+    // checked for any bytes by `grid_codes_stay_within_their_radius`.
+    let (sub, radius, unpack): (usize, u8, UnpackFn) = match d {
+        DType::IQ1_S => (32, 9, unpack_iq1_s),
+        DType::IQ1_M => (16, 9, unpack_iq1_m),
+        DType::IQ2_XXS => (32, 43, unpack_iq2_xxs),
+        DType::IQ2_XS => (16, 43, unpack_iq2_xs),
+        DType::IQ2_S => (16, 43, unpack_iq2_s),
+        DType::IQ3_XXS => (32, 62, unpack_iq3_xxs),
+        DType::IQ3_S => (32, 15, unpack_iq3_s),
         _ => return None,
     };
     // IQ1_M's codes are 128 + 8 g + delta (g in -1..=1, delta = +-1): within 9 of the bias.
     let narrow_sums = d == DType::IQ1_M;
-    Some(IntFormat { narrow_sums, ..IntFormat::superblock(sub, BIAS, false, 255, unpack) })
+    Some(IntFormat {
+        narrow_sums,
+        radius: Some(radius),
+        ..IntFormat::superblock(sub, BIAS, false, 255, unpack)
+    })
 }
 
 const BIAS: i32 = 128;

@@ -43,6 +43,8 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
         narrow_sums: false,
         fold: false,
         widen: false,
+        radius: None,
+        shift: 0,
     })
 }
 
