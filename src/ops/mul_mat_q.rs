@@ -4,8 +4,9 @@
 //! exactly in int32 per sub-block; the scales are applied in f32 per sub-block (block types and
 //! most super-block types), or in int32 with the block scales in f32 (Q2_K, Q3_K, IQ1_M, whose
 //! formats allow exact 16-bit forms) (`kernels::igemm::Kind`). It runs where the tier has integer kernels for the type's codes
-//! (`KernelTable::igemm`: AVX-512 VNNI, AVX-VNNI, or AVX2 `vpmaddubsw` for codes up to 127); the
-//! others keep the f32 GEMM of `mul_mat_f`, which is faster there.
+//! (`KernelTable::igemm`: AVX-512 VNNI, AVX-VNNI, or AVX2 `vpmaddubsw` for codes up to 127, which
+//! takes the IQ1-IQ3 grids in their recentred form, `IntFormat::recentred`, see `tier_form`);
+//! the others keep the f32 GEMM of `mul_mat_f`, which is faster there.
 //!
 //! Phase 0 (all threads) quantizes b's columns to the weight type's vec-dot type with the CPU's
 //! `from_float`, as ggml does (or takes b's rows as they are when already in that type), and

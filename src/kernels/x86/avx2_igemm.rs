@@ -5,10 +5,10 @@
 //!   int16 with saturation), the pair sums of several groups of 4 K values added in int16
 //!   (`vpaddw`), then widened by `vpmaddwd` against ones. A pair sum stays inside int16 only while
 //!   codes are at most 127 (127 * 128 * 2 = 32512), so these kernels declare `max_code` 127 and
-//!   the types with larger codes (Q8_0, IQ4_NL / IQ4_XS, the IQ1-IQ3 grids) keep the f32 GEMM on
-//!   such CPUs; narrower codes take forms that add more groups before widening
-//!   (`maddubs_for_codes`), which halves the multiplier work or better (`vpmaddwd` runs on the
-//!   same units as `vpmaddubsw`).
+//!   the types with larger codes (Q8_0, IQ4_NL / IQ4_XS) keep the f32 GEMM on such CPUs (the
+//!   IQ1-IQ3 grids come recentred, `IntFormat::recentred`, codes up to 124); narrower codes take
+//!   forms that add more groups before widening (`maddubs_for_codes`), which halves the
+//!   multiplier work or better (`vpmaddwd` runs on the same units as `vpmaddubsw`).
 //!
 //! Both work on 4 of the band's 8 rows at a time (8 ymm registers of partial sums, two panel
 //! halves, the broadcast codes) and keep the block sums and scaled sums in memory. The integer
