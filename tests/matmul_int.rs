@@ -1,6 +1,6 @@
 //! mul_mat of the weight types with an integer form (K-quants, IQ, ternary against Q8_K; legacy,
 //! IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0 against Q8_0 / Q8_1) with 6 or more columns, which runs the
-//! integer GEMM where the CPU has AVX-512 VNNI (the f32 GEMM elsewhere): accuracy
+//! integer GEMM on every x86 tier (VNNI, or AVX2 `vpmaddubsw`): accuracy
 //! against a dequantize-then-f64 reference on odd M/N tails and broadcasts on every tier, thread-count
 //! invariance, and agreement with one `vec_dot` per output element. The kernels' bits against
 //! the portable kernel are tested in `kernels::igemm`.
@@ -179,4 +179,89 @@ fn strided_f32_activations_give_the_contiguous_bits() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&out[0]), bits(&out[1]), "{ty}, {n} columns");
     }
+}
+
+/// Q8_0 weights and Q8_0 activation rows holding the byte -128 (which ggml's quantizers never
+/// write but a file may hold), against IQ4_NL weights too: every tier gives the exact sums,
+/// whichever way it multiplies them (CPUs without VNNI move a sign between the operands, which
+/// -128 does not survive on the side it is moved to, so those rows take another route).
+#[test]
+fn level_and_weight_minus_128_are_exact_on_every_tier() {
+    let (k, m, n) = (320, 11, 9);
+    // Scale 1/64 (exact in f16) and levels cycling through -128..=127, -128 every 256.
+    let rows = |count: usize, phase: usize| -> Vec<u8> {
+        let mut out = Vec::new();
+        for r in 0..count {
+            for blk in 0..k / 32 {
+                out.extend_from_slice(&half::f16::from_f32(1.0 / 64.0).to_bits().to_le_bytes());
+                for e in 0..32 {
+                    let i = r * 37 + blk * 32 + e * 5 + phase;
+                    out.push(if i.is_multiple_of(7) { 0x80 } else { (i * 29 % 256) as u8 });
+                }
+            }
+        }
+        out
+    };
+    let b_q = rows(n, 3);
+    let mut b_deq = vec![0f32; k * n];
+    dequantize(DType::Q8_0, &b_q, &mut b_deq).unwrap();
+    for ty in [DType::Q8_0, DType::IQ4_NL] {
+        let (ane, bne) = ([k, m, 1, 1], [k, n, 1, 1]);
+        let a_q = if ty == DType::Q8_0 {
+            rows(m, 0)
+        } else {
+            let mut q = vec![0u8; ty.row_size(k).unwrap() * m];
+            quantize(ty, &rand_f32(k * m, 77), &mut q).unwrap();
+            q
+        };
+        let mut a_deq = vec![0f32; k * m];
+        dequantize(ty, &a_q, &mut a_deq).unwrap();
+        let want = matmul_f64(&a_deq, ane, &b_deq, bne);
+        // F32 activations (the dequantized levels: -128 becomes -2.0, which the quantizer
+        // makes -127) and the Q8_0 rows as they are.
+        let from_f32 = matmul_f64(&a_deq, ane, &requantized(&b_deq), bne);
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
+            let got = mul_mat_q8_0_rows(isa, ty, ane, &a_q, bne, &b_q);
+            let e = nmse(&got, &want);
+            assert!(e < 1e-10, "{ty} {isa:?} with Q8_0 rows: nmse {e}");
+            let got = run(
+                &Case { ty, ane, bne, a_q: a_q.clone(), a_deq: a_deq.clone(), b: b_deq.clone() },
+                isa,
+                2,
+            );
+            let e = nmse(&got, &from_f32);
+            assert!(e < 1e-10, "{ty} {isa:?} with F32 rows: nmse {e}");
+        }
+    }
+}
+
+/// What the Q8_0 quantizer makes of `x`, dequantized.
+fn requantized(x: &[f32]) -> Vec<f32> {
+    let mut q = vec![0u8; DType::Q8_0.row_size(x.len()).unwrap()];
+    quantize_for_dot(DType::Q8_0, x, &mut q).unwrap();
+    let mut out = vec![0f32; x.len()];
+    dequantize(DType::Q8_0, &q, &mut out).unwrap();
+    out
+}
+
+fn mul_mat_q8_0_rows(
+    isa: Isa,
+    ty: DType,
+    ane: [usize; 4],
+    a_q: &[u8],
+    bne: [usize; 4],
+    b_q: &[u8],
+) -> Vec<f32> {
+    let be = CpuBackend::with_isa(2, isa).unwrap();
+    let mut g = Graph::new();
+    let a = g.input(ty, &ane).unwrap();
+    let b = g.input(DType::Q8_0, &bne).unwrap();
+    let y = g.mul_mat(a, b).unwrap();
+    g.set_output(y).unwrap();
+    let mut p = Plan::with_guards(g, &be, 64).unwrap();
+    p.set_input_bytes(a, a_q).unwrap();
+    p.set_input_bytes(b, b_q).unwrap();
+    p.compute().unwrap();
+    p.check_guards().unwrap();
+    p.output::<f32>(y).unwrap().to_vec()
 }

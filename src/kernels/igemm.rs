@@ -46,6 +46,7 @@
 //! exactly 0.
 
 use crate::dtype::{DType, QK_K};
+use crate::quant::unpack::{IntFormat, Sign};
 
 /// Weight rows per micro-kernel band.
 pub(crate) const IG_MR: usize = 8;
@@ -293,6 +294,10 @@ pub(crate) struct IgemmKernels {
     /// Faster one-panel forms for formats whose codes are at most the given `max_code`, where
     /// the tier has such (`IgemmKernels::for_codes`).
     pub narrow: Option<fn(max_code: u8) -> [IgemmFn; 9]>,
+    /// One-panel forms for the signed forms of the formats whose codes are signed bytes plus
+    /// 128 (`IntFormat::signed`), where the tier has such: kernels whose `max_code` is below
+    /// those codes multiply them this way (valid for the kinds without mins).
+    pub signed: Option<fn(Sign) -> [IgemmFn; 9]>,
     /// The tier's whole-step unpacker of a block type, where it has one (the same codes,
     /// scales and mins as the type's `quant::unpack` function per block).
     pub unpack: fn(DType) -> Option<UnpackStepFn>,
@@ -320,6 +325,19 @@ impl IgemmKernels {
             self.one = narrow(max_code);
         }
         self
+    }
+
+    /// The kernels for weights of format `fmt`, if the tier multiplies its codes exactly: its
+    /// signed forms for a signed format (one panel at a time), else the forms for its codes.
+    pub(crate) fn for_format(mut self, fmt: &IntFormat) -> Option<IgemmKernels> {
+        if let Some(sign) = fmt.sign {
+            debug_assert!(fmt.bias == 128 && !fmt.has_min, "signed forms of bias-128 formats");
+            self.one = (self.signed?)(sign);
+            self.two = [None; 9];
+            self.three = [None; 9];
+            return Some(self);
+        }
+        (fmt.max_code <= self.max_code).then(|| self.for_codes(fmt.max_code))
     }
 }
 
@@ -368,6 +386,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     three: [None; 9],
     max_code: 255,
     narrow: None,
+    signed: None,
     unpack: no_unpack,
     unpack_super: no_unpack_super,
     release: None,
@@ -609,6 +628,82 @@ mod tests {
             return vec![("AVX2 maddubs".into(), k)];
         }
         Vec::new()
+    }
+
+    /// The signed forms (`IntFormat::signed`) against the portable kernel of each kind without
+    /// mins, bit for bit, on the data each way allows: `Sign::OnWeights` with codes 1..=255 and
+    /// any levels, `Sign::OnLevels` with any codes and levels -127..=127, extremes included
+    /// (codes 1 or 0 and 255 against levels -128 or -127 and 127), and level sums 128 times the
+    /// levels' own, as the packer writes them for these forms.
+    #[test]
+    fn signed_forms_are_bitwise_the_portable_kernel() {
+        let mut sets: Vec<(String, IgemmKernels)> = Isa::ALL
+            .iter()
+            .filter_map(|&i| table_for(i).and_then(|t| t.igemm).map(|k| (format!("{i:?}"), k)))
+            .collect();
+        sets.extend(extra_kernels());
+        sets.retain(|(_, k)| k.signed.is_some());
+        let mut r = crate::testdata::Xorshift64::from_state(0x9E37_79B9_7F4A_7C15);
+        for sign in [Sign::OnWeights, Sign::OnLevels] {
+            let (lowest_code, lowest_level) = match sign {
+                Sign::OnWeights => (1u8, i8::MIN),
+                Sign::OnLevels => (0, -127),
+            };
+            for case in 0..12 {
+                let mut w: WBand = bytemuck::Zeroable::zeroed();
+                let mut a: ABlock = bytemuck::Zeroable::zeroed();
+                for (i, c) in w.codes.iter_mut().enumerate() {
+                    *c = match case % 3 {
+                        0 => [lowest_code, 255][i % 2],
+                        _ => (r.next_u64() as u8).max(lowest_code),
+                    };
+                }
+                for (i, q) in a.codes.iter_mut().enumerate() {
+                    *q = match case % 3 {
+                        0 => [lowest_level, 127][(i / 3) % 2],
+                        _ => (r.next_u64() as i8).max(lowest_level),
+                    };
+                }
+                for v in w.scales.iter_mut() {
+                    *v = (r.next_u64() % 256) as i32 - 128;
+                }
+                for row in 0..IG_MR {
+                    w.pair_up(row);
+                }
+                for v in w.d.iter_mut().chain(&mut w.fscales).chain(&mut a.d).chain(&mut a.ds) {
+                    *v = ((r.next_u64() % 2000) as f32 - 1000.0) * 1e-4;
+                }
+                for kind in [Kind::Int16, Kind::Flt16, Kind::Flt32, Kind::Blk16, Kind::Blk32] {
+                    let sub = if matches!(kind, Kind::Flt32 | Kind::Blk32) { 32 } else { 16 };
+                    for c in 0..IG_NR {
+                        for j in 0..QK_K / sub {
+                            let levels: i32 = (j * sub / 4..(j + 1) * sub / 4)
+                                .flat_map(|g| &a.codes[g * 64 + c * 4..g * 64 + c * 4 + 4])
+                                .map(|&v| v as i32)
+                                .sum();
+                            a.bsums[j * IG_NR + c] = 128 * levels;
+                        }
+                    }
+                    let lens: &[usize] = if kind.blocks() { &[256, 32, 64, 160] } else { &[256] };
+                    for (name, k) in &sets {
+                        let one = (k.signed.expect("signed forms"))(sign)[kind.index()];
+                        for &len in lens {
+                            let mut want = [[0.5f32; IG_NR]; IG_MR];
+                            let mut got = want;
+                            (SCALAR.one[kind.index()])(&w, &a, &mut want, len);
+                            one(&w, &a, &mut got, len);
+                            for (x, y) in want.iter().flatten().zip(got.iter().flatten()) {
+                                assert_eq!(
+                                    x.to_bits(),
+                                    y.to_bits(),
+                                    "{name} {sign:?} {kind:?} case {case} len {len}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The narrow pair and triple (`IntFormat::narrow_sums`; the triple where the tier has one)

@@ -114,7 +114,8 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
     let iblock_bytes = n_ipanels.saturating_mul(nkb).saturating_mul(size_of::<ABlock>());
     // Repacked experts take it too, quantizing their F32 activations while packing (phase 0
     // converts b into the repacked kernels' format for the experts with fewer tokens).
-    let int = int_format(a.dtype).map(|f| mul_mat_q::tier_form(kt, f)).filter(|f| {
+    let own = b.dtype == DType::F32;
+    let int = int_format(a.dtype).map(|f| mul_mat_q::tier_form(kt, f, own)).filter(|f| {
         (!repack || b.dtype == DType::F32)
             && n_pairs >= mul_mat_q::MIN_N
             && f.act == vd

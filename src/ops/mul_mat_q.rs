@@ -5,8 +5,10 @@
 //! most super-block types), or in int32 with the block scales in f32 (Q2_K, Q3_K, IQ1_M, whose
 //! formats allow exact 16-bit forms) (`kernels::igemm::Kind`). It runs where the tier has integer kernels for the type's codes
 //! (`KernelTable::igemm`: AVX-512 VNNI, AVX-VNNI, or AVX2 `vpmaddubsw` for codes up to 127, which
-//! takes the IQ1-IQ3 grids in their recentred form, `IntFormat::recentred`, see `tier_form`);
-//! the others keep the f32 GEMM of `mul_mat_f`, which is faster there.
+//! takes the IQ1-IQ3 grids in their recentred form, `IntFormat::recentred`, and Q8_0, IQ4_NL and
+//! IQ4_XS in their signed forms, `IntFormat::signed`, see `tier_form`; Q8_0 only with F32
+//! activations, whose levels are never -128); the others keep the f32 GEMM of `mul_mat_f` or the
+//! dot-product tiles.
 //!
 //! Phase 0 (all threads) quantizes b's columns to the weight type's vec-dot type with the CPU's
 //! `from_float`, as ggml does (or takes b's rows as they are when already in that type), and
@@ -51,16 +53,16 @@ pub(crate) fn applies(node: &ExecNode) -> bool {
 /// The tier's integer kernels for weights of format `fmt`, if it has kernels that multiply its
 /// codes exactly.
 pub(crate) fn kernels_for(kt: &KernelTable, fmt: &IntFormat) -> Option<IgemmKernels> {
-    kt.igemm.filter(|k| fmt.max_code <= k.max_code).map(|k| k.for_codes(fmt.max_code))
+    kt.igemm.and_then(|k| k.for_format(fmt))
 }
 
 /// Whether this node runs the integer GEMM with table `kt` (else the f32 GEMM or the tiles).
 pub(crate) fn runs_on(node: &ExecNode, kt: &KernelTable) -> bool {
     applies(node)
-        && node.src[0]
-            .as_ref()
-            .and_then(|a| int_format(a.dtype))
-            .is_some_and(|f| kernels_for(kt, &tier_form(kt, f)).is_some())
+        && node.src[0].as_ref().and_then(|a| int_format(a.dtype)).is_some_and(|f| {
+            let own = node.src[1].as_ref().is_some_and(|b| b.dtype == DType::F32);
+            kernels_for(kt, &tier_form(kt, f, own)).is_some()
+        })
 }
 
 fn batches(b: &TView) -> usize {
@@ -102,12 +104,19 @@ fn layout(e: bytemuck::PodCastError) -> Error {
 }
 
 /// The form of integer format `fmt` that table `kt` runs (`IntFormat::for_tier`): the packer and
-/// the kernels of one node (`mul_mat`, `mul_mat_id`) take the same.
-pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat) -> IntFormat {
-    // Codes too wide for the tier's kernels: the recentred form where it fits them.
-    let fmt = match (kernels_for(kt, &fmt), fmt.recentred()) {
-        (None, Some(r)) if kernels_for(kt, &r).is_some() => r,
-        _ => fmt,
+/// the kernels of one node (`mul_mat`, `mul_mat_id`) take the same. `own_levels`: the node
+/// quantizes its activations from f32 (`IntFormat::signed`).
+pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat, own_levels: bool) -> IntFormat {
+    // Codes too wide for the tier's kernels: the recentred or the signed form where the tier
+    // takes it.
+    let fmt = if kernels_for(kt, &fmt).is_some() {
+        fmt
+    } else {
+        [fmt.recentred(), fmt.signed(own_levels)]
+            .into_iter()
+            .flatten()
+            .find(|f| kernels_for(kt, f).is_some())
+            .unwrap_or(fmt)
     };
     match kernels_for(kt, &fmt) {
         Some(k) => fmt.for_tier(k.fold_scales.is_some()),
@@ -115,9 +124,9 @@ pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat) -> IntFormat {
     }
 }
 
-fn format_of(kt: &KernelTable, a: DType) -> Result<IntFormat> {
+fn format_of(kt: &KernelTable, a: DType, b: DType) -> Result<IntFormat> {
     let fmt = int_format(a).ok_or_else(|| unsupported(format!("no integer form of {a}")))?;
-    Ok(tier_form(kt, fmt))
+    Ok(tier_form(kt, fmt, b == DType::F32))
 }
 
 /// The packed activation blocks as typed values.
@@ -152,7 +161,7 @@ unsafe fn scratch<'a>(ctx: &NodeCtx<'_>, ith: usize) -> &'a mut [u8] {
 /// activation blocks do not depend on each other, so the bytes are the same however it is cut.
 pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
-    let fmt = format_of(ctx.kt, a.dtype)?;
+    let fmt = format_of(ctx.kt, a.dtype, b.dtype)?;
     let from = ctx
         .kt
         .activation_converter(fmt.act)
@@ -213,7 +222,7 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
 /// than four per thread) by `NC` columns.
 pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
-    let fmt = format_of(ctx.kt, a.dtype)?;
+    let fmt = format_of(ctx.kt, a.dtype, b.dtype)?;
     let kernels = kernels_for(ctx.kt, &fmt).ok_or_else(|| {
         unsupported(format!("no integer GEMM kernels for {} in this tier", a.dtype))
     })?;

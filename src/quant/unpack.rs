@@ -93,6 +93,27 @@ pub(crate) struct IntFormat {
     /// Subtracted (wrapping) from every code after unpacking: the recentred form's shift
     /// ([`IntFormat::recentred`]); 0 in every other form.
     pub shift: u8,
+    /// The smallest code the unpacker writes for any weight bytes (IQ4_NL / IQ4_XS: 1, their
+    /// levels `kvalues_iq4nl` are at least -127; the IQ1-IQ3 grids: `bias - radius`; 0 for the
+    /// others), see [`IntFormat::signed`].
+    pub min_code: u8,
+    /// The signed form a tier runs, if any ([`IntFormat::signed`]); `None` in every other form.
+    pub sign: Option<Sign>,
+}
+
+/// How a signed form multiplies the signed weights `w = code - 128` by the levels `a` with an
+/// unsigned x signed byte product (`vpmaddubsw`): the sign of one operand moves onto the other,
+/// `w * a = |a| * (sign(a) * w) = |w| * (sign(w) * a)`. Moving a sign negates a byte, which is
+/// exact for every byte but -128: each way needs that value absent from the operand it negates.
+/// Either way a pair of products is at most `2 * 128 * 127 = 32512` in size, inside int16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sign {
+    /// `|a| * (sign(a) * w)`: the weights are never -128 (`IntFormat::min_code` at least 1);
+    /// any levels.
+    OnWeights,
+    /// `|w| * (sign(w) * a)`: the levels are never -128 (activations this crate quantized from
+    /// f32, whose levels lie in -127..=127 for finite inputs); any weights.
+    OnLevels,
 }
 
 impl IntFormat {
@@ -117,6 +138,8 @@ impl IntFormat {
             widen: false,
             radius: None,
             shift: 0,
+            min_code: 0,
+            sign: None,
         }
     }
 
@@ -143,9 +166,30 @@ impl IntFormat {
         (self.shift == 0 && (r as i32) < self.bias).then(|| IntFormat {
             bias: r as i32,
             max_code: 2 * r,
+            min_code: self.min_code.saturating_sub((self.bias - r as i32) as u8),
             shift: (self.bias - r as i32) as u8,
             ..self
         })
+    }
+
+    /// The signed form ([`Sign`]) of a format whose codes are signed bytes plus 128 and that has
+    /// no mins (Q8_0, IQ4_NL, IQ4_XS): the same codes, scales and integer sums, for kernels that
+    /// multiply codes only up to 127 as unsigned bytes (`vpmaddubsw`) and take signed weights
+    /// instead. `own_levels`: the activation levels come from this crate's f32 quantizers (never
+    /// -128 for finite inputs), not from rows given already quantized. `None` where neither
+    /// way holds.
+    pub(crate) fn signed(self, own_levels: bool) -> Option<IntFormat> {
+        if self.bias != 128 || self.has_min || self.shift != 0 || self.sign.is_some() {
+            return None;
+        }
+        let sign = if self.min_code >= 1 {
+            Sign::OnWeights
+        } else if own_levels {
+            Sign::OnLevels
+        } else {
+            return None;
+        };
+        Some(IntFormat { sign: Some(sign), ..self })
     }
 
     /// Whether the scales are floats (the block family).
@@ -171,7 +215,10 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
         DType::Q4_K => f(32, 0, true, 15, unpack_q4_K),
         DType::Q5_K => f(32, 0, true, 31, unpack_q5_K),
         DType::Q6_K => f(16, 32, false, 63, unpack_q6_K),
-        DType::IQ4_XS => f(32, 128, false, 255, unpack_iq4_xs),
+        DType::IQ4_XS => Some(IntFormat {
+            min_code: 1,
+            ..IntFormat::superblock(32, 128, false, 255, unpack_iq4_xs as UnpackFn)
+        }),
         DType::TQ1_0 => f(32, 1, false, 2, unpack_tq1_0),
         DType::TQ2_0 => f(32, 1, false, 3, unpack_tq2_0),
         DType::Q4_0
@@ -553,6 +600,61 @@ pub(crate) mod tests {
         }
         use DType::*;
         assert_eq!(with, [IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M]);
+    }
+
+    /// `IntFormat::min_code` holds for any bytes (IQ4_NL, IQ4_XS and the IQ1-IQ3 grids never
+    /// write code 0, the weight -128 that `Sign::OnWeights` cannot negate), and
+    /// `IntFormat::signed` gives the sign forms to the bias-128 formats without mins only: Q8_0's
+    /// weights reach -128, so it takes `Sign::OnLevels`, and only with levels quantized from f32.
+    #[test]
+    fn signed_forms_keep_their_bounds_for_any_bytes() {
+        let mut signed = Vec::new();
+        for d in DType::ALL {
+            let Some(f) = int_format(d) else { continue };
+            let mut r = crate::testdata::Xorshift64::from_state(0x5851_F42D_4C95_7F2D);
+            let mut lowest = 255u8;
+            for case in 0..2000 {
+                let b: Vec<u8> = (0..d.type_size())
+                    .map(|_| match case % 4 {
+                        0 => 0xFF,
+                        1 => 0,
+                        _ => r.next_u64() as u8,
+                    })
+                    .collect();
+                let mut codes = [0u8; QK_K];
+                match f.unpack {
+                    Unpack::Super(unpack) => {
+                        unpack(&b, &mut codes, &mut [0; 16], &mut [0; 16]);
+                    }
+                    Unpack::Blocks { elems, f: unpack } => {
+                        let (mut sc, mut mn) = ([0f32; 8], [0f32; 8]);
+                        let n = elems / f.sub;
+                        unpack(&b, &mut codes[..elems], &mut sc[..n], &mut mn[..n]);
+                        codes[elems..].fill(255);
+                    }
+                }
+                lowest = lowest.min(*codes.iter().min().expect("codes"));
+            }
+            assert!(lowest >= f.min_code, "{d}: code {lowest} below {}", f.min_code);
+            let (theirs, own) = (f.signed(false), f.signed(true));
+            if let Some(s) = own {
+                assert_eq!((f.bias, f.has_min), (128, false), "{d}");
+                assert!(s.signed(true).is_none(), "{d}: signed twice");
+                let want = if f.min_code >= 1 { Sign::OnWeights } else { Sign::OnLevels };
+                assert_eq!(s.sign, Some(want), "{d}");
+                assert_eq!(theirs.map(|t| t.sign), (want == Sign::OnWeights).then_some(s.sign));
+                signed.push((d, want));
+            } else {
+                assert!(theirs.is_none(), "{d}");
+            }
+        }
+        use DType::*;
+        let on_weights = [IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, IQ1_M];
+        let want: Vec<_> = [(Q8_0, Sign::OnLevels)]
+            .into_iter()
+            .chain(on_weights.map(|d| (d, Sign::OnWeights)))
+            .collect();
+        assert_eq!(signed, want);
     }
 
     /// The folded forms' bound (`IntFormat::for_tier`) holds for any bytes: every super-block

@@ -4,11 +4,13 @@
 //! - [`MADDUBS`]: plain AVX2, `vpmaddubsw` (pairs of unsigned code x signed level, summed in
 //!   int16 with saturation), the pair sums of several groups of 4 K values added in int16
 //!   (`vpaddw`), then widened by `vpmaddwd` against ones. A pair sum stays inside int16 only while
-//!   codes are at most 127 (127 * 128 * 2 = 32512), so these kernels declare `max_code` 127 and
-//!   the types with larger codes (Q8_0, IQ4_NL / IQ4_XS) keep the f32 GEMM on such CPUs (the
+//!   codes are at most 127 (127 * 128 * 2 = 32512), so these kernels declare `max_code` 127 (the
 //!   IQ1-IQ3 grids come recentred, `IntFormat::recentred`, codes up to 124); narrower codes take
 //!   forms that add more groups before widening (`maddubs_for_codes`), which halves the
-//!   multiplier work or better (`vpmaddwd` runs on the same units as `vpmaddubsw`).
+//!   multiplier work or better (`vpmaddwd` runs on the same units as `vpmaddubsw`). The formats
+//!   whose codes are signed bytes plus 128 (Q8_0, IQ4_NL, IQ4_XS) take the signed forms
+//!   ([`signed_set`], `IntFormat::signed`): the sign of one operand moved onto the other with
+//!   `vpsignb`, so the unsigned operand is a magnitude of at most 128 and the other at most 127.
 //!
 //! Both work on 4 of the band's 8 rows at a time (8 ymm registers of partial sums, two panel
 //! halves, the broadcast codes) and keep the block sums and scaled sums in memory. The integer
@@ -21,6 +23,7 @@ use crate::dtype::QK_K;
 use crate::kernels::igemm::{
     ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, WBand, pairs_fit, used_subs,
 };
+use crate::quant::unpack::Sign;
 
 /// The kernel body for one (sub-block size `SUB`, mins `MIN`, block kind `FL`, float-scaled
 /// super-block kind `SF`) combination (`igemm::Kind`), expanded inside each form's
@@ -30,12 +33,20 @@ use crate::kernels::igemm::{
 /// `scale` into the sub-block's int32 sums. With `$scaled` the integer kind with mins
 /// (`Kind::Int16Min`, whose scales fit 16 bits: 1 for the unit-scale formats) passes the
 /// sub-block's scale there and adds the result unscaled, else the scale is 1 and the sums are
-/// scaled afterwards (`vpmulld`).
+/// scaled afterwards (`vpmulld`). The signed forms (`$signed`, see [`signed_set`]) also pass
+/// `$levels`, applied to each loaded pair of level vectors, and `$codes`, applied to each
+/// broadcast of codes, and their products are the bias-corrected ones.
 macro_rules! body {
     ($w:expr, $a:expr, $acc:expr, $len:expr, $groups:expr, $step:expr, $flush:expr,
-     $scaled:expr) => {{
+     $scaled:expr) => {
+        body!($w, $a, $acc, $len, $groups, $step, $flush, $scaled, |l| l, |c| c, false, 4)
+    };
+    ($w:expr, $a:expr, $acc:expr, $len:expr, $groups:expr, $step:expr, $flush:expr,
+     $scaled:expr, $levels:expr, $codes:expr, $signed:expr, $rows:literal) => {{
+        // Rows per pass (a divisor of IG_MR).
+        const ROWS: usize = $rows;
         let (w, a, acc): (&WBand, &ABlock, &mut [[f32; IG_NR]; IG_MR]) = ($w, $a, $acc);
-        let (step, flush) = ($step, $flush);
+        let (step, flush, levels, codes) = ($step, $flush, $levels, $codes);
         // Block types may end in a partial step; super-block types fill every step, and a
         // constant trip count lets the compiler unroll their sub-block loop.
         let nsub = if FL { used_subs($len, SUB) } else { QK_K / SUB };
@@ -61,10 +72,10 @@ macro_rules! body {
         // (`vmem`), so that the compiler does not hold them in registers and spill the partial
         // sums instead: integer kinds' scaled sums (as i32 lanes), float-scaled kinds' scaled
         // sums, block kinds' tile rows, per row and half.
-        let mut scaled = [[_mm256_setzero_ps(); 2]; 4];
+        let mut scaled = [[_mm256_setzero_ps(); 2]; ROWS];
         let pairs_ok = MIN && !FL && pairs_fit(a);
         let fold = $scaled && MIN && !FL && !SF;
-        for rb in (0..IG_MR).step_by(4) {
+        for rb in (0..IG_MR).step_by(ROWS) {
             for (r, pair) in scaled.iter_mut().enumerate() {
                 for (h, v) in pair.iter_mut().enumerate() {
                     let start = if FL { ld_f(&acc[rb + r], 8 * h) } else { _mm256_setzero_ps() };
@@ -72,9 +83,9 @@ macro_rules! body {
                 }
             }
             for j in 0..nsub {
-                let mut raw = [[zero; 2]; 4];
+                let mut raw = [[zero; 2]; ROWS];
                 for g0 in (j * SUB / 4..(j + 1) * SUB / 4).step_by(part_groups) {
-                    let mut part = [[zero; 2]; 4];
+                    let mut part = [[zero; 2]; ROWS];
                     for g in g0..g0 + part_groups {
                         // SAFETY: g < 64: the 64 bytes at g * 64 are inside `a.codes` (4096
                         // bytes).
@@ -84,12 +95,13 @@ macro_rules! body {
                                 _mm256_loadu_si256(ac.add(g * 64 + 32) as *const __m256i),
                             )
                         };
+                        let (l0, l1) = (levels(l0), levels(l1));
                         for (r, part) in part.iter_mut().enumerate() {
                             // SAFETY: rb + r < 8 and 4 * g + 4 <= 256: inside row rb + r's codes.
                             let c = unsafe {
                                 (wc.add((rb + r) * QK_K + 4 * g) as *const i32).read_unaligned()
                             };
-                            let c = _mm256_set1_epi32(c);
+                            let c = codes(_mm256_set1_epi32(c));
                             part[0] = step(part[0], c, l0);
                             part[1] = step(part[1], c, l1);
                         }
@@ -104,8 +116,12 @@ macro_rules! body {
                     let rr = rb + r;
                     for (h, &raw) in raw.iter().enumerate() {
                         let off = j * IG_NR + 8 * h;
-                        let corr =
-                            if MIN { raw } else { _mm256_sub_epi32(raw, ld_i(&a.bsums, off)) };
+                        // The signed forms' sums are bias-corrected already.
+                        let corr = if MIN || $signed {
+                            raw
+                        } else {
+                            _mm256_sub_epi32(raw, ld_i(&a.bsums, off))
+                        };
                         let slot = &mut scaled[r][h];
                         let o = vmem(slot, None);
                         let o = if FL {
@@ -134,7 +150,7 @@ macro_rules! body {
                     }
                 }
             }
-            for r in 0..4 {
+            for r in 0..ROWS {
                 let rr = rb + r;
                 for h in 0..2 {
                     let v = vmem(&mut scaled[r][h], None);
@@ -214,13 +230,14 @@ macro_rules! one_set {
 }
 
 macro_rules! kernel_set {
-    ($name:ident, $one:expr, $max:expr, $narrow:expr) => {
+    ($name:ident, $one:expr, $max:expr, $narrow:expr, $signed:expr) => {
         pub(crate) const $name: IgemmKernels = IgemmKernels {
             one: $one,
             two: [None; 9],
             three: [None; 9],
             max_code: $max,
             narrow: $narrow,
+            signed: $signed,
             unpack: super::avx2_unpack::unpack_for,
             unpack_super: super::avx2_unpack::unpack_super_for,
             release: None,
@@ -230,8 +247,18 @@ macro_rules! kernel_set {
     };
 }
 
-kernel_set!(AVX_VNNI, one_set!(avx_vnni), 255, None);
-kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes));
+kernel_set!(AVX_VNNI, one_set!(avx_vnni), 255, None, None);
+kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes), Some(signed_set));
+
+/// The `vpmaddubsw` kernels for the signed forms (`IntFormat::signed`: Q8_0, IQ4_NL, IQ4_XS,
+/// whose codes reach 255): one group of 4 K values per widening, each pair of products at most
+/// `2 * 128 * 127` in size. Only the kinds without mins are used (`IgemmKernels::for_format`).
+fn signed_set(sign: Sign) -> [IgemmFn; 9] {
+    match sign {
+        Sign::OnWeights => one_set!(maddubs_signed, true),
+        Sign::OnLevels => one_set!(maddubs_signed, false),
+    }
+}
 
 /// The `vpmaddubsw` kernels for codes up to `max_code`: as many groups of 4 K values summed in
 /// int16 before widening as keep every int16 lane exact. A lane holds, per group, the products
@@ -317,4 +344,84 @@ fn maddubs_kernel<
         },
         true
     )
+}
+
+fn maddubs_signed<
+    const SUB: usize,
+    const MIN: bool,
+    const FL: bool,
+    const SF: bool,
+    const ON_WEIGHTS: bool,
+>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
+) {
+    // SAFETY: `plug` installs MADDUBS (whose `signed_set` this is) only on a CPU with AVX2 and
+    // FMA. No int16 sum saturates or wraps: `IntFormat::signed` gives `Sign::OnWeights` only to
+    // formats whose weights are never -128 and `Sign::OnLevels` only to activations without
+    // -128, so every negated byte is exact and a pair of products is at most 32512 in size.
+    unsafe { maddubs_signed_kernel::<SUB, MIN, FL, SF, ON_WEIGHTS>(w, a, acc, len) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn maddubs_signed_kernel<
+    const SUB: usize,
+    const MIN: bool,
+    const FL: bool,
+    const SF: bool,
+    const ON_WEIGHTS: bool,
+>(
+    w: &WBand,
+    a: &ABlock,
+    acc: &mut [[f32; IG_NR]; IG_MR],
+    len: usize,
+) {
+    type Pair = (__m256i, __m256i);
+    debug_assert!(!MIN, "signed forms have no mins");
+    // The signed weights `code - 128`: the codes with their top bit flipped.
+    let flip = _mm256_set1_epi8(-128);
+    let widen =
+        |raw, part, _: i32| _mm256_add_epi32(raw, _mm256_madd_epi16(part, _mm256_set1_epi16(1)));
+    if ON_WEIGHTS {
+        // |a| * (sign(a) * w): |a| once per load, the sign per product.
+        body!(
+            w,
+            a,
+            acc,
+            len,
+            1,
+            |s, wv, (l, al): Pair| {
+                _mm256_add_epi16(s, _mm256_maddubs_epi16(al, _mm256_sign_epi8(wv, l)))
+            },
+            widen,
+            false,
+            |l| (l, _mm256_abs_epi8(l)),
+            |c| _mm256_xor_si256(c, flip),
+            true,
+            2
+        )
+    } else {
+        // |w| * (sign(w) * a): |w| once per broadcast, the sign per product.
+        body!(
+            w,
+            a,
+            acc,
+            len,
+            1,
+            |s, (aw, wv): Pair, l| {
+                _mm256_add_epi16(s, _mm256_maddubs_epi16(aw, _mm256_sign_epi8(l, wv)))
+            },
+            widen,
+            false,
+            |l| l,
+            |c| {
+                let wv = _mm256_xor_si256(c, flip);
+                (_mm256_abs_epi8(wv), wv)
+            },
+            true,
+            2
+        )
+    }
 }

@@ -48,7 +48,9 @@ pub(crate) fn pack_column(fmt: &IntFormat, q8: &[u8], blocks: &mut [ABlock], c: 
                 let qs: &[i8; QK_K] =
                     bytemuck::cast_slice::<u8, i8>(&q[4..4 + QK_K]).try_into().expect("256 levels");
                 let bsums: [i16; 16] = bytemuck::pod_read_unaligned(&q[4 + QK_K..]);
-                let from_levels = fmt.narrow_sums || fmt.fold;
+                // The signed forms sum `(code - 128) * level` without the level sums: they must be
+                // the levels' own for the other tiers to agree.
+                let from_levels = fmt.narrow_sums || fmt.fold || fmt.sign.is_some();
                 pack_q8k_column(blk, c, qs, &bsums, d, fmt.sub, fmt.bias, from_levels);
             }
         }

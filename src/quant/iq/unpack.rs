@@ -34,6 +34,7 @@ pub(crate) fn int_format(d: DType) -> Option<IntFormat> {
     Some(IntFormat {
         narrow_sums,
         radius: Some(radius),
+        min_code: BIAS as u8 - radius,
         ..IntFormat::superblock(sub, BIAS, false, 255, unpack)
     })
 }

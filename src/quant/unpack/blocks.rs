@@ -45,6 +45,9 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
         widen: false,
         radius: None,
         shift: 0,
+        // `kvalues_iq4nl` starts at -127.
+        min_code: if d == DType::IQ4_NL { 1 } else { 0 },
+        sign: None,
     })
 }
 
