@@ -69,9 +69,14 @@ fn int_gemm_matches_dequantized_f64_reference_on_odd_tails() {
 
 #[test]
 fn int_gemm_is_bitwise_identical_for_1_2_3_threads() {
-    for (ty, k) in
-        [(DType::Q4_K, 256), (DType::Q6_K, 256), (DType::IQ2_XS, 256), (DType::Q4_1, 384)]
-    {
+    for (ty, k) in [
+        (DType::Q4_K, 256),
+        (DType::Q6_K, 256),
+        (DType::IQ2_XS, 256),
+        (DType::Q4_1, 384),
+        (DType::Q8_0, 384),
+        (DType::IQ4_XS, 256),
+    ] {
         let (ane, bne) = ([k, 150, 1, 1], [k, 530, 1, 1]);
         let c = case(ty, ane, bne, 7);
         let one = run(&c, Isa::best(), 1);
