@@ -79,6 +79,7 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     // Q4_K (0.99-1.04x) and Q6_K (0.88-0.97x in L3, 1.02-1.06x from memory) measured no gain and
     // keep one row at a time.
     t.set_vec_dot2_stream(DType::Q4_0, vec_dot2_q4_0_q8_0_stream);
+    t.set_vec_dot2_stream(DType::Q5_0, vec_dot2_q5_0_q8_0_stream);
     t.set_vec_dot2_stream(DType::Q8_0, vec_dot2_q8_0_q8_0_stream);
     t.set_vec_dot2_stream(DType::Q4_1, vec_dot2_q4_1_q8_1_stream);
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_stream);
@@ -97,6 +98,7 @@ pub(super) fn plug_masked(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot(DType::Q5_1, vec_dot_q5_1_q8_1_m);
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_m_stream);
     t.set_vec_dot_stream(DType::Q5_1, vec_dot_q5_1_q8_1_m_stream);
+    t.set_vec_dot2_stream(DType::Q5_0, vec_dot2_q5_0_q8_0_m_stream);
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_m_stream);
 }
 
@@ -249,6 +251,8 @@ macro_rules! wrappers2 {
 wrappers2! {
     /// Two rows of `vec_dot_q4_0_q8_0_stream`.
     vec_dot2_q4_0_q8_0_stream => vec_dot2_q4_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    /// Two rows of `vec_dot_q5_0_q8_0_stream`.
+    vec_dot2_q5_0_q8_0_stream => vec_dot2_q5_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q8_0_q8_0_stream`.
     vec_dot2_q8_0_q8_0_stream => vec_dot2_q8_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q4_1_q8_1_stream`.
@@ -376,6 +380,8 @@ wrappers! {
 }
 
 wrappers2! {
+    /// `vec_dot2_q5_0_q8_0_stream` through mask registers (`plug_masked`).
+    vec_dot2_q5_0_q8_0_m_stream => vec_dot2_q5_0_q8_0_masked::<STREAM_PF>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
     /// `vec_dot2_q5_1_q8_1_stream` through mask registers (`plug_masked`).
     vec_dot2_q5_1_q8_1_m_stream => vec_dot_q5_1_q8_1_masked::<STREAM_PF, 2>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
     /// Two rows of `vec_dot_q4_0_q8_0_v_stream` (`plug_vnni_dots`).
@@ -1276,12 +1282,12 @@ unsafe fn q5_0_q8_0_dot<const PF: usize, const MASK: bool>(
     y: *const u8,
 ) -> f32 {
     // SAFETY: the caller's guarantees are the helper's.
-    let fast = unsafe { q5_0_q8_0_blocks::<false, PF, MASK>(nb, x, y) };
+    let fast = unsafe { q5_0_q8_0_rows::<false, PF, 1, MASK>(nb, [x], y)[0] };
     if fast.is_finite() {
         fast
     } else {
         // SAFETY: as above.
-        unsafe { q5_0_q8_0_blocks::<true, PF, MASK>(nb, x, y) }
+        unsafe { q5_0_q8_0_rows::<true, PF, 1, MASK>(nb, [x], y)[0] }
     }
 }
 
@@ -1326,56 +1332,121 @@ fn masked_16<const CLEAR: bool>(qh: u32) -> __m256i {
     _mm256_maskz_mov_epi8(_cvtu32_mask32(bits), _mm256_set1_epi8(0x10))
 }
 
-/// The Q5_0 loop; `CHECK` sets blocks with a non-finite scale aside.
+/// The Q5_0 loop over `R` weight rows against one activation row (each row's operations and
+/// their order are the one-row loop's, so every result is bitwise the same; the rows share the
+/// activation loads); `CHECK` sets blocks with a non-finite scale aside.
 ///
 /// # Safety
-/// As [`q5_0_q8_0_dot`].
+/// As [`q5_0_q8_0_dot`], for every row of `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q5_0_q8_0_blocks<const CHECK: bool, const PF: usize, const MASK: bool>(
+unsafe fn q5_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, const MASK: bool>(
     nb: usize,
-    x: *const u8,
+    x: [*const u8; R],
     y: *const u8,
-) -> f32 {
+) -> [f32; R] {
     const XB: usize = size_of::<BlockQ5_0>();
     const YB: usize = size_of::<BlockQ8_0>();
-    let mut acc = _mm256_setzero_ps();
-    let mut special = 0.0f32;
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut special = [0.0f32; R];
     for ib in 0..nb {
-        if PF > 0 {
-            prefetch_stream::<{ size_of::<BlockQ5_0>() }>(x, ib, PF);
-        }
-        // SAFETY: block `ib < nb` of each side is readable; every read stays inside its block.
-        let (xd, xh, xq, yd, yq) = unsafe {
-            let (bx, by) = (x.add(ib * XB), y.add(ib * YB));
+        // SAFETY: block `ib < nb` of `y` is readable; both reads stay inside it.
+        let (yd, yq) = unsafe {
+            let by = y.add(ib * YB);
             (
-                rd_u16(bx.add(offset_of!(BlockQ5_0, d))),
-                rd_u32(bx.add(offset_of!(BlockQ5_0, qh))),
-                _mm_loadu_si128(bx.add(offset_of!(BlockQ5_0, qs)).cast()),
                 rd_u16(by.add(offset_of!(BlockQ8_0, d))),
                 _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
             )
         };
-        // Level = nibble + 16 * bit - 16 = nibble - 16 * (bit clear): the nibbles times y less
-        // 16 y where the fifth bit is clear, so the bit never has to be merged into the nibble
-        // (one instruction a block less than ggml's). Every 16-bit partial stays below 2 * 16 * 128.
-        // SAFETY: the caller's guarantee covers `MASK`.
-        let clear16 = unsafe { q5_clear16::<MASK>(xh) };
-        let p = _mm256_sub_epi16(
-            _mm256_maddubs_epi16(bytes_from_nibbles_32(xq), yq),
-            _mm256_maddubs_epi16(clear16, yq),
-        );
-        let sumi = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-        let (dx, dy) = (F16_TO_F32[xd as usize], F16_TO_F32[yd as usize]);
-        let d = dx * dy;
-        if !CHECK || d.is_finite() {
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        } else {
-            // As in the Q4_0 kernel: the block's total times the non-finite scale.
-            special += hsum_i32_8(sumi) as f32 * dx * dy;
+        let dy = F16_TO_F32[yd as usize];
+        for r in 0..R {
+            if PF > 0 {
+                prefetch_stream::<XB>(x[r], ib, PF);
+            }
+            // SAFETY: block `ib < nb` of row `r` is readable; every read stays inside it.
+            let (xd, xh, xq) = unsafe {
+                let bx = x[r].add(ib * XB);
+                (
+                    rd_u16(bx.add(offset_of!(BlockQ5_0, d))),
+                    rd_u32(bx.add(offset_of!(BlockQ5_0, qh))),
+                    _mm_loadu_si128(bx.add(offset_of!(BlockQ5_0, qs)).cast()),
+                )
+            };
+            // Level = nibble + 16 * bit - 16 = nibble - 16 * (bit clear): the nibbles times y
+            // less 16 y where the fifth bit is clear, so the bit never has to be merged into the
+            // nibble (one instruction a block less than ggml's). Every 16-bit partial stays below
+            // 2 * 16 * 128.
+            // SAFETY: the caller's guarantee covers `MASK`.
+            let clear16 = unsafe { q5_clear16::<MASK>(xh) };
+            let p = _mm256_sub_epi16(
+                _mm256_maddubs_epi16(bytes_from_nibbles_32(xq), yq),
+                _mm256_maddubs_epi16(clear16, yq),
+            );
+            let sumi = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+            let dx = F16_TO_F32[xd as usize];
+            let d = dx * dy;
+            if !CHECK || d.is_finite() {
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            } else {
+                // As in the Q4_0 kernel: the block's total times the non-finite scale.
+                special[r] += hsum_i32_8(sumi) as f32 * dx * dy;
+            }
         }
     }
-    hsum_float_8(acc) + special
+    std::array::from_fn(|r| hsum_float_8(acc[r]) + special[r])
+}
+
+/// [`q5_0_q8_0_dot`] for two weight rows against one activation row, each result bitwise that
+/// function's: the unchecked loop for both, the one-row function for a row whose result is not
+/// finite.
+///
+/// # Safety
+/// As [`q5_0_q8_0_dot`], for both rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q5_0_q8_0_dot2<const PF: usize, const MASK: bool>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: *const u8,
+) -> [f32; 2] {
+    // SAFETY: the caller's guarantees are the helper's.
+    let fast = unsafe { q5_0_q8_0_rows::<false, PF, 2, MASK>(nb, x, y) };
+    std::array::from_fn(|r| {
+        if fast[r].is_finite() {
+            fast[r]
+        } else {
+            // SAFETY: as above, for row `r`.
+            unsafe { q5_0_q8_0_dot::<PF, MASK>(nb, x[r], y) }
+        }
+    })
+}
+
+/// Two rows of [`vec_dot_q5_0_q8_0_avx2`].
+///
+/// # Safety
+/// As [`vec_dot_q5_0_q8_0_avx2`], for both rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn vec_dot2_q5_0_q8_0_avx2<const PF: usize>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: *const u8,
+) -> [f32; 2] {
+    // SAFETY: the caller's guarantees are the helper's (without `MASK`).
+    unsafe { q5_0_q8_0_dot2::<PF, false>(nb, x, y) }
+}
+
+/// Two rows of [`vec_dot_q5_0_q8_0_masked`].
+///
+/// # Safety
+/// As [`vec_dot_q5_0_q8_0_masked`], for both rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn vec_dot2_q5_0_q8_0_masked<const PF: usize>(
+    nb: usize,
+    x: [*const u8; 2],
+    y: *const u8,
+) -> [f32; 2] {
+    // SAFETY: the caller's guarantees are the helper's, with `MASK`'s.
+    unsafe { q5_0_q8_0_dot2::<PF, true>(nb, x, y) }
 }
 
 /// `PF > 0`: prefetch the line `PF` bytes ahead of every other block of `x`.
@@ -2679,6 +2750,7 @@ mod tests {
         if crate::kernels::Isa::Avx2.is_supported() {
             for ty in [
                 DType::Q4_0,
+                DType::Q5_0,
                 DType::Q8_0,
                 DType::Q4_1,
                 DType::Q5_1,
