@@ -534,6 +534,15 @@ pub(crate) mod tests {
     fn for_unpacked_blocks(d: DType, seed: u64, mut check: impl FnMut(&[u8; QK_K], &[i32; 16])) {
         let f = int_format(d).expect("an integer form");
         let Unpack::Super(unpack) = f.unpack else { panic!("{d}: not a super-block form") };
+        for_any_blocks(d, seed, |b| {
+            let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
+            unpack(b, &mut codes, &mut sc, &mut mn);
+            check(&codes, &sc);
+        });
+    }
+
+    /// 2000 blocks of type `d`: all bits set, all clear, and random bytes (seeded by `seed`).
+    fn for_any_blocks(d: DType, seed: u64, mut each: impl FnMut(&[u8])) {
         let mut r = crate::testdata::Xorshift64::from_state(seed);
         for case in 0..2000 {
             let b: Vec<u8> = (0..d.type_size())
@@ -543,9 +552,7 @@ pub(crate) mod tests {
                     _ => r.next_u64() as u8,
                 })
                 .collect();
-            let (mut codes, mut sc, mut mn) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
-            unpack(&b, &mut codes, &mut sc, &mut mn);
-            check(&codes, &sc);
+            each(&b);
         }
     }
 
@@ -611,30 +618,22 @@ pub(crate) mod tests {
         let mut signed = Vec::new();
         for d in DType::ALL {
             let Some(f) = int_format(d) else { continue };
-            let mut r = crate::testdata::Xorshift64::from_state(0x5851_F42D_4C95_7F2D);
             let mut lowest = 255u8;
-            for case in 0..2000 {
-                let b: Vec<u8> = (0..d.type_size())
-                    .map(|_| match case % 4 {
-                        0 => 0xFF,
-                        1 => 0,
-                        _ => r.next_u64() as u8,
-                    })
-                    .collect();
+            for_any_blocks(d, 0x5851_F42D_4C95_7F2D, |b| {
                 let mut codes = [0u8; QK_K];
                 match f.unpack {
                     Unpack::Super(unpack) => {
-                        unpack(&b, &mut codes, &mut [0; 16], &mut [0; 16]);
+                        unpack(b, &mut codes, &mut [0; 16], &mut [0; 16]);
                     }
                     Unpack::Blocks { elems, f: unpack } => {
                         let (mut sc, mut mn) = ([0f32; 8], [0f32; 8]);
                         let n = elems / f.sub;
-                        unpack(&b, &mut codes[..elems], &mut sc[..n], &mut mn[..n]);
+                        unpack(b, &mut codes[..elems], &mut sc[..n], &mut mn[..n]);
                         codes[elems..].fill(255);
                     }
                 }
                 lowest = lowest.min(*codes.iter().min().expect("codes"));
-            }
+            });
             assert!(lowest >= f.min_code, "{d}: code {lowest} below {}", f.min_code);
             let (theirs, own) = (f.signed(false), f.signed(true));
             if let Some(s) = own {

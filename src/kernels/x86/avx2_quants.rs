@@ -1110,15 +1110,16 @@ unsafe fn q4_0_q8_0_dot2<const PF: usize, const VNNI: bool>(
 ) -> [f32; 2] {
     // SAFETY: the caller's guarantees are the helper's.
     let fast = unsafe { q4_0_q8_0_rows::<false, PF, 2, VNNI>(nb, x, y) };
-    // A row with a non-finite result takes the one-row function's checked loop (see there).
-    std::array::from_fn(|r| {
-        if fast[r].is_finite() {
-            fast[r]
-        } else {
-            // SAFETY: as above, for row `r`.
-            unsafe { q4_0_q8_0_dot::<PF, VNNI>(nb, x[r], y) }
-        }
-    })
+    // SAFETY: as above, for row `r`.
+    finite_or(fast, |r| unsafe { q4_0_q8_0_dot::<PF, VNNI>(nb, x[r], y) })
+}
+
+/// Each row's result of an unchecked multi-row loop where it is finite, else `checked(r)`: the
+/// one-row function, whose checked loop handles blocks with a non-finite scale (see
+/// [`q4_0_q8_0_dot`]).
+#[inline(always)]
+fn finite_or<const R: usize>(fast: [f32; R], checked: impl Fn(usize) -> f32) -> [f32; R] {
+    std::array::from_fn(|r| if fast[r].is_finite() { fast[r] } else { checked(r) })
 }
 
 /// The Q4_0 loop over `R` weight rows against one activation row (each row's operations and
@@ -1411,14 +1412,8 @@ unsafe fn q5_0_q8_0_dot2<const PF: usize, const MASK: bool>(
 ) -> [f32; 2] {
     // SAFETY: the caller's guarantees are the helper's.
     let fast = unsafe { q5_0_q8_0_rows::<false, PF, 2, MASK>(nb, x, y) };
-    std::array::from_fn(|r| {
-        if fast[r].is_finite() {
-            fast[r]
-        } else {
-            // SAFETY: as above, for row `r`.
-            unsafe { q5_0_q8_0_dot::<PF, MASK>(nb, x[r], y) }
-        }
-    })
+    // SAFETY: as above, for row `r`.
+    finite_or(fast, |r| unsafe { q5_0_q8_0_dot::<PF, MASK>(nb, x[r], y) })
 }
 
 /// Two rows of [`vec_dot_q5_0_q8_0_avx2`].
