@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{QUANT_WEIGHT_TYPES as TYPES, matmul_f64, nmse};
+use common::{QUANT_WEIGHT_TYPES as TYPES, matmul_f64, mul_mat_guarded_bytes, nmse};
 use quantgraph::kernels::{Isa, vec_dot_with};
 use quantgraph::quant::{dequantize, quantize, quantize_for_dot, quantize_with_imatrix};
 use quantgraph::testdata::rand_f32;
@@ -131,18 +131,7 @@ fn int_gemm_b_in_vec_dot_type_matches_f32_b() {
         let vd = ty.vec_dot_type();
         let mut b_q = vec![0u8; vd.row_size(c.b.len()).unwrap()];
         quantize_for_dot(vd, &c.b, &mut b_q).unwrap();
-        let be = CpuBackend::with_isa(2, Isa::best()).unwrap();
-        let mut g = Graph::new();
-        let a = g.input(ty, &ane).unwrap();
-        let b = g.input(vd, &bne).unwrap();
-        let y = g.mul_mat(a, b).unwrap();
-        g.set_output(y).unwrap();
-        let mut p = Plan::with_guards(g, &be, 64).unwrap();
-        p.set_input_bytes(a, &c.a_q).unwrap();
-        p.set_input_bytes(b, &b_q).unwrap();
-        p.compute().unwrap();
-        p.check_guards().unwrap();
-        let got = p.output::<f32>(y).unwrap();
+        let got = mul_mat_guarded_bytes(Isa::best(), 2, (ty, ane, &c.a_q), (vd, bne, &b_q));
         let same = got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(same, "{ty}: {vd} b differs from F32 b");
     }
@@ -226,14 +215,10 @@ fn level_and_weight_minus_128_are_exact_on_every_tier() {
         // makes -127) and the Q8_0 rows as they are.
         let from_f32 = matmul_f64(&a_deq, ane, &requantized(&b_deq), bne);
         for isa in Isa::ALL.into_iter().filter(|i| i.is_supported()) {
-            let got = mul_mat_q8_0_rows(isa, ty, ane, &a_q, bne, &b_q);
+            let got = mul_mat_guarded_bytes(isa, 2, (ty, ane, &a_q), (DType::Q8_0, bne, &b_q));
             let e = nmse(&got, &want);
             assert!(e < 1e-10, "{ty} {isa:?} with Q8_0 rows: nmse {e}");
-            let got = run(
-                &Case { ty, ane, bne, a_q: a_q.clone(), a_deq: a_deq.clone(), b: b_deq.clone() },
-                isa,
-                2,
-            );
+            let got = common::mul_mat_guarded(isa, 2, ty, ane, &a_q, bne, &b_deq);
             let e = nmse(&got, &from_f32);
             assert!(e < 1e-10, "{ty} {isa:?} with F32 rows: nmse {e}");
         }
@@ -247,26 +232,4 @@ fn requantized(x: &[f32]) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
     dequantize(DType::Q8_0, &q, &mut out).unwrap();
     out
-}
-
-fn mul_mat_q8_0_rows(
-    isa: Isa,
-    ty: DType,
-    ane: [usize; 4],
-    a_q: &[u8],
-    bne: [usize; 4],
-    b_q: &[u8],
-) -> Vec<f32> {
-    let be = CpuBackend::with_isa(2, isa).unwrap();
-    let mut g = Graph::new();
-    let a = g.input(ty, &ane).unwrap();
-    let b = g.input(DType::Q8_0, &bne).unwrap();
-    let y = g.mul_mat(a, b).unwrap();
-    g.set_output(y).unwrap();
-    let mut p = Plan::with_guards(g, &be, 64).unwrap();
-    p.set_input_bytes(a, a_q).unwrap();
-    p.set_input_bytes(b, b_q).unwrap();
-    p.compute().unwrap();
-    p.check_guards().unwrap();
-    p.output::<f32>(y).unwrap().to_vec()
 }

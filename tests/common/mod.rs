@@ -195,17 +195,29 @@ pub fn mul_mat_guarded(
     bne: [usize; 4],
     b: &[f32],
 ) -> Vec<f32> {
-    use quantgraph::{CpuBackend, DType, Graph, Plan};
+    let b_bytes: &[u8] = bytemuck::cast_slice(b);
+    let b = (quantgraph::DType::F32, bne, b_bytes);
+    mul_mat_guarded_bytes(isa, threads, (ty, ane, a_bytes), b)
+}
+
+/// [`mul_mat_guarded`] with both operands given as `(type, shape, bytes)`.
+pub fn mul_mat_guarded_bytes(
+    isa: quantgraph::kernels::Isa,
+    threads: usize,
+    (a_ty, ane, a_bytes): (quantgraph::DType, [usize; 4], &[u8]),
+    (b_ty, bne, b_bytes): (quantgraph::DType, [usize; 4], &[u8]),
+) -> Vec<f32> {
+    use quantgraph::{CpuBackend, Graph, Plan};
     let be = CpuBackend::with_isa(threads, isa).unwrap();
     let mut g = Graph::new();
-    let a_in = g.input(ty, &ane).unwrap();
-    let b_in = g.input(DType::F32, &bne).unwrap();
+    let a_in = g.input(a_ty, &ane).unwrap();
+    let b_in = g.input(b_ty, &bne).unwrap();
     let y = g.mul_mat(a_in, b_in).unwrap();
     g.set_output(y).unwrap();
     // Guard bytes around every tensor catch a kernel writing outside its output.
     let mut p = Plan::with_guards(g, &be, 64).unwrap();
     p.set_input_bytes(a_in, a_bytes).unwrap();
-    p.set_input(b_in, b).unwrap();
+    p.set_input_bytes(b_in, b_bytes).unwrap();
     p.compute().unwrap();
     p.check_guards().unwrap();
     p.output::<f32>(y).unwrap().to_vec()
