@@ -1122,13 +1122,10 @@ fn finite_or<const R: usize>(fast: [f32; R], checked: impl Fn(usize) -> f32) -> 
     std::array::from_fn(|r| if fast[r].is_finite() { fast[r] } else { checked(r) })
 }
 
-/// The Q4_0 loop over `R` weight rows against one activation row (each row's operations and
-/// their order are the one-row loop's, so every result is bitwise the same; the rows share the
-/// activation loads and run independent accumulator chains). `CHECK` sets blocks with a
-/// non-finite scale aside (see the caller).
+/// The Q4_0 loop over `R` weight rows against one activation row ([`f16_scaled_rows`]).
 ///
 /// # Safety
-/// As [`vec_dot_q4_0_q8_0_avx2`], for every row of `x`.
+/// As [`vec_dot_q4_0_q8_0_avx2`], for every row of `x`; with `VNNI`, as [`us8_sums`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, const VNNI: bool>(
@@ -1136,7 +1133,57 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, con
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    const XB: usize = size_of::<BlockQ4_0>();
+    // SAFETY: the caller's guarantees; `sums` reads the block's 16 bytes of nibbles.
+    unsafe {
+        f16_scaled_rows::<CHECK, PF, R, { size_of::<BlockQ4_0>() }, _>(
+            nb,
+            x,
+            y,
+            // The offset's sums (8 times each four levels; with `VNNI` in int32, else the pair
+            // sums in int16), shared by the rows.
+            // SAFETY: the caller's guarantee covers `VNNI`.
+            |yq| if VNNI { us8_sums::<VNNI>(_mm256_set1_epi8(8), yq) } else { offset_pairs(8, yq) },
+            |bx, yq, off| {
+                // SAFETY: `bx` is a whole Q4_0 block (`f16_scaled_rows`).
+                let xq = _mm_loadu_si128(bx.add(offset_of!(BlockQ4_0, qs)).cast());
+                if VNNI {
+                    // The same integers as `mul_sum_offset_u8_i8` (exact int32 sums).
+                    // SAFETY: the caller's guarantee covers `VNNI`.
+                    _mm256_sub_epi32(us8_sums::<VNNI>(bytes_from_nibbles_32(xq), yq), *off)
+                } else {
+                    mul_sum_offset_pairs(bytes_from_nibbles_32(xq), *off, yq)
+                }
+            },
+        )
+    }
+}
+
+/// The loop of the 32-element block types that start with an f16 scale (Q4_0, Q5_0) against
+/// Q8_0 activations, over `R` weight rows (each row's operations and their order are the
+/// one-row loop's, so every result is bitwise the same; the rows share the activation loads and
+/// run independent accumulator chains): per activation block `shared(levels)` once, per row
+/// `sums(block, levels, shared)` the block's int32 sums, scaled by the two f16 scales' product.
+/// `CHECK` sets blocks with a non-finite scale aside (see [`q4_0_q8_0_dot`]).
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; every row of `x` holds `nb` blocks of `XB` bytes whose
+/// first two are the f16 scale, `y` `nb` Q8_0 blocks; `sums` reads only inside the block it is
+/// given.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16_scaled_rows<
+    const CHECK: bool,
+    const PF: usize,
+    const R: usize,
+    const XB: usize,
+    S,
+>(
+    nb: usize,
+    x: [*const u8; R],
+    y: *const u8,
+    shared: impl Fn(__m256i) -> S,
+    sums: impl Fn(*const u8, __m256i, &S) -> __m256i,
+) -> [f32; R] {
     const YB: usize = size_of::<BlockQ8_0>();
     let mut acc = [_mm256_setzero_ps(); R];
     let mut special = [0.0f32; R];
@@ -1150,32 +1197,16 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, con
             )
         };
         let dy = F16_TO_F32[yd as usize];
-        // The offset's sums (8 times each four levels; with `VNNI` in int32, else the pair sums
-        // in int16), shared by the rows.
-        let off = if VNNI {
-            // SAFETY: the caller's guarantee covers `VNNI`.
-            unsafe { us8_sums::<VNNI>(_mm256_set1_epi8(8), yq) }
-        } else {
-            offset_pairs(8, yq)
-        };
+        let s = shared(yq);
         for r in 0..R {
             if PF > 0 {
                 prefetch_stream::<XB>(x[r], ib, PF);
             }
-            // SAFETY: block `ib < nb` of row `r` is readable; both reads stay inside it.
-            let (xd, xq) = unsafe {
+            // SAFETY: block `ib < nb` of row `r` is readable: its first two bytes, and what
+            // `sums` reads inside it.
+            let (xd, sumi) = unsafe {
                 let bx = x[r].add(ib * XB);
-                (
-                    rd_u16(bx.add(offset_of!(BlockQ4_0, d))),
-                    _mm_loadu_si128(bx.add(offset_of!(BlockQ4_0, qs)).cast()),
-                )
-            };
-            let sumi = if VNNI {
-                // The same integers as `mul_sum_offset_u8_i8` (exact int32 sums).
-                // SAFETY: the caller's guarantee covers `VNNI`.
-                _mm256_sub_epi32(unsafe { us8_sums::<VNNI>(bytes_from_nibbles_32(xq), yq) }, off)
-            } else {
-                mul_sum_offset_pairs(bytes_from_nibbles_32(xq), off, yq)
+                (rd_u16(bx), sums(bx, yq, &s))
             };
             let dx = F16_TO_F32[xd as usize];
             let d = dx * dy;
@@ -1333,9 +1364,7 @@ fn masked_16<const CLEAR: bool>(qh: u32) -> __m256i {
     _mm256_maskz_mov_epi8(_cvtu32_mask32(bits), _mm256_set1_epi8(0x10))
 }
 
-/// The Q5_0 loop over `R` weight rows against one activation row (each row's operations and
-/// their order are the one-row loop's, so every result is bitwise the same; the rows share the
-/// activation loads); `CHECK` sets blocks with a non-finite scale aside.
+/// The Q5_0 loop over `R` weight rows against one activation row ([`f16_scaled_rows`]).
 ///
 /// # Safety
 /// As [`q5_0_q8_0_dot`], for every row of `x`.
@@ -1346,55 +1375,33 @@ unsafe fn q5_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, con
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    const XB: usize = size_of::<BlockQ5_0>();
-    const YB: usize = size_of::<BlockQ8_0>();
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut special = [0.0f32; R];
-    for ib in 0..nb {
-        // SAFETY: block `ib < nb` of `y` is readable; both reads stay inside it.
-        let (yd, yq) = unsafe {
-            let by = y.add(ib * YB);
-            (
-                rd_u16(by.add(offset_of!(BlockQ8_0, d))),
-                _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
-            )
-        };
-        let dy = F16_TO_F32[yd as usize];
-        for r in 0..R {
-            if PF > 0 {
-                prefetch_stream::<XB>(x[r], ib, PF);
-            }
-            // SAFETY: block `ib < nb` of row `r` is readable; every read stays inside it.
-            let (xd, xh, xq) = unsafe {
-                let bx = x[r].add(ib * XB);
-                (
-                    rd_u16(bx.add(offset_of!(BlockQ5_0, d))),
+    // SAFETY: the caller's guarantees; `sums` reads the block's fifth bits and nibbles.
+    unsafe {
+        f16_scaled_rows::<CHECK, PF, R, { size_of::<BlockQ5_0>() }, _>(
+            nb,
+            x,
+            y,
+            |_| (),
+            |bx, yq, _| {
+                // SAFETY: `bx` is a whole Q5_0 block (`f16_scaled_rows`).
+                let (xh, xq) = (
                     rd_u32(bx.add(offset_of!(BlockQ5_0, qh))),
                     _mm_loadu_si128(bx.add(offset_of!(BlockQ5_0, qs)).cast()),
-                )
-            };
-            // Level = nibble + 16 * bit - 16 = nibble - 16 * (bit clear): the nibbles times y
-            // less 16 y where the fifth bit is clear, so the bit never has to be merged into the
-            // nibble (one instruction a block less than ggml's). Every 16-bit partial stays below
-            // 2 * 16 * 128.
-            // SAFETY: the caller's guarantee covers `MASK`.
-            let clear16 = unsafe { q5_clear16::<MASK>(xh) };
-            let p = _mm256_sub_epi16(
-                _mm256_maddubs_epi16(bytes_from_nibbles_32(xq), yq),
-                _mm256_maddubs_epi16(clear16, yq),
-            );
-            let sumi = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-            let dx = F16_TO_F32[xd as usize];
-            let d = dx * dy;
-            if !CHECK || d.is_finite() {
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
-            } else {
-                // As in the Q4_0 kernel: the block's total times the non-finite scale.
-                special[r] += hsum_i32_8(sumi) as f32 * dx * dy;
-            }
-        }
+                );
+                // Level = nibble + 16 * bit - 16 = nibble - 16 * (bit clear): the nibbles times
+                // y less 16 y where the fifth bit is clear, so the bit never has to be merged
+                // into the nibble (one instruction a block less than ggml's). Every 16-bit
+                // partial stays below 2 * 16 * 128.
+                // SAFETY: the caller's guarantee covers `MASK`.
+                let clear16 = q5_clear16::<MASK>(xh);
+                let p = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(bytes_from_nibbles_32(xq), yq),
+                    _mm256_maddubs_epi16(clear16, yq),
+                );
+                _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+            },
+        )
     }
-    std::array::from_fn(|r| hsum_float_8(acc[r]) + special[r])
 }
 
 /// [`q5_0_q8_0_dot`] for two weight rows against one activation row, each result bitwise that
