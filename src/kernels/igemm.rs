@@ -291,9 +291,10 @@ pub(crate) struct IgemmKernels {
     /// The largest weight code the kernels multiply exactly (`IntFormat::max_code` above it
     /// takes the f32 GEMM).
     pub max_code: u8,
-    /// Faster one-panel forms for formats whose codes are at most the given `max_code`, where
-    /// the tier has such (`IgemmKernels::for_codes`).
-    pub narrow: Option<fn(max_code: u8) -> [IgemmFn; 9]>,
+    /// Faster one-panel forms for formats whose codes are at most the given `max_code`, with
+    /// the two-panel forms that go with them, where the tier has such
+    /// (`IgemmKernels::for_codes`).
+    pub narrow: Option<NarrowFn>,
     /// One-panel forms for the signed forms of the formats whose codes are signed bytes plus
     /// 128 (`IntFormat::signed`), where the tier has such: kernels whose `max_code` is below
     /// those codes multiply them this way (valid for the kinds without mins).
@@ -318,11 +319,11 @@ pub(crate) struct IgemmKernels {
 
 impl IgemmKernels {
     /// The kernels for a format whose codes are at most `max_code` (at most `self.max_code`):
-    /// the tier's narrow one-panel forms where it has them.
+    /// the tier's narrow one- and two-panel forms where it has them.
     pub(crate) fn for_codes(mut self, max_code: u8) -> IgemmKernels {
         debug_assert!(max_code <= self.max_code);
         if let Some(narrow) = self.narrow {
-            self.one = narrow(max_code);
+            (self.one, self.two) = narrow(max_code);
         }
         self
     }
@@ -340,6 +341,10 @@ impl IgemmKernels {
         (fmt.max_code <= self.max_code).then(|| self.for_codes(fmt.max_code))
     }
 }
+
+/// A tier's kernels for codes up to `max_code` ([`IgemmKernels::narrow`]): one-panel forms and
+/// two-panel forms (`None` where the tier has none for a kind).
+pub(crate) type NarrowFn = fn(max_code: u8) -> ([IgemmFn; 9], [Option<IgemmPairFn>; 9]);
 
 /// Writes row `r` of a band's folded weights for code bias `bias` (see `WBand::fold_row`, the
 /// portable reference the tiers' writers are tested against).
@@ -980,7 +985,7 @@ mod tests {
                 .iter()
                 .filter(|(_, k)| k.narrow.is_some())
                 .flat_map(|(name, k)| {
-                    [3u8, 7, 15, 31, 63].map(|m| {
+                    [3u8, 7, 15, 31, 63, 127].map(|m| {
                         (
                             format!("{name} codes <= {m}"),
                             IgemmKernels { max_code: m, ..k.for_codes(m) },
