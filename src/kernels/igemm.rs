@@ -715,12 +715,14 @@ mod tests {
     /// against the portable `sub16` on each panel (on the tiers that fold, `fold_scales`, on the
     /// band's folded weights, whose writer is checked against `WBand::fold_row`),
     /// with Q3_K's codes (0..=7, bias 4, scales -32..=31) and IQ1_M's (128 +- 9, bias 128,
-    /// scales 1..=15) (and where the tier folds, Q6_K's and IQ2_S's), and level sums taken
-    /// from the levels as the packer takes them for such
-    /// formats; `extreme`: the codes farthest from the bias and every level -128.
+    /// scales 1..=15) (and where the tier folds, Q6_K's and IQ2_S's), each where its codes are
+    /// at most the kernels' `max_code`, and level sums taken from the levels as the packer
+    /// takes them for such formats; `extreme`: the codes farthest from the bias and every
+    /// level -128.
     fn narrow_pair_is_sub16(
         name: &str,
         (narrow, triple, fold): (IgemmPairFn, Option<IgemmTripleFn>, Option<FoldFn>),
+        max_code: u8,
         w: &WBand,
         a: &ABlock,
         extreme: bool,
@@ -732,6 +734,8 @@ mod tests {
         if fold.is_some() {
             shapes.extend([(32, 0, 63, -128, 127), (128, 85, 171, 1, 31)]);
         }
+        // Only the codes the kernels take (the `vpmaddubsw` sets for narrow codes).
+        shapes.retain(|s| s.2 <= max_code);
         for (bias, lo, hi, smin, smax) in shapes {
             let mut w = *w;
             for (i, c) in w.codes.iter_mut().enumerate() {
@@ -1079,7 +1083,8 @@ mod tests {
                 if let Some(narrow) = k.two[Kind::Int16.index()] {
                     let triple = k.three[Kind::Int16.index()];
                     let fold = k.fold_scales;
-                    narrow_pair_is_sub16(&name, (narrow, triple, fold), &w, &a, extreme);
+                    let kernels = (narrow, triple, fold);
+                    narrow_pair_is_sub16(&name, kernels, k.max_code, &w, &a, extreme);
                 }
                 for kind in Kind::ALL {
                     let i = kind.index();

@@ -272,25 +272,40 @@ fn signed_set(sign: Sign) -> [IgemmFn; 9] {
     }
 }
 
-/// The two-panel `vpmaddubsw` forms of the float-scaled super-block kinds (`Flt16`, `Flt16Min`,
-/// `Flt32`, `Flt32Min`) for `G` groups per partial sum: two rows by both panels' four column
-/// halves per pass, so each broadcast of codes serves four products. One band against two
-/// panels in L1 on a Zen 3 core, G = 8, best of 7 x 100000 calls, against two one-panel calls
-/// (3 runs): Flt32Min 1.15-1.22x, Flt32 1.33-1.35x; in a whole GEMM (alternating binaries,
-/// best times): Q4_K 1.11x on one thread (8 rounds, 1.04-1.58), 1.15x on two (6 rounds), TQ2_0
-/// 1.04x. The block kinds measured 0.95-1.00x (their per-sub-block float steps weigh more than
-/// the broadcasts) and keep one panel per call; the integer kinds' two-panel slot means their
-/// 16-bit forms (`IgemmKernels::two`).
+/// The two-panel `vpmaddubsw` forms for `G` groups per partial sum: two rows by both panels'
+/// four column halves per pass, so each broadcast of codes serves four products; `None` where a
+/// kind keeps one panel per call. One band against two panels in L1 on a Zen 3 core, best of 7 x
+/// 100000 calls, against two one-panel calls (2-3 runs): with G = 8, Flt32Min 1.15-1.26x, Flt32
+/// 1.33-1.35x, Int16 1.11-1.29x, the block kinds 0.95-1.00x (their per-sub-block float steps
+/// weigh more than the broadcasts); with G = 4, Blk16 1.13-1.17x, Flt32/Flt32Min 0.98-1.04x;
+/// with G = 2, Int16Min 1.02x. In a whole GEMM (alternating binaries, best times): Q4_K 1.11x on
+/// one thread (8 rounds, 1.04-1.58), 1.33x on two (6 rounds), TQ2_0 1.03x; Q3_K (Int16) 1.10x
+/// on one thread, 1.34x on two; NVFP4 (Blk16, G = 4) 1.09x on one (every round 1.06-1.11), 1.04x
+/// on two; Q5_K (G = 4) 0.97x and Q6_K (G = 2) 1.02x, which keep one panel. The integer kinds' pair slot means their 16-bit
+/// forms (`IgemmKernels::two`): these give the one-panel bits for any data, which holds that.
 macro_rules! pair_set {
-    ($g:expr) => {
+    (8) => {
+        [
+            Some(maddubs_pair::<16, false, false, false, 8> as IgemmPairFn),
+            None,
+            Some(maddubs_pair::<16, false, false, true, 8> as IgemmPairFn),
+            Some(maddubs_pair::<16, true, false, true, 8> as IgemmPairFn),
+            Some(maddubs_pair::<32, false, false, true, 8> as IgemmPairFn),
+            Some(maddubs_pair::<32, true, false, true, 8> as IgemmPairFn),
+            None,
+            None,
+            None,
+        ]
+    };
+    (4) => {
         [
             None,
             None,
-            Some(maddubs_pair::<16, false, false, true, $g> as IgemmPairFn),
-            Some(maddubs_pair::<16, true, false, true, $g> as IgemmPairFn),
-            Some(maddubs_pair::<32, false, false, true, $g> as IgemmPairFn),
-            Some(maddubs_pair::<32, true, false, true, $g> as IgemmPairFn),
             None,
+            None,
+            None,
+            None,
+            Some(maddubs_pair::<16, false, true, false, 4> as IgemmPairFn),
             None,
             None,
         ]
@@ -305,9 +320,7 @@ macro_rules! pair_set {
 fn maddubs_for_codes(max_code: u8) -> ([IgemmFn; 9], [Option<IgemmPairFn>; 9]) {
     match max_code {
         0..=15 => (one_set!(maddubs, 8), pair_set!(8)),
-        // The two-panel forms measured no gain with fewer groups per widening (Q5_K's 4: 0.97x,
-        // Q6_K's 2: 1.02x, GEMM 1024 x 512 x 14336 on 2 Zen 3 cores, 6 rounds).
-        16..=31 => (one_set!(maddubs, 4), [None; 9]),
+        16..=31 => (one_set!(maddubs, 4), pair_set!(4)),
         32..=63 => (one_set!(maddubs, 2), [None; 9]),
         _ => (one_set!(maddubs, 1), [None; 9]),
     }
