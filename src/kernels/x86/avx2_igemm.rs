@@ -382,20 +382,23 @@ fn maddubs_kernel<
     acc: &mut [[f32; IG_NR]; IG_MR],
     len: usize,
 ) {
-    body!(
-        w,
-        a,
-        acc,
-        len,
-        G,
-        |s, c, l| _mm256_add_epi16(s, _mm256_maddubs_epi16(c, l)),
-        // `sc` fits 16 bits (see `body`): exact pair products, pair sums below 2^31.
-        |raw, part, sc: i32| {
-            debug_assert!(i16::try_from(sc).is_ok());
-            _mm256_add_epi32(raw, _mm256_madd_epi16(part, _mm256_set1_epi16(sc as i16)))
-        },
-        true
-    )
+    body!(w, a, acc, len, G, maddubs_step, maddubs_flush, true)
+}
+
+/// A group's `vpmaddubsw` pair sums added to an int16 partial sum (the unsigned kernels' step).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn maddubs_step(part: __m256i, codes: __m256i, levels: __m256i) -> __m256i {
+    _mm256_add_epi16(part, _mm256_maddubs_epi16(codes, levels))
+}
+
+/// A partial sum widened times `sc` into the sub-block's int32 sums. `sc` fits 16 bits (see
+/// `body`): exact pair products, pair sums below 2^31.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn maddubs_flush(raw: __m256i, part: __m256i, sc: i32) -> __m256i {
+    debug_assert!(i16::try_from(sc).is_ok());
+    _mm256_add_epi32(raw, _mm256_madd_epi16(part, _mm256_set1_epi16(sc as i16)))
 }
 
 fn maddubs_signed<
@@ -511,23 +514,5 @@ fn maddubs_pair_kernel<
     acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
     len: usize,
 ) {
-    body!(
-        w,
-        a,
-        acc,
-        len,
-        G,
-        |s, c, l| _mm256_add_epi16(s, _mm256_maddubs_epi16(c, l)),
-        // As `maddubs_kernel`.
-        |raw, part, sc: i32| {
-            debug_assert!(i16::try_from(sc).is_ok());
-            _mm256_add_epi32(raw, _mm256_madd_epi16(part, _mm256_set1_epi16(sc as i16)))
-        },
-        true,
-        |l| l,
-        |c| c,
-        false,
-        2,
-        2
-    )
+    body!(w, a, acc, len, G, maddubs_step, maddubs_flush, true, |l| l, |c| c, false, 2, 2)
 }
