@@ -278,10 +278,11 @@ fn signed_set(sign: Sign) -> [IgemmFn; 9] {
 /// 100000 calls, against two one-panel calls (2-3 runs): with G = 8, Flt32Min 1.15-1.26x, Flt32
 /// 1.33-1.35x, Int16 1.11-1.29x, the block kinds 0.95-1.00x (their per-sub-block float steps
 /// weigh more than the broadcasts); with G = 4, Blk16 1.13-1.17x, Flt32/Flt32Min 0.98-1.04x;
-/// with G = 2, Int16Min 1.02x. In a whole GEMM (alternating binaries, best times): Q4_K 1.11x on
+/// with G = 2, Flt16 1.11-1.16x, Int16Min 1.02x. In a whole GEMM (alternating binaries, best times): Q4_K 1.11x on
 /// one thread (8 rounds, 1.04-1.58), 1.33x on two (6 rounds), TQ2_0 1.03x; Q3_K (Int16) 1.10x
 /// on one thread, 1.34x on two; NVFP4 (Blk16, G = 4) 1.09x on one (every round 1.06-1.11), 1.04x
-/// on two; Q5_K (G = 4) 0.97x and Q6_K (G = 2) 1.02x, which keep one panel. The integer kinds' pair slot means their 16-bit
+/// on two; Q6_K (Flt16, G = 2, its form alone) 1.11x on one thread (8 rounds, 1.09-1.18), 1.16x
+/// on two (6 rounds); Q5_K (G = 4) 0.97x, which keeps one panel. The integer kinds' pair slot means their 16-bit
 /// forms (`IgemmKernels::two`): these give the one-panel bits for any data, which holds that.
 macro_rules! pair_set {
     (8) => {
@@ -292,6 +293,19 @@ macro_rules! pair_set {
             Some(maddubs_pair::<16, true, false, true, 8> as IgemmPairFn),
             Some(maddubs_pair::<32, false, false, true, 8> as IgemmPairFn),
             Some(maddubs_pair::<32, true, false, true, 8> as IgemmPairFn),
+            None,
+            None,
+            None,
+        ]
+    };
+    (2) => {
+        [
+            None,
+            None,
+            Some(maddubs_pair::<16, false, false, true, 2> as IgemmPairFn),
+            None,
+            None,
+            None,
             None,
             None,
             None,
@@ -321,7 +335,7 @@ fn maddubs_for_codes(max_code: u8) -> ([IgemmFn; 9], [Option<IgemmPairFn>; 9]) {
     match max_code {
         0..=15 => (one_set!(maddubs, 8), pair_set!(8)),
         16..=31 => (one_set!(maddubs, 4), pair_set!(4)),
-        32..=63 => (one_set!(maddubs, 2), [None; 9]),
+        32..=63 => (one_set!(maddubs, 2), pair_set!(2)),
         _ => (one_set!(maddubs, 1), [None; 9]),
     }
 }
