@@ -280,10 +280,12 @@ impl Kind {
 pub(crate) struct IgemmKernels {
     /// One-panel forms, valid for any data of the kind.
     pub one: [IgemmFn; 9],
-    /// Two-panel forms, where the tier has them. The integer kinds' are the 16-bit forms
-    /// (`Kind::Int16`: two sub-blocks' corrected sums scaled by one `vpdpwssd` against the
-    /// row's two scales; `Kind::Int16Min`: a whole step's products summed before the mins), valid
-    /// for the formats [`Kind::of`] gives those kinds.
+    /// Two-panel forms, where the tier has them, each panel's results bitwise the one-panel
+    /// form's. The integer kinds' need only be valid for the formats [`Kind::of`] gives those
+    /// kinds: the VNNI tiers' are 16-bit forms (`Kind::Int16`: two sub-blocks' corrected sums
+    /// scaled by one `vpdpwssd` against the row's two scales; `Kind::Int16Min`: a whole step's
+    /// products summed before the mins); the AVX2 `vpmaddubsw` tier's are valid for any data
+    /// (`avx2_igemm::pair_set`).
     pub two: [Option<IgemmPairFn>; 9],
     /// Three-panel forms, where the tier has them (`Kind::Int16Min`'s, like its pair, valid for
     /// unit-scale formats only).
