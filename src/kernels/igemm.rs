@@ -124,6 +124,35 @@ impl WBand {
         }
     }
 
+    /// Writes row `r`'s weights in the bytes the signed forms (`IntFormat::signed`) broadcast,
+    /// into [`WBand::xcodes`] (which those tiers' kernels do not otherwise read): the signed
+    /// weights `codes[i] - 128` at `xcodes[r * 256 + i]` and, for `Sign::OnLevels`, their
+    /// magnitudes (128 for -128, as an unsigned byte) at `xcodes[2048 + r * 256 + i]`. The
+    /// kernels then broadcast them from memory instead of deriving them per broadcast.
+    pub(crate) fn sign_row(&mut self, r: usize, sign: Sign) {
+        let (w, mag) = self.xcodes.split_at_mut(IG_MR * QK_K);
+        let codes = &self.codes[r * QK_K..(r + 1) * QK_K];
+        let w = &mut w[r * QK_K..(r + 1) * QK_K];
+        for (x, &c) in w.iter_mut().zip(codes) {
+            *x = c ^ 0x80;
+        }
+        if sign == Sign::OnLevels {
+            for (m, &x) in mag[r * QK_K..(r + 1) * QK_K].iter_mut().zip(&*w) {
+                *m = (x as i8).unsigned_abs();
+            }
+        }
+    }
+
+    /// The signed weights [`WBand::sign_row`] writes (row `r` at `r * 256`).
+    pub(crate) fn signed_codes(&self) -> &[u8; IG_MR * QK_K] {
+        self.xcodes.first_chunk().expect("xcodes holds two arrays of codes")
+    }
+
+    /// The magnitudes of the signed weights [`WBand::sign_row`] writes for `Sign::OnLevels`.
+    pub(crate) fn code_magnitudes(&self) -> &[u8; IG_MR * QK_K] {
+        self.xcodes.last_chunk().expect("xcodes holds two arrays of codes")
+    }
+
     /// Writes row `r`'s scaled signed weights into [`WBand::xcodes`] in place of the
     /// block-diagonal codes, for the tile kernels of `Kind::Int16` (`IgemmKernels::fold_scales`; the reference of the tiers' writers):
     /// `v = (codes[i] - bias) * scales[i / 16]` split as `v = 128 * hi + lo` with `lo` in
@@ -299,8 +328,12 @@ pub(crate) struct IgemmKernels {
     pub narrow: Option<NarrowFn>,
     /// One-panel forms for the signed forms of the formats whose codes are signed bytes plus
     /// 128 (`IntFormat::signed`), where the tier has such: kernels whose `max_code` is below
-    /// those codes multiply them this way (valid for the kinds without mins).
-    pub signed: Option<fn(Sign) -> [IgemmFn; 9]>,
+    /// those codes multiply them this way (valid for the kinds without mins), with the writer
+    /// of the band bytes they read (`WBand::sign_row`'s).
+    pub signed: Option<SignedFn>,
+    /// The writer the unpacker calls on each unpacked row of a band for these kernels, where
+    /// they read more than the codes ([`IgemmKernels::for_format`] sets it for the signed forms).
+    pub prep: Option<PrepFn>,
     /// The tier's whole-step unpacker of a block type, where it has one (the same codes,
     /// scales and mins as the type's `quant::unpack` function per block).
     pub unpack: fn(DType) -> Option<UnpackStepFn>,
@@ -335,7 +368,8 @@ impl IgemmKernels {
     pub(crate) fn for_format(mut self, fmt: &IntFormat) -> Option<IgemmKernels> {
         if let Some(sign) = fmt.sign {
             debug_assert!(fmt.bias == 128 && !fmt.has_min, "signed forms of bias-128 formats");
-            self.one = (self.signed?)(sign);
+            let (one, prep) = (self.signed?)(sign);
+            (self.one, self.prep) = (one, Some(prep));
             self.two = [None; 9];
             self.three = [None; 9];
             return Some(self);
@@ -347,6 +381,14 @@ impl IgemmKernels {
 /// A tier's kernels for codes up to `max_code` ([`IgemmKernels::narrow`]): one-panel forms and
 /// two-panel forms (`None` where the tier has none for a kind).
 pub(crate) type NarrowFn = fn(max_code: u8) -> ([IgemmFn; 9], [Option<IgemmPairFn>; 9]);
+
+/// A tier's signed forms for a [`Sign`] ([`IgemmKernels::signed`]): one-panel kernels and the
+/// writer of the band bytes they read.
+pub(crate) type SignedFn = fn(Sign) -> ([IgemmFn; 9], PrepFn);
+
+/// Rewrites row `r` of a band after unpacking (its codes in the form a tier's kernels read,
+/// [`IgemmKernels::prep`]).
+pub(crate) type PrepFn = fn(w: &mut WBand, r: usize);
 
 /// Writes row `r` of a band's folded weights for code bias `bias` (see `WBand::fold_row`, the
 /// portable reference the tiers' writers are tested against).
@@ -394,6 +436,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     max_code: 255,
     narrow: None,
     signed: None,
+    prep: None,
     unpack: no_unpack,
     unpack_super: no_unpack_super,
     release: None,
@@ -693,12 +736,16 @@ mod tests {
                     }
                     let lens: &[usize] = if kind.blocks() { &[256, 32, 64, 160] } else { &[256] };
                     for (name, k) in &sets {
-                        let one = (k.signed.expect("signed forms"))(sign)[kind.index()];
+                        let (set, prep) = (k.signed.expect("signed forms"))(sign);
+                        let mut wp = w;
+                        for row in 0..IG_MR {
+                            prep(&mut wp, row);
+                        }
                         for &len in lens {
                             let mut want = [[0.5f32; IG_NR]; IG_MR];
                             let mut got = want;
                             (SCALAR.one[kind.index()])(&w, &a, &mut want, len);
-                            one(&w, &a, &mut got, len);
+                            (set[kind.index()])(&wp, &a, &mut got, len);
                             for (x, y) in want.iter().flatten().zip(got.iter().flatten()) {
                                 assert_eq!(
                                     x.to_bits(),

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
 use crate::kernels::igemm::{
-    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, WBand, pairs_fit, used_subs,
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, PrepFn, WBand, pairs_fit, used_subs,
 };
 use crate::quant::unpack::Sign;
 
@@ -37,28 +37,32 @@ use crate::quant::unpack::Sign;
 /// (`Kind::Int16Min`, whose scales fit 16 bits: 1 for the unit-scale formats) passes the
 /// sub-block's scale there and adds the result unscaled, else the scale is 1 and the sums are
 /// scaled afterwards (`vpmulld`). The signed forms (`$signed`, see [`signed_set`]) also pass
-/// `$levels`, applied to each loaded pair of level vectors, and `$codes`, applied to each
-/// broadcast of codes, and their products are the bias-corrected ones. `$rows` rows per pass
+/// `$levels`, applied to each loaded pair of level vectors, and `($src, $codes)`: `$src(w)`
+/// names the band's byte arrays (8 rows of 256) whose 4 bytes at a row's group are broadcast,
+/// and `$codes` makes the step's operand of those broadcasts (the unsigned kernels: [`CODES`],
+/// the codes); their products are the bias-corrected ones. `$rows` rows per pass
 /// against `$panels` panels (`$a`, `$acc`: arrays of that many), whose `2 * $panels` column
 /// halves share each broadcast of a row's codes; each panel's operations are the one-panel
 /// kernel's, in its order.
 macro_rules! body {
     ($w:expr, $a:expr, $acc:expr, $len:expr, $groups:expr, $step:expr, $flush:expr,
      $scaled:expr) => {
-        body!($w, [$a], [$acc], $len, $groups, $step, $flush, $scaled, |l| l, |c| c, false, 4, 1)
+        body!($w, [$a], [$acc], $len, $groups, $step, $flush, $scaled, |l| l, CODES, false, 4, 1)
     };
     ($w:expr, $a:expr, $acc:expr, $len:expr, $groups:expr, $step:expr, $flush:expr,
-     $scaled:expr, $levels:expr, $codes:expr, $signed:expr, $rows:literal, $panels:literal) => {{
+     $scaled:expr, $levels:expr, $codes:expr, $signed:expr, $rows:literal,
+     $panels:literal) => {{
         // Rows per pass (a divisor of IG_MR), panels per call, column halves per pass.
         const ROWS: usize = $rows;
         const P: usize = $panels;
         const H: usize = 2 * P;
         let (w, a, acc): (&WBand, [&ABlock; P], [&mut [[f32; IG_NR]; IG_MR]; P]) = ($w, $a, $acc);
-        let (step, flush, levels, codes) = ($step, $flush, $levels, $codes);
+        let (step, flush, levels, (src, codes)) = ($step, $flush, $levels, $codes);
+        // The byte arrays the codes are broadcast from, 2048 bytes each (8 rows of 256).
+        let src: [&[u8; IG_MR * QK_K]; _] = src(w);
         // Block types may end in a partial step; super-block types fill every step, and a
         // constant trip count lets the compiler unroll their sub-block loop.
         let nsub = if FL { used_subs($len, SUB) } else { QK_K / SUB };
-        let wc = w.codes.as_ptr();
         let ac: [*const i8; P] = std::array::from_fn(|p| a[p].codes.as_ptr());
         let zero = _mm256_setzero_si256();
         let ld_i = |p: &[i32], off: usize| {
@@ -104,11 +108,13 @@ macro_rules! body {
                             levels(v)
                         });
                         for (r, part) in part.iter_mut().enumerate() {
-                            // SAFETY: rb + r < 8 and 4 * g + 4 <= 256: inside row rb + r's codes.
-                            let c = unsafe {
-                                (wc.add((rb + r) * QK_K + 4 * g) as *const i32).read_unaligned()
-                            };
-                            let c = codes(_mm256_set1_epi32(c));
+                            let off = (rb + r) * QK_K + 4 * g;
+                            let c = codes(src.map(|b| {
+                                let p = b.as_ptr().wrapping_add(off) as *const i32;
+                                // SAFETY: rb + r < 8 and 4 * g + 4 <= 256: row rb + r's bytes
+                                // 4 g..4 g + 4, inside the 2048.
+                                _mm256_set1_epi32(unsafe { p.read_unaligned() })
+                            }));
                             for q in 0..H {
                                 part[q] = step(part[q], c, l[q]);
                             }
@@ -207,6 +213,12 @@ macro_rules! body {
     }};
 }
 
+/// The byte arrays of a band whose 4 bytes at a row's group `body` broadcasts (rows of 256).
+type CodeSrc<const N: usize> = fn(&WBand) -> [&[u8; IG_MR * QK_K]; N];
+
+/// The unsigned kernels' `($src, $codes)` in `body`: the codes, broadcast.
+const CODES: (CodeSrc<1>, fn([__m256i; 1]) -> __m256i) = (|w| [&w.codes], |[c]| c);
+
 /// Reads (`v` `None`) or writes `slot` through memory: a volatile access, which the compiler
 /// keeps as one load or store where it would otherwise hold the value in a register.
 #[inline(always)]
@@ -250,6 +262,7 @@ macro_rules! kernel_set {
             max_code: $max,
             narrow: $narrow,
             signed: $signed,
+            prep: None,
             unpack: super::avx2_unpack::unpack_for,
             unpack_super: super::avx2_unpack::unpack_super_for,
             release: None,
@@ -265,10 +278,10 @@ kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes), Some(si
 /// The `vpmaddubsw` kernels for the signed forms (`IntFormat::signed`: Q8_0, IQ4_NL, IQ4_XS,
 /// whose codes reach 255): one group of 4 K values per widening, each pair of products at most
 /// `2 * 128 * 127` in size. Only the kinds without mins are used (`IgemmKernels::for_format`).
-fn signed_set(sign: Sign) -> [IgemmFn; 9] {
+fn signed_set(sign: Sign) -> ([IgemmFn; 9], PrepFn) {
     match sign {
-        Sign::OnWeights => one_set!(maddubs_signed, true),
-        Sign::OnLevels => one_set!(maddubs_signed, false),
+        Sign::OnWeights => (one_set!(maddubs_signed, true), |w, r| w.sign_row(r, Sign::OnWeights)),
+        Sign::OnLevels => (one_set!(maddubs_signed, false), |w, r| w.sign_row(r, Sign::OnLevels)),
     }
 }
 
@@ -449,8 +462,14 @@ fn maddubs_signed_kernel<
 ) {
     type Pair = (__m256i, __m256i);
     debug_assert!(!MIN, "signed forms have no mins");
-    // The signed weights `code - 128`: the codes with their top bit flipped.
-    let flip = _mm256_set1_epi8(-128);
+    // The band's signed weights `code - 128` (and for `Sign::OnLevels` their magnitudes), as
+    // `WBand::sign_row` writes them (`signed_set`).
+    fn weights(w: &WBand) -> [&[u8; IG_MR * QK_K]; 1] {
+        [w.signed_codes()]
+    }
+    fn both(w: &WBand) -> [&[u8; IG_MR * QK_K]; 2] {
+        [w.code_magnitudes(), w.signed_codes()]
+    }
     let widen =
         |raw, part, _: i32| _mm256_add_epi32(raw, _mm256_madd_epi16(part, _mm256_set1_epi16(1)));
     if ON_WEIGHTS {
@@ -467,7 +486,7 @@ fn maddubs_signed_kernel<
             widen,
             false,
             |l| (l, _mm256_abs_epi8(l)),
-            |c| _mm256_xor_si256(c, flip),
+            (weights, |[c]: [__m256i; 1]| c),
             true,
             2,
             1
@@ -486,10 +505,7 @@ fn maddubs_signed_kernel<
             widen,
             false,
             |l| l,
-            |c| {
-                let wv = _mm256_xor_si256(c, flip);
-                (_mm256_abs_epi8(wv), wv)
-            },
+            (both, |[m, s]: [__m256i; 2]| (m, s)),
             true,
             2,
             1
@@ -528,5 +544,5 @@ fn maddubs_pair_kernel<
     acc: [&mut [[f32; IG_NR]; IG_MR]; 2],
     len: usize,
 ) {
-    body!(w, a, acc, len, G, maddubs_step, maddubs_flush, true, |l| l, |c| c, false, 2, 2)
+    body!(w, a, acc, len, G, maddubs_step, maddubs_flush, true, |l| l, CODES, false, 2, 2)
 }

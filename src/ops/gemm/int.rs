@@ -9,7 +9,7 @@ use super::Family;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::kernels::igemm::{
-    ABlock, FoldFn, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, IgemmTripleFn, Kind,
+    ABlock, FoldFn, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, IgemmTripleFn, Kind, PrepFn,
     UnpackStepFn, WBand, pack_q8_blocks_column, pack_q8k_column,
 };
 use crate::kernels::prefetch::{prefetch_l1, prefetch_l2_range};
@@ -198,6 +198,8 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     /// The tier's writer of the bands' folded weights, where its kernels read those instead
     /// (`IgemmKernels::fold_scales`, for the folded forms, `IntFormat::fold`).
     fold: Option<FoldFn>,
+    /// The tier's writer of what its kernels read beside the codes (`IgemmKernels::prep`).
+    prep: Option<PrepFn>,
     bsize: usize,
     repacked: Option<DType>,
     k: usize,
@@ -271,6 +273,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
             _state: state,
             expand: kernels.expand_codes && fold.is_none(),
             fold,
+            prep: kernels.prep,
             bsize,
             repacked,
             k,
@@ -379,6 +382,9 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                     fold(band, rr, fmt.bias);
                 } else if self.expand {
                     band.expand_row(rr, fmt.bias);
+                }
+                if let Some(prep) = self.prep {
+                    prep(band, rr);
                 }
             }
         }
