@@ -2,7 +2,7 @@
 //!
 //! Every ISA tier is compiled into every binary: the portable files (`scalar.rs`, `recurrent.rs`,
 //! `conv.rs`, ..., always present) and one file per (arch, tier) under `x86/` with the same
-//! function names. [`CpuFeatures::detect`] runs once; a [`KernelTable`] of function pointers is
+//! function names. [`CpuFeatures::detect`] runs once; a `KernelTable` of function pointers is
 //! filled from the portable kernels and then overwritten tier by tier (each tier's `plug`) up to
 //! the tier it is built for. No feature check happens inside a loop, and no kernel is reached
 //! other than through a table: the `x86` module is private to this one.
@@ -98,7 +98,7 @@ fn avx512_tier_features() -> bool {
 
 /// CPU features found at run time, named as ggml's CPU backend reports them
 /// (`ggml_backend_cpu_get_features`). The fields are a report: the tiers' `plug` functions check
-/// the features their kernels need themselves, once, when a [`KernelTable`] is filled.
+/// the features their kernels need themselves, once, when a kernel table is filled.
 /// A field is false when the feature is absent or not probed on this architecture.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
