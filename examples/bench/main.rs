@@ -152,6 +152,9 @@ fn main() {
                 println!("quantgraph int8_peak threads={t} gops={g:.1}");
             } else if let Some(g) = peaks::int8_maddubs_peak(t) {
                 println!("quantgraph int8_maddubs_peak threads={t} gops={g:.1}");
+                if let Some(g) = peaks::int8_maddubs_wide_peak(t) {
+                    println!("quantgraph int8_maddubs_wide_peak threads={t} gops={g:.1}");
+                }
             }
             if let Some(g) = peaks::amx_peak(t) {
                 println!("quantgraph amx_int8_peak threads={t} gops={g:.1}");

@@ -38,8 +38,14 @@ pub fn matmul(
     g.set_output(y)?;
     let mut plan = Plan::new(g, &be)?;
     plan.set_input(x, &rand_f32(k * n, 2))?;
+    // Without VNNI, also the peak of 8-bit weight codes (`int8_maddubs_wide_peak`), which
+    // bounds the types whose codes take all 8 bits there (Q8_0 and the IQ types' signed forms).
     let before = if share { peaks::bounding_peak(ty, be.n_threads()) } else { None };
+    let maddubs = matches!(before, Some(("int8_maddubs", _)));
+    let wide = || maddubs.then(|| peaks::int8_maddubs_wide_peak(be.n_threads())).flatten();
+    let wide_before = wide();
     let (t, best) = median_and_best_compute_secs(&mut plan, reps)?;
+    let wide_after = wide();
     let after = if share { peaks::bounding_peak(ty, be.n_threads()) } else { None };
     let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
     let best_gflops = 2.0 * (m * n * k) as f64 / best / 1e9;
@@ -51,6 +57,10 @@ pub fn matmul(
     if let (Some((name, p0)), Some((_, p1))) = (before, after) {
         let share = gflops / ((p0 + p1) / 2.0);
         suffix += &format!(" peak={name} peak_before={p0:.1} peak_after={p1:.1} share={share:.3}");
+    }
+    if let (Some(w0), Some(w1)) = (wide_before, wide_after) {
+        let share = gflops / ((w0 + w1) / 2.0);
+        suffix += &format!(" wide_before={w0:.1} wide_after={w1:.1} wide_share={share:.3}");
     }
     println!(
         "quantgraph matmul {} {m} {n} {k} threads={} median_ms={:.3} gflops={gflops:.1} best_gflops={best_gflops:.1}{suffix} digest={}",

@@ -131,18 +131,40 @@ pub fn int8_peak(threads: usize) -> Option<f64> {
 /// per step where they do not); median of 5 runs. Quantized prefill is compared against it on
 /// CPUs without VNNI.
 pub fn int8_maddubs_peak(threads: usize) -> Option<f64> {
+    maddubs_chains::<false>(threads)
+}
+
+/// The int8 dot-product peak of `threads` threads with AVX2 only for 8-bit weight codes: as
+/// [`int8_maddubs_peak`], but each `vpmaddubsw` widened at once by a `vpmaddwd` and summed by a
+/// `vpaddd`, the least an AVX2 kernel spends on weights of up to 8 bits against int8 levels (two
+/// of their products fill int16, so no two steps share a widening). Where both multiplies issue
+/// on the same ports it is half of [`int8_maddubs_peak`]; the signed forms (Q8_0 and the IQ
+/// types on CPUs without VNNI) are bound by it.
+pub fn int8_maddubs_wide_peak(threads: usize) -> Option<f64> {
+    maddubs_chains::<true>(threads)
+}
+
+/// 12 chains per thread of `vpmaddubsw` plus `vpaddw` (`WIDE = false`) or plus `vpmaddwd` and
+/// `vpaddd` (`WIDE = true`); `None` without AVX2.
+fn maddubs_chains<const WIDE: bool>(threads: usize) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
-    fn per_thread(iters: u64) -> u64 {
+    fn per_thread<const WIDE: bool>(iters: u64) -> u64 {
         #[target_feature(enable = "avx2")]
-        unsafe fn chains(iters: u64) -> i32 {
+        unsafe fn chains<const WIDE: bool>(iters: u64) -> i32 {
             use std::arch::x86_64::*;
             let mut acc = [_mm256_set1_epi32(1); 12];
             let u = _mm256_set1_epi8(3);
+            let ones = _mm256_set1_epi16(1);
             for _ in 0..iters {
                 for v in acc.iter_mut() {
                     // The chain's own bytes as the signed operand, so nothing is loop-invariant
-                    // (12 chains cover the two instructions' latency).
-                    *v = _mm256_add_epi16(*v, _mm256_maddubs_epi16(u, *v));
+                    // (12 chains cover the instructions' latency).
+                    let p = _mm256_maddubs_epi16(u, *v);
+                    *v = if WIDE {
+                        _mm256_add_epi32(*v, _mm256_madd_epi16(p, ones))
+                    } else {
+                        _mm256_add_epi16(*v, p)
+                    };
                 }
             }
             let mut t = acc[0];
@@ -151,13 +173,13 @@ pub fn int8_maddubs_peak(threads: usize) -> Option<f64> {
             }
             _mm256_extract_epi32::<0>(t)
         }
-        // SAFETY: int8_maddubs_peak runs this only where AVX2 was detected.
-        let v = unsafe { chains(iters) };
+        // SAFETY: maddubs_chains runs this only where AVX2 was detected.
+        let v = unsafe { chains::<WIDE>(iters) };
         std::hint::black_box(v);
         iters * 12 * 32 * 2
     }
     #[cfg(not(target_arch = "x86_64"))]
-    fn per_thread(_iters: u64) -> u64 {
+    fn per_thread<const WIDE: bool>(_iters: u64) -> u64 {
         0
     }
     #[cfg(target_arch = "x86_64")]
@@ -166,7 +188,7 @@ pub fn int8_maddubs_peak(threads: usize) -> Option<f64> {
     }
     #[cfg(not(target_arch = "x86_64"))]
     return None;
-    Some(per_second_on_threads(threads, per_thread))
+    Some(per_second_on_threads(threads, per_thread::<WIDE>))
 }
 
 /// The peak that bounds prefill of `ty` weights, as `(name, value)`: the int8 dot-product peak
