@@ -332,8 +332,10 @@ pub(crate) struct IgemmKernels {
     /// of the band bytes they read (`WBand::sign_row`'s).
     pub signed: Option<SignedFn>,
     /// The writer the unpacker calls on each unpacked row of a band for these kernels, where
-    /// they read more than the codes ([`IgemmKernels::for_format`] sets it for the signed forms).
-    pub prep: Option<PrepFn>,
+    /// they read more than the codes: [`IgemmKernels::for_format`] picks it for the format (the
+    /// signed forms' writer, `fold_scales` for a folded form, [`WBand::expand_row`] where the
+    /// kernels read block-diagonal codes); the tiers' tables leave it `None`.
+    pub row_writer: Option<RowFn>,
     /// The tier's whole-step unpacker of a block type, where it has one (the same codes,
     /// scales and mins as the type's `quant::unpack` function per block).
     pub unpack: fn(DType) -> Option<UnpackStepFn>,
@@ -344,12 +346,13 @@ pub(crate) struct IgemmKernels {
     /// where they keep any: the integer GEMM calls it on the worker's thread when a block
     /// starts and when it ends.
     pub release: Option<fn()>,
-    /// Whether the kernels read [`WBand::xcodes`] (the unpacker then writes them).
+    /// Whether the kernels read [`WBand::xcodes`] as block-diagonal codes (`for_format` then
+    /// names [`WBand::expand_row`] as the row writer).
     pub expand_codes: bool,
     /// Where `Kind::Int16`'s two- and three-panel forms read [`WBand::xcodes`] as the folded
     /// weights of [`WBand::fold_row`], the tier's writer of them (the same bytes; the unpacker
     /// then calls it for that kind's formats instead of writing the block-diagonal codes).
-    pub fold_scales: Option<FoldFn>,
+    pub fold_scales: Option<RowFn>,
 }
 
 impl IgemmKernels {
@@ -368,13 +371,24 @@ impl IgemmKernels {
     pub(crate) fn for_format(mut self, fmt: &IntFormat) -> Option<IgemmKernels> {
         if let Some(sign) = fmt.sign {
             debug_assert!(fmt.bias == 128 && !fmt.has_min, "signed forms of bias-128 formats");
-            let (one, prep) = (self.signed?)(sign);
-            (self.one, self.prep) = (one, Some(prep));
+            let (one, writer) = (self.signed?)(sign);
+            (self.one, self.row_writer) = (one, Some(writer));
             self.two = [None; 9];
             self.three = [None; 9];
             return Some(self);
         }
-        (fmt.max_code <= self.max_code).then(|| self.for_codes(fmt.max_code))
+        if fmt.max_code > self.max_code {
+            return None;
+        }
+        // A folded form only on kernels that fold (`IntFormat::for_tier`).
+        self.row_writer = if fmt.fold {
+            Some(self.fold_scales?)
+        } else if self.expand_codes {
+            Some(WBand::expand_row)
+        } else {
+            None
+        };
+        Some(self.for_codes(fmt.max_code))
     }
 }
 
@@ -384,15 +398,13 @@ pub(crate) type NarrowFn = fn(max_code: u8) -> ([IgemmFn; 9], [Option<IgemmPairF
 
 /// A tier's signed forms for a [`Sign`] ([`IgemmKernels::signed`]): one-panel kernels and the
 /// writer of the band bytes they read.
-pub(crate) type SignedFn = fn(Sign) -> ([IgemmFn; 9], PrepFn);
+pub(crate) type SignedFn = fn(Sign) -> ([IgemmFn; 9], RowFn);
 
-/// Rewrites row `r` of a band after unpacking (its codes in the form a tier's kernels read,
-/// [`IgemmKernels::prep`]).
-pub(crate) type PrepFn = fn(w: &mut WBand, r: usize);
-
-/// Writes row `r` of a band's folded weights for code bias `bias` (see `WBand::fold_row`, the
-/// portable reference the tiers' writers are tested against).
-pub(crate) type FoldFn = fn(w: &mut WBand, r: usize, bias: i32);
+/// Writes what a tier's kernels read of row `r` of a band beside its codes, once the unpacker
+/// wrote them, for code bias `bias` ([`IgemmKernels::row_writer`]): the signed forms' weights
+/// ([`WBand::sign_row`]), the folded weights (the tiers' `fold_scales`, tested against the
+/// portable [`WBand::fold_row`]) or the block-diagonal codes ([`WBand::expand_row`]).
+pub(crate) type RowFn = fn(w: &mut WBand, r: usize, bias: i32);
 
 /// Unpacks a row's step of `nblk` (at most 8) weight blocks of 32 elements in ggml's layout
 /// (`src`) into codes `32 b..32 b + 32`, `scales[b]` and (types with mins) `mins[b]` of block
@@ -436,7 +448,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     max_code: 255,
     narrow: None,
     signed: None,
-    prep: None,
+    row_writer: None,
     unpack: no_unpack,
     unpack_super: no_unpack_super,
     release: None,
@@ -736,10 +748,10 @@ mod tests {
                     }
                     let lens: &[usize] = if kind.blocks() { &[256, 32, 64, 160] } else { &[256] };
                     for (name, k) in &sets {
-                        let (set, prep) = (k.signed.expect("signed forms"))(sign);
+                        let (set, writer) = (k.signed.expect("signed forms"))(sign);
                         let mut wp = w;
                         for row in 0..IG_MR {
-                            prep(&mut wp, row);
+                            writer(&mut wp, row, 128);
                         }
                         for &len in lens {
                             let mut want = [[0.5f32; IG_NR]; IG_MR];
@@ -770,7 +782,7 @@ mod tests {
     /// level -128.
     fn narrow_pair_is_sub16(
         name: &str,
-        (narrow, triple, fold): (IgemmPairFn, Option<IgemmTripleFn>, Option<FoldFn>),
+        (narrow, triple, fold): (IgemmPairFn, Option<IgemmTripleFn>, Option<RowFn>),
         max_code: u8,
         w: &WBand,
         a: &ABlock,

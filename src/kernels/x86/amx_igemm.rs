@@ -424,6 +424,7 @@ fn amx_fold_kernel<const P: usize, const MIN: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::igemm::RowFn;
     use crate::kernels::{Isa, table_for};
 
     /// The tier's table: the tile kernels for the block kinds with sub-blocks of 32 and the
@@ -457,6 +458,12 @@ mod tests {
             assert_eq!(Kind::of(&here), want, "{dt}");
             assert_eq!(here.widen, !fmt.float_scales() && fmt.sub == 32, "{dt}");
             assert_eq!(Kind::of(&fmt.for_tier(vnni.fold_scales.is_some())), Kind::of(&fmt), "{dt}");
+            // The unpacker's row writer: the tier's folding for a folded form, else the
+            // block-diagonal codes; none on the VNNI tier, whose kernels read the codes only.
+            let writer = |k: IgemmKernels, f| k.for_format(&f).and_then(|k| k.row_writer);
+            let want = if here.fold { AMX.fold_scales } else { Some(WBand::expand_row as RowFn) };
+            assert_eq!(writer(AMX, here).map(|f| f as usize), want.map(|f| f as usize), "{dt}");
+            assert!(writer(vnni, fmt).is_none(), "{dt}");
         }
         if let Some(t) = table_for(Isa::Amx) {
             let k = t.igemm.expect("the AMX tier has integer kernels");

@@ -24,7 +24,7 @@ use std::arch::x86_64::*;
 
 use crate::dtype::QK_K;
 use crate::kernels::igemm::{
-    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, PrepFn, WBand, pairs_fit, used_subs,
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, RowFn, WBand, pairs_fit, used_subs,
 };
 use crate::quant::unpack::Sign;
 
@@ -262,7 +262,7 @@ macro_rules! kernel_set {
             max_code: $max,
             narrow: $narrow,
             signed: $signed,
-            prep: None,
+            row_writer: None,
             unpack: super::avx2_unpack::unpack_for,
             unpack_super: super::avx2_unpack::unpack_super_for,
             release: None,
@@ -278,10 +278,14 @@ kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes), Some(si
 /// The `vpmaddubsw` kernels for the signed forms (`IntFormat::signed`: Q8_0, IQ4_NL, IQ4_XS,
 /// whose codes reach 255): one group of 4 K values per widening, each pair of products at most
 /// `2 * 128 * 127` in size. Only the kinds without mins are used (`IgemmKernels::for_format`).
-fn signed_set(sign: Sign) -> ([IgemmFn; 9], PrepFn) {
+fn signed_set(sign: Sign) -> ([IgemmFn; 9], RowFn) {
     match sign {
-        Sign::OnWeights => (one_set!(maddubs_signed, true), |w, r| w.sign_row(r, Sign::OnWeights)),
-        Sign::OnLevels => (one_set!(maddubs_signed, false), |w, r| w.sign_row(r, Sign::OnLevels)),
+        Sign::OnWeights => {
+            (one_set!(maddubs_signed, true), |w, r, _| w.sign_row(r, Sign::OnWeights))
+        }
+        Sign::OnLevels => {
+            (one_set!(maddubs_signed, false), |w, r, _| w.sign_row(r, Sign::OnLevels))
+        }
     }
 }
 

@@ -249,7 +249,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     max_code: 255,
     narrow: None,
     signed: None,
-    prep: None,
+    row_writer: None,
     unpack: super::avx2_unpack::unpack_for,
     unpack_super: super::avx2_unpack::unpack_super_for,
     release: None,

@@ -9,7 +9,7 @@ use super::Family;
 use crate::dtype::{DType, QK_K};
 use crate::error::{Error, Result};
 use crate::kernels::igemm::{
-    ABlock, FoldFn, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, IgemmTripleFn, Kind, PrepFn,
+    ABlock, IG_MR, IG_NR, IgemmFn, IgemmKernels, IgemmPairFn, IgemmTripleFn, Kind, RowFn,
     UnpackStepFn, WBand, pack_q8_blocks_column, pack_q8k_column,
 };
 use crate::kernels::prefetch::{prefetch_l1, prefetch_l2_range};
@@ -193,13 +193,9 @@ pub(crate) struct IntBlock<'a, R: Fn(usize) -> *const u8> {
     triple: Option<IgemmTripleFn>,
     /// The tier's per-thread kernel state (`IgemmKernels::release`), claimed for the block.
     _state: super::KernelState,
-    /// Whether the kernels read the bands' block-diagonal codes (`IgemmKernels::expand_codes`).
-    expand: bool,
-    /// The tier's writer of the bands' folded weights, where its kernels read those instead
-    /// (`IgemmKernels::fold_scales`, for the folded forms, `IntFormat::fold`).
-    fold: Option<FoldFn>,
-    /// The tier's writer of what its kernels read beside the codes (`IgemmKernels::prep`).
-    prep: Option<PrepFn>,
+    /// The writer of what the kernels read of each unpacked row beside its codes
+    /// (`IgemmKernels::row_writer`: signed weights, folded weights or block-diagonal codes).
+    writer: Option<RowFn>,
     bsize: usize,
     repacked: Option<DType>,
     k: usize,
@@ -249,10 +245,10 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
         if !rows.len().is_multiple_of(IG_MR) {
             bands[nbands - 1] = bytemuck::Zeroable::zeroed();
         }
-        // A folded form only on kernels that fold (`mul_mat_q::tier_form` makes it so): the
-        // other tiers' integer pairs rely on the narrow formats' 16-bit bounds.
-        let fold = kernels.fold_scales.filter(|_| fmt.fold);
-        if fmt.fold && fold.is_none() {
+        // A folded form only on kernels that fold (`mul_mat_q::tier_form` makes it so, and
+        // `IgemmKernels::for_format` then names their writer): the other tiers' integer pairs
+        // rely on the narrow formats' 16-bit bounds.
+        if fmt.fold && (kernels.fold_scales.is_none() || kernels.row_writer.is_none()) {
             return Err(Error::Buffer(
                 "mul_mat: folded integer form on kernels that do not fold".into(),
             ));
@@ -271,9 +267,7 @@ impl<'a, R: Fn(usize) -> *const u8> IntBlock<'a, R> {
             pair,
             triple,
             _state: state,
-            expand: kernels.expand_codes && fold.is_none(),
-            fold,
-            prep: kernels.prep,
+            writer: kernels.row_writer,
             bsize,
             repacked,
             k,
@@ -378,13 +372,8 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
                     prefetch_l1(next, next_bytes);
                 }
                 unpack_step(fmt, (self.fast, self.fast_super), src, bsize, nblk, band, rr);
-                if let Some(fold) = self.fold {
-                    fold(band, rr, fmt.bias);
-                } else if self.expand {
-                    band.expand_row(rr, fmt.bias);
-                }
-                if let Some(prep) = self.prep {
-                    prep(band, rr);
+                if let Some(write) = self.writer {
+                    write(band, rr, fmt.bias);
                 }
             }
         }
