@@ -123,12 +123,22 @@ pub fn decode_stream(
 fn weight_bytes(ty: DType, k: usize, rows: usize) -> quantgraph::Result<Vec<u8>> {
     let a = rand_f32(rows * k, 1);
     let mut bytes = vec![0u8; ty.row_size(k)? * rows];
-    match ty {
-        DType::F32 => bytes.copy_from_slice(bytemuck::cast_slice(&a)),
-        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, &a, &mut bytes)?,
-        _ => quantgraph::quant::quantize(ty, &a, &mut bytes)?,
-    }
+    quantize_rows(ty, &a, k, &mut bytes)?;
     Ok(bytes)
+}
+
+/// `x` (rows of `k` values) in type `ty`. IQ1_S, IQ2_XXS and IQ2_XS, which ggml quantizes only
+/// with an importance matrix, take a uniform one, as ggml's side-by-side harness does.
+pub fn quantize_rows(ty: DType, x: &[f32], k: usize, out: &mut [u8]) -> quantgraph::Result<()> {
+    match ty {
+        DType::F32 => out.copy_from_slice(bytemuck::cast_slice(x)),
+        DType::F16 | DType::BF16 => quantgraph::quant::quantize_for_dot(ty, x, out)?,
+        DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS => {
+            quantgraph::quant::quantize_with_imatrix(ty, x, k, &vec![1.0; k], out)?
+        }
+        _ => quantgraph::quant::quantize(ty, x, out)?,
+    }
+    Ok(())
 }
 
 /// The weights in a plain buffer, or (with `--repack`) in the CPU_REPACK buffer type: repacked on

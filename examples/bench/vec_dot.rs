@@ -13,16 +13,7 @@ pub fn vec_dot(ty: DType, n: usize, reps: usize, kernel: bool) -> quantgraph::Re
     let x = rand_f32(n, 1);
     let y = rand_f32(n, 2);
     let mut xq = vec![0u8; ty.row_size(n)?];
-    match ty {
-        DType::F32 | DType::F16 | DType::BF16 => {
-            quantgraph::quant::quantize_for_dot(ty, &x, &mut xq)?
-        }
-        // iq1_s, iq2_xxs, iq2_xs need an importance matrix: a uniform one.
-        DType::IQ1_S | DType::IQ2_XXS | DType::IQ2_XS => {
-            quantgraph::quant::quantize_with_imatrix(ty, &x, n, &vec![1.0; n], &mut xq)?
-        }
-        _ => quantgraph::quant::quantize(ty, &x, &mut xq)?,
-    }
+    crate::matmul::quantize_rows(ty, &x, n, &mut xq)?;
     let vd = ty.vec_dot_type();
     let mut yq = vec![0u8; vd.row_size(n)?];
     quantgraph::quant::quantize_for_dot(vd, &y, &mut yq)?;
