@@ -542,7 +542,13 @@ impl KernelTable {
     }
 
     pub(crate) fn set_vec_dot(&mut self, d: DType, f: VecDotFn) {
-        self.vec_dot[d.ggml_id() as usize] = Some(f);
+        let i = d.ggml_id() as usize;
+        self.vec_dot[i] = Some(f);
+        // Without a streaming variant the two-row form belongs to this dot (Q1_0's): a tier that
+        // replaces the dot drops it, as `set_vec_dot_stream` does for its own.
+        if self.vec_dot_stream[i].is_none() {
+            self.vec_dot2_stream[i] = None;
+        }
     }
 
     pub(crate) fn set_vec_dot_stream(&mut self, d: DType, f: VecDotFn) {
@@ -780,6 +786,30 @@ impl VecDotKernel {
 #[cfg(test)]
 mod stream_tests {
     use super::*;
+
+    /// A two-row form goes with the dot it was written against: replacing that dot (the plain
+    /// one where the type has no streaming variant, else the streaming one) drops it.
+    #[test]
+    fn replacing_a_dot_drops_its_two_row_form() {
+        let two: VecDot2Fn = |_, _, _| [0.0; 2];
+        let one: VecDotFn = |_, _, _| 0.0;
+        let mut t = KernelTable::build(Isa::Scalar);
+        for d in [DType::Q1_0, DType::Q4_0] {
+            t.set_vec_dot(d, one);
+            t.set_vec_dot2_stream(d, two);
+            assert!(t.vec_dot2_stream(d).is_some());
+        }
+        t.set_vec_dot_stream(DType::Q4_0, one);
+        t.set_vec_dot2_stream(DType::Q4_0, two);
+        // Q1_0 has no streaming variant: its two-row form pairs with the plain dot.
+        t.set_vec_dot(DType::Q1_0, one);
+        assert!(t.vec_dot2_stream(DType::Q1_0).is_none());
+        // Q4_0's pairs with its streaming dot, which a new plain dot leaves in place.
+        t.set_vec_dot(DType::Q4_0, one);
+        assert!(t.vec_dot2_stream(DType::Q4_0).is_some());
+        t.set_vec_dot_stream(DType::Q4_0, one);
+        assert!(t.vec_dot2_stream(DType::Q4_0).is_none());
+    }
 
     /// Every tier's decode variant (a prefetch ahead of the weight row) gives the plain dot
     /// product's bits, on random blocks of every type that has one.
