@@ -30,9 +30,21 @@ pub(crate) struct RepackEntry {
 /// Alignment of buffers allocated by the CPU buffer type.
 pub const BUFFER_ALIGNMENT: usize = 64;
 
+/// Buffers of at least this many bytes are anonymous memory maps advised to use transparent
+/// huge pages (Linux): one TLB entry per 2 MiB instead of per 4 KiB, so streaming through large
+/// weights, KV caches and activations takes fewer page walks (decode reading Q8_0, Q4_0 and F16
+/// weights from memory on a Zen 3: medians 1.0-1.1x, rounds 0.9-1.4x).
+#[cfg(target_os = "linux")]
+const HUGE_PAGE_MIN: usize = 2 << 20;
+
 enum Storage {
     Owned {
         layout: Layout,
+    },
+    /// A large buffer's memory (see [`HUGE_PAGE_MIN`]); unmapped on drop.
+    #[cfg(target_os = "linux")]
+    Mapped {
+        _map: memmap2::MmapMut,
     },
     Borrowed {
         _owner: Box<dyn Any + Send + Sync>,
@@ -105,6 +117,35 @@ impl Buffer {
     ) -> Result<Buffer> {
         let buft: Arc<dyn BufferType> =
             if repack.is_some() { Arc::new(CpuRepackBufferType) } else { Arc::new(CpuBufferType) };
+        let (ptr, storage) = Buffer::zeroed(len)?;
+        Ok(Buffer {
+            inner: Arc::new(Inner {
+                ptr,
+                len,
+                writable: true,
+                storage,
+                name: name.into(),
+                state: AtomicIsize::new(0),
+                repack,
+                buft,
+            }),
+        })
+    }
+
+    /// `len` zeroed bytes, at least [`BUFFER_ALIGNMENT`]-aligned, and what owns them: a memory
+    /// map advised to use huge pages for large buffers on Linux (page-aligned; the heap when the
+    /// map fails), else the heap.
+    fn zeroed(len: usize) -> Result<(*mut u8, Storage)> {
+        #[cfg(target_os = "linux")]
+        if len >= HUGE_PAGE_MIN
+            && let Ok(mut map) = memmap2::MmapMut::map_anon(len)
+        {
+            // Only advice: without transparent huge pages the map keeps 4 KiB pages.
+            let _ = map.advise(memmap2::Advice::HugePage);
+            let ptr = map.as_mut_ptr();
+            debug_assert!(ptr.align_offset(BUFFER_ALIGNMENT) == 0);
+            return Ok((ptr, Storage::Mapped { _map: map }));
+        }
         let layout = Layout::from_size_align(len.max(1), BUFFER_ALIGNMENT)
             .map_err(|_| Error::Buffer(format!("cannot allocate {len} bytes")))?;
         // SAFETY: the layout has a non-zero size.
@@ -112,18 +153,7 @@ impl Buffer {
         if ptr.is_null() {
             return Err(Error::Buffer(format!("out of memory allocating {len} bytes")));
         }
-        Ok(Buffer {
-            inner: Arc::new(Inner {
-                ptr,
-                len,
-                writable: true,
-                storage: Storage::Owned { layout },
-                name: name.into(),
-                state: AtomicIsize::new(0),
-                repack,
-                buft,
-            }),
-        })
+        Ok((ptr, Storage::Owned { layout }))
     }
 
     /// A CPU_REPACK buffer: tensors are stored with [`Buffer::set_tensor`], which rearranges them
@@ -531,6 +561,24 @@ impl Drop for BufferGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_buffers_are_aligned_zeroed_and_hold_their_bytes() {
+        // Above the huge-page threshold on Linux: a memory map rather than the heap.
+        let len = (5 << 20) + 3;
+        let b = Buffer::alloc(len).unwrap();
+        assert_eq!(b.len(), len);
+        assert_eq!(b.ptr() as usize % BUFFER_ALIGNMENT, 0);
+        let mut out = vec![1u8; len];
+        b.read(0, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0));
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+        b.write(0, &bytes).unwrap();
+        let c = b.clone();
+        drop(b);
+        c.read(0, &mut out).unwrap();
+        assert_eq!(out, bytes);
+    }
 
     #[test]
     fn alloc_is_aligned_and_zeroed() {
