@@ -178,3 +178,33 @@ fn long_float_rows_decode_gives_one_vec_dot_per_row() {
         }
     }
 }
+
+/// Decode (one column of f32 activations) of quantized weights: each worker converts the
+/// column into a slot of its own (the node has one phase), and every output is still `vec_dot`
+/// on the converted column, bit for bit, on every tier and for 1, 2 and 3 threads.
+#[test]
+fn decode_gives_one_vec_dot_per_row_for_any_thread_count() {
+    for ty in [DType::Q8_0, DType::Q4_0, DType::Q4_K] {
+        let (k, m) = (512, 37);
+        let c = case(ty, [k, m, 1, 1], [k, 1, 1, 1], 950);
+        let vd = ty.vec_dot_type();
+        let mut b_q = vec![0u8; vd.row_size(k).unwrap()];
+        quantize_for_dot(vd, &c.b, &mut b_q).unwrap();
+        let ra = ty.row_size(k).unwrap();
+        for isa in tiers() {
+            for threads in [1, 2, 3] {
+                let got = run(&c, isa, threads);
+                assert_eq!(got.len(), m);
+                for (i, g) in got.iter().enumerate() {
+                    let want = vec_dot_with(isa, ty, k, &c.a_q[i * ra..][..ra], &b_q).unwrap();
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{ty} {} t{threads} row {i}",
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}

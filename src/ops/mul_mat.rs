@@ -1,6 +1,8 @@
 //! mul_mat: dst[i, j] = dot(a row i, b row j) with a broadcast over dims 2 and 3
 //! (ggml's ggml_compute_forward_mul_mat). Phase 0 converts b's rows into a's vec-dot type in the
 //! work buffer (all threads); phase 1 hands out 16x16 output tiles through an atomic counter.
+//! A single row to convert (decode) is converted by every worker into its own slot, in the one
+//! phase the node then has.
 //! Each output is one dot product of the full row, so results do not depend on the thread count.
 //! With two or more columns, types with a register-tile kernel (`KernelTable::gemm`) compute each
 //! 16x16 tile in small blocks that share loads; every output is still bitwise the tier's `vec_dot`.
@@ -23,6 +25,24 @@ fn needs_conversion(node: &ExecNode) -> bool {
     }
 }
 
+/// One activation row to convert on the dot-product path (decode): each worker converts it into
+/// a slot of its own and goes straight on to its dot products, so the node has one phase and no
+/// barrier between the conversion and the dots (the conversion of one row costs less than a
+/// barrier's wait; two-phase nodes left one worker idle while the other converted).
+fn private_conversion(node: &ExecNode) -> bool {
+    needs_conversion(node)
+        && node.src[1].as_ref().is_some_and(|b| b.nrows() == 1)
+        && !super::mul_mat_repack::applies(node)
+        && !super::mul_mat_q::applies(node)
+        && !super::mul_mat_f::applies(node)
+}
+
+/// Bytes of one worker's slot for [`private_conversion`]: the converted row, then an f32 row.
+fn private_slot_bytes(node: &ExecNode) -> usize {
+    let k = node.src[1].as_ref().map_or(0, |b| b.ne[0]);
+    converted_row_bytes(node) + crate::ops::node::align_up(k * 4, 64)
+}
+
 /// The tier needs the weight type's dot product and the activation conversion.
 pub(crate) fn supports(graph: &Graph, t: &Tensor, kt: &KernelTable) -> Result<()> {
     let a = graph.t(t.src[0].ok_or_else(|| Error::arg("mul_mat: no a"))?);
@@ -41,8 +61,8 @@ pub(crate) fn phases(node: &ExecNode) -> u8 {
     if super::mul_mat_repack::applies(node) {
         return 2;
     }
-    if super::mul_mat_q::applies(node) || super::mul_mat_f::applies(node) || needs_conversion(node)
-    {
+    let convert_first = needs_conversion(node) && !private_conversion(node);
+    if super::mul_mat_q::applies(node) || super::mul_mat_f::applies(node) || convert_first {
         2
     } else {
         1
@@ -73,11 +93,36 @@ pub(crate) fn work_size(node: &ExecNode, nth: usize) -> usize {
     if !needs_conversion(node) {
         return int;
     }
+    if private_conversion(node) {
+        return int.max(nth * private_slot_bytes(node));
+    }
     let b = node.src[1].as_ref().map(|b| (b.nrows(), b.ne[0])).unwrap_or((0, 0));
     int.max(b.0 * converted_row_bytes(node) + nth * crate::ops::node::align_up(b.1 * 4, 64))
 }
 
 fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
+    let (b, k) = (ctx.src(1), ctx.src(1).ne[0]);
+    let rb = converted_row_bytes(ctx.node);
+    let nrows = b.nrows();
+    let scratch_off = nrows * rb + ith * crate::ops::node::align_up(k * 4, 64);
+    debug_assert!(scratch_off + k * 4 <= ctx.work_len);
+    let (r0, r1) = split(nrows, ith, ctx.nth);
+    for r in r0..r1 {
+        // SAFETY: the work buffer holds nrows converted rows of `rb` bytes followed by one f32
+        // scratch row per thread (work_size); this worker writes only its rows and its scratch.
+        unsafe {
+            convert_row(ctx, r, ctx.work.add(r * rb), ctx.work.add(scratch_off) as *mut f32)
+        }?;
+    }
+    Ok(())
+}
+
+/// Converts b's flat row `r` into a's vec-dot type at `out`, with `scratch` for an f32 copy.
+///
+/// # Safety
+/// `r` < b's row count; `out` is valid for writes of the converted row (`vd.row_bytes(k)`),
+/// `scratch` for `k` f32 (4-byte aligned), both used by this worker alone.
+unsafe fn convert_row(ctx: &NodeCtx<'_>, r: usize, out: *mut u8, scratch: *mut f32) -> Result<()> {
     let (a, b) = (ctx.src(0), ctx.src(1));
     let vd = a.dtype.vec_dot_type();
     let from = ctx.kt.activation_converter(vd).ok_or_else(|| Error::Unsupported {
@@ -86,42 +131,34 @@ fn convert(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         msg: format!("no f32 -> {vd} conversion"),
     })?;
     let k = b.ne[0];
-    let rb = converted_row_bytes(ctx.node);
-    let nrows = b.nrows();
-    let scratch_off = nrows * rb + ith * crate::ops::node::align_up(k * 4, 64);
-    debug_assert!(scratch_off + k * 4 <= ctx.work_len);
-    let (r0, r1) = split(nrows, ith, ctx.nth);
-    for r in r0..r1 {
-        let (i1, i2, i3) = unravel_row(r, &b.ne);
-        // SAFETY: the work buffer holds nrows converted rows of `rb` bytes followed by one f32
-        // scratch row per thread (work_size); this worker writes only its rows and its scratch.
-        // b's indices are below its shape (extent validated at plan time), so with nb[0] == 4
-        // its row is k f32 at pb (read as a slice only when pb is 4-byte aligned).
-        unsafe {
-            let out = std::slice::from_raw_parts_mut(ctx.work.add(r * rb), vd.row_bytes(k));
-            let scratch = std::slice::from_raw_parts_mut(ctx.work.add(scratch_off) as *mut f32, k);
-            let pb = b.row(i1, i2, i3);
-            if b.dtype == DType::F32 {
-                from(super::f32_run(b, pb, (0, k), scratch), out);
-            } else if b.dtype != vd {
-                // BF16 activations of F32 weights (the builder allows no other pair): widened
-                // into the f32 rows the dot product reads, as ggml does.
-                debug_assert!(b.dtype == DType::BF16 && vd == DType::F32);
-                let dst = out.as_mut_ptr() as *mut f32;
-                for i in 0..k {
-                    let h = (pb.add(i * b.nb[0]) as *const u16).read_unaligned();
-                    dst.add(i).write_unaligned(crate::quant::util::bf16_to_fp32(h));
-                }
-            } else {
-                // Same type as vd but strided elements: gather element by element.
-                let ts = b.dtype.type_size();
-                for i in 0..k {
-                    std::ptr::copy_nonoverlapping(
-                        pb.add(i * b.nb[0]),
-                        out.as_mut_ptr().add(i * ts),
-                        ts,
-                    );
-                }
+    let (i1, i2, i3) = unravel_row(r, &b.ne);
+    // SAFETY: the caller's guarantees for `out` and `scratch`; b's indices are below its shape
+    // (extent validated at plan time), so with nb[0] == 4 its row is k f32 at pb (read as a
+    // slice only when pb is 4-byte aligned).
+    unsafe {
+        let out = std::slice::from_raw_parts_mut(out, vd.row_bytes(k));
+        let scratch = std::slice::from_raw_parts_mut(scratch, k);
+        let pb = b.row(i1, i2, i3);
+        if b.dtype == DType::F32 {
+            from(super::f32_run(b, pb, (0, k), scratch), out);
+        } else if b.dtype != vd {
+            // BF16 activations of F32 weights (the builder allows no other pair): widened
+            // into the f32 rows the dot product reads, as ggml does.
+            debug_assert!(b.dtype == DType::BF16 && vd == DType::F32);
+            let dst = out.as_mut_ptr() as *mut f32;
+            for i in 0..k {
+                let h = (pb.add(i * b.nb[0]) as *const u16).read_unaligned();
+                dst.add(i).write_unaligned(crate::quant::util::bf16_to_fp32(h));
+            }
+        } else {
+            // Same type as vd but strided elements: gather element by element.
+            let ts = b.dtype.type_size();
+            for i in 0..k {
+                std::ptr::copy_nonoverlapping(
+                    pb.add(i * b.nb[0]),
+                    out.as_mut_ptr().add(i * ts),
+                    ts,
+                );
             }
         }
     }
@@ -153,9 +190,25 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         };
     }
     let conv = needs_conversion(ctx.node);
-    if conv && phase == 0 {
+    let private = private_conversion(ctx.node);
+    if conv && !private && phase == 0 {
         return convert(ctx, ith);
     }
+    // With one row to convert, this worker's own copy in its slot.
+    let private_row = if private {
+        let slot = ith * private_slot_bytes(ctx.node);
+        debug_assert!(slot + private_slot_bytes(ctx.node) <= ctx.work_len);
+        let rb = converted_row_bytes(ctx.node);
+        // SAFETY: work_size reserved nth slots of `private_slot_bytes` (a converted row of `rb`
+        // bytes, then k f32, 64-byte aligned); worker ith alone uses slot ith; b has one row.
+        unsafe {
+            let out = ctx.work.add(slot);
+            convert_row(ctx, 0, out, out.add(rb) as *mut f32)?;
+            Some(out as *const u8)
+        }
+    } else {
+        None
+    };
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let table = ctx.kt;
     // Few columns (decode): each weight row is read once, from memory; the streaming variant
@@ -212,7 +265,9 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             let b_row = |j: usize| -> &[u8] {
                 // SAFETY: as in the loop below: j < n, and the row is `b_row_bytes` long.
                 unsafe {
-                    let p = if conv {
+                    let p = if let Some(p) = private_row {
+                        p
+                    } else if conv {
                         ctx.work.add(((i3 * b.ne[2] + i2) * b.ne[1] + j) * rb)
                     } else {
                         b.row(j, i2, i3)
@@ -249,9 +304,12 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
         }
         for j in j0..j1 {
             // SAFETY: j < n = b.ne[1], (i2, i3) < b's dims 2, 3; the converted row index is b's
-            // flat row index, below nrows; rows are `b_row_bytes` long (contiguous per check).
+            // flat row index, below nrows; rows are `b_row_bytes` long (contiguous per check);
+            // a private row is b's only row, converted into this worker's slot above.
             let yb = unsafe {
-                let p = if conv {
+                let p = if let Some(p) = private_row {
+                    p
+                } else if conv {
                     ctx.work.add(((i3 * b.ne[2] + i2) * b.ne[1] + j) * rb)
                 } else {
                     b.row(j, i2, i3)
