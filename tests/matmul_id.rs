@@ -308,6 +308,21 @@ fn mul_mat_id_gemm_blocks_cover_many_rows_and_pairs() {
     }
 }
 
+/// Rows longer than the packers' 256-value chunks (and not a multiple of them) on the float
+/// GEMM: against the f64 reference, bitwise as the per-expert mul_mat, for 1 and 2 threads.
+#[test]
+fn mul_mat_id_float_gemm_packs_long_rows() {
+    for ty in [DType::F16, DType::F32] {
+        let c = MoeCase::new(ty, 3, 2, false, 20, 24, 2 * 256 + 64, 31);
+        let got = c.run(2);
+        let e = nmse(&got, &c.reference());
+        assert!(e < 5e-4, "{ty}: nmse {e}");
+        let mm = c.per_expert_mul_mats();
+        assert!(got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty}");
+        assert_eq!(c.run(1), got, "{ty}: 1 vs 2 threads");
+    }
+}
+
 /// Every SIMD tier this CPU has, against the f64 reference and bitwise against per-expert
 /// mul_mats on the same tier; out_prod against its reference on every tier.
 #[test]

@@ -8,12 +8,12 @@
 //! few f32 roundings).
 //!
 //! Phase 0 packs the activations (all threads) into the GEMM engine's f32 panels of 16 columns
-//! (the layout of `gemm::float::panel_column`, written 256 K values of 16 columns at a time).
+//! (`gemm::float::panel_chunk`, 256 K values of the 16 columns at a time).
 //! Phase 1 runs the engine's float blocks (`gemm::float`): `MC` weight rows by `NC` columns per
 //! task, K in steps of `KC`, the weight rows dequantized into strips of 6. Every output is the sum over K blocks, in K order, of the kernel's partial sums:
 //! the same operations whatever the thread count.
 
-use super::gemm::float::{self, BLOCK_SCRATCH, KC, MC, NC, panel_floats};
+use super::gemm::float::{self, BLOCK_SCRATCH, KC, MC, NC, PANEL_CHUNK, panel_floats};
 use super::gemm::{Grid, Task};
 use super::{NodeCtx, split};
 use crate::dtype::DType;
@@ -85,19 +85,14 @@ fn packed_bytes(b: &TView) -> usize {
     align_up(b_batches(b) * b.ne[1].div_ceil(SG_NR) * panel_floats(b.ne[0]) * 4, 64)
 }
 
-/// K values phase 0 packs at a time: the chunk of a panel's 16 columns (16 KiB) is converted
-/// in scratch and written to the panel in order, where a column at a time wrote every line of
-/// the panel (about 1 MiB for a long K, past L2) once per column. A multiple of every vec-dot
-/// block size (so a chunk converts as the whole row does, block by block) and even (BF16 pairs).
-const PACK_CHUNK: usize = 256;
-
 /// Per-thread scratch: the packed strip and one dequantized row segment (phase 1), or one chunk
-/// of 16 f32 activation columns and one column chunk's vec-dot conversion (phase 0).
+/// of 16 f32 activation columns ([`PANEL_CHUNK`] values each) and one column chunk's vec-dot
+/// conversion (phase 0).
 fn scratch_bytes(node: &ExecNode) -> usize {
     let a = node.src[0].as_ref().expect("a");
     let strip = align_up(BLOCK_SCRATCH * 4, 64);
-    let pack = align_up(SG_NR * PACK_CHUNK * 4, 64)
-        + align_up(a.dtype.vec_dot_type().row_bytes(PACK_CHUNK), 64);
+    let pack = align_up(SG_NR * PANEL_CHUNK * 4, 64)
+        + align_up(a.dtype.vec_dot_type().row_bytes(PANEL_CHUNK), 64);
     strip.max(pack)
 }
 
@@ -156,8 +151,8 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
     let pairs = float::pair_panels(ctx.kt, a.dtype, k);
     // SAFETY: this is worker ith, in its one call for phase 0.
     let sc = unsafe { scratch(ctx, ith) };
-    let (colb, vdb) = sc.split_at_mut(align_up(SG_NR * PACK_CHUNK * 4, 64));
-    let cols: &mut [f32] = bytemuck::cast_slice_mut(&mut colb[..SG_NR * PACK_CHUNK * 4]);
+    let (colb, vdb) = sc.split_at_mut(align_up(SG_NR * PANEL_CHUNK * 4, 64));
+    let cols: &mut [f32] = bytemuck::cast_slice_mut(&mut colb[..SG_NR * PANEL_CHUNK * 4]);
     let (u0, u1) = split(units, ith, ctx.nth);
     for u in u0..u1 {
         let (batch, p) = (u / n16, u % n16);
@@ -172,10 +167,10 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
         };
         let mut k0 = 0;
         while k0 < k {
-            let nk = PACK_CHUNK.min(k - k0);
+            let nk = PANEL_CHUNK.min(k - k0);
             for c in 0..SG_NR {
                 let col = p * SG_NR + c;
-                let chunk = &mut cols[c * PACK_CHUNK..][..nk];
+                let chunk = &mut cols[c * PANEL_CHUNK..][..nk];
                 if col >= n {
                     chunk.fill(0.0);
                     continue;
@@ -213,35 +208,11 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                     round(chunk);
                 }
             }
-            panel_chunk(panel, k0, nk, cols, pairs);
+            float::panel_chunk(panel, k0, nk, cols, pairs);
             k0 += nk;
         }
     }
     Ok(())
-}
-
-/// Writes K values `k0..k0 + nk` of a panel's 16 columns from `cols` (column c's chunk at
-/// `c * PACK_CHUNK`) in the panel's order: group kk holds the 16 columns' value kk, or (`pairs`:
-/// BF16 pairs, the columns holding BF16 values exactly) value 2j in the low half of slot j and
-/// 2j + 1 in the high half (`panel_column`'s layouts; `k0` and `nk` even with `pairs`).
-fn panel_chunk(panel: &mut [f32], k0: usize, nk: usize, cols: &[f32], pairs: bool) {
-    if pairs {
-        let out = &mut panel[k0 / 2 * SG_NR..][..nk / 2 * SG_NR];
-        for (j, group) in out.chunks_exact_mut(SG_NR).enumerate() {
-            for (c, slot) in group.iter_mut().enumerate() {
-                let two = &cols[c * PACK_CHUNK + 2 * j..][..2];
-                let bits = (two[0].to_bits() >> 16) | (two[1].to_bits() & 0xFFFF_0000);
-                *slot = f32::from_bits(bits);
-            }
-        }
-    } else {
-        let out = &mut panel[k0 * SG_NR..][..nk * SG_NR];
-        for (kk, group) in out.chunks_exact_mut(SG_NR).enumerate() {
-            for (c, slot) in group.iter_mut().enumerate() {
-                *slot = cols[c * PACK_CHUNK + kk];
-            }
-        }
-    }
 }
 
 /// Phase 1: the engine's float blocks of `MC x NC`.
@@ -274,44 +245,4 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
             }
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Chunks of 16 columns land where `panel_column` puts each column, in both layouts (f32,
-    /// and BF16 pairs, which only CPUs with AVX512_BF16 run in the GEMM).
-    #[test]
-    fn chunks_fill_the_panel_as_columns_do() {
-        let k = 2 * PACK_CHUNK + 70;
-        let col = |c: usize| -> Vec<f32> {
-            // BF16 values exactly (the pairs layout keeps the upper halves).
-            crate::testdata::rand_f32(k, 40 + c as u64)
-                .into_iter()
-                .map(|v| f32::from_bits(v.to_bits() & 0xFFFF_0000))
-                .collect()
-        };
-        let cols_all: Vec<Vec<f32>> = (0..SG_NR).map(col).collect();
-        for pairs in [false, true] {
-            let mut want = vec![0f32; panel_floats(k)];
-            for (c, v) in cols_all.iter().enumerate() {
-                float::panel_column(&mut want, c, v, pairs);
-            }
-            let mut got = vec![f32::NAN; panel_floats(k)];
-            let mut cols = vec![0f32; SG_NR * PACK_CHUNK];
-            let mut k0 = 0;
-            while k0 < k {
-                let nk = PACK_CHUNK.min(k - k0);
-                for (c, v) in cols_all.iter().enumerate() {
-                    cols[c * PACK_CHUNK..][..nk].copy_from_slice(&v[k0..k0 + nk]);
-                }
-                panel_chunk(&mut got, k0, nk, &cols, pairs);
-                k0 += nk;
-            }
-            let used = if pairs { k / 2 * SG_NR } else { k * SG_NR };
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got[..used]), bits(&want[..used]), "pairs {pairs}");
-        }
-    }
 }

@@ -155,9 +155,11 @@ fn layout(node: &ExecNode, nth: usize, kt: &KernelTable) -> Option<Layout> {
     Some(l)
 }
 
-/// Per-thread GEMM scratch: `gemm_block`'s, or one f32 activation row while packing.
+/// Per-thread GEMM scratch: `gemm_block`'s, or 16 f32 activation chunks while packing float
+/// panels, or one f32 activation row and its integer form while packing integer panels.
 fn gemm_scratch_bytes(k: usize) -> usize {
-    align_up(float::BLOCK_SCRATCH.max(k) * 4, 64).max(mul_mat_q::scratch_bytes(k))
+    align_up(float::BLOCK_SCRATCH.max(SG_NR * float::PANEL_CHUNK) * 4, 64)
+        .max(mul_mat_q::scratch_bytes(k))
 }
 
 /// Whether expert chunks of `count` pairs take the integer GEMM.
@@ -258,11 +260,12 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
     let bf16_pairs = float::pair_panels(ctx.kt, a.dtype, k);
     // SAFETY: pack_panels runs in phase 1, after phase 0's grouping.
     let (offsets, pairs) = unsafe { grouping(ctx, l) };
-    // SAFETY: this worker's scratch lies inside the work buffer (layout) and only it uses it.
-    let rowf = unsafe {
+    // SAFETY: this worker's scratch lies inside the work buffer (layout) and only it uses it;
+    // it holds 16 chunks of PANEL_CHUNK f32 (gemm_scratch_bytes).
+    let cols = unsafe {
         std::slice::from_raw_parts_mut(
             ctx.work.add(l.gemm_scratch + ith * gemm_scratch_bytes(k)) as *mut f32,
-            k,
+            SG_NR * float::PANEL_CHUNK,
         )
     };
     let gemm_panels = |count| if gemm_expert(l, count) { count.div_ceil(SG_NR) } else { 0 };
@@ -273,23 +276,28 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
         let panel = unsafe {
             std::slice::from_raw_parts_mut((ctx.work.add(l.panels) as *mut f32).add(u * pf), pf)
         };
-        for c in 0..SG_NR {
-            match group.get(pi * SG_NR + c) {
-                Some(&p) => {
-                    // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row holds
-                    // vd.row_bytes(k) bytes.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(b_row_ptr(ctx, l, p), vd.row_bytes(k))
-                    };
-                    from(bytes, rowf);
-                    float::panel_column(panel, c, rowf, bf16_pairs);
-                }
-                None => {
-                    for kk in 0..k {
-                        panel[kk * SG_NR + c] = 0.0;
+        let mut k0 = 0;
+        while k0 < k {
+            let nk = float::PANEL_CHUNK.min(k - k0);
+            for c in 0..SG_NR {
+                let chunk = &mut cols[c * float::PANEL_CHUNK..][..nk];
+                match group.get(pi * SG_NR + c) {
+                    Some(&p) => {
+                        // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row
+                        // holds vd.row_bytes(k) bytes, and k0, nk are whole vec-dot blocks.
+                        let bytes = unsafe {
+                            std::slice::from_raw_parts(
+                                b_row_ptr(ctx, l, p).add(vd.row_bytes(k0)),
+                                vd.row_bytes(nk),
+                            )
+                        };
+                        from(bytes, chunk);
                     }
+                    None => chunk.fill(0.0),
                 }
             }
+            float::panel_chunk(panel, k0, nk, cols, bf16_pairs);
+            k0 += nk;
         }
     }
     Ok(())

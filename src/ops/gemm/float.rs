@@ -60,17 +60,32 @@ pub(crate) fn pair_panels(kt: &KernelTable, a: DType, k: usize) -> bool {
     bf16_pairs(kt, a, k).is_some() || bf16_tiles(kt, a, k).is_some()
 }
 
-/// Writes column `c` of a panel: `col`'s values, or (`pairs`: BF16 pairs, `col` holding BF16
-/// values exactly) two per slot, element 2j in the low half and 2j + 1 in the high half.
-pub(crate) fn panel_column(panel: &mut [f32], c: usize, col: &[f32], pairs: bool) {
+/// K values a panel packer converts and writes at a time ([`panel_chunk`]): 16 columns of it
+/// are 16 KiB, in L1. A multiple of every vec-dot block size (a chunk converts as the whole row
+/// does, block by block) and even (BF16 pairs).
+pub(crate) const PANEL_CHUNK: usize = 256;
+
+/// Writes K values `k0..k0 + nk` of a panel's 16 columns from `cols` (column c's values at
+/// `c * PANEL_CHUNK..`), in the panel's order: group kk holds the 16 columns' value kk, or
+/// (`pairs`: BF16 pairs, the columns holding BF16 values exactly) slot j holds value 2j in its
+/// low half and 2j + 1 in its high half (`k0` and `nk` even). A column at a time would write one
+/// 64-byte line per value, walking a long K's panel (about 1 MiB at K = 14336) once per column.
+pub(crate) fn panel_chunk(panel: &mut [f32], k0: usize, nk: usize, cols: &[f32], pairs: bool) {
     if pairs {
-        for (kp, two) in col.chunks_exact(2).enumerate() {
-            let bits = (two[0].to_bits() >> 16) | (two[1].to_bits() & 0xFFFF_0000);
-            panel[kp * SG_NR + c] = f32::from_bits(bits);
+        let out = &mut panel[k0 / 2 * SG_NR..][..nk / 2 * SG_NR];
+        for (j, group) in out.chunks_exact_mut(SG_NR).enumerate() {
+            for (c, slot) in group.iter_mut().enumerate() {
+                let two = &cols[c * PANEL_CHUNK + 2 * j..][..2];
+                let bits = (two[0].to_bits() >> 16) | (two[1].to_bits() & 0xFFFF_0000);
+                *slot = f32::from_bits(bits);
+            }
         }
     } else {
-        for (kk, &v) in col.iter().enumerate() {
-            panel[kk * SG_NR + c] = v;
+        let out = &mut panel[k0 * SG_NR..][..nk * SG_NR];
+        for (kk, group) in out.chunks_exact_mut(SG_NR).enumerate() {
+            for (c, slot) in group.iter_mut().enumerate() {
+                *slot = cols[c * PANEL_CHUNK + kk];
+            }
         }
     }
 }
@@ -535,4 +550,61 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     }
     let (mut fam, tiles) = FloatBlock::new(kt, dtype, k, rows, a_row, panels, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The panel layouts written one value at a time: element kk of column c at `kk * 16 + c`,
+    /// or with `pairs` elements 2j and 2j + 1 of column c in the low and high halves of slot
+    /// `j * 16 + c`.
+    fn reference(panel: &mut [f32], c: usize, col: &[f32], pairs: bool) {
+        if pairs {
+            for (j, two) in col.chunks_exact(2).enumerate() {
+                let lo = two[0].to_bits() >> 16;
+                panel[j * SG_NR + c] = f32::from_bits(lo | (two[1].to_bits() & 0xFFFF_0000));
+            }
+        } else {
+            for (kk, &v) in col.iter().enumerate() {
+                panel[kk * SG_NR + c] = v;
+            }
+        }
+    }
+
+    /// Chunks of 16 columns land where the layout puts each value, in both layouts (f32, and
+    /// BF16 pairs, which only CPUs with AVX512_BF16 or AMX-BF16 run in the GEMM).
+    #[test]
+    fn chunks_fill_the_panel_layout() {
+        let k = 2 * PANEL_CHUNK + 70;
+        let cols_all: Vec<Vec<f32>> = (0..SG_NR)
+            .map(|c| {
+                // BF16 values exactly (the pair layout keeps the upper halves).
+                crate::testdata::rand_f32(k, 40 + c as u64)
+                    .into_iter()
+                    .map(|v| f32::from_bits(v.to_bits() & 0xFFFF_0000))
+                    .collect()
+            })
+            .collect();
+        for pairs in [false, true] {
+            let mut want = vec![0f32; panel_floats(k)];
+            for (c, v) in cols_all.iter().enumerate() {
+                reference(&mut want, c, v, pairs);
+            }
+            let mut got = vec![f32::NAN; panel_floats(k)];
+            let mut cols = vec![0f32; SG_NR * PANEL_CHUNK];
+            let mut k0 = 0;
+            while k0 < k {
+                let nk = PANEL_CHUNK.min(k - k0);
+                for (c, v) in cols_all.iter().enumerate() {
+                    cols[c * PANEL_CHUNK..][..nk].copy_from_slice(&v[k0..k0 + nk]);
+                }
+                panel_chunk(&mut got, k0, nk, &cols, pairs);
+                k0 += nk;
+            }
+            let used = if pairs { k / 2 * SG_NR } else { k * SG_NR };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got[..used]), bits(&want[..used]), "pairs {pairs}");
+        }
+    }
 }
