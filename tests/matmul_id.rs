@@ -298,14 +298,20 @@ fn mul_mat_id_is_thread_count_invariant() {
 #[test]
 fn mul_mat_id_gemm_blocks_cover_many_rows_and_pairs() {
     for ty in [DType::Q4_0, DType::F16] {
-        let c = MoeCase::new(ty, 2, 2, false, 100, 600, 64, 5);
-        let got = c.run(3);
-        let e = nmse(&got, &c.reference());
-        assert!(e < 5e-4, "{ty}: nmse {e}");
-        let mm = c.per_expert_mul_mats();
-        assert!(got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty}");
-        assert_eq!(c.run(1), got, "{ty}: 1 vs 3 threads");
+        check_against_mul_mat(&MoeCase::new(ty, 2, 2, false, 100, 600, 64, 5), 3);
     }
+}
+
+/// `c` on `threads` threads against the f64 reference and bitwise against the per-expert
+/// mul_mats, and the same bits on one thread.
+fn check_against_mul_mat(c: &MoeCase, threads: usize) {
+    let ty = c.ty;
+    let got = c.run(threads);
+    let e = nmse(&got, &c.reference());
+    assert!(e < 5e-4, "{ty}: nmse {e}");
+    let mm = c.per_expert_mul_mats();
+    assert!(got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty}");
+    assert_eq!(c.run(1), got, "{ty}: 1 vs {threads} threads");
 }
 
 /// Rows longer than the packers' 256-value chunks (and not a multiple of them) on the float
@@ -313,13 +319,7 @@ fn mul_mat_id_gemm_blocks_cover_many_rows_and_pairs() {
 #[test]
 fn mul_mat_id_float_gemm_packs_long_rows() {
     for ty in [DType::F16, DType::F32] {
-        let c = MoeCase::new(ty, 3, 2, false, 20, 24, 2 * 256 + 64, 31);
-        let got = c.run(2);
-        let e = nmse(&got, &c.reference());
-        assert!(e < 5e-4, "{ty}: nmse {e}");
-        let mm = c.per_expert_mul_mats();
-        assert!(got.iter().zip(&mm).all(|(x, y)| x.to_bits() == y.to_bits()), "{ty}");
-        assert_eq!(c.run(1), got, "{ty}: 1 vs 2 threads");
+        check_against_mul_mat(&MoeCase::new(ty, 3, 2, false, 20, 24, 2 * 256 + 64, 31), 2);
     }
 }
 
