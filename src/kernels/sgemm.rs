@@ -145,7 +145,7 @@ pub(crate) const TB_PANEL_STEP: usize = TB_K / 2 * SG_NR;
 ///
 /// A strip step is [`TB_STRIP_STEP`] BF16 values (raw bits), row `r` of the step's 32 K values
 /// at `r * 32`; a panel step [`TB_PANEL_STEP`] f32 slots, BF16 pair `j` of column `c` at `j *
-/// 16 + c` (element 2j in the low half, 2j + 1 in the high half: `float::panel_chunk` with
+/// 16 + c` (element 2j in the low half, 2j + 1 in the high half: `float::pack_panel` with
 /// pairs). Each tile starts from `out` (`acc`) or zero and every product is added to it in f32
 /// (each BF16 product is exact in f32); the order and intermediate precision of the sums are
 /// the tile unit's (AMX `tdpbf16ps` documents neither exactly), so a kernel is held to the f32

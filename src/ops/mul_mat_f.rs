@@ -8,10 +8,10 @@
 //! few f32 roundings).
 //!
 //! Phase 0 packs the activations (all threads) into the GEMM engine's f32 panels of 16 columns
-//! (`gemm::float::panel_chunk`, 256 K values of the 16 columns at a time).
-//! Phase 1 runs the engine's float blocks (`gemm::float`): `MC` weight rows by `NC` columns per
-//! task, K in steps of `KC`, the weight rows dequantized into strips of 6. Every output is the sum over K blocks, in K order, of the kernel's partial sums:
-//! the same operations whatever the thread count.
+//! (`gemm::float::pack_panel`, 256 K values of the 16 columns at a time). Phase 1 runs the
+//! engine's float blocks (`gemm::float`): `MC` weight rows by `NC` columns per task, K in steps
+//! of `KC`, the weight rows dequantized into strips of 6. Every output is the sum over K blocks,
+//! in K order, of the kernel's partial sums: the same operations whatever the thread count.
 
 use super::gemm::float::{self, BLOCK_SCRATCH, KC, MC, NC, PANEL_CHUNK, panel_floats};
 use super::gemm::{Grid, Task};
@@ -165,52 +165,46 @@ pub(crate) fn pack(ctx: &NodeCtx<'_>, ith: usize) -> Result<()> {
                 panel_floats(k),
             )
         };
-        let mut k0 = 0;
-        while k0 < k {
-            let nk = PANEL_CHUNK.min(k - k0);
-            for c in 0..SG_NR {
-                let col = p * SG_NR + c;
-                let chunk = &mut cols[c * PANEL_CHUNK..][..nk];
-                if col >= n {
-                    chunk.fill(0.0);
-                    continue;
-                }
-                // SAFETY: col < n = b.ne[1], (i2, i3) below b's dims 2 and 3; the chunk's
-                // elements (nk values from k0 at stride nb[0], or their vd.row_bytes(nk) bytes
-                // from vd.row_bytes(k0), whole blocks as k0 and nk are multiples of the block
-                // size) lie inside b's row (extent validated at plan time).
-                unsafe {
-                    let row = b.row(col, i2, i3);
-                    if b.dtype == vd && quant {
-                        let bytes =
-                            std::slice::from_raw_parts(row.add(vd.row_bytes(k0)), vd.row_bytes(nk));
-                        from_vd.expect("quant")(bytes, chunk);
+        float::pack_panel(panel, k, cols, pairs, |c, k0, chunk| {
+            let col = p * SG_NR + c;
+            if col >= n {
+                chunk.fill(0.0);
+                return;
+            }
+            let nk = chunk.len();
+            // SAFETY: col < n = b.ne[1], (i2, i3) below b's dims 2 and 3; the chunk's elements
+            // (nk values from k0 at stride nb[0], or their vd.row_bytes(nk) bytes from
+            // vd.row_bytes(k0), whole blocks as k0 and nk are multiples of the block size) lie
+            // inside b's row (extent validated at plan time).
+            unsafe {
+                let row = b.row(col, i2, i3);
+                if b.dtype == vd && quant {
+                    let bytes =
+                        std::slice::from_raw_parts(row.add(vd.row_bytes(k0)), vd.row_bytes(nk));
+                    from_vd.expect("quant")(bytes, chunk);
+                } else {
+                    if b.dtype == DType::F32 && b.nb[0] == 4 {
+                        std::ptr::copy_nonoverlapping(
+                            row.add(k0 * 4),
+                            chunk.as_mut_ptr() as *mut u8,
+                            nk * 4,
+                        );
                     } else {
-                        if b.dtype == DType::F32 && b.nb[0] == 4 {
-                            std::ptr::copy_nonoverlapping(
-                                row.add(k0 * 4),
-                                chunk.as_mut_ptr() as *mut u8,
-                                nk * 4,
-                            );
-                        } else {
-                            for (kk, v) in chunk.iter_mut().enumerate() {
-                                *v = super::elementwise::ld(row.add((k0 + kk) * b.nb[0]), b.dtype);
-                            }
-                        }
-                        if let (Some(t), Some(f)) = (to_vd, from_vd) {
-                            let vdb = &mut vdb[..vd.row_bytes(nk)];
-                            t(chunk, vdb);
-                            f(vdb, chunk);
+                        for (kk, v) in chunk.iter_mut().enumerate() {
+                            *v = super::elementwise::ld(row.add((k0 + kk) * b.nb[0]), b.dtype);
                         }
                     }
-                }
-                if let Some(round) = round {
-                    round(chunk);
+                    if let (Some(t), Some(f)) = (to_vd, from_vd) {
+                        let vdb = &mut vdb[..vd.row_bytes(nk)];
+                        t(chunk, vdb);
+                        f(vdb, chunk);
+                    }
                 }
             }
-            float::panel_chunk(panel, k0, nk, cols, pairs);
-            k0 += nk;
-        }
+            if let Some(round) = round {
+                round(chunk);
+            }
+        });
     }
     Ok(())
 }

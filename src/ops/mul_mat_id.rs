@@ -276,29 +276,23 @@ fn pack_panels(ctx: &NodeCtx<'_>, l: &Layout, ith: usize) -> Result<()> {
         let panel = unsafe {
             std::slice::from_raw_parts_mut((ctx.work.add(l.panels) as *mut f32).add(u * pf), pf)
         };
-        let mut k0 = 0;
-        while k0 < k {
-            let nk = float::PANEL_CHUNK.min(k - k0);
-            for c in 0..SG_NR {
-                let chunk = &mut cols[c * float::PANEL_CHUNK..][..nk];
-                match group.get(pi * SG_NR + c) {
-                    Some(&p) => {
-                        // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row
-                        // holds vd.row_bytes(k) bytes, and k0, nk are whole vec-dot blocks.
-                        let bytes = unsafe {
-                            std::slice::from_raw_parts(
-                                b_row_ptr(ctx, l, p).add(vd.row_bytes(k0)),
-                                vd.row_bytes(nk),
-                            )
-                        };
-                        from(bytes, chunk);
-                    }
-                    None => chunk.fill(0.0),
+        float::pack_panel(panel, k, cols, bf16_pairs, |c, k0, chunk| {
+            match group.get(pi * SG_NR + c) {
+                Some(&p) => {
+                    // SAFETY: pairs hold checked (slot, token) indices (phase 0); the row holds
+                    // vd.row_bytes(k) bytes, and k0 and the chunk's length are whole vec-dot
+                    // blocks.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            b_row_ptr(ctx, l, p).add(vd.row_bytes(k0)),
+                            vd.row_bytes(chunk.len()),
+                        )
+                    };
+                    from(bytes, chunk);
                 }
+                None => chunk.fill(0.0),
             }
-            float::panel_chunk(panel, k0, nk, cols, bf16_pairs);
-            k0 += nk;
-        }
+        });
     }
     Ok(())
 }

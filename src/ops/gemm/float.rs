@@ -65,12 +65,35 @@ pub(crate) fn pair_panels(kt: &KernelTable, a: DType, k: usize) -> bool {
 /// does, block by block) and even (BF16 pairs).
 pub(crate) const PANEL_CHUNK: usize = 256;
 
+/// Packs a panel of `k` K values of 16 columns, [`PANEL_CHUNK`] at a time: `fill(c, k0, chunk)`
+/// writes column c's values `k0..k0 + chunk.len()` (f32, BF16 values exactly with `pairs`) into
+/// `chunk`, a slice of `cols` (at least `16 * PANEL_CHUNK` f32 of scratch), and each chunk of
+/// the 16 columns is then written to the panel ([`panel_chunk`]). Every float packer (mul_mat's,
+/// mul_mat_id's) goes through here; they differ only in where a column's values come from.
+pub(crate) fn pack_panel(
+    panel: &mut [f32],
+    k: usize,
+    cols: &mut [f32],
+    pairs: bool,
+    mut fill: impl FnMut(usize, usize, &mut [f32]),
+) {
+    let mut k0 = 0;
+    while k0 < k {
+        let nk = PANEL_CHUNK.min(k - k0);
+        for c in 0..SG_NR {
+            fill(c, k0, &mut cols[c * PANEL_CHUNK..][..nk]);
+        }
+        panel_chunk(panel, k0, nk, cols, pairs);
+        k0 += nk;
+    }
+}
+
 /// Writes K values `k0..k0 + nk` of a panel's 16 columns from `cols` (column c's values at
 /// `c * PANEL_CHUNK..`), in the panel's order: group kk holds the 16 columns' value kk, or
 /// (`pairs`: BF16 pairs, the columns holding BF16 values exactly) slot j holds value 2j in its
 /// low half and 2j + 1 in its high half (`k0` and `nk` even). A column at a time would write one
 /// 64-byte line per value, walking a long K's panel (about 1 MiB at K = 14336) once per column.
-pub(crate) fn panel_chunk(panel: &mut [f32], k0: usize, nk: usize, cols: &[f32], pairs: bool) {
+fn panel_chunk(panel: &mut [f32], k0: usize, nk: usize, cols: &[f32], pairs: bool) {
     if pairs {
         let out = &mut panel[k0 / 2 * SG_NR..][..nk / 2 * SG_NR];
         for (j, group) in out.chunks_exact_mut(SG_NR).enumerate() {
@@ -572,8 +595,9 @@ mod tests {
         }
     }
 
-    /// Chunks of 16 columns land where the layout puts each value, in both layouts (f32, and
-    /// BF16 pairs, which only CPUs with AVX512_BF16 or AMX-BF16 run in the GEMM).
+    /// A panel packed in chunks holds each value where the layout puts it, in both layouts (f32,
+    /// and BF16 pairs, which only CPUs with AVX512_BF16 or AMX-BF16 run in the GEMM), for a K
+    /// longer than a chunk and not a multiple of it.
     #[test]
     fn chunks_fill_the_panel_layout() {
         let k = 2 * PANEL_CHUNK + 70;
@@ -593,15 +617,9 @@ mod tests {
             }
             let mut got = vec![f32::NAN; panel_floats(k)];
             let mut cols = vec![0f32; SG_NR * PANEL_CHUNK];
-            let mut k0 = 0;
-            while k0 < k {
-                let nk = PANEL_CHUNK.min(k - k0);
-                for (c, v) in cols_all.iter().enumerate() {
-                    cols[c * PANEL_CHUNK..][..nk].copy_from_slice(&v[k0..k0 + nk]);
-                }
-                panel_chunk(&mut got, k0, nk, &cols, pairs);
-                k0 += nk;
-            }
+            pack_panel(&mut got, k, &mut cols, pairs, |c, k0, chunk| {
+                chunk.copy_from_slice(&cols_all[c][k0..k0 + chunk.len()]);
+            });
             let used = if pairs { k / 2 * SG_NR } else { k * SG_NR };
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got[..used]), bits(&want[..used]), "pairs {pairs}");

@@ -5,7 +5,7 @@
 //! (activations, key/value positions, output pixels) and a shared dimension `k`.
 //!
 //! - **Panels (B).** The columns are packed once into panels of `NR` columns, element `k` of the
-//!   `NR` columns side by side: f32 for the float family ([`float::panel_chunk`]), int8 blocks
+//!   `NR` columns side by side: f32 for the float family ([`float::pack_panel`]), int8 blocks
 //!   with their scales and level sums for the integer family ([`int::pack_column`]).
 //! - **Strips (A).** A task packs its rows, step by step along K, into strips of `MR` rows: f32
 //!   (dequantized where needed) or unpacked integer codes with their sub-block scales.
