@@ -27,7 +27,9 @@
 //!
 //! The formats whose sums allow exact 16-bit tricks (`Kind::Int*`: `IntFormat::narrow_sums`,
 //! `IntFormat::unit_scales`) keep the scaled sum in int32, `s1 = sum_j scales[r][j] * raw[j]`,
-//! and take `f = s1 as f32 * d[r]` in its place. Block types (Q8_0 / Q8_1 activations,
+//! and take `f = s1 as f32 * d[r]` in its place; so do the bias-as-mins forms of Q6_K, IQ2_XS
+//! and IQ2_S on the AVX2 `vpmaddubsw` tier (`IntFormat::bias_as_mins`: the bias as mins
+//! `bias * scales[j]`, `dmin = d`), whose kernels scale each sum in its 16-bit widening. Block types (Q8_0 / Q8_1 activations,
 //! `Kind::Blk*`) have float scales per sub-block `j` of 16 or 32 on both sides (`fscales`, `ds`):
 //!
 //! ```text
@@ -235,8 +237,9 @@ pub(crate) enum Kind {
     /// folding tier every super-block format without mins (`IntFormat::fold`): integer scaled
     /// sums.
     Int16,
-    /// Super-block formats with `IntFormat::unit_scales` (sub-blocks of 16, mins), and on a
-    /// folding tier every super-block format with mins: integer scaled sums.
+    /// Super-block formats with `IntFormat::unit_scales` (sub-blocks of 16, mins), on a
+    /// folding tier every super-block format with mins, and on the tiers that run them the
+    /// bias-as-mins forms (`IntFormat::bias_as_mins`): integer scaled sums.
     Int16Min,
     /// The other super-block formats: sums scaled in f32 per sub-block.
     Flt16,
@@ -265,9 +268,10 @@ impl Kind {
     ];
 
     /// The kind of a format's kernels. The integer kinds only where their pair kernels' 16-bit
-    /// tricks hold (`narrow_sums` without mins, `unit_scales` with them, sub-blocks of 16), or
+    /// tricks hold (`narrow_sums` without mins, `unit_scales` with them, sub-blocks of 16),
     /// where the tier folds the scales into its weights (`IntFormat::fold`, the form of
-    /// `IntFormat::for_tier`: every super-block format).
+    /// `IntFormat::for_tier`: every super-block format), or for the bias-as-mins forms of the
+    /// tiers whose integer kernels take any data (`IntFormat::bias_as_mins`).
     pub(crate) fn of(fmt: &crate::quant::unpack::IntFormat) -> Kind {
         let (sub16, min) = (fmt.sub == 16, fmt.has_min);
         if fmt.fold {
@@ -284,7 +288,7 @@ impl Kind {
         }
         match (sub16, min) {
             (true, false) if fmt.narrow_sums => Kind::Int16,
-            (true, true) if fmt.unit_scales => Kind::Int16Min,
+            (true, true) if fmt.unit_scales || fmt.mins_bias != 0 => Kind::Int16Min,
             (true, false) => Kind::Flt16,
             (true, true) => Kind::Flt16Min,
             (false, false) => Kind::Flt32,
@@ -353,6 +357,11 @@ pub(crate) struct IgemmKernels {
     /// weights of [`WBand::fold_row`], the tier's writer of them (the same bytes; the unpacker
     /// then calls it for that kind's formats instead of writing the block-diagonal codes).
     pub fold_scales: Option<RowFn>,
+    /// Whether the tier runs the bias-as-mins form of the formats that have one
+    /// (`IntFormat::bias_as_mins`, `mul_mat_q::tier_form`): its one-panel `Kind::Int16Min`
+    /// kernel scales each partial sum in its widening (the `vpmaddubsw` kernels), so that form
+    /// saves the per-sub-block float steps of `Kind::Flt16`.
+    pub bias_mins: bool,
 }
 
 impl IgemmKernels {
@@ -454,6 +463,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     release: None,
     expand_codes: false,
     fold_scales: None,
+    bias_mins: false,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,
@@ -1065,9 +1075,19 @@ mod tests {
                 for c in w.codes.iter_mut() {
                     *c &= k.max_code;
                 }
+                // The bias-as-mins forms' mins (`bias * scales[j]`, up to 255 * 128 in size)
+                // on the tiers that run them.
+                if k.bias_mins {
+                    for m in w.mins.iter_mut() {
+                        *m *= 255;
+                    }
+                }
                 // As the unpacker leaves them (stale block-diagonal codes would fail the tile
                 // kernels; bias 128 keeps any code inside i8).
                 for row in 0..IG_MR {
+                    if k.bias_mins {
+                        w.pair_up(row);
+                    }
                     w.expand_row(row, 128);
                 }
                 // The second and third panels: the first with its columns reversed, and with
@@ -1175,10 +1195,11 @@ mod tests {
                             }
                         };
                         // The multi-panel forms: each panel as the one-panel kernel gives it
-                        // (the integer kinds' pairs take shaped data, above).
-                        if let (Some(pair), false) =
-                            (k.two[i], matches!(kind, Kind::Int16 | Kind::Int16Min))
-                        {
+                        // (the integer kinds' pairs take shaped data, above, but on the tiers
+                        // that run the bias-as-mins forms: those tiers' pairs take any data,
+                        // and `Kind::Int16Min` then takes scales of 8 bits and mins of 16).
+                        let shaped = matches!(kind, Kind::Int16 | Kind::Int16Min) && !k.bias_mins;
+                        if let (Some(pair), false) = (k.two[i], shaped) {
                             let [mut g1, mut g2, _] = start;
                             pair(&w, [&a, &a2], [&mut g1, &mut g2], len);
                             check(&[g1, g2], "pair");

@@ -23,6 +23,9 @@ pub(crate) mod tables;
 // Private: a tier's kernels are reached only through the tables its `plug` fills.
 #[cfg(target_arch = "x86_64")]
 mod x86;
+/// The AVX2 `vpmaddubsw` integer kernels, for tests on CPUs whose AVX2 tier installs others.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) use x86::avx2_igemm_maddubs;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

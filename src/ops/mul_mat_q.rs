@@ -119,6 +119,7 @@ pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat, own_levels: bool) -> I
             .unwrap_or(fmt)
     };
     match kernels_for(kt, &fmt) {
+        Some(k) if k.bias_mins => fmt.bias_as_mins().unwrap_or(fmt),
         Some(k) => fmt.for_tier(k.fold_scales.is_some()),
         None => fmt,
     }

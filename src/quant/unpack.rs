@@ -99,6 +99,9 @@ pub(crate) struct IntFormat {
     pub min_code: u8,
     /// The signed form a tier runs, if any ([`IntFormat::signed`]); `None` in every other form.
     pub sign: Option<Sign>,
+    /// The bias-as-mins form ([`IntFormat::bias_as_mins`]): the format's code bias, which the
+    /// unpacker turns into mins `mins_bias * scales[j]` with `dmin = d`; 0 in every other form.
+    pub mins_bias: i32,
 }
 
 /// How a signed form multiplies the signed weights `w = code - 128` by the levels `a` with an
@@ -140,6 +143,7 @@ impl IntFormat {
             shift: 0,
             min_code: 0,
             sign: None,
+            mins_bias: 0,
         }
     }
 
@@ -190,6 +194,28 @@ impl IntFormat {
             return None;
         };
         Some(IntFormat { sign: Some(sign), ..self })
+    }
+
+    /// The bias-as-mins form of a super-block format with a code bias, sub-blocks of 16 and
+    /// float-scaled sums (`igemm::Kind::Flt16`: Q6_K, IQ2_XS, IQ2_S): the same codes and
+    /// scales, no bias, and mins `bias * scales[j]` with `dmin = d` (the unpacker writes them,
+    /// `mins_bias`), so that `d * scales[j] * (codes[i] - bias) = d * scales[j] * codes[i] -
+    /// dmin * mins[j]` and the format takes the integer kind with mins (`Kind::Int16Min`):
+    /// every sub-block's product sum is scaled in its 16-bit widening and summed in int32, and
+    /// the bias comes off once per super-block. The sums stay exact: `|scales| * 255 < 2^15`
+    /// for every super-block format (tested), so a super-block's scaled sum is below
+    /// `256 * 2^15 * 128 = 2^30` and the mins (the bias is at most the largest code) fit 16
+    /// bits. For tiers whose kernels ask for it (`IgemmKernels::bias_mins`); `None` for the
+    /// other formats.
+    pub(crate) fn bias_as_mins(self) -> Option<IntFormat> {
+        let flt16 = self.sub == 16 && !self.has_min && !self.narrow_sums && !self.unit_scales;
+        let plain = !self.fold && !self.widen && self.sign.is_none() && self.mins_bias == 0;
+        (!self.float_scales()
+            && flt16
+            && plain
+            && self.bias > 0
+            && self.bias <= self.max_code as i32)
+            .then_some(IntFormat { bias: 0, has_min: true, mins_bias: self.bias, ..self })
     }
 
     /// Whether the scales are floats (the block family).

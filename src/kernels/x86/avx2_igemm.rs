@@ -254,7 +254,7 @@ macro_rules! one_set {
 }
 
 macro_rules! kernel_set {
-    ($name:ident, $one:expr, $max:expr, $narrow:expr, $signed:expr) => {
+    ($name:ident, $one:expr, $max:expr, $narrow:expr, $signed:expr, $bias_mins:expr) => {
         pub(crate) const $name: IgemmKernels = IgemmKernels {
             one: $one,
             two: [None; 9],
@@ -268,12 +268,16 @@ macro_rules! kernel_set {
             release: None,
             expand_codes: false,
             fold_scales: None,
+            bias_mins: $bias_mins,
         };
     };
 }
 
-kernel_set!(AVX_VNNI, one_set!(avx_vnni), 255, None, None);
-kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes), Some(signed_set));
+kernel_set!(AVX_VNNI, one_set!(avx_vnni), 255, None, None, false);
+// `Kind::Int16Min` scales each partial sum in its `vpmaddwd` widening (`maddubs_flush`), where
+// `Kind::Flt16` widens against ones and scales per sub-block in f32: Q6_K, IQ2_XS and IQ2_S run
+// their bias-as-mins form (`IntFormat::bias_as_mins`).
+kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes), Some(signed_set), true);
 
 /// The `vpmaddubsw` kernels for the signed forms (`IntFormat::signed`: Q8_0, IQ4_NL, IQ4_XS,
 /// whose codes reach 255): one group of 4 K values per widening, each pair of products at most
@@ -318,7 +322,7 @@ macro_rules! pair_set {
     (2) => {
         [
             None,
-            None,
+            Some(maddubs_pair::<16, true, false, false, 2> as IgemmPairFn),
             Some(maddubs_pair::<16, false, false, true, 2> as IgemmPairFn),
             None,
             None,

@@ -132,6 +132,13 @@ fn unpack_step(
             }
             band.d[rr] = dd;
             band.dmin[rr] = dmin;
+            if fmt.mins_bias != 0 {
+                // The bias-as-mins form (`IntFormat::bias_as_mins`).
+                for (m, &s) in mins.iter_mut().zip(scales.iter()) {
+                    *m = fmt.mins_bias * s;
+                }
+                band.dmin[rr] = dd;
+            }
             band.pair_up(rr);
         }
         Unpack::Blocks { elems, f } => {
@@ -454,4 +461,103 @@ pub(crate) fn block<R: Fn(usize) -> *const u8>(
     let (mut fam, tiles) =
         IntBlock::new(fmt, dtype, kernels, bsize, repacked, k, rows, a_row, ab, ncols, scratch)?;
     super::block(&mut fam, tiles, super::Store::ColumnMajor, store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::igemm::SCALAR;
+    use crate::quant::unpack::int_format;
+
+    /// Runs `block` over `m` weight rows of `dtype` (`a_q`) and the Q8_K columns `b_q` with
+    /// format `fmt` and kernels `kernels`; outputs column-major.
+    fn run(
+        fmt: &IntFormat,
+        dtype: DType,
+        kernels: &IgemmKernels,
+        k: usize,
+        a_q: &[u8],
+        b_q: &[u8],
+    ) -> Vec<f32> {
+        let (ra, rb) = (dtype.row_bytes(k), DType::Q8_K.row_bytes(k));
+        let (m, n, nkb) = (a_q.len() / ra, b_q.len() / rb, k_steps(k));
+        let mut ab = vec![<ABlock as bytemuck::Zeroable>::zeroed(); n.div_ceil(IG_NR) * nkb];
+        for (j, col) in b_q.chunks_exact(rb).enumerate() {
+            let p = j / IG_NR;
+            pack_column(fmt, col, &mut ab[p * nkb..(p + 1) * nkb], j % IG_NR);
+        }
+        // 64-byte aligned scratch.
+        let mut bands = vec![
+            <WBand as bytemuck::Zeroable>::zeroed();
+            BLOCK_SCRATCH.div_ceil(size_of::<WBand>())
+        ];
+        let scratch: &mut [u8] = bytemuck::cast_slice_mut(&mut bands);
+        let mut out = vec![0f32; m * n];
+        // SAFETY: every row index the block asks for is below m: inside a_q.
+        let a_row = |i: usize| unsafe { a_q.as_ptr().add(i * ra) };
+        block(
+            fmt,
+            dtype,
+            kernels,
+            dtype.type_size(),
+            None,
+            k,
+            0..m,
+            a_row,
+            &ab,
+            n,
+            scratch,
+            |i, j, run| {
+                for (r, v) in run.iter().enumerate().filter(|(r, _)| i + r < m) {
+                    out[j * m + i + r] = *v;
+                }
+            },
+        )
+        .unwrap();
+        out
+    }
+
+    /// The bias-as-mins forms (`IntFormat::bias_as_mins`) of Q6_K, IQ2_XS and IQ2_S give the
+    /// plain forms' results up to the float roundings (the same integer products), on the
+    /// portable kernels and on the AVX2 `vpmaddubsw` kernels (which run them, bit for bit the
+    /// portable ones), with partial bands and panels.
+    #[test]
+    fn bias_as_mins_forms_match_the_plain_forms() {
+        let mut sets = vec![("portable", SCALAR)];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(k) = crate::kernels::avx2_igemm_maddubs() {
+            assert!(k.bias_mins);
+            sets.push(("AVX2 maddubs", k));
+        }
+        let (k, m, n) = (512, 13, 21);
+        for dtype in [DType::Q6_K, DType::IQ2_XS, DType::IQ2_S] {
+            let w = crate::testdata::rand_f32(m * k, 11);
+            let mut a_q = vec![0u8; dtype.row_bytes(k) * m];
+            let imatrix = vec![1.0f32; k];
+            crate::quant::quantize_with_imatrix(dtype, &w, k, &imatrix, &mut a_q).unwrap();
+            let x = crate::testdata::rand_f32(n * k, 12);
+            let mut b_q = vec![0u8; DType::Q8_K.row_bytes(k) * n];
+            crate::quant::quantize_for_dot(DType::Q8_K, &x, &mut b_q).unwrap();
+            // The form the `vpmaddubsw` tier takes codes up to 127 in (IQ2: recentred).
+            let plain = int_format(dtype).unwrap();
+            let plain = if plain.max_code > 127 { plain.recentred().unwrap() } else { plain };
+            assert_eq!(Kind::of(&plain), Kind::Flt16, "{dtype}");
+            let form = plain.bias_as_mins().expect("a bias-as-mins form");
+            assert_eq!(
+                (Kind::of(&form), form.bias, form.mins_bias),
+                (Kind::Int16Min, 0, plain.bias)
+            );
+            let want = run(&plain, dtype, &SCALAR, k, &a_q, &b_q);
+            let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
+            let portable = run(&form, dtype, &SCALAR, k, &a_q, &b_q);
+            for (name, kernels) in &sets {
+                let kernels = kernels.for_format(&form).unwrap();
+                let got = run(&form, dtype, &kernels, k, &a_q, &b_q);
+                for (i, ((g, p), w)) in got.iter().zip(&portable).zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), p.to_bits(), "{dtype} {name} output {i}");
+                    assert!((g - w).abs() <= 1e-5 * scale, "{dtype} {name} output {i}: {g} vs {w}");
+                }
+            }
+        }
+    }
 }
