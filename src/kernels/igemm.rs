@@ -27,9 +27,10 @@
 //!
 //! The formats whose sums allow exact 16-bit tricks (`Kind::Int*`: `IntFormat::narrow_sums`,
 //! `IntFormat::unit_scales`) keep the scaled sum in int32, `s1 = sum_j scales[r][j] * raw[j]`,
-//! and take `f = s1 as f32 * d[r]` in its place; so do the bias-as-mins forms of Q6_K, IQ2_XS
-//! and IQ2_S on the AVX2 `vpmaddubsw` tier (`IntFormat::bias_as_mins`: the bias as mins
-//! `bias * scales[j]`, `dmin = d`), whose kernels scale each sum in its 16-bit widening. Block types (Q8_0 / Q8_1 activations,
+//! and take `f = s1 as f32 * d[r]` in its place; so do the bias-as-mins forms that the AVX2
+//! `vpmaddubsw` tier runs (`IntFormat::bias_as_mins`: the bias as mins `bias * scales[j]`,
+//! `dmin = d`; Q6_K, IQ2_XS, IQ2_S, IQ3_S, IQ1_S), whose kernels scale each sum in its 16-bit
+//! widening. Block types (Q8_0 / Q8_1 activations,
 //! `Kind::Blk*`) have float scales per sub-block `j` of 16 or 32 on both sides (`fscales`, `ds`):
 //!
 //! ```text
@@ -357,11 +358,11 @@ pub(crate) struct IgemmKernels {
     /// weights of [`WBand::fold_row`], the tier's writer of them (the same bytes; the unpacker
     /// then calls it for that kind's formats instead of writing the block-diagonal codes).
     pub fold_scales: Option<RowFn>,
-    /// Whether the tier runs the bias-as-mins form of the formats that have one
-    /// (`IntFormat::bias_as_mins`, `mul_mat_q::tier_form`): its one-panel `Kind::Int16Min`
-    /// kernel scales each partial sum in its widening (the `vpmaddubsw` kernels), so that form
-    /// saves the per-sub-block float steps of `Kind::Flt16`.
-    pub bias_mins: bool,
+    /// Where the tier runs the bias-as-mins form of a format that has one
+    /// (`IntFormat::bias_as_mins`, `mul_mat_q::tier_form`), which of those formats it runs so
+    /// (the `vpmaddubsw` kernels: their `Kind::Int16Min` scales each partial sum in its
+    /// widening, which saves the float step per sub-block of the `Kind::Flt*` kinds).
+    pub bias_mins: Option<fn(&crate::quant::unpack::IntFormat) -> bool>,
 }
 
 impl IgemmKernels {
@@ -463,7 +464,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     release: None,
     expand_codes: false,
     fold_scales: None,
-    bias_mins: false,
+    bias_mins: None,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,
@@ -1077,7 +1078,7 @@ mod tests {
                 }
                 // The bias-as-mins forms' mins (`bias * scales[j]`, up to 255 * 128 in size)
                 // on the tiers that run them.
-                if k.bias_mins {
+                if k.bias_mins.is_some() {
                     for m in w.mins.iter_mut() {
                         *m *= 255;
                     }
@@ -1085,7 +1086,7 @@ mod tests {
                 // As the unpacker leaves them (stale block-diagonal codes would fail the tile
                 // kernels; bias 128 keeps any code inside i8).
                 for row in 0..IG_MR {
-                    if k.bias_mins {
+                    if k.bias_mins.is_some() {
                         w.pair_up(row);
                     }
                     w.expand_row(row, 128);
@@ -1198,7 +1199,8 @@ mod tests {
                         // (the integer kinds' pairs take shaped data, above, but on the tiers
                         // that run the bias-as-mins forms: those tiers' pairs take any data,
                         // and `Kind::Int16Min` then takes scales of 8 bits and mins of 16).
-                        let shaped = matches!(kind, Kind::Int16 | Kind::Int16Min) && !k.bias_mins;
+                        let shaped =
+                            matches!(kind, Kind::Int16 | Kind::Int16Min) && k.bias_mins.is_none();
                         if let (Some(pair), false) = (k.two[i], shaped) {
                             let [mut g1, mut g2, _] = start;
                             pair(&w, [&a, &a2], [&mut g1, &mut g2], len);

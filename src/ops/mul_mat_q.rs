@@ -119,8 +119,10 @@ pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat, own_levels: bool) -> I
             .unwrap_or(fmt)
     };
     match kernels_for(kt, &fmt) {
-        Some(k) if k.bias_mins => fmt.bias_as_mins().unwrap_or(fmt),
-        Some(k) => fmt.for_tier(k.fold_scales.is_some()),
+        Some(k) => match (fmt.bias_as_mins(), k.bias_mins) {
+            (Some(f), Some(takes)) if takes(&f) => f,
+            _ => fmt.for_tier(k.fold_scales.is_some()),
+        },
         None => fmt,
     }
 }

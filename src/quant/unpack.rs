@@ -196,26 +196,33 @@ impl IntFormat {
         Some(IntFormat { sign: Some(sign), ..self })
     }
 
-    /// The bias-as-mins form of a super-block format with a code bias, sub-blocks of 16 and
-    /// float-scaled sums (`igemm::Kind::Flt16`: Q6_K, IQ2_XS, IQ2_S): the same codes and
-    /// scales, no bias, and mins `bias * scales[j]` with `dmin = d` (the unpacker writes them,
-    /// `mins_bias`), so that `d * scales[j] * (codes[i] - bias) = d * scales[j] * codes[i] -
-    /// dmin * mins[j]` and the format takes the integer kind with mins (`Kind::Int16Min`):
-    /// every sub-block's product sum is scaled in its 16-bit widening and summed in int32, and
-    /// the bias comes off once per super-block. The sums stay exact: `|scales| * 255 < 2^15`
-    /// for every super-block format (tested), so a super-block's scaled sum is below
-    /// `256 * 2^15 * 128 = 2^30` and the mins (the bias is at most the largest code) fit 16
-    /// bits. For tiers whose kernels ask for it (`IgemmKernels::bias_mins`); `None` for the
-    /// other formats.
+    /// The bias-as-mins form of a super-block format with a code bias and float-scaled sums
+    /// (`igemm::Kind::Flt16` / `Flt32`: Q6_K, the IQ1-IQ3 grids, TQ1_0, TQ2_0): the same codes
+    /// and scales in sub-blocks of 16 (those of 32 repeated, `widen`), no bias, and mins
+    /// `bias * scales[j]` with `dmin = d` (the unpacker writes them, `mins_bias`), so that
+    /// `d * scales[j] * (codes[i] - bias) = d * scales[j] * codes[i] - dmin * mins[j]` and the
+    /// format takes the integer kind with mins (`Kind::Int16Min`): every sub-block's product
+    /// sum is scaled in its 16-bit widening and summed in int32, and the bias comes off once
+    /// per super-block. The sums stay exact: `|scales| * 255 < 2^15` for every super-block
+    /// format (tested), so a super-block's scaled sum is below `256 * 2^15 * 128 = 2^30` and
+    /// the mins (the bias is at most the largest code) fit 16 bits. For the tiers whose kernels
+    /// ask for it (`IgemmKernels::bias_mins`); `None` for the other formats.
     pub(crate) fn bias_as_mins(self) -> Option<IntFormat> {
-        let flt16 = self.sub == 16 && !self.has_min && !self.narrow_sums && !self.unit_scales;
+        let flt16 = !self.has_min && !self.narrow_sums && !self.unit_scales;
         let plain = !self.fold && !self.widen && self.sign.is_none() && self.mins_bias == 0;
         (!self.float_scales()
             && flt16
             && plain
             && self.bias > 0
             && self.bias <= self.max_code as i32)
-            .then_some(IntFormat { bias: 0, has_min: true, mins_bias: self.bias, ..self })
+            .then_some(IntFormat {
+                bias: 0,
+                has_min: true,
+                mins_bias: self.bias,
+                sub: 16,
+                widen: self.sub == 32,
+                ..self
+            })
     }
 
     /// Whether the scales are floats (the block family).

@@ -273,11 +273,29 @@ macro_rules! kernel_set {
     };
 }
 
-kernel_set!(AVX_VNNI, one_set!(avx_vnni), 255, None, None, false);
-// `Kind::Int16Min` scales each partial sum in its `vpmaddwd` widening (`maddubs_flush`), where
-// `Kind::Flt16` widens against ones and scales per sub-block in f32: Q6_K, IQ2_XS and IQ2_S run
-// their bias-as-mins form (`IntFormat::bias_as_mins`).
-kernel_set!(MADDUBS, one_set!(maddubs, 1), 127, Some(maddubs_for_codes), Some(signed_set), true);
+kernel_set!(AVX_VNNI, one_set!(avx_vnni), 255, None, None, None);
+kernel_set!(
+    MADDUBS,
+    one_set!(maddubs, 1),
+    127,
+    Some(maddubs_for_codes),
+    Some(signed_set),
+    Some(bias_mins_pays)
+);
+
+/// The bias-as-mins forms (`IntFormat::bias_as_mins`) the `vpmaddubsw` kernels run: their
+/// `Kind::Int16Min` scales each partial sum in its `vpmaddwd` widening (`maddubs_flush`) where
+/// the `Kind::Flt*` kinds widen against ones and scale each sub-block's sum in f32. Every format
+/// with sub-blocks of 16 (Q6_K, IQ2_XS, IQ2_S); of those with 32, which the form splits into
+/// sub-blocks of 16 (twice the sums per step), the codes of 16..=31 (IQ3_S, IQ1_S recentred:
+/// 4 groups per widening, so the widenings do not grow). One thread, `matmul T 1024 512 4096 1 5`,
+/// best GFLOPS against `Kind::Flt*`, alternating, 6 rounds: q6_K 1.08 (1.17 on two threads at
+/// 4096 x 512 x 14336), iq2_s 1.08, iq2_xs 1.07, iq3_s 1.25, iq1_s 1.15; not taken: tq2_0
+/// 0.85 and tq1_0 0.89 (8 groups per widening, which the split halves), iq2_xxs 0.93 and
+/// iq3_xxs 0.97 (one group per widening).
+fn bias_mins_pays(f: &crate::quant::unpack::IntFormat) -> bool {
+    !f.widen || (16..=31).contains(&f.max_code)
+}
 
 /// The `vpmaddubsw` kernels for the signed forms (`IntFormat::signed`: Q8_0, IQ4_NL, IQ4_XS,
 /// whose codes reach 255): one group of 4 K values per widening, each pair of products at most
@@ -335,7 +353,7 @@ macro_rules! pair_set {
     (4) => {
         [
             None,
-            None,
+            Some(maddubs_pair::<16, true, false, false, 4> as IgemmPairFn),
             None,
             None,
             None,

@@ -517,20 +517,32 @@ mod tests {
         out
     }
 
-    /// The bias-as-mins forms (`IntFormat::bias_as_mins`) of Q6_K, IQ2_XS and IQ2_S give the
-    /// plain forms' results up to the float roundings (the same integer products), on the
-    /// portable kernels and on the AVX2 `vpmaddubsw` kernels (which run them, bit for bit the
-    /// portable ones), with partial bands and panels.
+    /// The bias-as-mins forms (`IntFormat::bias_as_mins`) of every super-block format with a
+    /// bias and no mins give the plain forms' results up to the float roundings (the same
+    /// integer products; sub-blocks of 32 split into 16), on the portable kernels and on the
+    /// AVX2 `vpmaddubsw` kernels (which run some of them, bit for bit the portable ones), with
+    /// partial bands and panels.
     #[test]
     fn bias_as_mins_forms_match_the_plain_forms() {
         let mut sets = vec![("portable", SCALAR)];
         #[cfg(target_arch = "x86_64")]
         if let Some(k) = crate::kernels::avx2_igemm_maddubs() {
-            assert!(k.bias_mins);
+            assert!(k.bias_mins.is_some());
             sets.push(("AVX2 maddubs", k));
         }
         let (k, m, n) = (512, 13, 21);
-        for dtype in [DType::Q6_K, DType::IQ2_XS, DType::IQ2_S] {
+        let types = [
+            DType::Q6_K,
+            DType::IQ2_XS,
+            DType::IQ2_S,
+            DType::IQ3_S,
+            DType::IQ1_S,
+            DType::IQ2_XXS,
+            DType::IQ3_XXS,
+            DType::TQ1_0,
+            DType::TQ2_0,
+        ];
+        for dtype in types {
             let w = crate::testdata::rand_f32(m * k, 11);
             let mut a_q = vec![0u8; dtype.row_bytes(k) * m];
             let imatrix = vec![1.0f32; k];
@@ -541,11 +553,11 @@ mod tests {
             // The form the `vpmaddubsw` tier takes codes up to 127 in (IQ2: recentred).
             let plain = int_format(dtype).unwrap();
             let plain = if plain.max_code > 127 { plain.recentred().unwrap() } else { plain };
-            assert_eq!(Kind::of(&plain), Kind::Flt16, "{dtype}");
+            assert!(matches!(Kind::of(&plain), Kind::Flt16 | Kind::Flt32), "{dtype}");
             let form = plain.bias_as_mins().expect("a bias-as-mins form");
             assert_eq!(
-                (Kind::of(&form), form.bias, form.mins_bias),
-                (Kind::Int16Min, 0, plain.bias)
+                (Kind::of(&form), form.bias, form.mins_bias, form.widen),
+                (Kind::Int16Min, 0, plain.bias, plain.sub == 32)
             );
             let want = run(&plain, dtype, &SCALAR, k, &a_q, &b_q);
             let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
