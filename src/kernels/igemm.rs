@@ -27,10 +27,10 @@
 //!
 //! The formats whose sums allow exact 16-bit tricks (`Kind::Int*`: `IntFormat::narrow_sums`,
 //! `IntFormat::unit_scales`) keep the scaled sum in int32, `s1 = sum_j scales[r][j] * raw[j]`,
-//! and take `f = s1 as f32 * d[r]` in its place; so do the bias-as-mins forms that the AVX2
-//! `vpmaddubsw` tier runs (`IntFormat::bias_as_mins`: the bias as mins `bias * scales[j]`,
-//! `dmin = d`; Q6_K, IQ2_XS, IQ2_S, IQ3_S, IQ1_S), whose kernels scale each sum in its 16-bit
-//! widening. Block types (Q8_0 / Q8_1 activations,
+//! and take `f = s1 as f32 * d[r]` in its place; so do the integer-scaled forms that the AVX2
+//! `vpmaddubsw` tier runs (`IntFormat::int_scaled`: sub-blocks of 16, a bias carried as mins
+//! `bias * scales[j]` with `dmin = d`; Q5_K, Q6_K, IQ2_XS, IQ2_S, IQ3_S, IQ1_S), whose kernels
+//! scale each sum in its 16-bit widening. Block types (Q8_0 / Q8_1 activations,
 //! `Kind::Blk*`) have float scales per sub-block `j` of 16 or 32 on both sides (`fscales`, `ds`):
 //!
 //! ```text
@@ -240,7 +240,7 @@ pub(crate) enum Kind {
     Int16,
     /// Super-block formats with `IntFormat::unit_scales` (sub-blocks of 16, mins), on a
     /// folding tier every super-block format with mins, and on the tiers that run them the
-    /// bias-as-mins forms (`IntFormat::bias_as_mins`): integer scaled sums.
+    /// integer-scaled forms (`IntFormat::int_scaled`): integer scaled sums.
     Int16Min,
     /// The other super-block formats: sums scaled in f32 per sub-block.
     Flt16,
@@ -271,8 +271,8 @@ impl Kind {
     /// The kind of a format's kernels. The integer kinds only where their pair kernels' 16-bit
     /// tricks hold (`narrow_sums` without mins, `unit_scales` with them, sub-blocks of 16),
     /// where the tier folds the scales into its weights (`IntFormat::fold`, the form of
-    /// `IntFormat::for_tier`: every super-block format), or for the bias-as-mins forms of the
-    /// tiers whose integer kernels take any data (`IntFormat::bias_as_mins`).
+    /// `IntFormat::for_tier`: every super-block format), or for the integer-scaled forms of the
+    /// tiers whose integer kernels take any data (`IntFormat::int_scaled`).
     pub(crate) fn of(fmt: &crate::quant::unpack::IntFormat) -> Kind {
         let (sub16, min) = (fmt.sub == 16, fmt.has_min);
         if fmt.fold {
@@ -289,7 +289,7 @@ impl Kind {
         }
         match (sub16, min) {
             (true, false) if fmt.narrow_sums => Kind::Int16,
-            (true, true) if fmt.unit_scales || fmt.mins_bias != 0 => Kind::Int16Min,
+            (true, true) if fmt.unit_scales || fmt.int_scaled => Kind::Int16Min,
             (true, false) => Kind::Flt16,
             (true, true) => Kind::Flt16Min,
             (false, false) => Kind::Flt32,
@@ -358,11 +358,11 @@ pub(crate) struct IgemmKernels {
     /// weights of [`WBand::fold_row`], the tier's writer of them (the same bytes; the unpacker
     /// then calls it for that kind's formats instead of writing the block-diagonal codes).
     pub fold_scales: Option<RowFn>,
-    /// Where the tier runs the bias-as-mins form of a format that has one
-    /// (`IntFormat::bias_as_mins`, `mul_mat_q::tier_form`), which of those formats it runs so
+    /// Where the tier runs the integer-scaled form of a format that has one
+    /// (`IntFormat::int_scaled`, `mul_mat_q::tier_form`), which of those formats it runs so
     /// (the `vpmaddubsw` kernels: their `Kind::Int16Min` scales each partial sum in its
     /// widening, which saves the float step per sub-block of the `Kind::Flt*` kinds).
-    pub bias_mins: Option<fn(&crate::quant::unpack::IntFormat) -> bool>,
+    pub int_scaled: Option<fn(&crate::quant::unpack::IntFormat) -> bool>,
 }
 
 impl IgemmKernels {
@@ -464,7 +464,7 @@ pub(crate) const SCALAR: IgemmKernels = IgemmKernels {
     release: None,
     expand_codes: false,
     fold_scales: None,
-    bias_mins: None,
+    int_scaled: None,
 };
 
 /// Sums of `w` row `r`'s codes times panel `a`'s levels over sub-block `j` of `SUB` elements,
@@ -1076,9 +1076,9 @@ mod tests {
                 for c in w.codes.iter_mut() {
                     *c &= k.max_code;
                 }
-                // The bias-as-mins forms' mins (`bias * scales[j]`, up to 255 * 128 in size)
-                // on the tiers that run them.
-                if k.bias_mins.is_some() {
+                // The integer-scaled forms' mins (for a bias `bias * scales[j]`, up to 255 * 128
+                // in size) on the tiers that run them.
+                if k.int_scaled.is_some() {
                     for m in w.mins.iter_mut() {
                         *m *= 255;
                     }
@@ -1086,7 +1086,7 @@ mod tests {
                 // As the unpacker leaves them (stale block-diagonal codes would fail the tile
                 // kernels; bias 128 keeps any code inside i8).
                 for row in 0..IG_MR {
-                    if k.bias_mins.is_some() {
+                    if k.int_scaled.is_some() {
                         w.pair_up(row);
                     }
                     w.expand_row(row, 128);
@@ -1197,10 +1197,10 @@ mod tests {
                         };
                         // The multi-panel forms: each panel as the one-panel kernel gives it
                         // (the integer kinds' pairs take shaped data, above, but on the tiers
-                        // that run the bias-as-mins forms: those tiers' pairs take any data,
+                        // that run the integer-scaled forms: those tiers' pairs take any data,
                         // and `Kind::Int16Min` then takes scales of 8 bits and mins of 16).
                         let shaped =
-                            matches!(kind, Kind::Int16 | Kind::Int16Min) && k.bias_mins.is_none();
+                            matches!(kind, Kind::Int16 | Kind::Int16Min) && k.int_scaled.is_none();
                         if let (Some(pair), false) = (k.two[i], shaped) {
                             let [mut g1, mut g2, _] = start;
                             pair(&w, [&a, &a2], [&mut g1, &mut g2], len);

@@ -119,7 +119,7 @@ pub(crate) fn tier_form(kt: &KernelTable, fmt: IntFormat, own_levels: bool) -> I
             .unwrap_or(fmt)
     };
     match kernels_for(kt, &fmt) {
-        Some(k) => match (fmt.bias_as_mins(), k.bias_mins) {
+        Some(k) => match (fmt.int_scaled(), k.int_scaled) {
             (Some(f), Some(takes)) if takes(&f) => f,
             _ => fmt.for_tier(k.fold_scales.is_some()),
         },

@@ -99,8 +99,10 @@ pub(crate) struct IntFormat {
     pub min_code: u8,
     /// The signed form a tier runs, if any ([`IntFormat::signed`]); `None` in every other form.
     pub sign: Option<Sign>,
-    /// The bias-as-mins form ([`IntFormat::bias_as_mins`]): the format's code bias, which the
-    /// unpacker turns into mins `mins_bias * scales[j]` with `dmin = d`; 0 in every other form.
+    /// The integer-scaled form ([`IntFormat::int_scaled`]).
+    pub int_scaled: bool,
+    /// In the integer-scaled form of a format with a code bias, that bias, which the unpacker
+    /// turns into mins `mins_bias * scales[j]` with `dmin = d`; 0 in every other form.
     pub mins_bias: i32,
 }
 
@@ -143,6 +145,7 @@ impl IntFormat {
             shift: 0,
             min_code: 0,
             sign: None,
+            int_scaled: false,
             mins_bias: 0,
         }
     }
@@ -196,33 +199,32 @@ impl IntFormat {
         Some(IntFormat { sign: Some(sign), ..self })
     }
 
-    /// The bias-as-mins form of a super-block format with a code bias and float-scaled sums
-    /// (`igemm::Kind::Flt16` / `Flt32`: Q6_K, the IQ1-IQ3 grids, TQ1_0, TQ2_0): the same codes
-    /// and scales in sub-blocks of 16 (those of 32 repeated, `widen`), no bias, and mins
+    /// The integer-scaled form of a super-block format whose sums are scaled in f32 per
+    /// sub-block (`igemm::Kind::Flt*`: Q4_K, Q5_K, Q6_K, the IQ1-IQ3 grids, TQ1_0, TQ2_0): the
+    /// same codes and scales in sub-blocks of 16 (those of 32 repeated, `widen`) and the
+    /// integer kind with mins (`Kind::Int16Min`, `int_scaled`), whose sub-block sums are scaled
+    /// in int32 (in their 16-bit widening, on the tiers that ask for this form) and summed per
+    /// super-block. A format with a code bias has it carried as mins: no bias, mins
     /// `bias * scales[j]` with `dmin = d` (the unpacker writes them, `mins_bias`), so that
     /// `d * scales[j] * (codes[i] - bias) = d * scales[j] * codes[i] - dmin * mins[j]` and the
-    /// format takes the integer kind with mins (`Kind::Int16Min`): every sub-block's product
-    /// sum is scaled in its 16-bit widening and summed in int32, and the bias comes off once
-    /// per super-block. The sums stay exact: `|scales| * 255 < 2^15` for every super-block
-    /// format (tested), so a super-block's scaled sum is below `256 * 2^15 * 128 = 2^30` and
-    /// the mins (the bias is at most the largest code) fit 16 bits. For the tiers whose kernels
-    /// ask for it (`IgemmKernels::bias_mins`); `None` for the other formats.
-    pub(crate) fn bias_as_mins(self) -> Option<IntFormat> {
-        let flt16 = !self.has_min && !self.narrow_sums && !self.unit_scales;
-        let plain = !self.fold && !self.widen && self.sign.is_none() && self.mins_bias == 0;
-        (!self.float_scales()
-            && flt16
-            && plain
-            && self.bias > 0
-            && self.bias <= self.max_code as i32)
-            .then_some(IntFormat {
-                bias: 0,
-                has_min: true,
-                mins_bias: self.bias,
-                sub: 16,
-                widen: self.sub == 32,
-                ..self
-            })
+    /// bias comes off once per super-block. The sums stay exact: `|scales| * 255 < 2^15` for
+    /// every super-block format (tested), so a super-block's scaled sum is below
+    /// `256 * 2^15 * 128 = 2^30` and the mins (a bias is at most the largest code; the formats'
+    /// own mins are at most 8 bits) fit 16 bits. For the tiers whose kernels ask for it
+    /// (`IgemmKernels::int_scaled`); `None` for the other formats.
+    pub(crate) fn int_scaled(self) -> Option<IntFormat> {
+        let flt = !self.narrow_sums && !self.unit_scales;
+        let plain = !self.fold && !self.widen && self.sign.is_none() && !self.int_scaled;
+        let bias_ok = if self.has_min { self.bias == 0 } else { self.bias <= self.max_code as i32 };
+        (!self.float_scales() && flt && plain && bias_ok).then_some(IntFormat {
+            bias: 0,
+            has_min: true,
+            mins_bias: if self.has_min { 0 } else { self.bias },
+            int_scaled: true,
+            sub: 16,
+            widen: self.sub == 32,
+            ..self
+        })
     }
 
     /// Whether the scales are floats (the block family).

@@ -254,7 +254,7 @@ macro_rules! one_set {
 }
 
 macro_rules! kernel_set {
-    ($name:ident, $one:expr, $max:expr, $narrow:expr, $signed:expr, $bias_mins:expr) => {
+    ($name:ident, $one:expr, $max:expr, $narrow:expr, $signed:expr, $int_scaled:expr) => {
         pub(crate) const $name: IgemmKernels = IgemmKernels {
             one: $one,
             two: [None; 9],
@@ -268,7 +268,7 @@ macro_rules! kernel_set {
             release: None,
             expand_codes: false,
             fold_scales: None,
-            bias_mins: $bias_mins,
+            int_scaled: $int_scaled,
         };
     };
 }
@@ -280,20 +280,20 @@ kernel_set!(
     127,
     Some(maddubs_for_codes),
     Some(signed_set),
-    Some(bias_mins_pays)
+    Some(int_scaled_pays)
 );
 
-/// The bias-as-mins forms (`IntFormat::bias_as_mins`) the `vpmaddubsw` kernels run: their
+/// The integer-scaled forms (`IntFormat::int_scaled`) the `vpmaddubsw` kernels run: their
 /// `Kind::Int16Min` scales each partial sum in its `vpmaddwd` widening (`maddubs_flush`) where
 /// the `Kind::Flt*` kinds widen against ones and scale each sub-block's sum in f32. Every format
 /// with sub-blocks of 16 (Q6_K, IQ2_XS, IQ2_S); of those with 32, which the form splits into
-/// sub-blocks of 16 (twice the sums per step), the codes of 16..=31 (IQ3_S, IQ1_S recentred:
-/// 4 groups per widening, so the widenings do not grow). One thread, `matmul T 1024 512 4096 1 5`,
-/// best GFLOPS against `Kind::Flt*`, alternating, 6 rounds: q6_K 1.08 (1.17 on two threads at
-/// 4096 x 512 x 14336), iq2_s 1.08, iq2_xs 1.07, iq3_s 1.25, iq1_s 1.15; not taken: tq2_0
-/// 0.85 and tq1_0 0.89 (8 groups per widening, which the split halves), iq2_xxs 0.93 and
-/// iq3_xxs 0.97 (one group per widening).
-fn bias_mins_pays(f: &crate::quant::unpack::IntFormat) -> bool {
+/// sub-blocks of 16 (twice the sums per step), the codes of 16..=31 (Q5_K, and IQ3_S and IQ1_S
+/// recentred: 4 groups per widening, so the widenings do not grow). One thread,
+/// `matmul T 1024 512 4096 1 5`, best GFLOPS against `Kind::Flt*`, alternating, 6 rounds: q6_K
+/// 1.08 (1.17 on two threads at 4096 x 512 x 14336), iq2_s 1.08, iq2_xs 1.07, iq3_s 1.25, iq1_s
+/// 1.15; not taken: tq2_0 0.85 and tq1_0 0.89 (8 groups per widening, which the split halves),
+/// iq2_xxs 0.93 and iq3_xxs 0.97 (one group per widening).
+fn int_scaled_pays(f: &crate::quant::unpack::IntFormat) -> bool {
     !f.widen || (16..=31).contains(&f.max_code)
 }
 

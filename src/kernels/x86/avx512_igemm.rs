@@ -255,7 +255,7 @@ pub(crate) const VNNI: IgemmKernels = IgemmKernels {
     release: None,
     expand_codes: false,
     fold_scales: None,
-    bias_mins: None,
+    int_scaled: None,
 };
 
 fn vnni<const SUB: usize, const MIN: bool>(

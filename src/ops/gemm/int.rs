@@ -133,7 +133,7 @@ fn unpack_step(
             band.d[rr] = dd;
             band.dmin[rr] = dmin;
             if fmt.mins_bias != 0 {
-                // The bias-as-mins form (`IntFormat::bias_as_mins`).
+                // The integer-scaled form of a format with a bias (`IntFormat::int_scaled`).
                 for (m, &s) in mins.iter_mut().zip(scales.iter()) {
                     *m = fmt.mins_bias * s;
                 }
@@ -517,17 +517,17 @@ mod tests {
         out
     }
 
-    /// The bias-as-mins forms (`IntFormat::bias_as_mins`) of every super-block format with a
-    /// bias and no mins give the plain forms' results up to the float roundings (the same
-    /// integer products; sub-blocks of 32 split into 16), on the portable kernels and on the
-    /// AVX2 `vpmaddubsw` kernels (which run some of them, bit for bit the portable ones), with
-    /// partial bands and panels.
+    /// The integer-scaled forms (`IntFormat::int_scaled`) of every super-block format with
+    /// float-scaled sums give the plain forms' results up to the float roundings (the same
+    /// integer products; a bias carried as mins, sub-blocks of 32 split into 16), on the
+    /// portable kernels and on the AVX2 `vpmaddubsw` kernels (which run some of them, bit for
+    /// bit the portable ones), with partial bands and panels.
     #[test]
-    fn bias_as_mins_forms_match_the_plain_forms() {
+    fn int_scaled_forms_match_the_plain_forms() {
         let mut sets = vec![("portable", SCALAR)];
         #[cfg(target_arch = "x86_64")]
         if let Some(k) = crate::kernels::avx2_igemm_maddubs() {
-            assert!(k.bias_mins.is_some());
+            assert!(k.int_scaled.is_some());
             sets.push(("AVX2 maddubs", k));
         }
         let (k, m, n) = (512, 13, 21);
@@ -541,6 +541,8 @@ mod tests {
             DType::IQ3_XXS,
             DType::TQ1_0,
             DType::TQ2_0,
+            DType::Q4_K,
+            DType::Q5_K,
         ];
         for dtype in types {
             let w = crate::testdata::rand_f32(m * k, 11);
@@ -553,11 +555,11 @@ mod tests {
             // The form the `vpmaddubsw` tier takes codes up to 127 in (IQ2: recentred).
             let plain = int_format(dtype).unwrap();
             let plain = if plain.max_code > 127 { plain.recentred().unwrap() } else { plain };
-            assert!(matches!(Kind::of(&plain), Kind::Flt16 | Kind::Flt32), "{dtype}");
-            let form = plain.bias_as_mins().expect("a bias-as-mins form");
+            assert!(matches!(Kind::of(&plain), Kind::Flt16 | Kind::Flt32 | Kind::Flt32Min));
+            let form = plain.int_scaled().expect("an integer-scaled form");
             assert_eq!(
                 (Kind::of(&form), form.bias, form.mins_bias, form.widen),
-                (Kind::Int16Min, 0, plain.bias, plain.sub == 32)
+                (Kind::Int16Min, 0, if plain.has_min { 0 } else { plain.bias }, plain.sub == 32)
             );
             let want = run(&plain, dtype, &SCALAR, k, &a_q, &b_q);
             let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));

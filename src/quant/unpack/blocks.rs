@@ -48,6 +48,7 @@ pub(super) fn int_format(d: DType) -> Option<IntFormat> {
         // `kvalues_iq4nl` starts at -127.
         min_code: if d == DType::IQ4_NL { 1 } else { 0 },
         sign: None,
+        int_scaled: false,
         mins_bias: 0,
     })
 }
