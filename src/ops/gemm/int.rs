@@ -574,4 +574,26 @@ mod tests {
             }
         }
     }
+
+    /// The formats the AVX2 `vpmaddubsw` tier runs in the integer-scaled form (where it
+    /// measured faster, `avx2_igemm::int_scaled_pays`), and those it leaves on the float kinds.
+    #[test]
+    fn maddubs_tier_takes_the_integer_scaled_forms_that_pay() {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(k) = crate::kernels::avx2_igemm_maddubs() {
+            let takes = k.int_scaled.expect("the maddubs tier runs integer-scaled forms");
+            let taken =
+                [DType::Q5_K, DType::Q6_K, DType::IQ1_S, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_S];
+            let left = [DType::Q4_K, DType::TQ1_0, DType::TQ2_0, DType::IQ2_XXS, DType::IQ3_XXS];
+            for (dtype, want) in
+                taken.iter().map(|&d| (d, true)).chain(left.iter().map(|&d| (d, false)))
+            {
+                let plain = int_format(dtype).unwrap();
+                let plain =
+                    if plain.max_code > k.max_code { plain.recentred().unwrap() } else { plain };
+                let form = plain.int_scaled().expect("an integer-scaled form");
+                assert_eq!(takes(&form), want, "{dtype}");
+            }
+        }
+    }
 }
