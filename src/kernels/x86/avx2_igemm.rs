@@ -321,7 +321,9 @@ fn signed_set(sign: Sign) -> ([IgemmFn; 9], RowFn) {
 /// one thread (8 rounds, 1.04-1.58), 1.33x on two (6 rounds), TQ2_0 1.03x; Q3_K (Int16) 1.10x
 /// on one thread, 1.34x on two; NVFP4 (Blk16, G = 4) 1.09x on one (every round 1.06-1.11), 1.04x
 /// on two; Q6_K (Flt16, G = 2, its form alone) 1.11x on one thread (8 rounds, 1.09-1.18), 1.16x
-/// on two (6 rounds); Q5_K (G = 4) 0.97x, which keeps one panel. The integer kinds' pair slot means their 16-bit
+/// on two (6 rounds); Q5_K (G = 4) 0.97x, which keeps one panel. The `Int16Min` forms for G = 2
+/// and 4 serve the integer-scaled forms (`int_scaled_pays`: Q6_K, Q5_K, IQ3_S, IQ1_S) and Q2_K
+/// (1.04x in a whole GEMM on two threads, 6 rounds). The integer kinds' pair slot means their 16-bit
 /// forms (`IgemmKernels::two`): these give the one-panel bits for any data, which holds that.
 macro_rules! pair_set {
     (8) => {

@@ -493,8 +493,7 @@ mod tests {
         ];
         let scratch: &mut [u8] = bytemuck::cast_slice_mut(&mut bands);
         let mut out = vec![0f32; m * n];
-        // SAFETY: every row index the block asks for is below m: inside a_q.
-        let a_row = |i: usize| unsafe { a_q.as_ptr().add(i * ra) };
+        let a_row = |i: usize| a_q.as_ptr().wrapping_add(i * ra);
         block(
             fmt,
             dtype,
