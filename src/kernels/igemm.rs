@@ -29,7 +29,7 @@
 //! `IntFormat::unit_scales`) keep the scaled sum in int32, `s1 = sum_j scales[r][j] * raw[j]`,
 //! and take `f = s1 as f32 * d[r]` in its place; so do the integer-scaled forms that the AVX2
 //! `vpmaddubsw` tier runs (`IntFormat::int_scaled`: sub-blocks of 16, a bias carried as mins
-//! `bias * scales[j]` with `dmin = d`; Q5_K, Q6_K, IQ2_XS, IQ2_S, IQ3_S, IQ1_S), whose kernels
+//! `bias * scales[j]` with `dmin = d`; Q5_K, Q6_K, IQ2_XS, IQ2_S, IQ3_S, IQ1_S, IQ1_M), whose kernels
 //! scale each sum in its 16-bit widening. Block types (Q8_0 / Q8_1 activations,
 //! `Kind::Blk*`) have float scales per sub-block `j` of 16 or 32 on both sides (`fscales`, `ds`):
 //!

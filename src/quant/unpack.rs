@@ -199,8 +199,9 @@ impl IntFormat {
         Some(IntFormat { sign: Some(sign), ..self })
     }
 
-    /// The integer-scaled form of a super-block format whose sums are scaled in f32 per
-    /// sub-block (`igemm::Kind::Flt*`: Q4_K, Q5_K, Q6_K, the IQ1-IQ3 grids, TQ1_0, TQ2_0): the
+    /// The integer-scaled form of a super-block format whose sums are scaled per sub-block
+    /// (`igemm::Kind::Flt*`: Q4_K, Q5_K, Q6_K, the IQ1-IQ3 grids, TQ1_0, TQ2_0; and the narrow
+    /// formats' `Kind::Int16`, Q3_K and IQ1_M, on tiers whose integer kind does not fold): the
     /// same codes and scales in sub-blocks of 16 (those of 32 repeated, `widen`) and the
     /// integer kind with mins (`Kind::Int16Min`, `int_scaled`), whose sub-block sums are scaled
     /// in int32 (in their 16-bit widening, on the tiers that ask for this form) and summed per
@@ -213,7 +214,7 @@ impl IntFormat {
     /// own mins are at most 8 bits) fit 16 bits. For the tiers whose kernels ask for it
     /// (`IgemmKernels::int_scaled`); `None` for the other formats.
     pub(crate) fn int_scaled(self) -> Option<IntFormat> {
-        let flt = !self.narrow_sums && !self.unit_scales;
+        let flt = !self.unit_scales;
         let plain = !self.fold && !self.widen && self.sign.is_none() && !self.int_scaled;
         let bias_ok = if self.has_min { self.bias == 0 } else { self.bias <= self.max_code as i32 };
         (!self.float_scales() && flt && plain && bias_ok).then_some(IntFormat {

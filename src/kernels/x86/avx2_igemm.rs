@@ -285,16 +285,19 @@ kernel_set!(
 
 /// The integer-scaled forms (`IntFormat::int_scaled`) the `vpmaddubsw` kernels run: their
 /// `Kind::Int16Min` scales each partial sum in its `vpmaddwd` widening (`maddubs_flush`) where
-/// the `Kind::Flt*` kinds widen against ones and scale each sub-block's sum in f32. Every format
-/// with sub-blocks of 16 (Q6_K, IQ2_XS, IQ2_S); of those with 32, which the form splits into
-/// sub-blocks of 16 (twice the sums per step), the codes of 16..=31 (Q5_K, and IQ3_S and IQ1_S
-/// recentred: 4 groups per widening, so the widenings do not grow). One thread,
-/// `matmul T 1024 512 4096 1 5`, best GFLOPS against `Kind::Flt*`, alternating, 6 rounds: q6_K
-/// 1.08 (1.17 on two threads at 4096 x 512 x 14336), iq2_s 1.08, iq2_xs 1.07, iq3_s 1.25, iq1_s
-/// 1.15; not taken: tq2_0 0.85 and tq1_0 0.89 (8 groups per widening, which the split halves),
-/// iq2_xxs 0.93 and iq3_xxs 0.97 (one group per widening).
+/// the `Kind::Flt*` kinds widen against ones and scale each sub-block's sum in f32 (and Q3_K's
+/// and IQ1_M's `Kind::Int16` by a `vpmulld` per sub-block). The formats with codes of 16 and
+/// more: with sub-blocks of 16 all of them (Q6_K, IQ2_XS, IQ2_S, IQ1_M), of those with 32,
+/// which the form splits into sub-blocks of 16 (twice the sums per step), the codes up to 31
+/// (Q5_K, and IQ3_S and IQ1_S recentred: 4 groups per widening, so the widenings do not
+/// grow). One thread, `matmul T 1024 512 4096 1 5`, best GFLOPS against the format's own kind,
+/// alternating, 6-8 rounds: q6_K 1.08 (1.17 on two threads at 4096 x 512 x 14336), iq2_s
+/// 1.08, iq2_xs 1.07, iq3_s 1.25, iq1_s 1.15, q5_K 1.19, iq1_m 1.15 (1.15 on two threads over 8
+/// rounds, 0.89 over 4 at 2048 x 512 x 8192); not taken: q4_K 0.84,
+/// tq2_0 0.85 and tq1_0 0.89 (8 groups per widening, which the split halves), q3_K 0.99 (0.97
+/// on two threads), iq2_xxs 0.93 and iq3_xxs 0.97 (one group per widening).
 fn int_scaled_pays(f: &crate::quant::unpack::IntFormat) -> bool {
-    !f.widen || (16..=31).contains(&f.max_code)
+    f.max_code >= 16 && (!f.widen || f.max_code <= 31)
 }
 
 /// The `vpmaddubsw` kernels for the signed forms (`IntFormat::signed`: Q8_0, IQ4_NL, IQ4_XS,
@@ -322,7 +325,7 @@ fn signed_set(sign: Sign) -> ([IgemmFn; 9], RowFn) {
 /// on one thread, 1.34x on two; NVFP4 (Blk16, G = 4) 1.09x on one (every round 1.06-1.11), 1.04x
 /// on two; Q6_K (Flt16, G = 2, its form alone) 1.11x on one thread (8 rounds, 1.09-1.18), 1.16x
 /// on two (6 rounds); Q5_K (G = 4) 0.97x, which keeps one panel. The `Int16Min` forms for G = 2
-/// and 4 serve the integer-scaled forms (`int_scaled_pays`: Q6_K, Q5_K, IQ3_S, IQ1_S) and Q2_K
+/// and 4 serve the integer-scaled forms (`int_scaled_pays`: Q6_K, Q5_K, IQ3_S, IQ1_S, IQ1_M) and Q2_K
 /// (1.04x in a whole GEMM on two threads, 6 rounds). The integer kinds' pair slot means their 16-bit
 /// forms (`IgemmKernels::two`): these give the one-panel bits for any data, which holds that.
 macro_rules! pair_set {

@@ -516,8 +516,8 @@ mod tests {
         out
     }
 
-    /// The integer-scaled forms (`IntFormat::int_scaled`) of every super-block format with
-    /// float-scaled sums give the plain forms' results up to the float roundings (the same
+    /// The integer-scaled forms (`IntFormat::int_scaled`) of every super-block format whose
+    /// sums are scaled per sub-block (in f32, or by Q3_K's and IQ1_M's `vpmulld`) give the plain forms' results up to the float roundings (the same
     /// integer products; a bias carried as mins, sub-blocks of 32 split into 16), on the
     /// portable kernels and on the AVX2 `vpmaddubsw` kernels (which run some of them, bit for
     /// bit the portable ones), with partial bands and panels.
@@ -542,6 +542,8 @@ mod tests {
             DType::TQ2_0,
             DType::Q4_K,
             DType::Q5_K,
+            DType::Q3_K,
+            DType::IQ1_M,
         ];
         for dtype in types {
             let w = crate::testdata::rand_f32(m * k, 11);
@@ -554,7 +556,8 @@ mod tests {
             // The form the `vpmaddubsw` tier takes codes up to 127 in (IQ2: recentred).
             let plain = int_format(dtype).unwrap();
             let plain = if plain.max_code > 127 { plain.recentred().unwrap() } else { plain };
-            assert!(matches!(Kind::of(&plain), Kind::Flt16 | Kind::Flt32 | Kind::Flt32Min));
+            let kind = Kind::of(&plain);
+            assert!(matches!(kind, Kind::Flt16 | Kind::Flt32 | Kind::Flt32Min | Kind::Int16));
             let form = plain.int_scaled().expect("an integer-scaled form");
             assert_eq!(
                 (Kind::of(&form), form.bias, form.mins_bias, form.widen),
@@ -581,9 +584,23 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if let Some(k) = crate::kernels::avx2_igemm_maddubs() {
             let takes = k.int_scaled.expect("the maddubs tier runs integer-scaled forms");
-            let taken =
-                [DType::Q5_K, DType::Q6_K, DType::IQ1_S, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_S];
-            let left = [DType::Q4_K, DType::TQ1_0, DType::TQ2_0, DType::IQ2_XXS, DType::IQ3_XXS];
+            let taken = [
+                DType::Q5_K,
+                DType::Q6_K,
+                DType::IQ1_S,
+                DType::IQ1_M,
+                DType::IQ2_XS,
+                DType::IQ2_S,
+                DType::IQ3_S,
+            ];
+            let left = [
+                DType::Q3_K,
+                DType::Q4_K,
+                DType::TQ1_0,
+                DType::TQ2_0,
+                DType::IQ2_XXS,
+                DType::IQ3_XXS,
+            ];
             for (dtype, want) in
                 taken.iter().map(|&d| (d, true)).chain(left.iter().map(|&d| (d, false)))
             {
