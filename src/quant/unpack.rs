@@ -216,7 +216,13 @@ impl IntFormat {
     pub(crate) fn int_scaled(self) -> Option<IntFormat> {
         let flt = !self.unit_scales;
         let plain = !self.fold && !self.widen && self.sign.is_none() && !self.int_scaled;
-        let bias_ok = if self.has_min { self.bias == 0 } else { self.bias <= self.max_code as i32 };
+        // Without mins the bias becomes them, so there must be one (else the mins the kernel
+        // reads would be whatever the unpacker left there).
+        let bias_ok = if self.has_min {
+            self.bias == 0
+        } else {
+            self.bias > 0 && self.bias <= self.max_code as i32
+        };
         (!self.float_scales() && flt && plain && bias_ok).then_some(IntFormat {
             bias: 0,
             has_min: true,

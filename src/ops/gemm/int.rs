@@ -517,10 +517,11 @@ mod tests {
     }
 
     /// The integer-scaled forms (`IntFormat::int_scaled`) of every super-block format whose
-    /// sums are scaled per sub-block (in f32, or by Q3_K's and IQ1_M's `vpmulld`) give the plain forms' results up to the float roundings (the same
-    /// integer products; a bias carried as mins, sub-blocks of 32 split into 16), on the
-    /// portable kernels and on the AVX2 `vpmaddubsw` kernels (which run some of them, bit for
-    /// bit the portable ones), with partial bands and panels.
+    /// sums are scaled per sub-block (in f32, or by Q3_K's and IQ1_M's `vpmulld`) give the
+    /// plain forms' results up to the float roundings (the same integer products; a bias
+    /// carried as mins, sub-blocks of 32 split into 16), on the portable kernels and on the
+    /// AVX2 `vpmaddubsw` kernels (which run some of them, bit for bit the portable ones), with
+    /// partial bands and panels. A format with neither mins nor a bias has no such form.
     #[test]
     fn int_scaled_forms_match_the_plain_forms() {
         let mut sets = vec![("portable", SCALAR)];
@@ -529,6 +530,9 @@ mod tests {
             assert!(k.int_scaled.is_some());
             sets.push(("AVX2 maddubs", k));
         }
+        let no_bias =
+            crate::quant::unpack::IntFormat::superblock(16, 0, false, 63, |_, _, _, _| (1.0, 0.0));
+        assert!(no_bias.int_scaled().is_none(), "mins the unpacker would not write");
         let (k, m, n) = (512, 13, 21);
         let types = [
             DType::Q6_K,
