@@ -332,6 +332,13 @@ pub(crate) type GemmFn = fn(k: usize, x: &[&[u8]], y: &[&[u8]], out: &mut [f32])
 /// Q4_0 1.21-1.23x in L3 and 1.18-1.22x from memory, Q8_0 1.16-1.19x and 1.12x; pairs of
 /// neighbouring rows instead gained in L3 (1.12x, 1.20x) but not from memory (0.95x, 1.02x).
 pub(crate) type VecDot2Fn = fn(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2];
+/// A run of [`VecDot2Fn`] calls in one: `out[t] = dot2(n, [&x[0][t * stride..], &x[1][t *
+/// stride..]], y)` for every `t < out.len()`, bitwise (each pair's operations are the two-row
+/// form's). Decode of short rows (K = 576: 18 Q8_0 blocks) spent a fifth of its two-row dot's
+/// time outside the block loop, in the call, the prologue and the constants; one call per run
+/// pays those once. A run whose slices do not hold every row falls back to one call per pair.
+pub(crate) type VecDotPairsFn =
+    fn(n: usize, x: [&[u8]; 2], stride: usize, y: &[u8], out: &mut [[f32; 2]]);
 
 /// Weight rows per gemm tile.
 pub(crate) const GEMM_MR: usize = 4;
@@ -353,6 +360,8 @@ pub(crate) struct KernelTable {
     stream_own_order: [bool; N_TYPES],
     /// Two-row forms of `vec_dot_stream` (bitwise its results), where a tier has one.
     vec_dot2_stream: [Option<VecDot2Fn>; N_TYPES],
+    /// Runs of `vec_dot2_stream` calls in one call (bitwise its results), where a tier has them.
+    vec_dot_pairs: [Option<VecDotPairsFn>; N_TYPES],
     from_float: [Option<FromFloatFn>; N_TYPES],
     /// Row dequantizers (ggml's `to_float`): the format's, or a tier's with the same floats.
     to_f32: [Option<crate::quant::DequantizeFn>; N_TYPES],
@@ -427,6 +436,7 @@ impl KernelTable {
             vec_dot_stream: [None; N_TYPES],
             stream_own_order: [false; N_TYPES],
             vec_dot2_stream: [None; N_TYPES],
+            vec_dot_pairs: [None; N_TYPES],
             from_float: [None; N_TYPES],
             to_f32: [None; N_TYPES],
             gemm: [None; N_TYPES],
@@ -551,6 +561,7 @@ impl KernelTable {
         // replaces the dot drops it, as `set_vec_dot_stream` does for its own.
         if self.vec_dot_stream[i].is_none() {
             self.vec_dot2_stream[i] = None;
+            self.vec_dot_pairs[i] = None;
         }
     }
 
@@ -559,6 +570,7 @@ impl KernelTable {
         self.stream_own_order[d.ggml_id() as usize] = false;
         // A two-row form belongs to the streaming dot it was written with.
         self.vec_dot2_stream[d.ggml_id() as usize] = None;
+        self.vec_dot_pairs[d.ggml_id() as usize] = None;
     }
 
     /// The two-row form of [`vec_dot_stream`](Self::vec_dot_stream) for `d`, if the tier has one.
@@ -569,6 +581,19 @@ impl KernelTable {
     /// Sets the two-row form of the streaming dot for `d`: set after it, and bitwise its results.
     pub(crate) fn set_vec_dot2_stream(&mut self, d: DType, f: VecDot2Fn) {
         self.vec_dot2_stream[d.ggml_id() as usize] = Some(f);
+        // A run form belongs to the two-row form it was written with.
+        self.vec_dot_pairs[d.ggml_id() as usize] = None;
+    }
+
+    /// The run form of [`vec_dot2_stream`](Self::vec_dot2_stream) for `d`, if the tier has one.
+    pub(crate) fn vec_dot_pairs(&self, d: DType) -> Option<VecDotPairsFn> {
+        self.vec_dot_pairs[d.ggml_id() as usize]
+    }
+
+    /// Sets the run form of the two-row dot for `d`: set after it, and bitwise its results.
+    pub(crate) fn set_vec_dot_pairs(&mut self, d: DType, f: VecDotPairsFn) {
+        debug_assert!(self.vec_dot2_stream(d).is_some(), "{d}: a run form without a two-row form");
+        self.vec_dot_pairs[d.ggml_id() as usize] = Some(f);
     }
 
     /// A matmul dot for `d` (decode) that sums in an order of its own, not `vec_dot`'s; the
@@ -577,6 +602,7 @@ impl KernelTable {
         self.vec_dot_stream[d.ggml_id() as usize] = Some(f);
         self.stream_own_order[d.ggml_id() as usize] = true;
         self.vec_dot2_stream[d.ggml_id() as usize] = None;
+        self.vec_dot_pairs[d.ggml_id() as usize] = None;
     }
 
     /// Whether `d`'s streaming dot sums in its own order (see

@@ -144,33 +144,83 @@ impl Claims {
     }
 }
 
+/// The dot products a decode matmul runs per weight row: the one-row dot, and where the tier has
+/// them its two-row form (`VecDot2Fn`) and that form's run form (`VecDotPairsFn`).
+#[derive(Clone, Copy)]
+pub(crate) struct RowDots {
+    pub(crate) dot: crate::quant::VecDotFn,
+    pub(crate) dot2: Option<crate::kernels::VecDot2Fn>,
+    pub(crate) pairs: Option<crate::kernels::VecDotPairsFn>,
+}
+
+impl RowDots {
+    /// The plain dot alone.
+    pub(crate) fn one(dot: crate::quant::VecDotFn) -> Self {
+        RowDots { dot, dot2: None, pairs: None }
+    }
+
+    /// The tier's decode dots for `t`: its streaming dot (else `dot`), two-row and run forms.
+    pub(crate) fn decode(
+        kt: &crate::kernels::KernelTable,
+        t: crate::dtype::DType,
+        dot: crate::quant::VecDotFn,
+    ) -> Self {
+        RowDots {
+            dot: kt.vec_dot_stream(t).unwrap_or(dot),
+            dot2: kt.vec_dot2_stream(t),
+            pairs: kt.vec_dot_pairs(t),
+        }
+    }
+}
+
+/// Pairs per run-form call in [`dot_rows`] (the results wait in a stack array).
+const PAIRS_PER_CALL: usize = 64;
+
 /// The dot products of weight rows `rows` (`a_row(i)`, `k` elements) with one activation row
 /// `y`, each handed to `store(i, value)`: with the tier's two-row form (`VecDot2Fn`, decode) the
 /// range's first half against its second, so each of the two streams reads consecutive rows and
 /// its prefetch runs on into its next row (pairs of neighbouring rows measured no gain from
-/// memory), an odd last row and every row without it by the one-row dot. The same bits either
-/// way.
+/// memory), an odd last row and every row without it by the one-row dot. `span`, where the
+/// caller has it, holds the rows' bytes from row `rows.start` on, row `i` at `(i - rows.start) *
+/// stride`: then the two-row form's run form takes up to [`PAIRS_PER_CALL`] pairs per call. The
+/// same bits every way.
 pub(crate) fn dot_rows<'a>(
     rows: std::ops::Range<usize>,
     k: usize,
     y: &[u8],
-    (dot, dot2): (crate::quant::VecDotFn, Option<crate::kernels::VecDot2Fn>),
+    dots: RowDots,
     a_row: impl Fn(usize) -> &'a [u8],
+    span: Option<(&'a [u8], usize)>,
     mut store: impl FnMut(usize, f32),
 ) {
     let mut rest = rows.clone();
-    if let Some(dot2) = dot2 {
+    if let Some(dot2) = dots.dot2 {
         let half = rows.len() / 2;
-        for t in 0..half {
-            let (ia, ib) = (rows.start + t, rows.start + half + t);
-            let [va, vb] = dot2(k, [a_row(ia), a_row(ib)], y);
-            store(ia, va);
-            store(ib, vb);
+        if let (Some(pairs), Some((span, stride))) = (dots.pairs, span) {
+            let mut out = [[0.0f32; 2]; PAIRS_PER_CALL];
+            let mut t = 0;
+            while t < half {
+                let c = (half - t).min(PAIRS_PER_CALL);
+                let at = |i: usize| span.get(i.saturating_mul(stride)..).unwrap_or(&[]);
+                pairs(k, [at(t), at(half + t)], stride, y, &mut out[..c]);
+                for (u, [va, vb]) in out[..c].iter().enumerate() {
+                    store(rows.start + t + u, *va);
+                    store(rows.start + half + t + u, *vb);
+                }
+                t += c;
+            }
+        } else {
+            for t in 0..half {
+                let (ia, ib) = (rows.start + t, rows.start + half + t);
+                let [va, vb] = dot2(k, [a_row(ia), a_row(ib)], y);
+                store(ia, va);
+                store(ib, vb);
+            }
         }
         rest.start += 2 * half;
     }
     for i in rest {
-        store(i, dot(k, a_row(i), y));
+        store(i, (dots.dot)(k, a_row(i), y));
     }
 }
 
@@ -833,6 +883,55 @@ mod claims_tests {
             if (total, runs) == (7, 2) {
                 // Two workers in step: one takes 0, 1, 2, 3 and the other 4, 5, 6.
                 assert_eq!(seen, [0, 4, 1, 5, 2, 6, 3]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod dot_rows_tests {
+    use super::{PAIRS_PER_CALL, RowDots, dot_rows};
+
+    /// A stand-in dot that tells rows apart: their first `n` bytes, weighted by position.
+    fn dot(n: usize, x: &[u8], y: &[u8]) -> f32 {
+        x.iter()
+            .zip(y)
+            .take(n)
+            .enumerate()
+            .map(|(i, (&a, &b))| (i + 1) as f32 * a as f32 * b as f32)
+            .sum()
+    }
+
+    /// `dot_rows` hands every row its own dot product, the same with the run form (several calls
+    /// of it for one range, an odd last row), with the two-row form and with the one-row dot
+    /// alone.
+    #[test]
+    fn dot_rows_gives_every_row_its_dot_every_way() {
+        let dots = RowDots {
+            dot,
+            dot2: Some(|n, x, y| x.map(|x| dot(n, x, y))),
+            pairs: Some(|n, x, stride, y, out| {
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = x.map(|x| dot(n, &x[t * stride..], y));
+                }
+            }),
+        };
+        let (n, rb) = (3, 5);
+        let rows = 2 * PAIRS_PER_CALL + 9;
+        let a: Vec<u8> = (0..rows * rb).map(|i| (i * 7 % 251) as u8).collect();
+        let y = [3u8, 1, 2];
+        let a_row = |i: usize| &a[i * rb..(i + 1) * rb];
+        for range in [3..rows, 0..0, 5..6, 4..8] {
+            for (how, dots, span) in
+                [("runs", dots, true), ("pairs", dots, false), ("one", RowDots::one(dot), true)]
+            {
+                let mut got = vec![f32::NAN; rows];
+                let span = span.then(|| (&a[range.start * rb..], rb));
+                dot_rows(range.clone(), n, &y, dots, a_row, span, |i, v| got[i] = v);
+                for (i, got) in got.iter().enumerate() {
+                    let want = if range.contains(&i) { dot(n, a_row(i), &y) } else { f32::NAN };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{how} {range:?} row {i}");
+                }
             }
         }
     }

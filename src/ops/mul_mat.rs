@@ -211,16 +211,19 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     };
     let (a, b, d) = (ctx.src(0), ctx.src(1), ctx.dst());
     let table = ctx.kt;
-    // Few columns (decode): each weight row is read once, from memory; the streaming variant
-    // prefetches it (same results).
-    let dot = if d.ne[1] <= 4 { table.vec_dot_stream(a.dtype) } else { table.vec_dot(a.dtype) };
-    // Decode rows two at a time where the tier has the two-row form (the same bits).
-    let dot2 = if d.ne[1] <= 4 { table.vec_dot2_stream(a.dtype) } else { None };
-    let dot = dot.ok_or_else(|| Error::Unsupported {
+    let dot = table.vec_dot(a.dtype).ok_or_else(|| Error::Unsupported {
         op: "mul_mat",
         backend: "CPU".into(),
         msg: format!("no {} dot product", a.dtype),
     })?;
+    // Few columns (decode): each weight row is read once, from memory; the streaming variant
+    // prefetches it, and rows go two at a time where the tier has the two-row form (the same
+    // bits).
+    let dots = if d.ne[1] <= 4 {
+        super::RowDots::decode(table, a.dtype, dot)
+    } else {
+        super::RowDots::one(dot)
+    };
     let k = a.ne[0];
     let vd = a.dtype.vec_dot_type();
     let a_row_bytes = a.dtype.row_bytes(k);
@@ -322,10 +325,15 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 // check).
                 unsafe { std::slice::from_raw_parts(a.row(i, i2 / r2, i3 / r3), a_row_bytes) }
             };
-            super::dot_rows(i0s..i0e, k, yb, (dot, dot2), a_row, |i, v| {
-                // SAFETY: i < i0e <= m and j < n: the dst element (i, j, i2, i3) belongs to this
-                // tile, which only this worker took.
-                unsafe { *(dst_elem(d, i, j, i2, i3)) = v }
+            // SAFETY: used during this compute only.
+            let span = unsafe { a.row_span(i0s..i0e, i2 / r2, i3 / r3) };
+            // Column j's first element and stride, read once (not per stored element).
+            let (col, nb0) =
+                (d.ptr.wrapping_add(j * d.nb[1] + i2 * d.nb[2] + i3 * d.nb[3]), d.nb[0]);
+            super::dot_rows(i0s..i0e, k, yb, dots, a_row, span, |i, v| {
+                // SAFETY: i < i0e <= m and j < n: dst element (i, j, i2, i3), at `col + i * nb0`
+                // (`dst_elem`), belongs to this tile, which only this worker took.
+                unsafe { *(col.add(i * nb0) as *mut f32) = v }
             });
         }
     }

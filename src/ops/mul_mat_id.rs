@@ -522,8 +522,7 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
     let (a, b, ids, d) = (ctx.src(0), ctx.src(1), ctx.src(2), ctx.dst());
     let table = ctx.kt;
     let dot = table.vec_dot(a.dtype).ok_or_else(|| unsupported(format!("no {} dot", a.dtype)))?;
-    let dot_stream = table.vec_dot_stream(a.dtype).unwrap_or(dot);
-    let dot2 = table.vec_dot2_stream(a.dtype);
+    let decode = super::RowDots::decode(table, a.dtype, dot);
     let gemm = table.gemm(a.dtype);
     let (k, m, n_as) = (a.ne[0], a.ne[1], a.ne[2]);
     let a_row_bytes = a.dtype.row_bytes(k);
@@ -643,9 +642,11 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
             _ => {
                 // One pair: the expert's rows are read once, from memory (decode), two at a
                 // time where the tier has the two-row form (as mul_mat's decode; the same bits).
-                let (dot, dot2) = if cols.len() == 1 { (dot_stream, dot2) } else { (dot, None) };
+                let dots = if cols.len() == 1 { decode } else { super::RowDots::one(dot) };
+                // SAFETY: used during this compute only.
+                let span = unsafe { a.row_span(i0..i1, e, 0) };
                 for &p in cols {
-                    super::dot_rows(i0..i1, k, b_row(p), (dot, dot2), a_row, |i, v| {
+                    super::dot_rows(i0..i1, k, b_row(p), dots, a_row, span, |i, v| {
                         // SAFETY: as above: i < i1 <= m, inside dst, this worker's element only.
                         unsafe { *dst_at(i, p) = v }
                     });

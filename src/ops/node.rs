@@ -77,6 +77,33 @@ impl TView {
         unsafe { self.ptr.add(i1 * self.nb[1] + i2 * self.nb[2] + i3 * self.nb[3]) }
     }
 
+    /// The bytes of rows `rows` of matrix `(i2, i3)` when they lie back to back (`nb[1]` the
+    /// length of a row of `ne[0]` elements) and the node does not write them, row `i` at `(i -
+    /// rows.start) * nb[1]`, with that stride; `None` otherwise (or for indices outside `ne`).
+    ///
+    /// # Safety
+    /// The slice is used only during the compute the view was built for (its memory stays valid
+    /// and, as the view is not written, unwritten for that long).
+    pub(crate) unsafe fn row_span<'a>(
+        &self,
+        rows: std::ops::Range<usize>,
+        i2: usize,
+        i3: usize,
+    ) -> Option<(&'a [u8], usize)> {
+        let rb = self.dtype.row_bytes(self.ne[0]);
+        let whole = !self.written && self.nb[1] == rb && rows.start < rows.end;
+        if !whole || rows.end > self.ne[1] || i2 >= self.ne[2] || i3 >= self.ne[3] {
+            return None;
+        }
+        // SAFETY: the indices are below `ne`, so rows `rows` lie inside the tensor's memory (the
+        // `TView` invariant); back to back (`nb[1]` is a row's length), the bytes from the first
+        // row's start to the last row's end are exactly theirs. Valid and unwritten while used
+        // (the caller's guarantee, and `written` is false).
+        unsafe {
+            Some((std::slice::from_raw_parts(self.row(rows.start, i2, i3), rows.len() * rb), rb))
+        }
+    }
+
     /// Typed address of element `(i0, i1, i2, i3)`: the one place the typed accessors turn
     /// indices into addresses. The indices are checked (a panic, caught by the executor, rather
     /// than a read outside the tensor); the element type and alignment in debug builds.

@@ -95,6 +95,15 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot2_stream(DType::Q5_1, vec_dot2_q5_1_q8_1_stream);
     t.set_vec_dot2_stream(DType::MXFP4, vec_dot2_mxfp4_q8_0_stream);
     t.set_vec_dot2_stream(DType::NVFP4, vec_dot2_nvfp4_q8_0_stream);
+    // Their run forms (`VecDotPairsFn`): one call per run of row pairs.
+    t.set_vec_dot_pairs(DType::Q1_0, vec_dot_pairs_q1_0_q8_0);
+    t.set_vec_dot_pairs(DType::Q4_0, vec_dot_pairs_q4_0_q8_0_stream);
+    t.set_vec_dot_pairs(DType::Q5_0, vec_dot_pairs_q5_0_q8_0_stream);
+    t.set_vec_dot_pairs(DType::Q8_0, vec_dot_pairs_q8_0_q8_0_stream);
+    t.set_vec_dot_pairs(DType::Q4_1, vec_dot_pairs_q4_1_q8_1_stream);
+    t.set_vec_dot_pairs(DType::Q5_1, vec_dot_pairs_q5_1_q8_1_stream);
+    t.set_vec_dot_pairs(DType::MXFP4, vec_dot_pairs_mxfp4_q8_0_stream);
+    t.set_vec_dot_pairs(DType::NVFP4, vec_dot_pairs_nvfp4_q8_0_stream);
 }
 
 /// The Q5_0 and Q5_1 dots with the fifth bits applied through AVX-512 mask registers (one
@@ -242,8 +251,11 @@ macro_rules! one_row {
     )*};
 }
 
+/// An entry `name + pairs => kernel, ...` also gets the run form `pairs`
+/// (`KernelTable::vec_dot_pairs`) of the two-row form `name`, for AVX2 kernels.
 macro_rules! wrappers2 {
-    ($($(#[$doc:meta])* $name:ident => $kernel:path, $per_block:expr, $xb:expr, $yb:expr;)*) => {$(
+    ($($(#[$doc:meta])* $name:ident $(+ $pairs:ident)? => $kernel:path, $per_block:expr, $xb:expr,
+       $yb:expr;)*) => {$(
         $(#[$doc])*
         fn $name(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
             let nb = whole_blocks(n, $per_block, x[0], $xb, y, $yb)
@@ -255,6 +267,54 @@ macro_rules! wrappers2 {
             // needs AVX-512 VNNI too (`*_vnni*`) only `plug_vnni_dots`, after detecting it.
             unsafe { $kernel(nb, x.map(<[u8]>::as_ptr), y.as_ptr()) }
         }
+        $(
+            /// The run form of the two-row form above (`VecDotPairsFn`).
+            fn $pairs(n: usize, x: [&[u8]; 2], stride: usize, y: &[u8], out: &mut [[f32; 2]]) {
+                /// Every pair of the run, the constants and the prologue once.
+                ///
+                /// # Safety
+                /// The CPU supports AVX2, FMA and F16C; `y` holds `nb` blocks of `$yb` bytes
+                /// and both `x` hold `nb` blocks of `$xb` bytes at `t * stride` for every
+                /// `t < out.len()`.
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn run(
+                    nb: usize,
+                    x: [*const u8; 2],
+                    stride: usize,
+                    y: *const u8,
+                    out: &mut [[f32; 2]],
+                ) {
+                    for (t, o) in out.iter_mut().enumerate() {
+                        // SAFETY: the caller's guarantees, for pair `t`.
+                        *o = unsafe { $kernel(nb, x.map(|p| p.add(t * stride)), y) };
+                    }
+                }
+                let nb = n / $per_block;
+                // The last pair's rows end inside both slices (no overflow on any input).
+                let holds = |s: &[u8]| {
+                    out.len().checked_sub(1).is_none_or(|last| {
+                        last.checked_mul(stride)
+                            .and_then(|o| o.checked_add(nb * $xb))
+                            .is_some_and(|end| end <= s.len())
+                    })
+                };
+                if y.len() < nb * $yb || !holds(x[0]) || !holds(x[1]) {
+                    // Rows cut short: one two-row call per pair, on what each row holds.
+                    for (t, o) in out.iter_mut().enumerate() {
+                        let at = t.saturating_mul(stride);
+                        let rows = x.map(|s| s.get(at..).unwrap_or_default());
+                        *o = $name(n, rows, y);
+                    }
+                    return;
+                }
+                // SAFETY: checked just above: `y` holds `nb` blocks and each `x` holds `nb`
+                // blocks at every `t * stride`, `t < out.len()` (the last one ends inside, the
+                // earlier ones start before it); `plug` installs this only where AVX2, FMA and
+                // F16C are supported. With every row whole, the two-row form would take the same
+                // `nb` (`whole_blocks`), so the bits are its.
+                unsafe { run(nb, x.map(<[u8]>::as_ptr), stride, y.as_ptr(), out) }
+            }
+        )?
     )*};
 }
 
@@ -280,21 +340,21 @@ half_pairs! {
 
 wrappers2! {
     /// Two rows of `vec_dot_q4_0_q8_0_stream`.
-    vec_dot2_q4_0_q8_0_stream => vec_dot2_q4_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
+    vec_dot2_q4_0_q8_0_stream + vec_dot_pairs_q4_0_q8_0_stream => vec_dot2_q4_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ4_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q5_0_q8_0_stream`.
-    vec_dot2_q5_0_q8_0_stream => vec_dot2_q5_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
+    vec_dot2_q5_0_q8_0_stream + vec_dot_pairs_q5_0_q8_0_stream => vec_dot2_q5_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ5_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q8_0_q8_0_stream`.
-    vec_dot2_q8_0_q8_0_stream => vec_dot2_q8_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
+    vec_dot2_q8_0_q8_0_stream + vec_dot_pairs_q8_0_q8_0_stream => vec_dot2_q8_0_q8_0_avx2::<STREAM_PF>, 32, size_of::<BlockQ8_0>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q4_1_q8_1_stream`.
-    vec_dot2_q4_1_q8_1_stream => q4_1_q8_1_rows::<STREAM_PF, 2, false>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
+    vec_dot2_q4_1_q8_1_stream + vec_dot_pairs_q4_1_q8_1_stream => q4_1_q8_1_rows::<STREAM_PF, 2, false>, 32, size_of::<BlockQ4_1>(), size_of::<BlockQ8_1>();
     /// Two rows of `vec_dot_q5_1_q8_1_stream`.
-    vec_dot2_q5_1_q8_1_stream => q5_1_q8_1_rows::<STREAM_PF, 2, false, false>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
+    vec_dot2_q5_1_q8_1_stream + vec_dot_pairs_q5_1_q8_1_stream => q5_1_q8_1_rows::<STREAM_PF, 2, false, false>, 32, size_of::<BlockQ5_1>(), size_of::<BlockQ8_1>();
     /// Two rows of `vec_dot_mxfp4_q8_0_stream`.
-    vec_dot2_mxfp4_q8_0_stream => mxfp4_q8_0_rows::<STREAM_PF, 2>, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
+    vec_dot2_mxfp4_q8_0_stream + vec_dot_pairs_mxfp4_q8_0_stream => mxfp4_q8_0_rows::<STREAM_PF, 2>, 32, size_of::<BlockMxfp4>(), size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_q1_0_q8_0`.
-    vec_dot2_q1_0_q8_0 => q1_0_q8_0_rows::<2>, 128, size_of::<BlockQ1_0>(), 4 * size_of::<BlockQ8_0>();
+    vec_dot2_q1_0_q8_0 + vec_dot_pairs_q1_0_q8_0 => q1_0_q8_0_rows::<2>, 128, size_of::<BlockQ1_0>(), 4 * size_of::<BlockQ8_0>();
     /// Two rows of `vec_dot_nvfp4_q8_0_stream`.
-    vec_dot2_nvfp4_q8_0_stream => nvfp4_q8_0_rows::<STREAM_PF, 2>, 64, size_of::<BlockNvfp4>(), 2 * size_of::<BlockQ8_0>();
+    vec_dot2_nvfp4_q8_0_stream + vec_dot_pairs_nvfp4_q8_0_stream => nvfp4_q8_0_rows::<STREAM_PF, 2>, 64, size_of::<BlockNvfp4>(), 2 * size_of::<BlockQ8_0>();
 }
 
 macro_rules! wrappers {
@@ -1120,6 +1180,7 @@ unsafe fn q4_0_q8_0_dot<const PF: usize, const VNNI: bool>(
 /// # Safety
 /// As [`vec_dot_q4_0_q8_0_avx2`], for both rows.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn vec_dot2_q4_0_q8_0_avx2<const PF: usize>(
     nb: usize,
     x: [*const u8; 2],
@@ -1460,6 +1521,7 @@ unsafe fn q5_0_q8_0_dot2<const PF: usize, const MASK: bool>(
 /// # Safety
 /// As [`vec_dot_q5_0_q8_0_avx2`], for both rows.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn vec_dot2_q5_0_q8_0_avx2<const PF: usize>(
     nb: usize,
     x: [*const u8; 2],
@@ -1588,6 +1650,7 @@ unsafe fn vec_dot_q8_0_q8_0_avx2<const PF: usize>(nb: usize, x: *const u8, y: *c
 /// # Safety
 /// As [`vec_dot_q8_0_q8_0_avx2`], for both rows.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
 unsafe fn vec_dot2_q8_0_q8_0_avx2<const PF: usize>(
     nb: usize,
     x: [*const u8; 2],
@@ -2742,6 +2805,68 @@ mod tests {
             assert!(checked.contains(&ty), "{ty} has no stream variant");
         }
         assert!(checked.contains(&DType::IQ4_NL) && checked.contains(&DType::IQ3_S), "{checked:?}");
+    }
+
+    /// The run forms give every pair the two-row form's bits: rows back to back and with a
+    /// stride longer than a row, runs of 0 to 5 pairs, a non-finite scale in one row; and a run
+    /// whose slices end inside its last rows takes what each row holds, as the two-row form does.
+    #[test]
+    fn run_forms_give_the_two_row_bits() {
+        let mut r = Xorshift64::from_state(0x0DD5_EED5_51F1_5EED);
+        let tiers =
+            [crate::kernels::Isa::Avx2, crate::kernels::Isa::Avx512, crate::kernels::Isa::Amx];
+        let mut checked = Vec::new();
+        for t in tiers.iter().filter_map(|&i| crate::kernels::table_for(i)) {
+            for ty in DType::ALL {
+                let Some(pairs) = t.vec_dot_pairs(ty) else { continue };
+                let two = t.vec_dot2_stream(ty).expect("a run form has a two-row form");
+                checked.push(ty);
+                let nb = 3;
+                let n = ty.block_size() * nb;
+                let rb = ty.row_size(n).unwrap();
+                let y: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
+                let mut yq = vec![0u8; ty.vec_dot_type().row_size(n).unwrap()];
+                crate::quant::quantize_for_dot(ty.vec_dot_type(), &y, &mut yq).unwrap();
+                for (count, pad) in [(0, 0), (1, 0), (2, 5), (5, 0), (5, 17)] {
+                    let stride = rb + pad;
+                    let mut streams = [(); 2].map(|_| vec![0u8; count * stride]);
+                    for s in &mut streams {
+                        for row in s.chunks_mut(stride) {
+                            let x: Vec<f32> = (0..n).map(|_| r.next_f32()).collect();
+                            crate::quant::quantize(ty, &x, &mut row[..rb]).unwrap();
+                        }
+                    }
+                    if count > 1 && ty != DType::MXFP4 {
+                        // An infinite scale in the second stream's second row (f16 0x7C00; the
+                        // first field of these block types).
+                        let at = stride + ty.type_size();
+                        streams[1][at..at + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+                    }
+                    // Whole, then both streams cut inside their last row's last block.
+                    for cut in [0, ty.type_size() / 2] {
+                        let (a, b) = (&streams[0], &streams[1]);
+                        let x =
+                            [&a[..a.len().saturating_sub(cut)], &b[..b.len() - cut.min(b.len())]];
+                        let mut out = vec![[f32::NAN; 2]; count];
+                        pairs(n, x, stride, &yq, &mut out);
+                        for (i, got) in out.iter().enumerate() {
+                            let rows = x.map(|s| s.get(i * stride..).unwrap_or_default());
+                            let want = two(n, rows, &yq);
+                            assert_eq!(
+                                got.map(f32::to_bits),
+                                want.map(f32::to_bits),
+                                "{ty} pairs={count} pad={pad} cut={cut} pair {i}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        if crate::kernels::Isa::Avx2.is_supported() {
+            for ty in [DType::Q1_0, DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4_1] {
+                assert!(checked.contains(&ty), "{ty}: {checked:?}");
+            }
+        }
     }
 
     /// The two-row streaming dots give each row the one-row streaming dot's bits, non-finite
