@@ -646,9 +646,12 @@ pub(crate) fn compute(ctx: &NodeCtx<'_>, phase: u8, ith: usize) -> Result<()> {
                 // SAFETY: used during this compute only.
                 let span = unsafe { a.row_span(i0..i1, e, 0) };
                 for &p in cols {
+                    // The pair's first element and the row stride, read once.
+                    let (col, nb0) = (dst_at(0, p) as *mut u8, d.nb[0]);
                     super::dot_rows(i0..i1, k, b_row(p), dots, a_row, span, |i, v| {
-                        // SAFETY: as above: i < i1 <= m, inside dst, this worker's element only.
-                        unsafe { *dst_at(i, p) = v }
+                        // SAFETY: as above: i < i1 <= m, inside dst (`dst_at(i, p)` is `col` + i
+                        // * nb0), this worker's element only.
+                        unsafe { *(col.add(i * nb0) as *mut f32) = v }
                     });
                 }
             }
