@@ -326,7 +326,12 @@ fn signed_set(sign: Sign) -> ([IgemmFn; 9], RowFn) {
 /// on two; Q6_K (Flt16, G = 2, its form alone) 1.11x on one thread (8 rounds, 1.09-1.18), 1.16x
 /// on two (6 rounds); Q5_K (G = 4) 0.97x, which keeps one panel. The `Int16Min` forms for G = 2
 /// and 4 serve the integer-scaled forms (`int_scaled_pays`: Q6_K, Q5_K, IQ3_S, IQ1_S, IQ1_M) and Q2_K
-/// (1.04x in a whole GEMM on two threads, 6 rounds). The integer kinds' pair slot means their 16-bit
+/// (1.04x in a whole GEMM on two threads, 6 rounds). The block kinds (one float step per
+/// block of 32) with G = 4, against their one-panel kernels in a whole GEMM, best GFLOPS,
+/// alternating: Q5_0 1.13x on one thread (6 rounds), 1.20x on two (4096 x 512 x 14336, 4 rounds,
+/// every round >= 1.16), 1.13x at 1536 x 512 x 576; Q5_1 1.16x / 1.23x; MXFP4 1.43x / 1.27x
+/// (every two-thread round >= 1.17); with G = 8 Q4_0 1.07x on one thread, 1.11x and 1.02x on two
+/// (4 and 6 rounds), Q4_1 1.02x, 1.01x and 1.03x: small, but not below. The integer kinds' pair slot means their 16-bit
 /// forms (`IgemmKernels::two`): these give the one-panel bits for any data, which holds that.
 macro_rules! pair_set {
     (8) => {
@@ -338,8 +343,8 @@ macro_rules! pair_set {
             Some(maddubs_pair::<32, false, false, true, 8> as IgemmPairFn),
             Some(maddubs_pair::<32, true, false, true, 8> as IgemmPairFn),
             None,
-            None,
-            None,
+            Some(maddubs_pair::<32, false, true, false, 8> as IgemmPairFn),
+            Some(maddubs_pair::<32, true, true, false, 8> as IgemmPairFn),
         ]
     };
     (2) => {
@@ -364,8 +369,8 @@ macro_rules! pair_set {
             None,
             None,
             Some(maddubs_pair::<16, false, true, false, 4> as IgemmPairFn),
-            None,
-            None,
+            Some(maddubs_pair::<32, false, true, false, 4> as IgemmPairFn),
+            Some(maddubs_pair::<32, true, true, false, 4> as IgemmPairFn),
         ]
     };
 }
