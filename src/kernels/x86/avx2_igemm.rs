@@ -13,10 +13,11 @@
 //!   `vpsignb`, so the unsigned operand is a magnitude of at most 128 and the other at most 127.
 //!
 //! Both work on 4 of the band's 8 rows at a time (8 ymm registers of partial sums, two panel
-//! halves, the broadcast codes) and keep the block sums and scaled sums in memory; the
-//! `vpmaddubsw` kernels of the float-scaled super-block kinds for 4-bit codes also have a
-//! two-panel form (2 rows by 4 column halves per pass: each broadcast of codes serves four
-//! products, [`pair_set`]), and the signed forms work on 2 rows. The integer sums equal the
+//! halves, the broadcast codes) and keep the block sums and scaled sums in memory; most
+//! `vpmaddubsw` kernels for codes below 64 (the float-scaled super-block kinds, the block kinds,
+//! the integer kinds with mins) also have a two-panel form (2 rows by 4 column halves per pass:
+//! each broadcast of codes serves four products, [`pair_set`]), and the signed forms work on 2
+//! rows. The integer sums equal the
 //! portable kernel's and the float steps are the same operations in the same order, so the bits
 //! are the same.
 
