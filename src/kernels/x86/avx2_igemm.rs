@@ -332,7 +332,10 @@ fn signed_set(sign: Sign) -> ([IgemmFn; 9], RowFn) {
 /// alternating: Q5_0 1.13x on one thread (6 rounds), 1.20x on two (4096 x 512 x 14336, 4 rounds,
 /// every round >= 1.16), 1.13x at 1536 x 512 x 576; Q5_1 1.16x / 1.23x; MXFP4 1.43x / 1.27x
 /// (every two-thread round >= 1.17); with G = 8 Q4_0 1.07x on one thread, 1.11x and 1.02x on two
-/// (4 and 6 rounds), Q4_1 1.02x, 1.01x and 1.03x: small, but not below. The integer kinds' pair slot means their 16-bit
+/// (4 and 6 rounds), Q4_1 1.02x, 1.01x and 1.03x: small, but not below. With G = 1 (codes up
+/// to 127: the IQ2 grids and IQ3_XXS, `Flt32` and the integer-scaled `Int16Min`), one thread 8
+/// rounds: IQ2_XS 1.05x, IQ3_XXS 1.03x; two threads at 2048 x 512 x 8192, 4 rounds: IQ2_S 1.30x
+/// (0.84-1.68), IQ2_XXS 1.20x (every round >= 1.15). The integer kinds' pair slot means their 16-bit
 /// forms (`IgemmKernels::two`): these give the one-panel bits for any data, which holds that.
 macro_rules! pair_set {
     (8) => {
@@ -355,6 +358,19 @@ macro_rules! pair_set {
             Some(maddubs_pair::<16, false, false, true, 2> as IgemmPairFn),
             None,
             None,
+            None,
+            None,
+            None,
+            None,
+        ]
+    };
+    (1) => {
+        [
+            None,
+            Some(maddubs_pair::<16, true, false, false, 1> as IgemmPairFn),
+            None,
+            None,
+            Some(maddubs_pair::<32, false, false, true, 1> as IgemmPairFn),
             None,
             None,
             None,
@@ -386,7 +402,7 @@ fn maddubs_for_codes(max_code: u8) -> ([IgemmFn; 9], [Option<IgemmPairFn>; 9]) {
         0..=15 => (one_set!(maddubs, 8), pair_set!(8)),
         16..=31 => (one_set!(maddubs, 4), pair_set!(4)),
         32..=63 => (one_set!(maddubs, 2), pair_set!(2)),
-        _ => (one_set!(maddubs, 1), [None; 9]),
+        _ => (one_set!(maddubs, 1), pair_set!(1)),
     }
 }
 
