@@ -2821,6 +2821,19 @@ mod tests {
         assert!(checked.contains(&DType::IQ4_NL) && checked.contains(&DType::IQ3_S), "{checked:?}");
     }
 
+    /// The block types with two-row and run forms on the AVX2 tier.
+    const AVX2_BLOCK_PAIRS: [DType; 9] = [
+        DType::Q1_0,
+        DType::Q4_0,
+        DType::Q5_0,
+        DType::Q8_0,
+        DType::Q4_1,
+        DType::Q5_1,
+        DType::IQ4_NL,
+        DType::MXFP4,
+        DType::NVFP4,
+    ];
+
     /// The run forms give every pair the two-row form's bits: rows back to back and with a
     /// stride longer than a row, runs of 0 to 5 pairs, a non-finite scale in one row; and a run
     /// whose slices end inside its last rows takes what each row holds, as the two-row form does.
@@ -2879,17 +2892,7 @@ mod tests {
             }
         }
         if crate::kernels::Isa::Avx2.is_supported() {
-            for ty in [
-                DType::Q1_0,
-                DType::Q4_0,
-                DType::Q5_0,
-                DType::Q8_0,
-                DType::Q4_1,
-                DType::Q5_1,
-                DType::IQ4_NL,
-                DType::MXFP4,
-                DType::NVFP4,
-            ] {
+            for ty in AVX2_BLOCK_PAIRS {
                 assert!(checked.contains(&ty), "{ty}: {checked:?}");
             }
         }
@@ -2955,19 +2958,7 @@ mod tests {
             }
         }
         if crate::kernels::Isa::Avx2.is_supported() {
-            for ty in [
-                DType::F16,
-                DType::BF16,
-                DType::Q1_0,
-                DType::Q4_0,
-                DType::Q5_0,
-                DType::Q8_0,
-                DType::Q4_1,
-                DType::Q5_1,
-                DType::IQ4_NL,
-                DType::MXFP4,
-                DType::NVFP4,
-            ] {
+            for ty in [DType::F16, DType::BF16].into_iter().chain(AVX2_BLOCK_PAIRS) {
                 assert!(checked.contains(&ty), "{ty}: {checked:?}");
             }
         }
