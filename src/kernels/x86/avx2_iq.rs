@@ -56,7 +56,6 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     // IQ4_NL's two-row form (see `VecDot2Fn`): one-process A/B, 4096 x 1 x 14336, 2 threads,
     // three runs, in L3 / from memory: 1.06-1.10x / 1.03-1.06x.
     t.set_vec_dot2_stream(DType::IQ4_NL, vec_dot2_iq4_nl_q8_0_stream);
-    t.set_vec_dot_pairs(DType::IQ4_NL, vec_dot_pairs_iq4_nl_q8_0_stream);
     t.set_vec_dot_stream(
         DType::IQ3_S,
         if fast_pdep() { vec_dot_iq3_s_q8_K_bmi2_stream } else { vec_dot_iq3_s_q8_K_stream },
@@ -95,18 +94,6 @@ fn vec_dot2_iq4_nl_q8_0_stream(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
     // SAFETY: this function only enters a `KernelTable` through `plug`, which is only called
     // after AVX2, FMA and F16C were detected.
     unsafe { iq4_nl2_avx2::<STREAM_PF>(n, x, y) }
-}
-
-/// The run form (`VecDotPairsFn`) of [`vec_dot2_iq4_nl_q8_0_stream`].
-fn vec_dot_pairs_iq4_nl_q8_0_stream(
-    n: usize,
-    x: [&[u8]; 2],
-    stride: usize,
-    y: &[u8],
-    out: &mut [[f32; 2]],
-) {
-    // SAFETY: as `vec_dot2_iq4_nl_q8_0_stream`.
-    unsafe { iq4_nl_pairs::<STREAM_PF>(n, x, stride, y, out) }
 }
 
 /// Dot product (`VecDotFn`) on the AVX2 tier with BMI2's `pdep` (IQ1_M).
@@ -874,22 +861,6 @@ fn iq4_nl_avx2<const PF: usize>(n: usize, x: &[u8], y: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq4_nl2_avx2<const PF: usize>(n: usize, x: [&[u8]; 2], y: &[u8]) -> [f32; 2] {
     iq4_nl_rows::<PF, 2>(n, x, y)
-}
-
-/// [`iq4_nl2_avx2`] for each pair of a run: pair `t` at `t * stride` in both slices (cut to what
-/// they hold, as the two-row form cuts its rows).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn iq4_nl_pairs<const PF: usize>(
-    n: usize,
-    x: [&[u8]; 2],
-    stride: usize,
-    y: &[u8],
-    out: &mut [[f32; 2]],
-) {
-    for (t, o) in out.iter_mut().enumerate() {
-        let at = t.saturating_mul(stride);
-        *o = iq4_nl_rows::<PF, 2>(n, x.map(|s| s.get(at..).unwrap_or_default()), y);
-    }
 }
 
 /// The IQ4_NL loop over `R` weight rows against one activation row: each row's operations and
