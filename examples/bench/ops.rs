@@ -80,6 +80,12 @@ pub fn op(name: &str, threads: usize, reps: usize) -> quantgraph::Result<()> {
             i32_inputs.push((ids, (0..512).map(|i| (i * 7919) % 4096).collect()));
             (g.get_rows(a, ids)?, 512 * 4096 * 4 + 512 * DType::Q4_0.row_size(4096)?)
         }
+        "cont_permuted" => {
+            // Attention's [head_dim, heads, tokens] to [head_dim, tokens, heads].
+            let a = input(&mut g, &[128, 32, 512])?;
+            let p = g.permute(a, [0, 2, 1, 3])?;
+            (g.cont(p)?, 2 * 128 * 32 * 512 * 4)
+        }
         "cpy_f32_q8_0" => {
             let a = input(&mut g, &[4096, 512])?;
             (g.cast(a, DType::Q8_0)?, 4096 * 512 * 4 + DType::Q8_0.row_size(4096 * 512)?)

@@ -131,7 +131,14 @@ fn src_index(a: &TView, d: &TView, r: usize) -> [usize; 4] {
 /// Steps a's index `j` to the next element in logical order.
 #[inline(always)]
 fn step(j: &mut [usize; 4], ne: &[usize; 4]) {
-    j[0] += 1;
+    advance(j, 1, ne);
+}
+
+/// Moves the source index `j` on by `n` elements, `n` at most what is left of its row.
+#[inline(always)]
+fn advance(j: &mut [usize; 4], n: usize, ne: &[usize; 4]) {
+    debug_assert!(j[0] + n <= ne[0]);
+    j[0] += n;
     if j[0] == ne[0] {
         j[0] = 0;
         j[1] += 1;
@@ -148,6 +155,40 @@ fn step(j: &mut [usize; 4], ne: &[usize; 4]) {
 
 /// Same-type copy of plain elements (the bits as they are).
 fn copy_elems<T: Elem>(a: &TView, d: &TView, rows: &mut DstRows<'_>) {
+    // `row_of` takes a source row of one element at any stride; a destination row of one
+    // element at another stride counts as strided (`DstRows::row` refuses it).
+    let unit = size_of::<T>();
+    if (a.ne[0] <= 1 || a.nb[0] == unit) && d.nb[0] == unit {
+        // Both sides hold their rows' elements side by side: each destination row is filled by
+        // slices of source rows (one per source row it spans), the same elements in the same
+        // order. A permuted copy that keeps dimension 0 (attention's heads to the front) moved
+        // 2.5 ns per element element by element.
+        // Consecutive destination rows continue the source's order: the index is computed
+        // (three divisions) only where a row does not follow the one before.
+        let (mut j, mut next) = ([0usize; 4], usize::MAX);
+        for r in rows.range() {
+            if r.r() != next {
+                j = src_index(a, d, r.r());
+            }
+            next = r.r() + 1;
+            let out = rows.row::<T>(r);
+            let mut i0 = 0;
+            while i0 < out.len() {
+                let src = &a.row_of::<T>(j[1], j[2], j[3])[j[0]..];
+                let n = src.len().min(out.len() - i0);
+                // Both sides hold the same number of elements (build check), so a source row
+                // is never empty here.
+                debug_assert!(n > 0);
+                if n == 0 {
+                    break;
+                }
+                out[i0..i0 + n].copy_from_slice(&src[..n]);
+                i0 += n;
+                advance(&mut j, n, &a.ne);
+            }
+        }
+        return;
+    }
     for r in rows.range() {
         let mut j = src_index(a, d, r.r());
         let mut out = rows.out::<T>(r);
