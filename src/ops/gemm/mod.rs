@@ -85,26 +85,33 @@ pub(crate) fn block<F: Family>(
     let tile = |p: usize, r: usize| &tiles[(p * n_strips + r / F::MR) * t..][..t];
     match order {
         Store::ColumnMajor => {
-            // Tile by tile (each read once, in L1), a column's rows of the strip in one run.
-            // The tile is turned whole before its runs are handed out: a run read back as a
-            // vector right after its elements were stored one by one waits for those stores
-            // (no store-to-load forwarding over several stores), which was half the stores'
-            // time in a short-K integer GEMM.
-            const { assert!(F::MR <= MAX_MR && F::NR <= MAX_NR) };
-            let mut runs = [[0f32; MAX_MR]; MAX_NR];
+            // Column by column, each column's rows of up to COL_ROWS in one run: the panel's
+            // tiles are transposed into a local buffer first (a run read back as a vector
+            // right after its elements were stored one by one would wait for those stores: no
+            // store-to-load forwarding over several stores), then each run written in one
+            // piece, front to back, which the hardware prefetcher follows (a strip's 8 rows
+            // per column jumped from column to column).
+            const { assert!(F::NR <= MAX_NR && F::MR <= COL_ROWS) };
+            let per = COL_ROWS / F::MR;
+            let mut cols = [[0f32; COL_ROWS]; MAX_NR];
             for p in 0..n_panels {
                 let nc = F::NR.min(ncols - p * F::NR);
-                for st in 0..n_strips {
-                    let r0 = st * F::MR;
-                    let nr = F::MR.min(rows.len() - r0);
-                    let tile = &tiles[(p * n_strips + st) * t..][..t];
-                    for (rr, row) in tile.chunks_exact(F::NR).take(nr).enumerate() {
-                        for (c, &v) in row[..nc].iter().enumerate() {
-                            runs[c][rr] = v;
+                for st0 in (0..n_strips).step_by(per) {
+                    let st1 = (st0 + per).min(n_strips);
+                    for st in st0..st1 {
+                        let r0 = st * F::MR;
+                        let nr = F::MR.min(rows.len() - r0);
+                        let tile = &tiles[(p * n_strips + st) * t..][..t];
+                        let at = (st - st0) * F::MR;
+                        for (rr, row) in tile.chunks_exact(F::NR).take(nr).enumerate() {
+                            for (c, &v) in row[..nc].iter().enumerate() {
+                                cols[c][at + rr] = v;
+                            }
                         }
                     }
-                    for (c, run) in runs[..nc].iter().enumerate() {
-                        store(rows.start + r0, p * F::NR + c, &run[..nr]);
+                    let (r0, r1) = (st0 * F::MR, (st1 * F::MR).min(rows.len()));
+                    for (c, col) in cols[..nc].iter().enumerate() {
+                        store(rows.start + r0, p * F::NR + c, &col[..r1 - r0]);
                     }
                 }
             }
@@ -144,10 +151,10 @@ impl Drop for KernelState {
     }
 }
 
-/// The most rows a family's strip may have (the column runs [`block`] hands out).
-const MAX_MR: usize = 32;
 /// The most columns a family's panel may have.
 const MAX_NR: usize = 16;
+/// The most rows of one column [`block`] hands out in one run.
+const COL_ROWS: usize = 256;
 
 /// Writes `run` to the f32 elements at `p`, `p + stride`, .. (bytes): one copy where they are
 /// contiguous.
@@ -301,6 +308,60 @@ impl Grid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A family whose tiles hold each output's own coordinates, for the order of the stores.
+    struct Coords {
+        rows: Range<usize>,
+        ncols: usize,
+    }
+
+    impl Family for Coords {
+        const MR: usize = 6;
+        const NR: usize = 16;
+        fn rows(&self) -> Range<usize> {
+            self.rows.clone()
+        }
+        fn ncols(&self) -> usize {
+            self.ncols
+        }
+        fn steps(&self) -> usize {
+            1
+        }
+        fn pack_step(&mut self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn multiply_step(&mut self, _: usize, tiles: &mut [f32]) {
+            let n_strips = self.rows.len().div_ceil(Self::MR);
+            for (i, v) in tiles.iter_mut().enumerate() {
+                let (tile, e) = (i / (Self::MR * Self::NR), i % (Self::MR * Self::NR));
+                let (p, st) = (tile / n_strips, tile % n_strips);
+                let (r, c) = (st * Self::MR + e / Self::NR, p * Self::NR + e % Self::NR);
+                *v = (r * 1000 + c) as f32;
+            }
+        }
+    }
+
+    /// Column-major stores hand out every result once, at its own row and column, in runs of
+    /// at most `COL_ROWS` rows: blocks of one run per column, of several (more rows than
+    /// one run holds), and partial strips and panels.
+    #[test]
+    fn column_runs_cover_every_result_once() {
+        for (m, n) in [(300, 20), (257, 16), (6, 1), (5, 33)] {
+            let mut fam = Coords { rows: 10..10 + m, ncols: n };
+            let mut tiles = vec![0f32; m.div_ceil(6) * n.div_ceil(16) * 96];
+            let mut seen = vec![0u8; m * n];
+            block(&mut fam, &mut tiles, Store::ColumnMajor, |i, j, run| {
+                assert!(run.len() <= COL_ROWS, "run of {}", run.len());
+                for (r, &v) in run.iter().enumerate() {
+                    let row = i - 10 + r;
+                    assert_eq!(v, (row * 1000 + j) as f32, "{m} x {n}: ({row}, {j})");
+                    seen[j * m + row] += 1;
+                }
+            })
+            .unwrap();
+            assert!(seen.iter().all(|&s| s == 1), "{m} x {n}: every result once");
+        }
+    }
 
     #[test]
     fn grid_covers_every_element_once() {
