@@ -165,9 +165,9 @@ const COL_ROWS: usize = 256;
 #[inline]
 pub(crate) unsafe fn write_run(p: *mut u8, stride: usize, run: &[f32]) {
     if stride == 4 {
-        // A whole strip's run (8 or 6 rows) as fixed-size moves rather than a `memcpy` call
-        // (which is what one move of the whole array compiled to: a fifth of the stores' time
-        // in a short-K integer GEMM).
+        // A run of one strip's rows (8 or 6: a block that is one strip high) as fixed-size
+        // moves rather than a `memcpy` call, which is what one move of the whole array compiled
+        // to; longer runs are one copy.
         if let Ok(r) = <&[f32; 8]>::try_from(run) {
             let [a, b] = [[r[0], r[1], r[2], r[3]], [r[4], r[5], r[6], r[7]]];
             // SAFETY: the caller's bound, for the run's 32 bytes in two pieces.
