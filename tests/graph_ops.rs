@@ -355,8 +355,9 @@ fn cpy_into_state_view_persists_and_cont_reorders() {
 }
 
 /// Copies whose rows are contiguous on both sides (a permutation that keeps dimension 0, a
-/// view with a row stride into a destination whose rows start inside source rows), in F32 and
-/// F16, on 1 and 3 threads: every element lands where the logical order puts it.
+/// view with a row stride into a destination whose rows start inside source rows, rows into a
+/// view with a row stride), in F32 and F16, on 1 and 3 threads: every element lands where the
+/// logical order puts it.
 #[test]
 fn copies_of_row_contiguous_views_keep_the_logical_order() {
     for threads in [1, 3] {
@@ -373,7 +374,13 @@ fn copies_of_row_contiguous_views_keep_the_logical_order() {
         let dst = g.input(DType::F32, &[6, 5]).unwrap();
         let w = g.cpy(v, dst).unwrap();
         let wc = g.cont(w).unwrap();
-        for t in [c, hc32, wc] {
+        // Into a destination whose rows are strided: rows of 5 in a tensor of rows of 7.
+        let s6 = g.input(DType::F32, &[6, 5]).unwrap();
+        let wide = g.input(DType::F32, &[7, 6]).unwrap();
+        let wv = g.view_2d(wide, [5, 6], 28, 4).unwrap();
+        let sw = g.cpy(s6, wv).unwrap();
+        let swc = g.cont(sw).unwrap();
+        for t in [c, hc32, wc, swc] {
             g.set_output(t).unwrap();
         }
         let be = CpuBackend::with_threads(threads).unwrap();
@@ -383,6 +390,9 @@ fn copies_of_row_contiguous_views_keep_the_logical_order() {
         plan.set_input(a, &va).unwrap();
         plan.set_input(big, &vb).unwrap();
         plan.set_input(dst, &[0.0f32; 30]).unwrap();
+        let v6: Vec<f32> = (0..30).map(|x| 500.0 + x as f32).collect();
+        plan.set_input(s6, &v6).unwrap();
+        plan.set_input(wide, &[0.0f32; 42]).unwrap();
         plan.compute().unwrap();
         plan.check_guards().unwrap();
         let want: Vec<f32> = each([5, 4, 3, 1])
@@ -393,6 +403,7 @@ fn copies_of_row_contiguous_views_keep_the_logical_order() {
         let vb = &vb;
         let want: Vec<f32> = (0..6).flat_map(|r| (1..6).map(move |i| vb[r * 7 + i])).collect();
         assert_eq!(plan.output::<f32>(wc).unwrap(), &want[..], "view, {threads} threads");
+        assert_eq!(plan.output::<f32>(swc).unwrap(), &v6[..], "into a view, {threads} threads");
     }
 }
 

@@ -1,5 +1,5 @@
 //! `op NAME`: single ops on model shapes (elementwise, norms, softmax, rope, attention, get_rows,
-//! the recurrent ops and the vision ops), in GB/s of tensor traffic or GFLOPS.
+//! copies, the recurrent ops and the vision ops), in GB/s of tensor traffic or GFLOPS.
 
 use crate::measure::{digest, median_and_best_compute_secs, median_compute_secs};
 use crate::peaks::bandwidth;

@@ -198,7 +198,7 @@ impl TView {
     }
 
     /// True when the elements are dense in ggml's order (`nb` = the contiguous strides).
-    fn is_dense<T: Elem>(&self) -> bool {
+    pub(crate) fn is_dense<T: Elem>(&self) -> bool {
         let mut stride = size_of::<T>();
         for d in 0..4 {
             if self.ne[d] > 1 && self.nb[d] != stride {
