@@ -549,7 +549,8 @@ fn tile_or_spare<'x>(
 /// One block of the float GEMM: weight rows `rows` (at most [`MC`]; `a_row(i)` is row i's first
 /// byte, `k` elements of `dtype` in whole blocks) times the `ncols` columns packed in `panels`
 /// (at most [`NC`]; panel p at `p * panel_floats(k)`), the results handed to `store(i, column,
-/// run)` once per strip and column: `run[r]` is output `(i + r, column)`.
+/// run)` once per column and run of rows (up to 256, [`super::Store::ColumnMajor`]): `run[r]` is
+/// output `(i + r, column)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block<R: Fn(usize) -> *const u8>(
     kt: &KernelTable,

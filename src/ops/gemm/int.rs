@@ -441,8 +441,8 @@ impl<R: Fn(usize) -> *const u8> Family for IntBlock<'_, R> {
 }
 
 /// One block of the integer GEMM (see [`IntBlock`]; rows at most [`MC`], columns at most
-/// [`NC`]), calling `store(i, j, run)` once per strip and column: `run[r]` is output
-/// `(i + r, j)`.
+/// [`NC`]), calling `store(i, j, run)` once per column and run of rows (up to 256,
+/// `Store::ColumnMajor`): `run[r]` is output `(i + r, j)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn block<R: Fn(usize) -> *const u8>(
     fmt: &IntFormat,
