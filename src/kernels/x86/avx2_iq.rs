@@ -119,18 +119,7 @@ pub(crate) fn vec_dot_iq3_s_q8_K_bmi2_stream(n: usize, x: &[u8], y: &[u8]) -> f3
 /// True when BMI2 is present and its `pdep` is fast: not on AMD (or Hygon) before Zen 3 (family
 /// 0x19), where `pdep`/`pext` are microcoded (tens of cycles instead of one uop).
 fn fast_pdep() -> bool {
-    if !std::is_x86_feature_detected!("bmi2") {
-        return false;
-    }
-    let v = __cpuid(0);
-    let vendor: Vec<u8> = [v.ebx, v.edx, v.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
-    if vendor != *b"AuthenticAMD" && vendor != *b"HygonGenuine" {
-        return true;
-    }
-    let eax = __cpuid(1).eax;
-    let base = (eax >> 8) & 0xf;
-    let family = if base == 0xf { base + ((eax >> 20) & 0xff) } else { base };
-    family >= 0x19
+    std::is_x86_feature_detected!("bmi2") && super::amd_family().is_none_or(|f| f >= 0x19)
 }
 
 /// Runs `$body` once for each listed value of `$k`, written out: the compiler keeps these short

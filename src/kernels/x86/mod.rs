@@ -253,6 +253,21 @@ fn request_tile_data() -> bool {
     false
 }
 
+/// The CPU family (with the extended family added, as CPUID leaf 1 reports it) on an AMD or
+/// Hygon CPU, `None` on other vendors: for kernels whose speed differs by vendor (microcoded
+/// `pdep` before Zen 3, slow gathers).
+pub(crate) fn amd_family() -> Option<u32> {
+    use std::arch::x86_64::__cpuid;
+    let v = __cpuid(0);
+    let vendor: Vec<u8> = [v.ebx, v.edx, v.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+    if vendor != *b"AuthenticAMD" && vendor != *b"HygonGenuine" {
+        return None;
+    }
+    let eax = __cpuid(1).eax;
+    let base = (eax >> 8) & 0xf;
+    Some(if base == 0xf { base + ((eax >> 20) & 0xff) } else { base })
+}
+
 /// Overwrites the table entries that the AVX2 (+FMA, F16C) tier implements.
 pub(crate) fn plug_avx2(t: &mut KernelTable, cpu: Avx2) {
     avx2::plug(t, cpu);
