@@ -387,8 +387,9 @@ pub(crate) struct KernelTable {
     /// Two strips by two panels, the same bits as four `sgemm` calls.
     pub(crate) sgemm22: Option<sgemm::Sgemm22Fn>,
     /// BF16 weights against BF16 activations in pairs of K values (see `kernels::sgemm`), one
-    /// strip and two strips per call, where the CPU has a BF16 dot-product instruction.
-    pub(crate) sgemm_bf16: Option<(sgemm::SgemmFn, sgemm::Sgemm2Fn)>,
+    /// strip, two strips and two strips by two panels per call, where the CPU has a BF16
+    /// dot-product instruction.
+    pub(crate) sgemm_bf16: Option<(sgemm::SgemmFn, sgemm::Sgemm2Fn, sgemm::Sgemm22Fn)>,
     /// BF16 weights against BF16 activations on a tile unit (16 x 16 tiles, steps of 32 K
     /// values; see `sgemm::TileBf16Fn`), with the function that gives the tile state back
     /// when a block ends.

@@ -38,7 +38,7 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
     t.sgemm2 = Some(sgemm_12x16);
     t.sgemm22 = Some(sgemm_12x32);
     if std::arch::is_x86_feature_detected!("avx512bf16") {
-        t.sgemm_bf16 = Some((sgemm_bf16_6x16, sgemm_bf16_12x16));
+        t.sgemm_bf16 = Some((sgemm_bf16_6x16, sgemm_bf16_12x16, sgemm_bf16_12x32));
         // BF16 mul_mat with few columns by `vdpbf16ps` as well, in the order of ggml's
         // AVX512_BF16 build (`bf16_dp_tile`); the public `vec_dot` keeps ggml's AVX2 order.
         // 4096 x 1 x 14336 on Zen 4, 2 threads, 5 alternating rounds, medians: the AVX2 dot
@@ -972,7 +972,7 @@ fn sgemm_bf16_6x16(kc: usize, a: &[f32], bp: &[f32], out: &mut [f32; SG_MR * SG_
     sgemm::check(kc, a, bp);
     // SAFETY: `check` proved the strip holds `kc * 6` slots and the panel `kc * 16`; the tile
     // holds 6 x 16; installed only on CPUs with the AVX-512 tier and AVX512_BF16.
-    unsafe { tile_bf16::<1>(kc, [a.as_ptr()], bp.as_ptr(), [out.as_mut_ptr()], acc) }
+    unsafe { tile_bf16::<1, 1>(kc, [a.as_ptr()], [bp.as_ptr()], [[out.as_mut_ptr()]], acc) }
 }
 
 /// BF16 pairs, two strips (`KernelTable::sgemm_bf16`).
@@ -989,57 +989,91 @@ fn sgemm_bf16_12x16(
     sgemm::check(kc, a1, bp);
     // SAFETY: as `sgemm_bf16_6x16`, for both strips and tiles.
     unsafe {
-        tile_bf16::<2>(
+        tile_bf16::<2, 1>(
             kc,
             [a0.as_ptr(), a1.as_ptr()],
-            bp.as_ptr(),
-            [out0.as_mut_ptr(), out1.as_mut_ptr()],
+            [bp.as_ptr()],
+            [[out0.as_mut_ptr()], [out1.as_mut_ptr()]],
             acc,
         )
     }
 }
 
-/// `S` strips of 6 rows by one 16-column panel in BF16 pairs: per pair of K values, the panel's
-/// 16 pairs in one register and each row's pair broadcast into `vdpbf16ps` (two products added
-/// into the row's 16 column sums, odd element first, as the instruction defines; denormal inputs
-/// read as zero).
-///
-/// # Safety
-/// The AVX-512 tier and AVX512_BF16 are available; `a[s]` holds `kc * 6` slots, `bp` `kc * 16`,
-/// `out[s]` 6 x 16 floats.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")]
-unsafe fn tile_bf16<const S: usize>(
+/// BF16 pairs, two strips by two panels (`KernelTable::sgemm_bf16`'s third kernel): 24
+/// accumulators, each panel load and row broadcast feeding two `vdpbf16ps`; the same bits as
+/// four `sgemm_bf16_6x16` calls (each tile's sums in the same order).
+fn sgemm_bf16_12x32(
     kc: usize,
-    a: [*const f32; S],
-    bp: *const f32,
-    out: [*mut f32; S],
+    a: [&[f32]; 2],
+    bp: [&[f32]; 2],
+    out: [&mut [f32; SG_MR * SG_NR]; 4],
     acc: bool,
 ) {
-    let mut c = [[_mm512_setzero_ps(); SG_MR]; S];
+    for (s, p) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+        sgemm::check(kc, a[s], bp[p]);
+    }
+    let [o00, o01, o10, o11] = out.map(|t| t.as_mut_ptr());
+    // SAFETY: `check` proved both strips hold `kc * 6` slots and both panels `kc * 16`; the
+    // four tiles hold 6 x 16; installed only on CPUs with the AVX-512 tier and AVX512_BF16.
+    unsafe {
+        tile_bf16::<2, 2>(
+            kc,
+            [a[0].as_ptr(), a[1].as_ptr()],
+            [bp[0].as_ptr(), bp[1].as_ptr()],
+            [[o00, o01], [o10, o11]],
+            acc,
+        )
+    }
+}
+
+/// `S` strips of 6 rows by `P` 16-column panels in BF16 pairs: per pair of K values, each
+/// panel's 16 pairs in one register and each row's pair broadcast into `vdpbf16ps` (two products
+/// added into the row's 16 column sums, odd element first, as the instruction defines; denormal
+/// inputs read as zero). Every tile's sums are the one-strip, one-panel form's.
+///
+/// # Safety
+/// The AVX-512 tier and AVX512_BF16 are available; `a[s]` holds `kc * 6` slots, `bp[p]` `kc *
+/// 16`, `out[s][p]` 6 x 16 floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")]
+unsafe fn tile_bf16<const S: usize, const P: usize>(
+    kc: usize,
+    a: [*const f32; S],
+    bp: [*const f32; P],
+    out: [[*mut f32; P]; S],
+    acc: bool,
+) {
+    // c[s][p][r]: strip s, panel p, row r.
+    let mut c = [[[_mm512_setzero_ps(); SG_MR]; P]; S];
     let mut k = 0;
     while k < kc {
-        // SAFETY: k < kc: pair group k of the panel and of every strip is in bounds; the
+        // SAFETY: k < kc: pair group k of every panel and every strip is in bounds; the
         // transmutes reinterpret 64 bytes of packed BF16 pairs as the instruction's operand type.
         unsafe {
-            let b = std::mem::transmute::<__m512, __m512bh>(_mm512_loadu_ps(bp.add(k * SG_NR)));
+            let b: [__m512bh; P] = std::array::from_fn(|p| {
+                std::mem::transmute::<__m512, __m512bh>(_mm512_loadu_ps(bp[p].add(k * SG_NR)))
+            });
             for (s, cs) in c.iter_mut().enumerate() {
                 let ak = a[s].add(k * SG_MR) as *const i32;
-                for (r, x) in cs.iter_mut().enumerate() {
+                for r in 0..SG_MR {
                     let av =
                         std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(*ak.add(r)));
-                    *x = _mm512_dpbf16_ps(*x, av, b);
+                    for (p, cp) in cs.iter_mut().enumerate() {
+                        cp[r] = _mm512_dpbf16_ps(cp[r], av, b[p]);
+                    }
                 }
             }
         }
         k += 1;
     }
     for (s, cs) in c.iter().enumerate() {
-        for (r, x) in cs.iter().enumerate() {
-            // SAFETY: out[s] holds 6 rows of 16 (contract).
-            unsafe {
-                let o = out[s].add(r * SG_NR);
-                let v = if acc { _mm512_add_ps(_mm512_loadu_ps(o), *x) } else { *x };
-                _mm512_storeu_ps(o, v);
+        for (p, cp) in cs.iter().enumerate() {
+            for (r, x) in cp.iter().enumerate() {
+                // SAFETY: out[s][p] holds 6 rows of 16 (contract).
+                unsafe {
+                    let o = out[s][p].add(r * SG_NR);
+                    let v = if acc { _mm512_add_ps(_mm512_loadu_ps(o), *x) } else { *x };
+                    _mm512_storeu_ps(o, v);
+                }
             }
         }
     }
@@ -1357,6 +1391,52 @@ mod tests {
                 (t5.sgemm22.unwrap())(kc, [&a0, &a1], [&bp, &bq], [g00, g01, g10, g11], acc);
                 for (t, want) in [(0, &w0), (1, &w2), (2, &w1), (3, &w3)] {
                     assert_eq!(bits(&g[t]), bits(want), "2x2 tile {t} kc={kc} acc={acc}");
+                }
+            }
+        }
+    }
+
+    /// The BF16-pair kernels for two strips, and two strips by two panels, give the one-strip
+    /// kernel's tiles bit for bit, with and without accumulation.
+    #[test]
+    fn avx512_bf16_pair_tiles_give_the_one_strip_tiles() {
+        use crate::kernels::sgemm::{SG_MR, SG_NR};
+        let Some((_, t5)) = avx2_and_avx512(false) else { return };
+        let Some((one, two, four)) = t5.sgemm_bf16 else {
+            eprintln!("skipped: no AVX512_BF16 on this CPU");
+            return;
+        };
+        // Slots of two BF16 values (finite, mixed magnitudes and signs).
+        let pairs = |n: usize, seed: usize, scale: f32| -> Vec<f32> {
+            let v: Vec<f32> = inputs(2 * n + seed)[seed..]
+                .iter()
+                .map(|x| if x.is_finite() { x.clamp(-40.0, 40.0) * scale } else { 0.75 })
+                .collect();
+            v.chunks_exact(2)
+                .map(|p| f32::from_bits((p[0].to_bits() >> 16) | (p[1].to_bits() & 0xFFFF_0000)))
+                .collect()
+        };
+        for kc in [1usize, 2, 7, 128] {
+            let (a0, a1) = (pairs(kc * SG_MR, 0, 1.0), pairs(kc * SG_MR, 3, -0.5));
+            let (b0, b1) = (pairs(kc * SG_NR, 5, 0.25), pairs(kc * SG_NR, 9, 2.0));
+            for acc in [false, true] {
+                let init: [f32; SG_MR * SG_NR] = std::array::from_fn(|i| i as f32 * 0.5 - 7.0);
+                let mut want = [init; 4];
+                for (t, (a, b)) in
+                    [(&a0, &b0), (&a0, &b1), (&a1, &b0), (&a1, &b1)].iter().enumerate()
+                {
+                    one(kc, a, b, &mut want[t], acc);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let (mut g0, mut g1) = (init, init);
+                two(kc, &a0, &a1, &b0, &mut g0, &mut g1, acc);
+                assert_eq!(bits(&g0), bits(&want[0]), "two strips, strip 0 kc={kc} acc={acc}");
+                assert_eq!(bits(&g1), bits(&want[2]), "two strips, strip 1 kc={kc} acc={acc}");
+                let mut g = [init; 4];
+                let [g00, g01, g10, g11] = &mut g;
+                four(kc, [&a0, &a1], [&b0, &b1], [g00, g01, g10, g11], acc);
+                for t in 0..4 {
+                    assert_eq!(bits(&g[t]), bits(&want[t]), "2x2 tile {t} kc={kc} acc={acc}");
                 }
             }
         }

@@ -44,7 +44,11 @@ pub(crate) fn panel_floats(k: usize) -> usize {
 }
 
 /// The BF16-pair kernels, for BF16 weights with an even `k` on a tier that has them.
-pub(crate) fn bf16_pairs(kt: &KernelTable, a: DType, k: usize) -> Option<(SgemmFn, Sgemm2Fn)> {
+pub(crate) fn bf16_pairs(
+    kt: &KernelTable,
+    a: DType,
+    k: usize,
+) -> Option<(SgemmFn, Sgemm2Fn, Sgemm22Fn)> {
     if a == DType::BF16 && k.is_multiple_of(2) { kt.sgemm_bf16 } else { None }
 }
 
@@ -134,7 +138,9 @@ impl Kernels {
     /// apply, else f32.
     pub(crate) fn for_weights(kt: &KernelTable, dtype: DType, k: usize) -> Kernels {
         match bf16_pairs(kt, dtype, k) {
-            Some((one, two)) => Kernels { one, two: Some(two), two_by_two: None, div: 2 },
+            Some((one, two, four)) => {
+                Kernels { one, two: Some(two), two_by_two: Some(four), div: 2 }
+            }
             None => Kernels::f32(kt),
         }
     }
