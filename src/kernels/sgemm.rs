@@ -35,8 +35,8 @@ pub(crate) type Sgemm2Fn = fn(
 pub(crate) type Sgemm22Fn =
     fn(kc: usize, a: [&[f32]; 2], bp: [&[f32]; 2], out: [&mut [f32; SG_MR * SG_NR]; 4], acc: bool);
 
-// BF16 pairs (`KernelTable::sgemm_bf16`: one strip, two strips, two by two): the same signatures with `kc` counting
-// pairs of K values; every f32 slot of the strips and the panel holds two BF16 values (element
+// BF16 pairs (`KernelTable::sgemm_bf16`: one strip, two strips, two by two): the same
+// signatures with `kc` counting pairs of K values; every f32 slot of the strips and the panel holds two BF16 values (element
 // 2j in the low half, 2j + 1 in the high half) as raw bits, and the kernel sums their products
 // with the CPU's BF16 dot-product instruction.
 
