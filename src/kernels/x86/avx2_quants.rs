@@ -1365,15 +1365,8 @@ unsafe fn q4_1_q8_1_rows<const PF: usize, const R: usize, const VNNI: bool>(
         let mut acc = [_mm256_setzero_ps(); R];
         let mut summs = [0.0f32; R];
         for ib in 0..nb {
-            // In bounds: block `ib < nb` of `y` is readable; every read stays inside it.
-            let (yd, ys, yq) = {
-                let by = y.add(ib * YB);
-                (
-                    rd_u16(by.add(offset_of!(BlockQ8_1, d))),
-                    rd_u16(by.add(offset_of!(BlockQ8_1, s))),
-                    _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
-                )
-            };
+            // In bounds: block `ib < nb` of `y` is readable.
+            let (yd, ys, yq) = q8_1_block(y.add(ib * YB));
             for r in 0..R {
                 if PF > 0 {
                     prefetch_stream::<XB>(x[r], ib, PF);
@@ -1482,6 +1475,22 @@ unsafe fn q5_levels<const MASK: bool>(nibbles: __m256i, qh: u32) -> __m256i {
 fn masked_16<const CLEAR: bool>(qh: u32) -> __m256i {
     let bits = if CLEAR { !qh } else { qh };
     _mm256_maskz_mov_epi8(_cvtu32_mask32(bits), _mm256_set1_epi8(0x10))
+}
+
+/// A Q8_1 block's f16 scale, f16 scaled sum and 32 levels.
+///
+/// # Safety
+/// `by` starts a readable Q8_1 block; the caller runs with AVX2 enabled.
+#[inline(always)]
+unsafe fn q8_1_block(by: *const u8) -> (u16, u16, __m256i) {
+    // SAFETY: the three reads stay inside the block (the caller's guarantee), with AVX2 enabled.
+    unsafe {
+        (
+            rd_u16(by.add(offset_of!(BlockQ8_1, d))),
+            rd_u16(by.add(offset_of!(BlockQ8_1, s))),
+            _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
+        )
+    }
 }
 
 /// The Q5_0 loop over `R` weight rows against one activation row ([`f16_scaled_rows`]).
@@ -1625,15 +1634,8 @@ unsafe fn q5_1_q8_1_rows<const PF: usize, const R: usize, const MASK: bool, cons
         let mut acc = [_mm256_setzero_ps(); R];
         let mut summs = [0.0f32; R];
         for ib in 0..nb {
-            // In bounds: block `ib < nb` of `y` is readable; every read stays inside it.
-            let (yd, ys, yq) = {
-                let by = y.add(ib * YB);
-                (
-                    rd_u16(by.add(offset_of!(BlockQ8_1, d))),
-                    rd_u16(by.add(offset_of!(BlockQ8_1, s))),
-                    _mm256_loadu_si256(by.add(offset_of!(BlockQ8_1, qs)).cast()),
-                )
-            };
+            // In bounds: block `ib < nb` of `y` is readable.
+            let (yd, ys, yq) = q8_1_block(y.add(ib * YB));
             let dy = fp16_splat(yd);
             for r in 0..R {
                 if PF > 0 {

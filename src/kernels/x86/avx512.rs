@@ -916,15 +916,25 @@ fn sgemm_12x32(
     out: [&mut [f32; SG_MR * SG_NR]; 4],
     acc: bool,
 ) {
+    let (a, bp, o) = ptrs_2x2(kc, a, bp, out);
+    // SAFETY: `ptrs_2x2` checked that both strips hold `kc * 6` values and both panels `kc *
+    // 16`; the four tiles hold 6 x 16; installed only when the AVX-512 tier is supported.
+    unsafe { tile_12x32(kc, a, bp, o, acc) }
+}
+
+/// The pointers of a two-by-two call (`Sgemm22Fn`) after `sgemm::check` of every strip and
+/// panel: strips, panels, tiles (strip s, panel p at `2 s + p`).
+#[allow(clippy::type_complexity)]
+fn ptrs_2x2(
+    kc: usize,
+    a: [&[f32]; 2],
+    bp: [&[f32]; 2],
+    out: [&mut [f32; SG_MR * SG_NR]; 4],
+) -> ([*const f32; 2], [*const f32; 2], [*mut f32; 4]) {
     for (s, p) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
         sgemm::check(kc, a[s], bp[p]);
     }
-    let o = out.map(|t| t.as_mut_ptr());
-    // SAFETY: `check` proved both strips hold `kc * 6` values and both panels `kc * 16`; the
-    // four tiles hold 6 x 16; installed only when the AVX-512 tier is supported.
-    unsafe {
-        tile_12x32(kc, [a[0].as_ptr(), a[1].as_ptr()], [bp[0].as_ptr(), bp[1].as_ptr()], o, acc)
-    }
+    (a.map(<[f32]>::as_ptr), bp.map(<[f32]>::as_ptr), out.map(|t| t.as_mut_ptr()))
 }
 
 /// # Safety
@@ -1009,21 +1019,11 @@ fn sgemm_bf16_12x32(
     out: [&mut [f32; SG_MR * SG_NR]; 4],
     acc: bool,
 ) {
-    for (s, p) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-        sgemm::check(kc, a[s], bp[p]);
-    }
-    let [o00, o01, o10, o11] = out.map(|t| t.as_mut_ptr());
-    // SAFETY: `check` proved both strips hold `kc * 6` slots and both panels `kc * 16`; the
-    // four tiles hold 6 x 16; installed only on CPUs with the AVX-512 tier and AVX512_BF16.
-    unsafe {
-        tile_bf16::<2, 2>(
-            kc,
-            [a[0].as_ptr(), a[1].as_ptr()],
-            [bp[0].as_ptr(), bp[1].as_ptr()],
-            [[o00, o01], [o10, o11]],
-            acc,
-        )
-    }
+    let (a, bp, [o00, o01, o10, o11]) = ptrs_2x2(kc, a, bp, out);
+    // SAFETY: `ptrs_2x2` checked that both strips hold `kc * 6` slots and both panels `kc *
+    // 16`; the four tiles hold 6 x 16; installed only on CPUs with the AVX-512 tier and
+    // AVX512_BF16.
+    unsafe { tile_bf16::<2, 2>(kc, a, bp, [[o00, o01], [o10, o11]], acc) }
 }
 
 /// `S` strips of 6 rows by `P` 16-column panels in BF16 pairs: per pair of K values, each
