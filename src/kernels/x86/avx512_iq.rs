@@ -35,7 +35,7 @@ pub(super) fn plug(t: &mut KernelTable) {
     // AMD's 16-lane gathers are slow: on Zen 4 (4096 x 1 x 14336, 2 threads, 3 alternating
     // rounds) the AVX2 tier's scalar table reads decode IQ3_XXS in 3.0-3.2 ms against the gather
     // form's 3.8-4.2, and IQ1_M in 2.1-2.7 against 2.6-3.1; IQ2_S was a tie (1.97-2.69 against
-    // 2.07-2.60) and keeps its gather form.
+    // 2.07-2.60) and keeps its gather form. Zen 5 was not measured and takes the same choice.
     let slow_gathers = super::amd_family().is_some();
     for (d, plain, stream) in DOTS {
         if slow_gathers && d != DType::IQ2_S {
