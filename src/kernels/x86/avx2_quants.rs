@@ -1279,7 +1279,8 @@ unsafe fn q4_0_q8_0_rows<const CHECK: bool, const PF: usize, const R: usize, con
 /// `CHECK` sets blocks with a non-finite scale aside (see [`q4_0_q8_0_dot`]).
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA and F16C; every row of `x` holds `nb` blocks of `XB` bytes whose
+/// Called from a function with AVX2, FMA and F16C enabled (see [`us8_sums`] on why this loop
+/// has no target features of its own); every row of `x` holds `nb` blocks of `XB` bytes whose
 /// first two are the f16 scale, `y` `nb` Q8_0 blocks; `sums` reads only inside the block it is
 /// given.
 #[inline(always)]
@@ -1296,8 +1297,9 @@ unsafe fn f16_scaled_rows<
     shared: impl Fn(__m256i) -> S,
     sums: impl Fn(*const u8, __m256i, &S) -> __m256i,
 ) -> [f32; R] {
-    // SAFETY: the caller runs with AVX2, FMA and F16C enabled (and with what `VNNI` or `MASK`
-    // needs); every block read stays inside block `ib < nb` of its row, as the caller guarantees.
+    // SAFETY: the caller runs with AVX2, FMA and F16C enabled (and with what its `shared` and
+    // `sums` need); every block read stays inside block `ib < nb` of its row, as the caller
+    // guarantees.
     unsafe {
         const YB: usize = size_of::<BlockQ8_0>();
         let mut acc = [_mm256_setzero_ps(); R];
@@ -1357,8 +1359,8 @@ unsafe fn q4_1_q8_1_rows<const PF: usize, const R: usize, const VNNI: bool>(
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    // SAFETY: the caller runs with AVX2, FMA and F16C enabled (and with what `VNNI` or `MASK`
-    // needs); every block read stays inside block `ib < nb` of its row, as the caller guarantees.
+    // SAFETY: the caller runs with AVX2, FMA and F16C enabled (and with what `VNNI` needs);
+    // every block read stays inside block `ib < nb` of its row, as the caller guarantees.
     unsafe {
         const XB: usize = size_of::<BlockQ4_1>();
         const YB: usize = size_of::<BlockQ8_1>();
@@ -1701,8 +1703,8 @@ unsafe fn q8_0_q8_0_rows<const PF: usize, const R: usize, const VNNI: bool>(
     x: [*const u8; R],
     y: *const u8,
 ) -> [f32; R] {
-    // SAFETY: the caller runs with AVX2, FMA and F16C enabled (and with what `VNNI` or `MASK`
-    // needs); every block read stays inside block `ib < nb` of its row, as the caller guarantees.
+    // SAFETY: the caller runs with AVX2, FMA and F16C enabled (and with what `VNNI` needs);
+    // every block read stays inside block `ib < nb` of its row, as the caller guarantees.
     unsafe {
         const B: usize = size_of::<BlockQ8_0>();
         let mut acc = [_mm256_setzero_ps(); R];

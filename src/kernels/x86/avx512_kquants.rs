@@ -830,3 +830,64 @@ unsafe fn iq4_xs_q8_K_rows<const PF: usize, const R: usize>(
     }
     std::array::from_fn(|r| hsum_float_8(accum[r]))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Isa;
+
+    /// Both prefetch distances' decode entry points of Q4_K, Q5_K and Q6_K (a CPU installs one
+    /// of them) give the plain dot's bits, one row and two rows at a time, on random blocks.
+    #[test]
+    fn both_prefetch_distances_give_the_plain_dots() {
+        if !Isa::Avx512.is_supported() {
+            eprintln!("skipped: no AVX-512 tier on this CPU");
+            return;
+        }
+        type Entry = (VecDotFn, VecDot2Fn);
+        let cases: [(DType, VecDotFn, [Entry; 2]); 3] = [
+            (
+                DType::Q4_K,
+                vec_dot_q4_K_q8_K,
+                [
+                    (vec_dot_q4_K_q8_K_stream4k, vec_dot2_q4_K_q8_K_stream4k),
+                    (vec_dot_q4_K_q8_K_stream8k, vec_dot2_q4_K_q8_K_stream8k),
+                ],
+            ),
+            (
+                DType::Q5_K,
+                vec_dot_q5_K_q8_K,
+                [
+                    (vec_dot_q5_K_q8_K_stream4k, vec_dot2_q5_K_q8_K_stream4k),
+                    (vec_dot_q5_K_q8_K_stream8k, vec_dot2_q5_K_q8_K_stream8k),
+                ],
+            ),
+            (
+                DType::Q6_K,
+                vec_dot_q6_K_q8_K,
+                [
+                    (vec_dot_q6_K_q8_K_stream4k, vec_dot2_q6_K_q8_K_stream4k),
+                    (vec_dot_q6_K_q8_K_stream8k, vec_dot2_q6_K_q8_K_stream8k),
+                ],
+            ),
+        ];
+        let mut r = crate::testdata::Xorshift64::from_state(0x0DD_BA11_5EED);
+        let k = 3 * QK_K;
+        for (d, plain, entries) in cases {
+            // Random bytes with the top bits of every other byte cleared: mostly finite scales.
+            let mut bytes = |n: usize| -> Vec<u8> {
+                (0..n)
+                    .map(|i| (r.next_u64() as u8) & if i % 2 == 1 { 0x3F } else { 0xFF })
+                    .collect()
+            };
+            let (x0, x1) = (bytes(d.row_size(k).unwrap()), bytes(d.row_size(k).unwrap()));
+            let y = bytes(DType::Q8_K.row_size(k).unwrap());
+            let want = [plain(k, &x0, &y).to_bits(), plain(k, &x1, &y).to_bits()];
+            for (i, (one, two)) in entries.into_iter().enumerate() {
+                assert_eq!(one(k, &x0, &y).to_bits(), want[0], "{d} distance {i}: one row");
+                let got = two(k, [&x0, &x1], &y).map(f32::to_bits);
+                assert_eq!(got, want, "{d} distance {i}: two rows");
+            }
+        }
+    }
+}
