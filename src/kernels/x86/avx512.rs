@@ -73,6 +73,7 @@ pub(crate) fn plug(t: &mut KernelTable, cpu: super::Avx512) {
     if std::arch::is_x86_feature_detected!("avx512vnni") {
         t.igemm = Some(super::avx512_igemm::VNNI);
         super::avx512_quants::plug_vnni(t);
+        super::avx512_kquants::plug_vnni(t);
         super::avx512_iq::plug(t);
         super::avx512_gemm::plug(t, cpu);
         super::avx512_repack::plug(t, cpu);
