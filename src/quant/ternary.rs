@@ -61,8 +61,15 @@ fn pack_trits(trits: impl Iterator<Item = i32>) -> u8 {
 /// Digit `n` of a packed byte, as ggml's dequantizer extracts it (0..=2).
 #[inline(always)]
 fn unpack_trit(q: u8, n: usize) -> i32 {
+    trit_of(q, n) as i32
+}
+
+/// Trit `n` (0..=4) of a TQ1_0 byte, 0..=2: ggml's `(uint16_t)(q * pow3[n]) * 3 >> 8` with the
+/// product taken modulo 256.
+#[inline(always)]
+pub(crate) fn trit_of(q: u8, n: usize) -> u8 {
     let q = q.wrapping_mul(POW3[n]);
-    ((q as u16 * 3) >> 8) as i32
+    ((q as u16 * 3) >> 8) as u8
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -452,16 +452,34 @@ fn unpack_iq4_xs(
     (fp16_to_fp32(x.d), 0.0)
 }
 
-/// TQ1_0: trits 0..=2 are the codes (bias 1), one scale of 1.
-fn unpack_tq1_0(
+/// TQ1_0: trits 0..=2 are the codes (bias 1), one scale of 1. Trit `n` of every byte of a
+/// run of bytes fills a run of codes (`ternary::tq1_trit`'s element order), loops the compiler
+/// does many bytes at a time (the integer GEMM's TQ1_0 prefill, 4096 x 512 x 14336 on Zen 4, 2
+/// threads: 530 GFLOPS with a `tq1_trit` call per element, 700 with these loops in AVX2).
+pub(crate) fn unpack_tq1_0(
     b: &[u8],
     codes: &mut [u8; QK_K],
     scales: &mut [i32; 16],
     _: &mut [i32; 16],
 ) -> (f32, f32) {
+    use crate::quant::ternary::trit_of;
     let x: crate::quant::ternary::BlockTq1_0 = block(b);
-    for (k, c) in codes.iter_mut().enumerate() {
-        *c = crate::quant::ternary::tq1_trit(&x, k) as u8;
+    let (head, rest) = codes.split_at_mut(160);
+    let (mid, tail) = rest.split_at_mut(80);
+    for (n, out) in head.chunks_exact_mut(32).enumerate() {
+        for (o, &q) in out.iter_mut().zip(&x.qs[..32]) {
+            *o = trit_of(q, n);
+        }
+    }
+    for (n, out) in mid.chunks_exact_mut(16).enumerate() {
+        for (o, &q) in out.iter_mut().zip(&x.qs[32..]) {
+            *o = trit_of(q, n);
+        }
+    }
+    for (n, out) in tail.chunks_exact_mut(4).enumerate() {
+        for (o, &q) in out.iter_mut().zip(&x.qh) {
+            *o = trit_of(q, n);
+        }
     }
     scales[..8].fill(1);
     (fp16_to_fp32(x.d), 0.0)
@@ -721,6 +739,22 @@ pub(crate) mod tests {
             });
         }
         assert!(folded >= 15, "{folded} folded forms");
+    }
+
+    /// TQ1_0's codes, written a run of bytes at a time, are `tq1_trit` of every element, for
+    /// any bytes (not only those the quantizer writes).
+    #[test]
+    fn tq1_0_codes_are_the_trits_of_any_bytes() {
+        let mut r = crate::testdata::Xorshift64::from_state(0x7131_0C0D);
+        for _ in 0..64 {
+            let b: Vec<u8> = (0..DType::TQ1_0.type_size()).map(|_| r.next_u64() as u8).collect();
+            let (mut codes, mut scales, mut mins) = ([0u8; QK_K], [0i32; 16], [0i32; 16]);
+            unpack_tq1_0(&b, &mut codes, &mut scales, &mut mins);
+            let x: crate::quant::ternary::BlockTq1_0 = block(&b);
+            for (k, &c) in codes.iter().enumerate() {
+                assert_eq!(c as i32, crate::quant::ternary::tq1_trit(&x, k), "element {k}");
+            }
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub(crate) fn unpack_super_for(d: DType) -> Option<UnpackFn> {
         DType::Q4_K => Some(q4_k),
         DType::Q5_K => Some(q5_k),
         DType::Q6_K => Some(q6_k),
+        DType::TQ1_0 => Some(tq1_0),
         _ => None,
     }
 }
@@ -79,6 +80,7 @@ avx2_twin!(q3_k, crate::quant::unpack::unpack_q3_K);
 avx2_twin!(q4_k, crate::quant::unpack::unpack_q4_K);
 avx2_twin!(q5_k, crate::quant::unpack::unpack_q5_K);
 avx2_twin!(q6_k, crate::quant::unpack::unpack_q6_K);
+avx2_twin!(tq1_0, crate::quant::unpack::unpack_tq1_0);
 
 /// Bytes of one block of `KIND` (ggml's block structs: `d`, then `m`, `qh`, `qs`).
 const fn block_bytes(kind: u8) -> usize {
@@ -301,7 +303,9 @@ mod tests {
             return;
         }
         let mut seed = 0x2545_f491_4f6c_dd1du64;
-        for d in [DType::IQ4_XS, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        let types =
+            [DType::IQ4_XS, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K];
+        for d in types.into_iter().chain([DType::TQ1_0]) {
             let fast = unpack_super_for(d).unwrap();
             let Unpack::Super(f) = int_format(d).unwrap().unpack else { panic!() };
             let mut src = vec![0u8; d.type_size()];
