@@ -202,6 +202,19 @@ pub(super) fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize
     }
 }
 
+/// [`prefetch_stream`] for blocks of 64 bytes or more into L2 (`_MM_HINT_T1`) rather than L1 (a
+/// hint: never faults, never changes a result).
+#[inline(always)]
+pub(super) fn prefetch_stream_l2<const XB: usize>(x: *const u8, ib: usize, d: usize) {
+    let p = x.wrapping_add(ib * XB);
+    let mut off = 0;
+    while off < XB {
+        // SAFETY: as `prefetch_ahead`: no architectural read, no fault, wrapping address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off + d) as *const i8) };
+        off += 64;
+    }
+}
+
 /// How far ahead (bytes) the decode variants of the Q4_1, Q5_0, Q5_1, K-quant, NVFP4, TQ2_0 and
 /// IQ4/IQ3_S/IQ2_S kernels prefetch the weight row. Paired in-process runs of 4096 x 14336 decode (2
 /// threads, the kernel switched between computes of one plan) measured 1-16 KiB: 4 KiB was best or

@@ -12,8 +12,9 @@ use std::arch::x86_64::*;
 use std::mem::{offset_of, size_of};
 
 use super::avx2_quants::{
-    F16_TO_F32, STREAM_PF, hsum_float_8, k4_scales_and_mins, opaque, prefetch_stream, q3k_scales,
-    rd_f32, rd_u16, rd_u32, scale_shuffle, scale_shuffle_k4, scale_shuffle_q3k, whole_blocks,
+    F16_TO_F32, STREAM_PF, hsum_float_8, k4_scales_and_mins, opaque, prefetch_stream,
+    prefetch_stream_l2, q3k_scales, rd_f32, rd_u16, rd_u32, scale_shuffle, scale_shuffle_k4,
+    scale_shuffle_q3k, whole_blocks,
 };
 use crate::dtype::{DType, QK_K};
 use crate::kernels::{KernelTable, VecDot2Fn};
@@ -77,10 +78,10 @@ pub(super) fn plug(t: &mut KernelTable, _: super::Avx512) {
     t.set_vec_dot(DType::Q3_K, vec_dot_q3_K_q8_K);
     t.set_vec_dot_stream(DType::Q3_K, vec_dot_q3_K_q8_K_stream);
     t.set_vec_dot2_stream(DType::Q3_K, vec_dot2_q3_K_q8_K_stream);
-    // AMD family 0x19 (Zen 3, Zen 4) prefetches these 4 KiB ahead instead of `PF_8K`: Zen 4,
-    // `decode-stream T 4096 14336 2 5`, 4 alternating rounds, medians: q4_K 25.4 -> 27.1 GB/s,
-    // q5_K 25.5 -> 27.7, q6_K 25.1 -> 27.2 (in L3 within the noise: 0.96 -> 1.03 ms, 1.28 ->
-    // 1.18, 1.59 -> 1.50).
+    // AMD family 0x19 (in this tier Zen 4) prefetches these 4 KiB ahead instead of `PF_8K`:
+    // Zen 4, `decode-stream T 4096 14336 2 5`, 4 alternating rounds, medians: q4_K 25.4 -> 27.1
+    // GB/s, q5_K 25.5 -> 27.7, q6_K 25.1 -> 27.2 (in L3 within the noise: 0.96 -> 1.03 ms, 1.28
+    // -> 1.18, 1.59 -> 1.50); and into L2 (`PF_4K_L2`).
     let near = super::amd_family() == Some(0x19);
     type Forms = [(DType, VecDotFn, VecDotFn, VecDot2Fn); 3];
     let forms: Forms = if near {
@@ -222,11 +223,11 @@ entry_points! {
 
 // The Q4_K, Q5_K and Q6_K decode forms with the nearer prefetch, for Zen 3 / Zen 4 (`plug`).
 stream_points! {
-    "q4_K": q4_K_q8_K_rows, Q4B, STREAM_PF
+    "q4_K": q4_K_q8_K_rows, Q4B, PF_4K_L2
         => vec_dot_q4_K_q8_K_stream4k, vec_dot2_q4_K_q8_K_stream4k;
-    "q5_K": q5_K_q8_K_rows, Q5B, STREAM_PF
+    "q5_K": q5_K_q8_K_rows, Q5B, PF_4K_L2
         => vec_dot_q5_K_q8_K_stream4k, vec_dot2_q5_K_q8_K_stream4k;
-    "q6_K": q6_K_q8_K_rows, Q6B, STREAM_PF
+    "q6_K": q6_K_q8_K_rows, Q6B, PF_4K_L2
         => vec_dot_q6_K_q8_K_stream4k, vec_dot2_q6_K_q8_K_stream4k;
 }
 
@@ -574,6 +575,25 @@ unsafe fn q2_K_loop<const VNNI: bool, const PF: usize, const R: usize>(
 /// 145-146 -> 160-162, q4_K 202-208 -> 214-215 (q3_K, q2_K gained nothing clear).
 const PF_8K: usize = 8192;
 
+/// The Q4_K, Q5_K and Q6_K decode forms for AMD family 0x19 (`plug`): 4 KiB ahead, into L2 (an odd
+/// distance asks [`prefetch_kquant`] for L2). Zen 4, `decode-stream T 4096 14336 2 5`, L1 and L2
+/// hints alternating, medians: in a quiet phase (3 rounds) q4_K 25.1 -> 30.4 GB/s, q5_K 27.1 ->
+/// 30.3, q6_K 28.7 -> 31.9; with the memory contended (4-5 rounds, every round's ratio above 1)
+/// 22.6 -> 25.5, 21.5 -> 25.4, 24.5 -> 31.6. The legacy dots and Q2_K lost with the L2 hint
+/// under contention (ratios 0.7-0.9) and keep L1.
+const PF_4K_L2: usize = STREAM_PF + 1;
+
+/// The K-quant decode forms' prefetch `PF` bytes ahead: into L1 for an even `PF`, into L2 for
+/// an odd one (`PF - 1` bytes ahead; see [`PF_4K_L2`]).
+#[inline(always)]
+fn prefetch_kquant<const XB: usize, const PF: usize>(x: *const u8, ib: usize) {
+    if PF % 2 == 1 {
+        prefetch_stream_l2::<XB>(x, ib, PF - 1);
+    } else {
+        prefetch_stream::<XB>(x, ib, PF);
+    }
+}
+
 /// The levels of a Q8_K block as the Q4_K/Q5_K forms pair them: group `2j` and `2j + 2` with
 /// `j` in the low halves of registers 0 and 2, `2j + 1` and `2j + 3` in 1 and 3 (the low and
 /// high nibbles of the 64 code bytes `64m..64m + 64`, `m` = register / 2).
@@ -676,7 +696,7 @@ unsafe fn q4_K_q8_K_rows<const PF: usize, const R: usize>(
         let (yd, q8, q8s) = unsafe { q8k_nibble_block(y.add(i * Q8KB)) };
         for r in 0..R {
             if PF > 0 {
-                prefetch_stream::<Q4B>(x[r], i, PF);
+                prefetch_kquant::<Q4B, PF>(x[r], i);
             }
             // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d, dmin
             // (0..4), scales (4..16) and qs (16..144).
@@ -742,7 +762,7 @@ unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize>(
         let (yd, q8, q8s) = unsafe { q8k_nibble_block(y.add(i * Q8KB)) };
         for r in 0..R {
             if PF > 0 {
-                prefetch_stream::<Q5B>(x[r], i, PF);
+                prefetch_kquant::<Q5B, PF>(x[r], i);
             }
             // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d, dmin
             // (0..4), scales (4..16), qh (16..48) and qs (48..176).
@@ -825,7 +845,7 @@ unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
         };
         for r in 0..R {
             if PF > 0 {
-                prefetch_stream::<Q6B>(x[r], i, PF);
+                prefetch_kquant::<Q6B, PF>(x[r], i);
             }
             // SAFETY: block `i < nb` of row `r` is readable; the reads cover its ql (0..128),
             // qh (128..192), scales (192..208) and d (208..210).
