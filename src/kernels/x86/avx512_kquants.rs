@@ -288,7 +288,6 @@ unsafe fn q3_K_loop<const VNNI: bool, const PF: usize, const R: usize>(
     // SAFETY: the caller runs with the features named above (and VNNI's when `VNNI`); every
     // block read stays inside block `i < nb` of its row, as the caller guarantees.
     unsafe {
-        let m3 = _mm512_set1_epi8(3);
         let m4 = _mm512_set1_epi8(4);
         let zero = _mm512_setzero_si512();
         let shuffles = q3k_shuffles();
@@ -341,12 +340,7 @@ unsafe fn q3_K_loop<const VNNI: bool, const PF: usize, const R: usize>(
 
                 let scales = lanes_0011(_mm256_cvtepi8_epi16(q3k_scales(aux)));
 
-                let q3l = [
-                    _mm512_and_si512(q3bits, m3),
-                    _mm512_and_si512(_mm512_srli_epi16::<2>(q3bits), m3),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(q3bits), m3),
-                    _mm512_and_si512(_mm512_srli_epi16::<6>(q3bits), m3),
-                ];
+                let q3l = two_bit_fields(q3bits);
                 let sumi = if VNNI {
                     paired_scaled_sums(
                         per_group!(|k| {
@@ -375,6 +369,20 @@ unsafe fn q3_K_loop<const VNNI: bool, const PF: usize, const R: usize>(
         }
         std::array::from_fn(|r| hsum_float_8(acc[r]))
     }
+}
+
+/// Bits `2k` and `2k + 1` of every byte of `q` in register `k`: a Q2_K/Q3_K block's 2-bit codes
+/// of group `k` (low half) and `4 + k` (high half) from its 64 code bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+#[inline]
+fn two_bit_fields(q: __m512i) -> [__m512i; 4] {
+    let m3 = _mm512_set1_epi8(3);
+    [
+        _mm512_and_si512(q, m3),
+        _mm512_and_si512(_mm512_srli_epi16::<2>(q), m3),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(q), m3),
+        _mm512_and_si512(_mm512_srli_epi16::<6>(q), m3),
+    ]
 }
 
 /// [`q3k_shuffles`] for [`paired_scaled_sums`]: groups `2m` and `2m + 1`'s joined, group
@@ -506,7 +514,6 @@ unsafe fn q2_K_loop<const VNNI: bool, const PF: usize, const R: usize>(
     // SAFETY: the caller runs with the features named above (and VNNI's when `VNNI`); every
     // block read stays inside block `i < nb` of its row, as the caller guarantees.
     unsafe {
-        let m3 = _mm512_set1_epi8(3);
         let m4 = _mm_set1_epi8(0xF);
         let shuffles = q3k_shuffles();
         let paired = paired_shuffles();
@@ -547,12 +554,7 @@ unsafe fn q2_K_loop<const VNNI: bool, const PF: usize, const R: usize>(
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[r]);
 
                 let scales = lanes_0011(_mm256_cvtepi8_epi16(scales8));
-                let q2l = [
-                    _mm512_and_si512(q2bits, m3),
-                    _mm512_and_si512(_mm512_srli_epi16::<2>(q2bits), m3),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(q2bits), m3),
-                    _mm512_and_si512(_mm512_srli_epi16::<6>(q2bits), m3),
-                ];
+                let q2l = two_bit_fields(q2bits);
                 let sumi = if VNNI {
                     let sums = per_group!(|k| _mm512_dpbusd_epi32(zero, q2l[k], q8[k]));
                     paired_scaled_sums(sums, scales, paired)
