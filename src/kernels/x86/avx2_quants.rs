@@ -181,9 +181,20 @@ fn prefetch_ahead(p: *const u8, d: usize) {
 /// Prefetches the lines of one `XB`-byte block `d` bytes past `p` (a hint, as [`prefetch_ahead`]).
 #[inline(always)]
 pub(super) fn prefetch_lines<const XB: usize>(p: *const u8, d: usize) {
+    prefetch_lines_to::<XB, false>(p, d);
+}
+
+/// [`prefetch_lines`] into L1 or, with `L2`, into L2 only (`_MM_HINT_T1`).
+#[inline(always)]
+fn prefetch_lines_to<const XB: usize, const L2: bool>(p: *const u8, d: usize) {
     let mut off = 0;
     while off < XB {
-        prefetch_ahead(p.wrapping_add(off), d);
+        if L2 {
+            // SAFETY: as `prefetch_ahead`: no architectural read, no fault, wrapping address.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off + d) as *const i8) };
+        } else {
+            prefetch_ahead(p.wrapping_add(off), d);
+        }
         off += 64;
     }
 }
@@ -206,13 +217,8 @@ pub(super) fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize
 /// hint: never faults, never changes a result).
 #[inline(always)]
 pub(super) fn prefetch_stream_l2<const XB: usize>(x: *const u8, ib: usize, d: usize) {
-    let p = x.wrapping_add(ib * XB);
-    let mut off = 0;
-    while off < XB {
-        // SAFETY: as `prefetch_ahead`: no architectural read, no fault, wrapping address.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off + d) as *const i8) };
-        off += 64;
-    }
+    const { assert!(XB >= 64) };
+    prefetch_lines_to::<XB, true>(x.wrapping_add(ib * XB), d);
 }
 
 /// How far ahead (bytes) the decode variants of the Q4_1, Q5_0, Q5_1, K-quant, NVFP4, TQ2_0 and
