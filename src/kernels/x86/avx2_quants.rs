@@ -67,7 +67,12 @@ pub(crate) fn plug(t: &mut KernelTable, _: super::Avx2) {
     t.set_vec_dot_stream(DType::Q5_0, vec_dot_q5_0_q8_0_stream);
     t.set_vec_dot_stream(DType::NVFP4, vec_dot_nvfp4_q8_0_stream);
     t.set_vec_dot_stream(DType::MXFP4, vec_dot_mxfp4_q8_0_stream);
-    t.set_vec_dot_stream(DType::TQ2_0, vec_dot_tq2_0_q8_K_stream);
+    // Zen 4 (AMD family 0x19 with AVX-512) prefetches into L2 (`PF_4K_L2`).
+    let zen4 = super::amd_family() == Some(0x19) && std::arch::is_x86_feature_detected!("avx512f");
+    t.set_vec_dot_stream(
+        DType::TQ2_0,
+        if zen4 { vec_dot_tq2_0_q8_K_stream_l2 } else { vec_dot_tq2_0_q8_K_stream },
+    );
     t.set_vec_dot_stream(DType::Q2_K, vec_dot_q2_K_q8_K_stream);
     t.set_vec_dot_stream(DType::Q3_K, vec_dot_q3_K_q8_K_stream);
     t.set_vec_dot_stream(DType::Q4_K, vec_dot_q4_K_q8_K_stream);
@@ -216,9 +221,29 @@ pub(super) fn prefetch_stream<const XB: usize>(x: *const u8, ib: usize, d: usize
 /// [`prefetch_stream`] for blocks of 64 bytes or more into L2 (`_MM_HINT_T1`) rather than L1 (a
 /// hint: never faults, never changes a result).
 #[inline(always)]
-pub(super) fn prefetch_stream_l2<const XB: usize>(x: *const u8, ib: usize, d: usize) {
+fn prefetch_stream_l2<const XB: usize>(x: *const u8, ib: usize, d: usize) {
     const { assert!(XB >= 64) };
     prefetch_lines_to::<XB, true>(x.wrapping_add(ib * XB), d);
+}
+
+/// The decode forms that prefetch 4 KiB ahead into L2 rather than L1 (an odd distance asks
+/// [`prefetch_stream_at`] for L2): on Zen 4 the Q4_K, Q5_K and Q6_K forms of the AVX-512 tier
+/// (`avx512_kquants::plug`) and TQ2_0's (`plug`). Zen 4, `decode-stream T 4096 14336 2 5`, L1
+/// and L2 hints alternating, medians: in a quiet phase (3 rounds) q4_K 25.1 -> 30.4 GB/s, q5_K
+/// 27.1 -> 30.3, q6_K 28.7 -> 31.9, tq2_0 26.8 -> 31.3; with the memory contended (4-5 rounds,
+/// every round's ratio above 1) 22.6 -> 25.5, 21.5 -> 25.4, 24.5 -> 31.6, 18.5 -> 22.5. The
+/// legacy dots and Q2_K lost with the L2 hint under contention (ratios 0.7-0.9) and keep L1.
+pub(super) const PF_4K_L2: usize = STREAM_PF + 1;
+
+/// A decode form's prefetch `PF` bytes ahead: into L1 for an even `PF`, into L2 for an odd one
+/// (`PF - 1` bytes ahead; see [`PF_4K_L2`]).
+#[inline(always)]
+pub(super) fn prefetch_stream_at<const XB: usize, const PF: usize>(x: *const u8, ib: usize) {
+    if PF % 2 == 1 {
+        prefetch_stream_l2::<XB>(x, ib, PF - 1);
+    } else {
+        prefetch_stream::<XB>(x, ib, PF);
+    }
 }
 
 /// How far ahead (bytes) the decode variants of the Q4_1, Q5_0, Q5_1, K-quant, NVFP4, TQ2_0 and
@@ -460,6 +485,8 @@ wrappers! {
     vec_dot_nvfp4_q8_0_stream => vec_dot_nvfp4_q8_0_avx2::<STREAM_PF>, 64, size_of::<BlockNvfp4>(), 2 * size_of::<BlockQ8_0>();
     /// `vec_dot_tq2_0_q8_K` prefetching the weights 4 KiB bytes ahead.
     vec_dot_tq2_0_q8_K_stream => vec_dot_tq2_0_q8_K_avx2::<STREAM_PF>, QK_K, size_of::<BlockTq2_0>(), size_of::<BlockQ8K>();
+    /// `vec_dot_tq2_0_q8_K` prefetching the weights 4 KiB ahead into L2 (`PF_4K_L2`).
+    vec_dot_tq2_0_q8_K_stream_l2 => vec_dot_tq2_0_q8_K_avx2::<PF_4K_L2>, QK_K, size_of::<BlockTq2_0>(), size_of::<BlockQ8K>();
     /// `vec_dot_q2_K_q8_K` prefetching the weights 4 KiB bytes ahead.
     vec_dot_q2_K_q8_K_stream => vec_dot_q2_K_q8_K_avx2::<STREAM_PF>, QK_K, size_of::<BlockQ2K>(), size_of::<BlockQ8K>();
     /// `vec_dot_q3_K_q8_K` prefetching the weights 4 KiB bytes ahead.
@@ -2327,7 +2354,7 @@ unsafe fn vec_dot_tq2_0_q8_K_avx2<const PF: usize>(nb: usize, x: *const u8, y: *
     let mut sumf = _mm256_setzero_ps();
     for i in 0..nb {
         if PF > 0 {
-            prefetch_stream::<{ size_of::<BlockTq2_0>() }>(x, i, PF);
+            prefetch_stream_at::<{ size_of::<BlockTq2_0>() }, PF>(x, i);
         }
         // SAFETY: block `i < nb` of each side is readable; reads stay inside it (see offsets).
         let (bx, by) = unsafe { (x.add(i * XB), y.add(i * YB)) };

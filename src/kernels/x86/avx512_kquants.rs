@@ -12,8 +12,8 @@ use std::arch::x86_64::*;
 use std::mem::{offset_of, size_of};
 
 use super::avx2_quants::{
-    F16_TO_F32, STREAM_PF, hsum_float_8, k4_scales_and_mins, opaque, prefetch_stream,
-    prefetch_stream_l2, q3k_scales, rd_f32, rd_u16, rd_u32, scale_shuffle, scale_shuffle_k4,
+    F16_TO_F32, PF_4K_L2, STREAM_PF, hsum_float_8, k4_scales_and_mins, opaque, prefetch_stream,
+    prefetch_stream_at, q3k_scales, rd_f32, rd_u16, rd_u32, scale_shuffle, scale_shuffle_k4,
     scale_shuffle_q3k, whole_blocks,
 };
 use crate::dtype::{DType, QK_K};
@@ -577,25 +577,6 @@ unsafe fn q2_K_loop<const VNNI: bool, const PF: usize, const R: usize>(
 /// 145-146 -> 160-162, q4_K 202-208 -> 214-215 (q3_K, q2_K gained nothing clear).
 const PF_8K: usize = 8192;
 
-/// The Q4_K, Q5_K and Q6_K decode forms for AMD family 0x19 (`plug`): 4 KiB ahead, into L2 (an odd
-/// distance asks [`prefetch_kquant`] for L2). Zen 4, `decode-stream T 4096 14336 2 5`, L1 and L2
-/// hints alternating, medians: in a quiet phase (3 rounds) q4_K 25.1 -> 30.4 GB/s, q5_K 27.1 ->
-/// 30.3, q6_K 28.7 -> 31.9; with the memory contended (4-5 rounds, every round's ratio above 1)
-/// 22.6 -> 25.5, 21.5 -> 25.4, 24.5 -> 31.6. The legacy dots and Q2_K lost with the L2 hint
-/// under contention (ratios 0.7-0.9) and keep L1.
-const PF_4K_L2: usize = STREAM_PF + 1;
-
-/// The K-quant decode forms' prefetch `PF` bytes ahead: into L1 for an even `PF`, into L2 for
-/// an odd one (`PF - 1` bytes ahead; see [`PF_4K_L2`]).
-#[inline(always)]
-fn prefetch_kquant<const XB: usize, const PF: usize>(x: *const u8, ib: usize) {
-    if PF % 2 == 1 {
-        prefetch_stream_l2::<XB>(x, ib, PF - 1);
-    } else {
-        prefetch_stream::<XB>(x, ib, PF);
-    }
-}
-
 /// The levels of a Q8_K block as the Q4_K/Q5_K forms pair them: group `2j` and `2j + 2` with
 /// `j` in the low halves of registers 0 and 2, `2j + 1` and `2j + 3` in 1 and 3 (the low and
 /// high nibbles of the 64 code bytes `64m..64m + 64`, `m` = register / 2).
@@ -698,7 +679,7 @@ unsafe fn q4_K_q8_K_rows<const PF: usize, const R: usize>(
         let (yd, q8, q8s) = unsafe { q8k_nibble_block(y.add(i * Q8KB)) };
         for r in 0..R {
             if PF > 0 {
-                prefetch_kquant::<Q4B, PF>(x[r], i);
+                prefetch_stream_at::<Q4B, PF>(x[r], i);
             }
             // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d, dmin
             // (0..4), scales (4..16) and qs (16..144).
@@ -764,7 +745,7 @@ unsafe fn q5_K_q8_K_rows<const PF: usize, const R: usize>(
         let (yd, q8, q8s) = unsafe { q8k_nibble_block(y.add(i * Q8KB)) };
         for r in 0..R {
             if PF > 0 {
-                prefetch_kquant::<Q5B, PF>(x[r], i);
+                prefetch_stream_at::<Q5B, PF>(x[r], i);
             }
             // SAFETY: block `i < nb` of row `r` is readable; the reads cover its d, dmin
             // (0..4), scales (4..16), qh (16..48) and qs (48..176).
@@ -847,7 +828,7 @@ unsafe fn q6_K_q8_K_rows<const PF: usize, const R: usize>(
         };
         for r in 0..R {
             if PF > 0 {
-                prefetch_kquant::<Q6B, PF>(x[r], i);
+                prefetch_stream_at::<Q6B, PF>(x[r], i);
             }
             // SAFETY: block `i < nb` of row `r` is readable; the reads cover its ql (0..128),
             // qh (128..192), scales (192..208) and d (208..210).
