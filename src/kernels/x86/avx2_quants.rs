@@ -1351,14 +1351,8 @@ unsafe fn f16_scaled_rows<
         let mut acc = [_mm256_setzero_ps(); R];
         let mut special = [0.0f32; R];
         for ib in 0..nb {
-            // In bounds: block `ib < nb` of `y` is readable; both reads stay inside it.
-            let (yd, yq) = {
-                let by = y.add(ib * YB);
-                (
-                    rd_u16(by.add(offset_of!(BlockQ8_0, d))),
-                    _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
-                )
-            };
+            // In bounds: block `ib < nb` of `y` is readable.
+            let (yd, yq) = q8_0_block(y.add(ib * YB));
             let dy = F16_TO_F32[yd as usize];
             let s = shared(yq);
             for r in 0..R {
@@ -1523,6 +1517,21 @@ unsafe fn q5_levels<const MASK: bool>(nibbles: __m256i, qh: u32) -> __m256i {
 fn masked_16<const CLEAR: bool>(qh: u32) -> __m256i {
     let bits = if CLEAR { !qh } else { qh };
     _mm256_maskz_mov_epi8(_cvtu32_mask32(bits), _mm256_set1_epi8(0x10))
+}
+
+/// A Q8_0 block's f16 scale and 32 levels.
+///
+/// # Safety
+/// `by` starts a readable Q8_0 block; the caller runs with AVX2 enabled.
+#[inline(always)]
+unsafe fn q8_0_block(by: *const u8) -> (u16, __m256i) {
+    // SAFETY: both reads stay inside the block (the caller's guarantee), with AVX2 enabled.
+    unsafe {
+        (
+            rd_u16(by.add(offset_of!(BlockQ8_0, d))),
+            _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
+        )
+    }
 }
 
 /// A Q8_1 block's f16 scale, f16 scaled sum and 32 levels.
@@ -1755,27 +1764,15 @@ unsafe fn q8_0_q8_0_rows<const PF: usize, const R: usize, const VNNI: bool>(
         const B: usize = size_of::<BlockQ8_0>();
         let mut acc = [_mm256_setzero_ps(); R];
         for ib in 0..nb {
-            // In bounds: block `ib < nb` of `y` is readable; both reads stay inside it.
-            let (yd, yq) = {
-                let by = y.add(ib * B);
-                (
-                    rd_u16(by.add(offset_of!(BlockQ8_0, d))),
-                    _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
-                )
-            };
+            // In bounds: block `ib < nb` of `y` is readable.
+            let (yd, yq) = q8_0_block(y.add(ib * B));
             let dy = F16_TO_F32[yd as usize];
             for r in 0..R {
                 if PF > 0 {
                     prefetch_stream::<B>(x[r], ib, PF);
                 }
-                // In bounds: block `ib < nb` of row `r` is readable; both reads stay inside it.
-                let (xd, xq) = {
-                    let bx = x[r].add(ib * B);
-                    (
-                        rd_u16(bx.add(offset_of!(BlockQ8_0, d))),
-                        _mm256_loadu_si256(bx.add(offset_of!(BlockQ8_0, qs)).cast()),
-                    )
-                };
+                // In bounds: block `ib < nb` of row `r` is readable.
+                let (xd, xq) = q8_0_block(x[r].add(ib * B));
                 let d = _mm256_set1_ps(F16_TO_F32[xd as usize] * dy);
                 // ggml's sign trick; its pair sums stay inside 16 bits (|x| <= 128 against
                 // sign(y, x) <= 127 where |x| is 128), so `VNNI` gives the same integers.
@@ -2122,14 +2119,9 @@ unsafe fn q1_0_q8_0_rows<const R: usize>(nb: usize, x: [*const u8; R], y: *const
         }
         let mut acc_block = [_mm256_setzero_ps(); R];
         for k in 0..4 {
-            // SAFETY: Q8_0 block `4 ib + k < 4 nb` of `y` is readable; both reads stay inside it.
-            let (yd, qy) = unsafe {
-                let by = y.add((4 * ib + k) * YB);
-                (
-                    rd_u16(by.add(offset_of!(BlockQ8_0, d))),
-                    _mm256_loadu_si256(by.add(offset_of!(BlockQ8_0, qs)).cast()),
-                )
-            };
+            // SAFETY: Q8_0 block `4 ib + k < 4 nb` of `y` is readable; the function runs with
+            // AVX2 enabled.
+            let (yd, qy) = unsafe { q8_0_block(y.add((4 * ib + k) * YB)) };
             let dy = fp16_splat(yd);
             let sh = _mm256_add_epi8(byte_shuf, _mm256_set1_epi8(4 * k as i8));
             for r in 0..R {

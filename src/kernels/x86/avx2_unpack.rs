@@ -303,9 +303,16 @@ mod tests {
             return;
         }
         let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let types =
-            [DType::IQ4_XS, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K];
-        for d in types.into_iter().chain([DType::TQ1_0]) {
+        let types = [
+            DType::IQ4_XS,
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+            DType::TQ1_0,
+        ];
+        for d in types {
             let fast = unpack_super_for(d).unwrap();
             let Unpack::Super(f) = int_format(d).unwrap().unpack else { panic!() };
             let mut src = vec![0u8; d.type_size()];

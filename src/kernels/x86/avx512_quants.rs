@@ -43,9 +43,9 @@ pub(super) fn plug_vnni(t: &mut KernelTable) {
 
 const NLB: usize = size_of::<BlockIQ4NL>();
 
-/// Two f16 scales widened by F16C into lanes 0 and 1 (exact, as the AVX2 kernels' table, and
-/// without that table's 256 KiB of cache lines: IQ4_NL decode, 4096 x 1 x 14336, 1 thread,
-/// Zen 4, read 2.8 ms with the table).
+/// Two f16 scales widened by F16C into lanes 0 and 1: exact, as the AVX2 kernels' table, and
+/// without that table's 256 KiB of cache lines (IQ4_NL decode from memory, 1 thread, Zen 4:
+/// 12.5 GB/s with the table, 13.5 with this; MXFP4's Q8_0 scales likewise).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 #[inline]
 fn f16_pair(d0: u16, d1: u16) -> __m128 {
@@ -240,7 +240,7 @@ unsafe fn mxfp4_q8_0_rows<const PF: usize, const R: usize>(
             )
         };
         // The two Q8_0 scales widened by F16C (exact, as the AVX2 kernel's table).
-        let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(d0 as i32 | (d1 as i32) << 16));
+        let dd = f16_pair(d0, d1);
         let corr = _mm512_dpbusd_epi32(zero, twelve, q8);
         for r in 0..R {
             if PF > 0 {
